@@ -1,0 +1,388 @@
+//! Free-space allocator over the data region.
+//!
+//! Free space is not persisted: mount rebuilds it from the extent maps (every
+//! data block not mapped by a file is free), so it can never disagree with them.
+//! Two indexes over the free extents: by start (to allocate near a goal and to
+//! merge neighbours on free) and by length (best fit when the goal area is full).
+//!
+//! Blocks freed by a transaction are not reusable until that transaction is
+//! durable (see `meta`): otherwise a crash could leave a block owned by the old
+//! file on disk while it already holds the new owner's data.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::format::Region;
+
+/// How far past the goal we look for a fitting free extent before falling
+/// back to best fit anywhere. Bounds the cost of an allocation.
+const GOAL_SCAN_EXTENTS_MAX: usize = 64;
+
+#[derive(Debug, Clone)]
+pub struct Allocator {
+    region: Region,
+    by_start: BTreeMap<u64, u64>,
+    by_length: BTreeSet<(u64, u64)>,
+    free_blocks: u64,
+    /// Blocks promised to delayed allocations; not allocatable by others.
+    reserved_blocks: u64,
+    /// Where the last allocation ended: the goal for a file with no extents,
+    /// so new files are laid out one after another.
+    cursor: u64,
+}
+
+/// A run of device blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BlockRun {
+    pub start: u64,
+    pub count: u64,
+}
+
+impl Allocator {
+    /// An allocator with the whole data region free.
+    pub fn new(region: Region) -> Self {
+        let mut allocator = Self {
+            region,
+            by_start: BTreeMap::new(),
+            by_length: BTreeSet::new(),
+            free_blocks: 0,
+            reserved_blocks: 0,
+            cursor: region.start_block,
+        };
+        allocator.insert_free(region.start_block, region.block_count);
+        allocator
+    }
+
+    pub fn region(&self) -> Region {
+        self.region
+    }
+
+    pub fn cursor(&self) -> u64 {
+        self.cursor
+    }
+
+    pub fn free_blocks(&self) -> u64 {
+        self.free_blocks
+    }
+
+    pub fn reserved_blocks(&self) -> u64 {
+        self.reserved_blocks
+    }
+
+    /// Free blocks not promised to a reservation.
+    pub fn available_blocks(&self) -> u64 {
+        self.free_blocks - self.reserved_blocks
+    }
+
+    pub fn free_extent_count(&self) -> usize {
+        self.by_start.len()
+    }
+
+    /// Marks `run` used; fails (naming the first block) if any of it is not
+    /// free or lies outside the data region. Mount uses this to rebuild free
+    /// space, so a failure means two files claim the same block.
+    pub fn mark_used(&mut self, run: BlockRun) -> Result<(), String> {
+        let outside = run.start < self.region.start_block
+            || run
+                .start
+                .checked_add(run.count)
+                .is_none_or(|end| end > self.region.end_block());
+        if run.count == 0 || outside {
+            return Err(format!(
+                "extent of {} blocks at {} lies outside the data region",
+                run.count, run.start
+            ));
+        }
+        let Some((&free_start, &free_count)) = self.by_start.range(..=run.start).next_back() else {
+            return Err(format!("block {} is mapped twice", run.start));
+        };
+        if free_start + free_count < run.start + run.count {
+            let first_used = (run.start..run.start + run.count)
+                .find(|&block| !(free_start..free_start + free_count).contains(&block))
+                .unwrap_or(run.start);
+            return Err(format!("block {first_used} is mapped twice"));
+        }
+        self.take(free_start, free_count, run);
+        Ok(())
+    }
+
+    /// Allocates up to `count` contiguous blocks, preferably at or after `goal`.
+    /// Returns a shorter run only when no free extent is long enough. `count`
+    /// may include blocks already reserved by the caller (`from_reserved`).
+    pub fn allocate(&mut self, goal: u64, count: u64, from_reserved: u64) -> Option<BlockRun> {
+        debug_assert!(from_reserved <= count && from_reserved <= self.reserved_blocks);
+        let count = count.min(from_reserved + self.available_blocks());
+        if count == 0 {
+            return None;
+        }
+        let run = self
+            .find_near(goal, count)
+            .or_else(|| self.find_best_fit(count))?;
+        let (&free_start, &free_count) = self
+            .by_start
+            .range(..=run.start)
+            .next_back()
+            .expect("run lies in a free extent");
+        self.take(free_start, free_count, run);
+        self.cursor = run.start + run.count;
+        // The caller's own reservation is used up first.
+        self.reserved_blocks -= run.count.min(from_reserved);
+        Some(run)
+    }
+
+    fn find_near(&self, goal: u64, count: u64) -> Option<BlockRun> {
+        let goal = goal.clamp(self.region.start_block, self.region.end_block() - 1);
+        if let Some((&start, &length)) = self.by_start.range(..=goal).next_back() {
+            if start + length >= goal + count {
+                return Some(BlockRun { start: goal, count });
+            }
+        }
+        self.by_start
+            .range(goal..)
+            .take(GOAL_SCAN_EXTENTS_MAX)
+            .find(|(_, &length)| length >= count)
+            .map(|(&start, _)| BlockRun { start, count })
+    }
+
+    fn find_best_fit(&self, count: u64) -> Option<BlockRun> {
+        if let Some(&(_, start)) = self.by_length.range((count, 0)..).next() {
+            return Some(BlockRun { start, count });
+        }
+        // Nothing long enough: the longest free extent, a partial allocation.
+        self.by_length
+            .iter()
+            .next_back()
+            .map(|&(length, start)| BlockRun {
+                start,
+                count: length,
+            })
+    }
+
+    /// Removes `run` from the free extent `[free_start, free_start + free_count)`.
+    fn take(&mut self, free_start: u64, free_count: u64, run: BlockRun) {
+        debug_assert!(free_start <= run.start && run.start + run.count <= free_start + free_count);
+        self.remove_free(free_start, free_count);
+        if run.start > free_start {
+            self.insert_free(free_start, run.start - free_start);
+        }
+        let free_end = free_start + free_count;
+        let run_end = run.start + run.count;
+        if run_end < free_end {
+            self.insert_free(run_end, free_end - run_end);
+        }
+    }
+
+    /// Returns `run` to free space, merging with its neighbours.
+    pub fn free(&mut self, run: BlockRun) {
+        assert!(run.count > 0);
+        assert!(
+            run.start >= self.region.start_block
+                && run.start + run.count <= self.region.end_block()
+        );
+        let mut start = run.start;
+        let mut count = run.count;
+        if let Some((&left_start, &left_count)) = self.by_start.range(..start).next_back() {
+            assert!(
+                left_start + left_count <= start,
+                "double free of block {start}"
+            );
+            if left_start + left_count == start {
+                self.remove_free(left_start, left_count);
+                start = left_start;
+                count += left_count;
+            }
+        }
+        if let Some((&right_start, &right_count)) = self.by_start.range(start..).next() {
+            assert!(
+                run.start + run.count <= right_start,
+                "double free of block {right_start}"
+            );
+            if run.start + run.count == right_start {
+                self.remove_free(right_start, right_count);
+                count += right_count;
+            }
+        }
+        self.insert_free(start, count);
+    }
+
+    /// Promises `count` blocks to a delayed allocation; false if not available.
+    pub fn reserve(&mut self, count: u64) -> bool {
+        if count > self.available_blocks() {
+            return false;
+        }
+        self.reserved_blocks += count;
+        true
+    }
+
+    pub fn unreserve(&mut self, count: u64) {
+        assert!(
+            count <= self.reserved_blocks,
+            "unreserving more than reserved"
+        );
+        self.reserved_blocks -= count;
+    }
+
+    fn insert_free(&mut self, start: u64, count: u64) {
+        debug_assert!(count > 0);
+        self.by_start.insert(start, count);
+        self.by_length.insert((count, start));
+        self.free_blocks += count;
+    }
+
+    fn remove_free(&mut self, start: u64, count: u64) {
+        let removed = self.by_start.remove(&start);
+        debug_assert_eq!(removed, Some(count));
+        self.by_length.remove(&(count, start));
+        self.free_blocks -= count;
+    }
+
+    /// The free extents in block order (for fsck and tests).
+    pub fn free_runs(&self) -> impl Iterator<Item = BlockRun> + '_ {
+        self.by_start
+            .iter()
+            .map(|(&start, &count)| BlockRun { start, count })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allocator() -> Allocator {
+        Allocator::new(Region {
+            start_block: 100,
+            block_count: 1000,
+        })
+    }
+
+    #[test]
+    fn allocates_at_goal_and_merges_on_free() {
+        let mut allocator = allocator();
+        let run = allocator.allocate(500, 10, 0).unwrap();
+        assert_eq!(
+            run,
+            BlockRun {
+                start: 500,
+                count: 10
+            }
+        );
+        assert_eq!(allocator.free_blocks(), 990);
+        assert_eq!(allocator.free_extent_count(), 2);
+        let next = allocator.allocate(500, 10, 0).unwrap();
+        assert_eq!(next.start, 510, "near the goal, after the used part");
+        allocator.free(run);
+        allocator.free(next);
+        assert_eq!(allocator.free_extent_count(), 1);
+        assert_eq!(allocator.free_blocks(), 1000);
+    }
+
+    #[test]
+    fn falls_back_to_best_fit_then_partial() {
+        let mut allocator = allocator();
+        allocator
+            .mark_used(BlockRun {
+                start: 100,
+                count: 1000,
+            })
+            .unwrap();
+        allocator.free(BlockRun {
+            start: 200,
+            count: 5,
+        });
+        allocator.free(BlockRun {
+            start: 300,
+            count: 20,
+        });
+        allocator.free(BlockRun {
+            start: 400,
+            count: 8,
+        });
+        assert_eq!(
+            allocator.allocate(350, 7, 0),
+            Some(BlockRun {
+                start: 400,
+                count: 7
+            })
+        );
+        assert_eq!(
+            allocator.allocate(0, 50, 0),
+            Some(BlockRun {
+                start: 300,
+                count: 20
+            })
+        );
+        assert_eq!(
+            allocator.allocate(0, 50, 0),
+            Some(BlockRun {
+                start: 200,
+                count: 5
+            })
+        );
+        assert_eq!(
+            allocator.allocate(0, 50, 0),
+            Some(BlockRun {
+                start: 407,
+                count: 1
+            })
+        );
+        assert_eq!(allocator.allocate(0, 1, 0), None);
+    }
+
+    #[test]
+    fn mark_used_detects_double_mapping_and_out_of_region() {
+        let mut allocator = allocator();
+        allocator
+            .mark_used(BlockRun {
+                start: 150,
+                count: 10,
+            })
+            .unwrap();
+        let error = allocator
+            .mark_used(BlockRun {
+                start: 155,
+                count: 10,
+            })
+            .unwrap_err();
+        assert!(error.contains("155"), "{error}");
+        assert!(allocator
+            .mark_used(BlockRun {
+                start: 50,
+                count: 1
+            })
+            .is_err());
+        assert!(allocator
+            .mark_used(BlockRun {
+                start: 1099,
+                count: 2
+            })
+            .is_err());
+        assert!(allocator
+            .mark_used(BlockRun {
+                start: u64::MAX,
+                count: 2
+            })
+            .is_err());
+    }
+
+    #[test]
+    fn reservations_limit_unreserved_allocation() {
+        let mut allocator = allocator();
+        assert!(allocator.reserve(995));
+        assert!(!allocator.reserve(6));
+        assert_eq!(allocator.allocate(0, 10, 0).map(|run| run.count), Some(5));
+        let run = allocator.allocate(0, 100, 100).unwrap();
+        assert_eq!(run.count, 100);
+        assert_eq!(allocator.reserved_blocks(), 895);
+        allocator.unreserve(895);
+        assert_eq!(allocator.available_blocks(), 895);
+    }
+
+    #[test]
+    #[should_panic(expected = "double free")]
+    fn double_free_is_a_bug() {
+        let mut allocator = allocator();
+        allocator.free(BlockRun {
+            start: 150,
+            count: 1,
+        });
+    }
+}

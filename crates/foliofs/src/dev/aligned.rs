@@ -1,0 +1,99 @@
+//! Heap buffers aligned for O_DIRECT.
+
+use std::alloc::{self, Layout};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+/// Alignment of every [`AlignedBuf`]: a page, which satisfies the DMA
+/// alignment of every device and file system we open with O_DIRECT.
+pub const BUFFER_ALIGN_BYTES: usize = 4096;
+
+/// A zero-initialised, page-aligned byte buffer of fixed length.
+pub struct AlignedBuf {
+    pointer: NonNull<u8>,
+    length: usize,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared references only allow reads of the owned bytes.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    pub fn zeroed(length: usize) -> Self {
+        if length == 0 {
+            return Self {
+                pointer: NonNull::dangling(),
+                length: 0,
+            };
+        }
+        let layout = Self::layout(length);
+        // SAFETY: the layout has a non-zero size (checked above) and a valid alignment.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let Some(pointer) = NonNull::new(raw) else {
+            alloc::handle_alloc_error(layout)
+        };
+        Self { pointer, length }
+    }
+
+    pub fn from_slice(bytes: &[u8]) -> Self {
+        let mut buffer = Self::zeroed(bytes.len());
+        buffer.copy_from_slice(bytes);
+        buffer
+    }
+
+    fn layout(length: usize) -> Layout {
+        Layout::from_size_align(length, BUFFER_ALIGN_BYTES).expect("buffer length overflows")
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: pointer is valid for `length` initialised bytes (zeroed at
+        // allocation), or dangling with length 0, which from_raw_parts allows.
+        unsafe { std::slice::from_raw_parts(self.pointer.as_ptr(), self.length) }
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in deref, and &mut self guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.pointer.as_ptr(), self.length) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if self.length != 0 {
+            // SAFETY: allocated in `zeroed` with exactly this layout.
+            unsafe { alloc::dealloc(self.pointer.as_ptr(), Self::layout(self.length)) }
+        }
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "AlignedBuf({} bytes)", self.length)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_zeroed_and_writable() {
+        for length in [0usize, 1, 512, 4096, 12345] {
+            let mut buffer = AlignedBuf::zeroed(length);
+            assert_eq!(buffer.len(), length);
+            assert!(buffer.iter().all(|&byte| byte == 0));
+            if length > 0 {
+                assert_eq!(buffer.as_ptr() as usize % BUFFER_ALIGN_BYTES, 0);
+                buffer[length - 1] = 9;
+                assert_eq!(buffer[length - 1], 9);
+            }
+        }
+        assert_eq!(&AlignedBuf::from_slice(b"abc")[..], b"abc");
+    }
+}

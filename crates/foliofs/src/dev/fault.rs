@@ -1,0 +1,421 @@
+//! An in-memory device that records every write and flush, builds the images
+//! a power cut could leave behind, and fails chosen requests with EIO.
+//!
+//! The model of durability: a write is volatile until a flush completes after
+//! it, except a FUA write, which is durable on completion. A crash image is
+//! therefore: every write before the last flush, every FUA write, and any
+//! chosen subset (possibly torn at sector granularity) of the writes after
+//! the last flush, applied in the order they completed.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::ops::Range;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{run_blocking, DevCallback, DevRequest, RawDev};
+
+/// Bytes of the unit that a torn write keeps or loses as a whole.
+pub const TEAR_SECTOR_BYTES: usize = 512;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogEntry {
+    Write {
+        offset: u64,
+        data: Arc<[u8]>,
+        fua: bool,
+    },
+    Flush,
+}
+
+/// What a crash keeps of one unflushed write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Keep {
+    All,
+    Nothing,
+    /// Torn: sector `i` of the write (512 B units) is kept iff `sectors[i]`.
+    Sectors(Vec<bool>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultOp {
+    Read,
+    Write,
+    Flush,
+    Any,
+}
+
+/// Fails matching requests with EIO. Matching requests are numbered from 0;
+/// number `k` fails when `k >= after`, `(k - after) % every == 0`, and fewer
+/// than `times` have failed.
+#[derive(Debug, Clone)]
+pub struct FaultRule {
+    pub op: FaultOp,
+    /// Only requests overlapping these device bytes match (flushes never do).
+    pub byte_range: Option<Range<u64>>,
+    pub after: u64,
+    pub every: u64,
+    pub times: u64,
+    matched: u64,
+    failed: u64,
+}
+
+impl FaultRule {
+    /// Fails the next `times` requests of kind `op`.
+    pub fn next(op: FaultOp, times: u64) -> Self {
+        Self {
+            op,
+            byte_range: None,
+            after: 0,
+            every: 1,
+            times,
+            matched: 0,
+            failed: 0,
+        }
+    }
+
+    /// Fails every `every`-th request of kind `op`, forever.
+    pub fn every_nth(op: FaultOp, every: u64) -> Self {
+        assert!(every > 0);
+        Self {
+            op,
+            byte_range: None,
+            after: every - 1,
+            every,
+            times: u64::MAX,
+            matched: 0,
+            failed: 0,
+        }
+    }
+
+    pub fn in_range(mut self, byte_range: Range<u64>) -> Self {
+        self.byte_range = Some(byte_range);
+        self
+    }
+
+    fn matches(&mut self, op: FaultOp, bytes: Option<Range<u64>>) -> bool {
+        if self.op != FaultOp::Any && self.op != op {
+            return false;
+        }
+        if let Some(wanted) = &self.byte_range {
+            match &bytes {
+                Some(bytes) if bytes.start < wanted.end && wanted.start < bytes.end => {}
+                _ => return false,
+            }
+        }
+        let index = self.matched;
+        self.matched += 1;
+        let fail = index >= self.after
+            && (index - self.after) % self.every == 0
+            && self.failed < self.times;
+        if fail {
+            self.failed += 1;
+        }
+        fail
+    }
+}
+
+struct State {
+    /// The image when recording started.
+    base: Vec<u8>,
+    /// What reads see now.
+    current: Vec<u8>,
+    log: Vec<LogEntry>,
+    rules: Vec<FaultRule>,
+    /// Every request fails once the device is marked dead (after a simulated crash).
+    dead: bool,
+    failures_injected: u64,
+}
+
+pub struct FaultDev {
+    state: Mutex<State>,
+    logical_block_bytes: u32,
+}
+
+impl FaultDev {
+    /// A zeroed device of `size_bytes`.
+    pub fn new(size_bytes: u64, logical_block_bytes: u32) -> Self {
+        Self::from_image(vec![0u8; size_bytes as usize], logical_block_bytes)
+    }
+
+    /// A device holding `image`; recording starts from it.
+    pub fn from_image(image: Vec<u8>, logical_block_bytes: u32) -> Self {
+        assert!(logical_block_bytes.is_power_of_two());
+        assert_eq!(image.len() % logical_block_bytes as usize, 0);
+        let state = State {
+            base: image.clone(),
+            current: image,
+            log: Vec::new(),
+            rules: Vec::new(),
+            dead: false,
+            failures_injected: 0,
+        };
+        Self {
+            state: Mutex::new(state),
+            logical_block_bytes,
+        }
+    }
+
+    pub fn add_rule(&self, rule: FaultRule) {
+        self.state.lock().rules.push(rule);
+    }
+
+    pub fn clear_rules(&self) {
+        self.state.lock().rules.clear();
+    }
+
+    pub fn failures_injected(&self) -> u64 {
+        self.state.lock().failures_injected
+    }
+
+    /// From now on every request fails: the machine "lost power".
+    pub fn kill(&self) {
+        self.state.lock().dead = true;
+    }
+
+    /// The current contents (what a read returns).
+    pub fn image(&self) -> Vec<u8> {
+        self.state.lock().current.clone()
+    }
+
+    pub fn log(&self) -> Vec<LogEntry> {
+        self.state.lock().log.clone()
+    }
+
+    pub fn log_len(&self) -> usize {
+        self.state.lock().log.len()
+    }
+
+    /// Drops the history: the current image becomes the base.
+    pub fn reset_log(&self) {
+        let mut state = self.state.lock();
+        state.base = state.current.clone();
+        state.log.clear();
+    }
+
+    /// Indices `i` such that a crash right after log entry `i - 1` (that is,
+    /// with the first `i` entries issued) ends a flush epoch: every `i` where
+    /// entry `i - 1` is a flush, plus 0 and the log length.
+    pub fn flush_boundaries(&self) -> Vec<usize> {
+        let state = self.state.lock();
+        let mut cuts = vec![0];
+        for (index, entry) in state.log.iter().enumerate() {
+            if *entry == LogEntry::Flush {
+                cuts.push(index + 1);
+            }
+        }
+        if *cuts.last().expect("non-empty") != state.log.len() {
+            cuts.push(state.log.len());
+        }
+        cuts
+    }
+
+    /// Indices of the plain writes among the first `cut` entries that are not
+    /// yet durable at that point (issued after the last flush).
+    pub fn unflushed_writes(&self, cut: usize) -> Vec<usize> {
+        let state = self.state.lock();
+        let entries = &state.log[..cut.min(state.log.len())];
+        let last_flush = entries.iter().rposition(|entry| *entry == LogEntry::Flush);
+        let start = last_flush.map_or(0, |index| index + 1);
+        (start..entries.len())
+            .filter(|&index| matches!(entries[index], LogEntry::Write { fua: false, .. }))
+            .collect()
+    }
+
+    /// The image a power cut leaves after the first `cut` log entries, keeping
+    /// of each unflushed plain write what `keep` says (durable writes are
+    /// always kept).
+    pub fn crash_image(&self, cut: usize, keep: &dyn Fn(usize) -> Keep) -> Vec<u8> {
+        let state = self.state.lock();
+        let entries = &state.log[..cut.min(state.log.len())];
+        let durable_end = entries
+            .iter()
+            .rposition(|entry| *entry == LogEntry::Flush)
+            .map_or(0, |i| i + 1);
+        let mut image = state.base.clone();
+        for (index, entry) in entries.iter().enumerate() {
+            let LogEntry::Write { offset, data, fua } = entry else {
+                continue;
+            };
+            let decision = if index < durable_end || *fua {
+                Keep::All
+            } else {
+                keep(index)
+            };
+            apply_write(&mut image, *offset, data, &decision);
+        }
+        image
+    }
+
+    fn check_fault(
+        &self,
+        state: &mut State,
+        op: FaultOp,
+        bytes: Option<Range<u64>>,
+    ) -> io::Result<()> {
+        if state.dead {
+            return Err(io::Error::other("device is dead (simulated power cut)"));
+        }
+        let mut fail = false;
+        for rule in &mut state.rules {
+            fail |= rule.matches(op, bytes.clone());
+        }
+        if fail {
+            state.failures_injected += 1;
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(())
+    }
+}
+
+fn apply_write(image: &mut [u8], offset: u64, data: &[u8], keep: &Keep) {
+    let start = offset as usize;
+    match keep {
+        Keep::All => image[start..start + data.len()].copy_from_slice(data),
+        Keep::Nothing => {}
+        Keep::Sectors(sectors) => {
+            for (index, chunk) in data.chunks(TEAR_SECTOR_BYTES).enumerate() {
+                if sectors.get(index).copied().unwrap_or(false) {
+                    let at = start + index * TEAR_SECTOR_BYTES;
+                    image[at..at + chunk.len()].copy_from_slice(chunk);
+                }
+            }
+        }
+    }
+}
+
+impl RawDev for FaultDev {
+    fn read_at(&self, offset: u64, buffers: &mut [IoSliceMut<'_>]) -> io::Result<()> {
+        let mut state = self.state.lock();
+        let length: usize = buffers.iter().map(|buffer| buffer.len()).sum();
+        self.check_fault(
+            &mut state,
+            FaultOp::Read,
+            Some(offset..offset + length as u64),
+        )?;
+        let mut position = offset as usize;
+        if position + length > state.current.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "read past the end",
+            ));
+        }
+        for buffer in buffers.iter_mut() {
+            let length = buffer.len();
+            buffer.copy_from_slice(&state.current[position..position + length]);
+            position += length;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, buffers: &[IoSlice<'_>], fua: bool) -> io::Result<()> {
+        let mut state = self.state.lock();
+        let data: Vec<u8> = buffers
+            .iter()
+            .flat_map(|buffer| buffer.iter().copied())
+            .collect();
+        self.check_fault(
+            &mut state,
+            FaultOp::Write,
+            Some(offset..offset + data.len() as u64),
+        )?;
+        if offset as usize + data.len() > state.current.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "write past the end",
+            ));
+        }
+        apply_write(&mut state.current, offset, &data, &Keep::All);
+        state.log.push(LogEntry::Write {
+            offset,
+            data: data.into(),
+            fua,
+        });
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        let mut state = self.state.lock();
+        self.check_fault(&mut state, FaultOp::Flush, None)?;
+        state.log.push(LogEntry::Flush);
+        Ok(())
+    }
+
+    fn submit(&self, request: DevRequest, done: DevCallback) {
+        done(run_blocking(self, request))
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.state.lock().current.len() as u64
+    }
+
+    fn logical_block_bytes(&self) -> u32 {
+        self.logical_block_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(device: &FaultDev, offset: u64, byte: u8, length: usize, fua: bool) {
+        device
+            .write_at(offset, &[IoSlice::new(&vec![byte; length])], fua)
+            .unwrap();
+    }
+
+    #[test]
+    fn crash_keeps_flushed_and_fua_writes_only() {
+        let device = FaultDev::new(8192, 512);
+        write(&device, 0, 1, 512, false);
+        device.flush().unwrap();
+        write(&device, 512, 2, 512, false);
+        write(&device, 1024, 3, 512, true);
+        write(&device, 1536, 4, 1024, false);
+        let cut = device.log_len();
+        assert_eq!(device.unflushed_writes(cut), vec![2, 4]);
+        assert_eq!(device.flush_boundaries(), vec![0, 2, cut]);
+        let image = device.crash_image(cut, &|_| Keep::Nothing);
+        assert_eq!(image[0], 1);
+        assert_eq!(image[512], 0, "unflushed write must be droppable");
+        assert_eq!(image[1024], 3, "FUA write is durable");
+        let torn = device.crash_image(cut, &|index| {
+            if index == 4 {
+                Keep::Sectors(vec![false, true])
+            } else {
+                Keep::All
+            }
+        });
+        assert_eq!((torn[512], torn[1536], torn[2048]), (2, 0, 4));
+        assert_eq!(device.crash_image(1, &|_| Keep::Nothing), vec![0u8; 8192]);
+        assert_eq!(device.crash_image(1, &|_| Keep::All)[0], 1);
+    }
+
+    #[test]
+    fn rules_fail_chosen_requests() {
+        let device = FaultDev::new(8192, 512);
+        device.add_rule(FaultRule::every_nth(FaultOp::Write, 3));
+        let results: Vec<bool> = (0..6)
+            .map(|index| {
+                device
+                    .write_at(index * 512, &[IoSlice::new(&[7u8; 512])], false)
+                    .is_ok()
+            })
+            .collect();
+        assert_eq!(results, vec![true, true, false, true, true, false]);
+        assert_eq!(device.failures_injected(), 2);
+        assert_eq!(device.image()[1024], 0, "a failed write changes nothing");
+        device.clear_rules();
+        device.add_rule(FaultRule::next(FaultOp::Any, 1).in_range(4096..4608));
+        assert!(device.flush().is_ok(), "flush has no byte range");
+        let mut buffer = [0u8; 512];
+        assert!(device
+            .read_at(4096, &mut [IoSliceMut::new(&mut buffer)])
+            .is_err());
+        assert!(device
+            .read_at(4096, &mut [IoSliceMut::new(&mut buffer)])
+            .is_ok());
+        device.kill();
+        assert!(device.flush().is_err());
+    }
+}

@@ -1,0 +1,535 @@
+//! Block devices: the only layer that performs I/O on the image.
+//!
+//! A backend implements [`RawDev`] (blocking vectored read/write, flush, and an
+//! asynchronous `submit`). Everything above uses [`Device`], which wraps a
+//! backend with the FUA policy (`fua=native` passes the flag down as
+//! RWF_DSYNC; `fua=emulate` issues the write and then a flush) and counts every
+//! request, so benchmarks and tests can read exactly what reached the device.
+
+mod aligned;
+pub mod fault;
+mod file;
+mod sys;
+mod threads;
+mod uring;
+
+pub use aligned::{AlignedBuf, BUFFER_ALIGN_BYTES};
+pub use fault::FaultDev;
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// How a write that must be durable on completion reaches the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FuaMode {
+    /// One write carrying RWF_DSYNC (io_uring rw_flags / pwritev2).
+    #[default]
+    Native,
+    /// A plain write followed by a separate flush: two device requests.
+    Emulate,
+}
+
+/// Which backend performs the I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineKind {
+    /// pread/pwritev2 in the calling thread; `submit` completes inline.
+    Sync,
+    /// Blocking calls as `Sync`; `submit` runs on a pool of worker threads.
+    Threads,
+    /// io_uring: one ring per calling thread for blocking calls, a shared ring
+    /// with a completion thread for `submit`.
+    #[default]
+    Uring,
+}
+
+impl std::str::FromStr for FuaMode {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "native" => Ok(Self::Native),
+            "emulate" => Ok(Self::Emulate),
+            other => Err(format!("fua must be native or emulate, not {other:?}")),
+        }
+    }
+}
+
+impl std::str::FromStr for EngineKind {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "sync" => Ok(Self::Sync),
+            "threads" => Ok(Self::Threads),
+            "uring" => Ok(Self::Uring),
+            other => Err(format!(
+                "engine must be sync, threads or uring, not {other:?}"
+            )),
+        }
+    }
+}
+
+/// An asynchronous request; buffers are owned so they outlive the call.
+#[derive(Debug)]
+pub enum DevRequest {
+    Read {
+        offset: u64,
+        buffer: AlignedBuf,
+    },
+    Write {
+        offset: u64,
+        buffer: AlignedBuf,
+        fua: bool,
+    },
+    Flush,
+}
+
+/// What an asynchronous request hands back: its buffer (none for a flush) and
+/// the outcome.
+#[derive(Debug)]
+pub struct DevResponse {
+    pub buffer: Option<AlignedBuf>,
+    pub result: io::Result<()>,
+}
+
+pub type DevCallback = Box<dyn FnOnce(DevResponse) + Send>;
+
+/// A backend. Offsets and lengths are multiples of `logical_block_bytes`;
+/// [`Device`] checks that before calling in.
+pub trait RawDev: Send + Sync {
+    /// Fills `buffers` from `offset`; reading past the end is an error.
+    fn read_at(&self, offset: u64, buffers: &mut [IoSliceMut<'_>]) -> io::Result<()>;
+    /// Writes all of `buffers` at `offset`; with `fua` the data is durable when
+    /// this returns.
+    fn write_at(&self, offset: u64, buffers: &[IoSlice<'_>], fua: bool) -> io::Result<()>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Starts `request`; `done` runs exactly once, possibly on another thread,
+    /// possibly before `submit` returns.
+    fn submit(&self, request: DevRequest, done: DevCallback);
+    fn size_bytes(&self) -> u64;
+    fn logical_block_bytes(&self) -> u32;
+}
+
+/// Counters of what reached the backend.
+#[derive(Debug, Default)]
+struct Counters {
+    read_requests: AtomicU64,
+    write_requests: AtomicU64,
+    flush_requests: AtomicU64,
+    fua_writes: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+}
+
+/// A snapshot of the device counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DevStats {
+    pub read_requests: u64,
+    pub write_requests: u64,
+    pub flush_requests: u64,
+    /// Writes sent with the FUA flag (only with `fua=native`).
+    pub fua_writes: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+impl DevStats {
+    pub fn requests(&self) -> u64 {
+        self.read_requests + self.write_requests + self.flush_requests
+    }
+
+    /// Counter-wise difference `self - earlier`.
+    pub fn since(&self, earlier: &DevStats) -> DevStats {
+        DevStats {
+            read_requests: self.read_requests - earlier.read_requests,
+            write_requests: self.write_requests - earlier.write_requests,
+            flush_requests: self.flush_requests - earlier.flush_requests,
+            fua_writes: self.fua_writes - earlier.fua_writes,
+            bytes_read: self.bytes_read - earlier.bytes_read,
+            bytes_written: self.bytes_written - earlier.bytes_written,
+        }
+    }
+}
+
+/// Options for opening an image file or block device.
+#[derive(Debug, Clone)]
+pub struct DevOptions {
+    pub engine: EngineKind,
+    pub fua: FuaMode,
+    /// Open with O_DIRECT (the default). Off only for backing file systems
+    /// without O_DIRECT support (tmpfs before 6.6); then writes sit in the
+    /// host page cache until flush.
+    pub direct: bool,
+    pub read_only: bool,
+    /// Worker threads of the `threads` engine.
+    pub worker_threads: usize,
+    /// Entries of each io_uring submission queue.
+    pub ring_entries: u32,
+}
+
+impl Default for DevOptions {
+    fn default() -> Self {
+        Self {
+            engine: EngineKind::default(),
+            fua: FuaMode::default(),
+            direct: true,
+            read_only: false,
+            worker_threads: 8,
+            ring_entries: 256,
+        }
+    }
+}
+
+/// Flush bookkeeping: which plain writes a completed flush covers.
+///
+/// Every plain write bumps `dirty_generation` when it completes. A flush
+/// notes the generation when it starts; once it succeeds every write with a
+/// generation up to that is durable. `flush_if_needed` waits for a flush
+/// already in flight when that one covers it, so concurrent fsyncs share a
+/// flush, as QEMU's flush-once-per-write-generation does.
+#[derive(Default)]
+struct FlushTracker {
+    dirty_generation: AtomicU64,
+    state: parking_lot::Mutex<FlushState>,
+    finished: parking_lot::Condvar,
+}
+
+#[derive(Default)]
+struct FlushState {
+    durable_generation: u64,
+    in_flight_generation: Option<u64>,
+}
+
+impl FlushTracker {
+    fn write_completed(&self) {
+        self.dirty_generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn start(&self) -> u64 {
+        self.dirty_generation.load(Ordering::Acquire)
+    }
+
+    fn finish(&self, generation: u64, succeeded: bool) {
+        let mut state = self.state.lock();
+        if succeeded {
+            state.durable_generation = state.durable_generation.max(generation);
+        }
+        self.finished.notify_all();
+    }
+}
+
+/// The device handle every layer above uses.
+pub struct Device {
+    raw: Arc<dyn RawDev>,
+    fua: FuaMode,
+    logical_block_bytes: u32,
+    counters: Arc<Counters>,
+    flushes: Arc<FlushTracker>,
+}
+
+impl Device {
+    pub fn new(raw: Arc<dyn RawDev>, fua: FuaMode) -> Self {
+        let logical_block_bytes = raw.logical_block_bytes();
+        assert!(logical_block_bytes.is_power_of_two());
+        Self {
+            raw,
+            fua,
+            logical_block_bytes,
+            counters: Arc::default(),
+            flushes: Arc::default(),
+        }
+    }
+
+    /// Opens an image file or block device.
+    pub fn open(path: &Path, options: &DevOptions) -> io::Result<Self> {
+        let raw: Arc<dyn RawDev> = match options.engine {
+            EngineKind::Sync => Arc::new(file::FileDev::open(path, options)?),
+            EngineKind::Threads => Arc::new(threads::ThreadsDev::open(path, options)?),
+            EngineKind::Uring => Arc::new(uring::UringDev::open(path, options)?),
+        };
+        Ok(Self::new(raw, options.fua))
+    }
+
+    pub fn logical_block_bytes(&self) -> u32 {
+        self.logical_block_bytes
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.raw.size_bytes()
+    }
+
+    pub fn fua_mode(&self) -> FuaMode {
+        self.fua
+    }
+
+    pub fn stats(&self) -> DevStats {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let counters = &self.counters;
+        DevStats {
+            read_requests: load(&counters.read_requests),
+            write_requests: load(&counters.write_requests),
+            flush_requests: load(&counters.flush_requests),
+            fua_writes: load(&counters.fua_writes),
+            bytes_read: load(&counters.bytes_read),
+            bytes_written: load(&counters.bytes_written),
+        }
+    }
+
+    fn check_aligned(&self, offset: u64, length: usize) -> io::Result<()> {
+        let mask = u64::from(self.logical_block_bytes) - 1;
+        if offset & mask != 0 || length as u64 & mask != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "device request at {offset} of {length} bytes is not aligned to the logical \
+                     block size {}",
+                    self.logical_block_bytes
+                ),
+            ));
+        }
+        let end = offset.checked_add(length as u64);
+        if end.is_none_or(|end| end > self.raw.size_bytes()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "device request at {offset} of {length} bytes passes the end of the device"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn read(&self, offset: u64, buffer: &mut [u8]) -> io::Result<()> {
+        self.read_vectored(offset, &mut [IoSliceMut::new(buffer)])
+    }
+
+    pub fn read_vectored(&self, offset: u64, buffers: &mut [IoSliceMut<'_>]) -> io::Result<()> {
+        let length: usize = buffers.iter().map(|buffer| buffer.len()).sum();
+        self.check_aligned(offset, length)?;
+        self.counters.read_requests.fetch_add(1, Ordering::Relaxed);
+        self.raw.read_at(offset, buffers)?;
+        self.counters
+            .bytes_read
+            .fetch_add(length as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn write(&self, offset: u64, buffer: &[u8], fua: bool) -> io::Result<()> {
+        self.write_vectored(offset, &[IoSlice::new(buffer)], fua)
+    }
+
+    /// Writes `buffers` at `offset`; with `fua` the data is durable on return
+    /// (one request with `fua=native`, a write and a flush with `emulate`).
+    pub fn write_vectored(
+        &self,
+        offset: u64,
+        buffers: &[IoSlice<'_>],
+        fua: bool,
+    ) -> io::Result<()> {
+        let length: usize = buffers.iter().map(|buffer| buffer.len()).sum();
+        self.check_aligned(offset, length)?;
+        let native_fua = fua && self.fua == FuaMode::Native;
+        self.count_write(native_fua);
+        self.raw.write_at(offset, buffers, native_fua)?;
+        self.counters
+            .bytes_written
+            .fetch_add(length as u64, Ordering::Relaxed);
+        if !native_fua {
+            self.flushes.write_completed();
+        }
+        if fua && !native_fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn count_write(&self, native_fua: bool) {
+        self.counters.write_requests.fetch_add(1, Ordering::Relaxed);
+        if native_fua {
+            self.counters.fua_writes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Issues a flush: every write completed before the call is durable
+    /// when it returns Ok.
+    pub fn flush(&self) -> io::Result<()> {
+        let generation = self.flushes.start();
+        self.flushes.state.lock().in_flight_generation = Some(generation);
+        self.counters.flush_requests.fetch_add(1, Ordering::Relaxed);
+        let result = self.raw.flush();
+        {
+            let mut state = self.flushes.state.lock();
+            if state.in_flight_generation == Some(generation) {
+                state.in_flight_generation = None;
+            }
+        }
+        self.flushes.finish(generation, result.is_ok());
+        result
+    }
+
+    /// Makes every plain write completed before the call durable, issuing a
+    /// flush only when no completed or in-flight flush already covers them.
+    /// Returns whether this call issued one.
+    pub fn flush_if_needed(&self) -> io::Result<bool> {
+        let wanted = self.flushes.start();
+        let mut state = self.flushes.state.lock();
+        loop {
+            if state.durable_generation >= wanted {
+                return Ok(false);
+            }
+            match state.in_flight_generation {
+                Some(in_flight) if in_flight >= wanted => self.flushes.finished.wait(&mut state),
+                _ => break,
+            }
+        }
+        drop(state);
+        self.flush().map(|()| true)
+    }
+
+    /// Asynchronous form of read/write/flush; `done` runs exactly once.
+    pub fn submit(&self, request: DevRequest, done: DevCallback) {
+        let (offset, length) = match &request {
+            DevRequest::Read { offset, buffer } | DevRequest::Write { offset, buffer, .. } => {
+                (*offset, buffer.len())
+            }
+            DevRequest::Flush => return self.submit_flush(done),
+        };
+        if let Err(error) = self.check_aligned(offset, length) {
+            return done(DevResponse {
+                buffer: take_buffer(request),
+                result: Err(error),
+            });
+        }
+        match request {
+            DevRequest::Read { .. } => self.submit_read(request, length, done),
+            DevRequest::Write {
+                offset,
+                buffer,
+                fua,
+            } => {
+                let native_fua = fua && self.fua == FuaMode::Native;
+                let request = DevRequest::Write {
+                    offset,
+                    buffer,
+                    fua: native_fua,
+                };
+                self.submit_write(request, fua && !native_fua, done)
+            }
+            DevRequest::Flush => unreachable!("handled above"),
+        }
+    }
+
+    fn submit_read(&self, request: DevRequest, length: usize, done: DevCallback) {
+        self.counters.read_requests.fetch_add(1, Ordering::Relaxed);
+        let counters = Arc::clone(&self.counters);
+        self.raw.submit(
+            request,
+            Box::new(move |response| {
+                if response.result.is_ok() {
+                    counters
+                        .bytes_read
+                        .fetch_add(length as u64, Ordering::Relaxed);
+                }
+                done(response)
+            }),
+        );
+    }
+
+    fn submit_write(&self, request: DevRequest, emulate_fua: bool, done: DevCallback) {
+        let DevRequest::Write {
+            buffer,
+            fua: native_fua,
+            ..
+        } = &request
+        else {
+            unreachable!("submit_write takes writes")
+        };
+        let native_fua = *native_fua;
+        let length = buffer.len() as u64;
+        self.count_write(native_fua);
+        let counters = Arc::clone(&self.counters);
+        let flushes = Arc::clone(&self.flushes);
+        let flusher = emulate_fua.then(|| self.flush_submitter());
+        self.raw.submit(
+            request,
+            Box::new(move |response| {
+                if response.result.is_err() {
+                    return done(response);
+                }
+                counters.bytes_written.fetch_add(length, Ordering::Relaxed);
+                if !native_fua {
+                    flushes.write_completed();
+                }
+                match flusher {
+                    None => done(response),
+                    Some(flush) => flush(Box::new(move |flushed: DevResponse| {
+                        done(DevResponse {
+                            buffer: response.buffer,
+                            result: flushed.result,
+                        })
+                    })),
+                }
+            }),
+        );
+    }
+
+    fn submit_flush(&self, done: DevCallback) {
+        (self.flush_submitter())(done)
+    }
+
+    /// A closure that submits a counted, tracked flush; FUA emulation chains
+    /// it after the write's completion, possibly on a backend thread.
+    fn flush_submitter(&self) -> impl FnOnce(DevCallback) + Send + 'static {
+        let raw = Arc::clone(&self.raw);
+        let counters = Arc::clone(&self.counters);
+        let flushes = Arc::clone(&self.flushes);
+        move |done: DevCallback| {
+            let generation = flushes.start();
+            counters.flush_requests.fetch_add(1, Ordering::Relaxed);
+            raw.submit(
+                DevRequest::Flush,
+                Box::new(move |response| {
+                    flushes.finish(generation, response.result.is_ok());
+                    done(response)
+                }),
+            )
+        }
+    }
+}
+
+fn take_buffer(request: DevRequest) -> Option<AlignedBuf> {
+    match request {
+        DevRequest::Read { buffer, .. } | DevRequest::Write { buffer, .. } => Some(buffer),
+        DevRequest::Flush => None,
+    }
+}
+
+/// Runs `request` with the blocking calls of `raw`; backends without a real
+/// asynchronous path (and the fault injector) use it for `submit`.
+pub(crate) fn run_blocking(raw: &dyn RawDev, request: DevRequest) -> DevResponse {
+    match request {
+        DevRequest::Read { offset, mut buffer } => {
+            let result = raw.read_at(offset, &mut [IoSliceMut::new(&mut buffer)]);
+            DevResponse {
+                buffer: Some(buffer),
+                result,
+            }
+        }
+        DevRequest::Write {
+            offset,
+            buffer,
+            fua,
+        } => {
+            let result = raw.write_at(offset, &[IoSlice::new(&buffer)], fua);
+            DevResponse {
+                buffer: Some(buffer),
+                result,
+            }
+        }
+        DevRequest::Flush => DevResponse {
+            buffer: None,
+            result: raw.flush(),
+        },
+    }
+}

@@ -1,0 +1,2 @@
+//! TEMPORARY
+pub(crate) use super::file::FileDev as ThreadsDev;

@@ -1,0 +1,172 @@
+//! Checkpoint slots.
+//!
+//! A checkpoint is the whole metadata state written as a sequence of records
+//! (a compacted log) after a one-sector header. Checkpoints alternate between
+//! the two slots; mount picks the valid one with the higher generation, so a
+//! torn checkpoint write falls back to the previous one, whose journal tail is
+//! kept until the new checkpoint is durable.
+
+use super::codec::{crc_with_hole, Reader, Writer};
+use super::{FormatError, FORMAT_VERSION, HEADER_BYTES};
+
+pub const CHECKPOINT_MAGIC: [u8; 8] = *b"FOLIOCKP";
+const WHAT: &str = "checkpoint";
+const CRC_OFFSET: usize = HEADER_BYTES - 4;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointHeader {
+    pub uuid: [u8; 16],
+    /// Increases by one per checkpoint; generation `g` lives in slot `g % 2`.
+    pub generation: u64,
+    /// Where replay starts, in bytes from the start of the journal region.
+    pub journal_replay_offset: u64,
+    /// The group sequence number replay expects at that offset.
+    pub journal_replay_seq: u64,
+    /// Records with an lsn at or below this are already in the checkpoint.
+    pub lsn_applied: u64,
+    /// Next inode number to hand out.
+    pub next_ino: u64,
+    pub record_count: u64,
+    pub payload_bytes: u64,
+    pub payload_crc: u32,
+}
+
+impl CheckpointHeader {
+    pub fn slot_index(&self) -> usize {
+        (self.generation % 2) as usize
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut writer = Writer::with_capacity(HEADER_BYTES);
+        writer.raw(&CHECKPOINT_MAGIC);
+        writer.u32(FORMAT_VERSION);
+        writer.u32(HEADER_BYTES as u32);
+        writer.raw(&self.uuid);
+        writer.u64(self.generation);
+        writer.u64(self.journal_replay_offset);
+        writer.u64(self.journal_replay_seq);
+        writer.u64(self.lsn_applied);
+        writer.u64(self.next_ino);
+        writer.u64(self.record_count);
+        writer.u64(self.payload_bytes);
+        writer.u32(self.payload_crc);
+        let mut bytes = [0u8; HEADER_BYTES];
+        bytes[..writer.len()].copy_from_slice(writer.as_bytes());
+        let crc = crc_with_hole(&bytes, CRC_OFFSET);
+        bytes[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes a header; `payload_bytes_max` is the room the slot has after it.
+    pub fn decode(bytes: &[u8], payload_bytes_max: u64) -> Result<Self, FormatError> {
+        if bytes.len() < HEADER_BYTES {
+            return Err(FormatError::Truncated { what: WHAT });
+        }
+        let bytes = &bytes[..HEADER_BYTES];
+        if bytes[..8] != CHECKPOINT_MAGIC {
+            return Err(FormatError::BadMagic { what: WHAT });
+        }
+        let stored = u32::from_le_bytes(bytes[CRC_OFFSET..].try_into().expect("4 bytes"));
+        let computed = crc_with_hole(bytes, CRC_OFFSET);
+        if stored != computed {
+            return Err(FormatError::BadChecksum {
+                what: WHAT,
+                stored,
+                computed,
+            });
+        }
+        let mut reader = Reader::new(&bytes[8..], WHAT);
+        let version = reader.u32()?;
+        if version != FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                what: WHAT,
+                found: version,
+            });
+        }
+        let header_bytes = reader.u32()?;
+        if header_bytes as usize != HEADER_BYTES {
+            return Err(FormatError::invalid(
+                WHAT,
+                "header_bytes",
+                header_bytes.to_string(),
+            ));
+        }
+        let header = Self {
+            uuid: reader.array()?,
+            generation: reader.u64()?,
+            journal_replay_offset: reader.u64()?,
+            journal_replay_seq: reader.u64()?,
+            lsn_applied: reader.u64()?,
+            next_ino: reader.u64()?,
+            record_count: reader.u64()?,
+            payload_bytes: reader.u64()?,
+            payload_crc: reader.u32()?,
+        };
+        if header.payload_bytes > payload_bytes_max {
+            return Err(FormatError::invalid(
+                WHAT,
+                "payload_bytes",
+                format!(
+                    "{} exceeds the slot ({payload_bytes_max})",
+                    header.payload_bytes
+                ),
+            ));
+        }
+        if header.generation == 0 || header.next_ino < 2 {
+            return Err(FormatError::invalid(WHAT, "generation/next_ino", "zero"));
+        }
+        Ok(header)
+    }
+
+    pub fn check_payload(&self, payload: &[u8]) -> Result<(), FormatError> {
+        if payload.len() as u64 != self.payload_bytes {
+            return Err(FormatError::Truncated { what: WHAT });
+        }
+        let computed = crc32c::crc32c(payload);
+        if computed != self.payload_crc {
+            return Err(FormatError::BadChecksum {
+                what: WHAT,
+                stored: self.payload_crc,
+                computed,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> CheckpointHeader {
+        CheckpointHeader {
+            uuid: [1; 16],
+            generation: 3,
+            journal_replay_offset: 4096,
+            journal_replay_seq: 17,
+            lsn_applied: 99,
+            next_ino: 12,
+            record_count: 5,
+            payload_bytes: 3,
+            payload_crc: crc32c::crc32c(b"abc"),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_payload_check() {
+        let header = sample();
+        let decoded = CheckpointHeader::decode(&header.encode(), 1 << 20).unwrap();
+        assert_eq!(decoded, header);
+        assert_eq!(decoded.slot_index(), 1);
+        decoded.check_payload(b"abc").unwrap();
+        assert!(decoded.check_payload(b"abd").is_err());
+        assert!(decoded.check_payload(b"ab").is_err());
+    }
+
+    #[test]
+    fn rejects_payload_larger_than_slot() {
+        let mut header = sample();
+        header.payload_bytes = 1 << 40;
+        assert!(CheckpointHeader::decode(&header.encode(), 1 << 20).is_err());
+    }
+}

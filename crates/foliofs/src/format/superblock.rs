@@ -1,0 +1,387 @@
+//! The superblock: written once by mkfs, in two copies (blocks 0 and 1).
+//!
+//! It only describes the fixed layout; everything that changes lives in the
+//! checkpoint slots and the journal, so the superblock is never rewritten and
+//! can never be torn after mkfs.
+
+use super::codec::{crc_with_hole, Reader, Writer};
+use super::record::Timestamp;
+use super::{
+    FormatError, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, FORMAT_VERSION, HEADER_BYTES, SECTOR_BYTES_MIN,
+};
+
+pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"FOLIOFS\0";
+const WHAT: &str = "superblock";
+const CRC_OFFSET: usize = HEADER_BYTES - 4;
+
+/// Smallest volume mkfs accepts: room for a 1 MiB journal, two 1 MiB checkpoint
+/// slots and some data.
+pub const VOLUME_BYTES_MIN: u64 = 8 << 20;
+const JOURNAL_BYTES_MIN: u64 = 1 << 20;
+const JOURNAL_BYTES_MAX: u64 = 256 << 20;
+const SLOT_BYTES_MIN: u64 = 1 << 20;
+const SLOT_BYTES_MAX: u64 = 1 << 30;
+
+/// A run of file-system blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    pub start_block: u64,
+    pub block_count: u64,
+}
+
+impl Region {
+    pub fn end_block(&self) -> u64 {
+        self.start_block + self.block_count
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superblock {
+    pub block_bytes: u32,
+    /// Alignment of journal groups and checkpoint headers: the device's
+    /// logical block size at mkfs, at least 512 B.
+    pub sector_bytes: u32,
+    pub uuid: [u8; 16],
+    pub block_count: u64,
+    pub journal: Region,
+    pub checkpoint_slots: [Region; 2],
+    pub data: Region,
+    pub created: Timestamp,
+}
+
+impl Superblock {
+    /// Computes the layout of a new volume of `volume_bytes`.
+    pub fn layout(
+        volume_bytes: u64,
+        block_bytes: u32,
+        sector_bytes: u32,
+        uuid: [u8; 16],
+        created: Timestamp,
+    ) -> Result<Self, FormatError> {
+        check_block_bytes(block_bytes)?;
+        check_sector_bytes(sector_bytes, block_bytes)?;
+        if volume_bytes < VOLUME_BYTES_MIN {
+            return Err(FormatError::invalid(
+                WHAT,
+                "size",
+                format!(
+                    "volume of {volume_bytes} bytes is too small; the minimum is {} MiB",
+                    VOLUME_BYTES_MIN >> 20
+                ),
+            ));
+        }
+        let block = u64::from(block_bytes);
+        let block_count = volume_bytes / block;
+        let blocks_of = |bytes: u64| bytes.div_ceil(block);
+        let journal_blocks =
+            blocks_of((volume_bytes / 128).clamp(JOURNAL_BYTES_MIN, JOURNAL_BYTES_MAX));
+        let slot_blocks = blocks_of((volume_bytes / 128).clamp(SLOT_BYTES_MIN, SLOT_BYTES_MAX));
+        let journal = Region {
+            start_block: 2,
+            block_count: journal_blocks,
+        };
+        let slot_a = Region {
+            start_block: journal.end_block(),
+            block_count: slot_blocks,
+        };
+        let slot_b = Region {
+            start_block: slot_a.end_block(),
+            block_count: slot_blocks,
+        };
+        let data_start = slot_b.end_block();
+        if data_start >= block_count {
+            return Err(FormatError::invalid(WHAT, "size", "no room left for data"));
+        }
+        let data = Region {
+            start_block: data_start,
+            block_count: block_count - data_start,
+        };
+        let superblock = Self {
+            block_bytes,
+            sector_bytes,
+            uuid,
+            block_count,
+            journal,
+            checkpoint_slots: [slot_a, slot_b],
+            data,
+            created,
+        };
+        superblock.validate()?;
+        Ok(superblock)
+    }
+
+    pub fn block_bytes_u64(&self) -> u64 {
+        u64::from(self.block_bytes)
+    }
+
+    pub fn volume_bytes(&self) -> u64 {
+        self.block_count * self.block_bytes_u64()
+    }
+
+    /// Byte offset of superblock copy `index` (0 or 1).
+    pub fn copy_offset(block_bytes: u32, index: usize) -> u64 {
+        debug_assert!(index < 2);
+        index as u64 * u64::from(block_bytes)
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut writer = Writer::with_capacity(HEADER_BYTES);
+        writer.raw(&SUPERBLOCK_MAGIC);
+        writer.u32(FORMAT_VERSION);
+        writer.u32(HEADER_BYTES as u32);
+        writer.u32(self.block_bytes);
+        writer.u32(self.sector_bytes);
+        writer.raw(&self.uuid);
+        writer.u64(self.block_count);
+        for region in [
+            self.journal,
+            self.checkpoint_slots[0],
+            self.checkpoint_slots[1],
+            self.data,
+        ] {
+            writer.u64(region.start_block);
+            writer.u64(region.block_count);
+        }
+        writer.i64(self.created.secs);
+        writer.u32(self.created.nanos);
+        let mut bytes = [0u8; HEADER_BYTES];
+        bytes[..writer.len()].copy_from_slice(writer.as_bytes());
+        let crc = crc_with_hole(&bytes, CRC_OFFSET);
+        bytes[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        if bytes.len() < HEADER_BYTES {
+            return Err(FormatError::Truncated { what: WHAT });
+        }
+        let bytes = &bytes[..HEADER_BYTES];
+        if bytes[..8] != SUPERBLOCK_MAGIC {
+            return Err(FormatError::BadMagic { what: WHAT });
+        }
+        let stored = u32::from_le_bytes(bytes[CRC_OFFSET..].try_into().expect("4 bytes"));
+        let computed = crc_with_hole(bytes, CRC_OFFSET);
+        if stored != computed {
+            return Err(FormatError::BadChecksum {
+                what: WHAT,
+                stored,
+                computed,
+            });
+        }
+        let mut reader = Reader::new(&bytes[8..], WHAT);
+        let version = reader.u32()?;
+        if version != FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                what: WHAT,
+                found: version,
+            });
+        }
+        let header_bytes = reader.u32()?;
+        if header_bytes as usize != HEADER_BYTES {
+            return Err(FormatError::invalid(
+                WHAT,
+                "header_bytes",
+                header_bytes.to_string(),
+            ));
+        }
+        let block_bytes = reader.u32()?;
+        let sector_bytes = reader.u32()?;
+        let uuid = reader.array::<16>()?;
+        let block_count = reader.u64()?;
+        let mut regions = [Region {
+            start_block: 0,
+            block_count: 0,
+        }; 4];
+        for region in &mut regions {
+            region.start_block = reader.u64()?;
+            region.block_count = reader.u64()?;
+        }
+        let created = Timestamp {
+            secs: reader.i64()?,
+            nanos: reader.u32()?,
+        };
+        let superblock = Self {
+            block_bytes,
+            sector_bytes,
+            uuid,
+            block_count,
+            journal: regions[0],
+            checkpoint_slots: [regions[1], regions[2]],
+            data: regions[3],
+            created,
+        };
+        superblock.validate()?;
+        Ok(superblock)
+    }
+
+    /// Checks every relationship between fields; run after decode and before encode.
+    pub fn validate(&self) -> Result<(), FormatError> {
+        check_block_bytes(self.block_bytes)?;
+        check_sector_bytes(self.sector_bytes, self.block_bytes)?;
+        if self.created.nanos >= 1_000_000_000 {
+            return Err(FormatError::invalid(
+                WHAT,
+                "created",
+                "nanoseconds out of range",
+            ));
+        }
+        let ordered = [
+            ("journal", self.journal),
+            ("checkpoint slot A", self.checkpoint_slots[0]),
+            ("checkpoint slot B", self.checkpoint_slots[1]),
+            ("data", self.data),
+        ];
+        let mut next_free_block = 2u64;
+        for (name, region) in ordered {
+            let Some(end) = region.start_block.checked_add(region.block_count) else {
+                return Err(FormatError::invalid(
+                    WHAT,
+                    "layout",
+                    format!("{name} region overflows"),
+                ));
+            };
+            if region.block_count == 0
+                || region.start_block < next_free_block
+                || end > self.block_count
+            {
+                return Err(FormatError::invalid(
+                    WHAT,
+                    "layout",
+                    format!(
+                        "{name} region [{}, {end}) is empty, overlaps the previous region or \
+                         passes the end of the volume ({} blocks)",
+                        region.start_block, self.block_count
+                    ),
+                ));
+            }
+            next_free_block = end;
+        }
+        if self.checkpoint_slots[0].block_count != self.checkpoint_slots[1].block_count {
+            return Err(FormatError::invalid(
+                WHAT,
+                "layout",
+                "checkpoint slots differ in size",
+            ));
+        }
+        if self
+            .block_count
+            .checked_mul(self.block_bytes_u64())
+            .is_none()
+        {
+            return Err(FormatError::invalid(
+                WHAT,
+                "block_count",
+                "volume size overflows",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn check_block_bytes(block_bytes: u32) -> Result<(), FormatError> {
+    if !block_bytes.is_power_of_two() || !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&block_bytes)
+    {
+        return Err(FormatError::invalid(
+            WHAT,
+            "block_bytes",
+            format!(
+                "{block_bytes} is not a power of two between {BLOCK_BYTES_MIN} and {BLOCK_BYTES_MAX}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_sector_bytes(sector_bytes: u32, block_bytes: u32) -> Result<(), FormatError> {
+    if !sector_bytes.is_power_of_two()
+        || sector_bytes < SECTOR_BYTES_MIN
+        || sector_bytes > block_bytes
+    {
+        return Err(FormatError::invalid(
+            WHAT,
+            "sector_bytes",
+            format!(
+                "{sector_bytes} is not a power of two between {SECTOR_BYTES_MIN} and the block size \
+                 {block_bytes}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Superblock {
+        Superblock::layout(
+            64 << 20,
+            4096,
+            512,
+            [7; 16],
+            Timestamp { secs: 1, nanos: 2 },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn round_trip() {
+        let superblock = sample();
+        let bytes = superblock.encode();
+        assert_eq!(Superblock::decode(&bytes).unwrap(), superblock);
+    }
+
+    #[test]
+    fn layout_regions_are_ordered_and_fill_the_volume() {
+        let superblock = sample();
+        assert_eq!(superblock.journal.start_block, 2);
+        assert_eq!(
+            superblock.checkpoint_slots[0].start_block,
+            superblock.journal.end_block()
+        );
+        assert_eq!(superblock.data.end_block(), superblock.block_count);
+        assert_eq!(superblock.volume_bytes(), 64 << 20);
+    }
+
+    #[test]
+    fn every_block_size_lays_out() {
+        for shift in 10..=16 {
+            let superblock =
+                Superblock::layout(32 << 20, 1 << shift, 512, [1; 16], Timestamp::default())
+                    .unwrap();
+            assert_eq!(
+                Superblock::decode(&superblock.encode()).unwrap(),
+                superblock
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_bad_block_sizes_and_small_volumes() {
+        let ts = Timestamp::default();
+        assert!(Superblock::layout(64 << 20, 3000, 512, [0; 16], ts).is_err());
+        assert!(Superblock::layout(64 << 20, 512, 512, [0; 16], ts).is_err());
+        assert!(Superblock::layout(64 << 20, 1 << 17, 512, [0; 16], ts).is_err());
+        let err = Superblock::layout(1 << 20, 4096, 512, [0; 16], ts).unwrap_err();
+        assert!(err.to_string().contains("too small"), "{err}");
+    }
+
+    #[test]
+    fn detects_corruption_and_foreign_data() {
+        let bytes = sample().encode();
+        let mut flipped = bytes;
+        flipped[40] ^= 1;
+        assert!(matches!(
+            Superblock::decode(&flipped),
+            Err(FormatError::BadChecksum { .. })
+        ));
+        assert!(matches!(
+            Superblock::decode(&[0u8; 512]),
+            Err(FormatError::BadMagic { .. })
+        ));
+        assert!(matches!(
+            Superblock::decode(&bytes[..100]),
+            Err(FormatError::Truncated { .. })
+        ));
+    }
+}

@@ -1,0 +1,242 @@
+//! Offline consistency check. Loads the volume read-only (checkpoint +
+//! journal replay, in memory; nothing is written) and checks every
+//! cross-reference the format relies on.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::dev::{AlignedBuf, Device};
+use crate::format::{
+    InodeKind, Superblock, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, ROOT_INO, SECTOR_BYTES_MIN,
+};
+use crate::meta::{InodeBody, LoadReport, MetaState};
+use crate::options::VolumeOptions;
+use crate::vfs::Volume;
+
+#[derive(Debug, Clone, Default)]
+pub struct FsckReport {
+    /// Inconsistencies; empty means clean.
+    pub problems: Vec<String>,
+    /// Facts worth knowing that are not problems (orphans freed at next mount).
+    pub notes: Vec<String>,
+    pub load: Option<LoadReport>,
+    pub files: u64,
+    pub directories: u64,
+    pub symlinks: u64,
+    pub extents: u64,
+    pub data_blocks_used: u64,
+}
+
+impl FsckReport {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Checks the volume on `device`. Never fails: whatever cannot be read or
+/// loaded is reported as a problem.
+pub fn check(device: Arc<Device>) -> FsckReport {
+    let mut report = FsckReport::default();
+    check_superblock_copies(&device, &mut report);
+    let options = VolumeOptions {
+        read_only: true,
+        commit_interval_ms: 0,
+        ..VolumeOptions::default()
+    };
+    let volume = match Volume::open_device(device, &options) {
+        Ok(volume) => volume,
+        Err(error) => {
+            report
+                .problems
+                .push(format!("cannot load the volume: {error}"));
+            return report;
+        }
+    };
+    report.load = Some(volume.load_report());
+    let state = volume.shared.meta.read();
+    check_tree(&state, &mut report);
+    report
+}
+
+fn check_superblock_copies(device: &Device, report: &mut FsckReport) {
+    let sector = device.logical_block_bytes().max(SECTOR_BYTES_MIN) as usize;
+    let mut buffer = AlignedBuf::zeroed(sector);
+    let read_at = |offset: u64, buffer: &mut AlignedBuf| -> Option<Result<Superblock, String>> {
+        if offset + sector as u64 > device.size_bytes() {
+            return None;
+        }
+        Some(match device.read(offset, buffer) {
+            Ok(()) => Superblock::decode(buffer).map_err(|error| error.to_string()),
+            Err(error) => Err(error.to_string()),
+        })
+    };
+    let copy_a = read_at(0, &mut buffer);
+    let block_sizes = std::iter::successors(Some(BLOCK_BYTES_MIN), |size| Some(size * 2))
+        .take_while(|&size| size <= BLOCK_BYTES_MAX);
+    let block_bytes = match &copy_a {
+        Some(Ok(superblock)) => vec![superblock.block_bytes],
+        _ => block_sizes.collect(),
+    };
+    let copy_b = block_bytes.into_iter().find_map(|size| {
+        read_at(Superblock::copy_offset(size, 1), &mut buffer).filter(|result| {
+            result
+                .as_ref()
+                .is_ok_and(|superblock| superblock.block_bytes == size)
+        })
+    });
+    match (copy_a, copy_b) {
+        (Some(Ok(a)), Some(Ok(b))) if a != b => {
+            report.problems.push("superblock copies differ".into())
+        }
+        (Some(Ok(_)), Some(Ok(_))) => {}
+        (Some(Ok(_)), _) => report
+            .problems
+            .push("superblock copy B is missing or damaged".into()),
+        (Some(Err(error)), Some(Ok(_))) => {
+            report.problems.push(format!("superblock copy A: {error}"))
+        }
+        (a, _) => {
+            let why = match a {
+                Some(Err(error)) => error,
+                _ => "device too small".into(),
+            };
+            report.problems.push(format!("no valid superblock: {why}"));
+        }
+    }
+}
+
+/// Checks links, parents, reachability and symlinks.
+fn check_tree(state: &MetaState, report: &mut FsckReport) {
+    let Some(root) = state.inode(ROOT_INO) else {
+        report.problems.push("the root directory is missing".into());
+        return;
+    };
+    if root.attrs.kind != InodeKind::Dir || root.attrs.parent != ROOT_INO {
+        report
+            .problems
+            .push("the root is not a directory that is its own parent".into());
+    }
+    let mut references: HashMap<u64, Vec<u64>> = HashMap::new();
+    for (dir, inode) in state.inodes() {
+        let Some(entries) = inode.entries() else {
+            continue;
+        };
+        for (name, &target) in entries {
+            if state.inode(target).is_none() {
+                let name = String::from_utf8_lossy(name);
+                report.problems.push(format!(
+                    "directory {dir}: entry {name:?} names missing inode {target}"
+                ));
+            }
+            references.entry(target).or_default().push(dir);
+        }
+    }
+    let mut inos: Vec<u64> = state.inodes().map(|(ino, _)| ino).collect();
+    inos.sort_unstable();
+    for ino in inos {
+        let inode = state.inode(ino).expect("listed");
+        let parents = references.get(&ino).map_or(&[][..], Vec::as_slice);
+        count_inode(inode, report);
+        match &inode.body {
+            InodeBody::Dir(entries) => check_dir(
+                state,
+                ino,
+                inode.attrs.nlink,
+                inode.attrs.parent,
+                entries,
+                parents,
+                report,
+            ),
+            InodeBody::Symlink(target) if target.is_empty() => {
+                report.problems.push(format!("symlink {ino} has no target"));
+            }
+            _ => check_links(ino, inode.attrs.nlink, parents.len(), report),
+        }
+    }
+    check_reachable(state, report);
+}
+
+fn count_inode(inode: &crate::meta::Inode, report: &mut FsckReport) {
+    match &inode.body {
+        InodeBody::File(extents) => {
+            report.files += 1;
+            report.extents += extents.len() as u64;
+            report.data_blocks_used += extents.iter().map(|extent| extent.block_count).sum::<u64>();
+        }
+        InodeBody::Dir(_) => report.directories += 1,
+        InodeBody::Symlink(_) => report.symlinks += 1,
+    }
+}
+
+fn check_links(ino: u64, nlink: u32, names: usize, report: &mut FsckReport) {
+    if nlink == 0 && names == 0 {
+        report.notes.push(format!(
+            "inode {ino} is an orphan (unlinked while open); the next mount frees it"
+        ));
+    } else if nlink as usize != names {
+        report.problems.push(format!(
+            "inode {ino} has link count {nlink} but {names} names"
+        ));
+    }
+}
+
+fn check_dir(
+    state: &MetaState,
+    ino: u64,
+    nlink: u32,
+    parent: u64,
+    entries: &std::collections::BTreeMap<Vec<u8>, u64>,
+    parents: &[u64],
+    report: &mut FsckReport,
+) {
+    let expected_names = usize::from(ino != ROOT_INO);
+    if parents.len() != expected_names {
+        report.problems.push(format!(
+            "directory {ino} has {} names (expected {expected_names})",
+            parents.len()
+        ));
+    } else if ino != ROOT_INO && parents[0] != parent {
+        report.problems.push(format!(
+            "directory {ino} records parent {parent} but is named in {}",
+            parents[0]
+        ));
+    }
+    let subdirs = entries
+        .values()
+        .filter(|&&child| {
+            state
+                .inode(child)
+                .is_some_and(|inode| inode.attrs.kind == InodeKind::Dir)
+        })
+        .count();
+    if nlink as usize != 2 + subdirs {
+        report.problems.push(format!(
+            "directory {ino} has link count {nlink}, expected {}",
+            2 + subdirs
+        ));
+    }
+}
+
+fn check_reachable(state: &MetaState, report: &mut FsckReport) {
+    let mut seen = std::collections::HashSet::from([ROOT_INO]);
+    let mut stack = vec![ROOT_INO];
+    while let Some(dir) = stack.pop() {
+        let Some(entries) = state.inode(dir).and_then(|inode| inode.entries()) else {
+            continue;
+        };
+        for &child in entries.values() {
+            if seen.insert(child) {
+                stack.push(child);
+            }
+        }
+    }
+    let unreachable = state
+        .inodes()
+        .filter(|(ino, inode)| !seen.contains(ino) && inode.attrs.nlink > 0)
+        .count();
+    if unreachable > 0 {
+        report.problems.push(format!(
+            "{unreachable} linked inodes are not reachable from the root"
+        ));
+    }
+}

@@ -1,0 +1,225 @@
+//! The mapping contract every I/O path uses, after the kernel's iomap:
+//! `begin` tells where a file range lives (allocating when asked to write
+//! into a hole), `end_write` records what the I/O completed.
+//!
+//! Writes into new space go through Unwritten extents: `begin` allocates them
+//! Unwritten, the data is written, and `end_write` converts exactly the
+//! completed blocks to Written in the same transaction as any size change.
+//! A crash in between leaves Unwritten blocks, which read as zeros, so a file
+//! can never expose stale blocks.
+
+use crate::alloc::BlockRun;
+use crate::error::{Error, Result};
+use crate::extent::{ExtentKind, Lookup};
+use crate::format::{ExtentState, Record};
+use crate::meta::{MetaStore, Txn};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MapKind {
+    Hole,
+    Delalloc,
+    Unwritten,
+    Written,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Intent {
+    Read,
+    /// Allocate Unwritten space for holes in the range.
+    Write,
+    /// Report only (fiemap, seek): never allocates.
+    Report,
+}
+
+/// One contiguous piece of a file: whole blocks, starting at or before the
+/// requested position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mapping {
+    pub kind: MapKind,
+    /// File byte offset of the first block.
+    pub offset: u64,
+    /// Bytes, a multiple of the block size.
+    pub length: u64,
+    /// Device byte offset of `offset` (Unwritten and Written only; else 0).
+    pub dev_offset: u64,
+    /// Allocated by this call: the caller writes or zeroes every byte of it.
+    pub new: bool,
+}
+
+impl Mapping {
+    pub fn end(&self) -> u64 {
+        self.offset + self.length
+    }
+
+    /// Reads of this range return zeros without device I/O.
+    pub fn reads_as_zeros(&self) -> bool {
+        self.kind != MapKind::Written
+    }
+}
+
+/// Maps the block containing `pos` and as many following blocks, up to the
+/// block containing `pos + length - 1`, as share its state.
+pub fn begin(
+    meta: &MetaStore,
+    ino: u64,
+    pos: u64,
+    length: u64,
+    intent: Intent,
+    block_bytes: u64,
+) -> Result<Mapping> {
+    assert!(length > 0);
+    let first_block = pos / block_bytes;
+    let end_block = (pos + length).div_ceil(block_bytes);
+    let wanted_blocks = end_block - first_block;
+    let looked_up = {
+        let state = meta.read();
+        let inode = state
+            .inode(ino)
+            .ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+        let extents = inode
+            .extents()
+            .ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
+        extents.lookup(first_block)
+    };
+    let mapping = match looked_up {
+        Lookup::Mapped(extent) => {
+            let kind = match extent.kind {
+                ExtentKind::Delalloc => MapKind::Delalloc,
+                ExtentKind::Unwritten => MapKind::Unwritten,
+                ExtentKind::Written => MapKind::Written,
+            };
+            let block_count = extent.block_count.min(wanted_blocks);
+            let dev_offset = if kind == MapKind::Delalloc {
+                0
+            } else {
+                extent.dev_block * block_bytes
+            };
+            Mapping {
+                kind,
+                offset: first_block * block_bytes,
+                length: block_count * block_bytes,
+                dev_offset,
+                new: false,
+            }
+        }
+        Lookup::Hole { block_count } if intent != Intent::Write => Mapping {
+            kind: MapKind::Hole,
+            offset: first_block * block_bytes,
+            length: block_count.min(wanted_blocks) * block_bytes,
+            dev_offset: 0,
+            new: false,
+        },
+        Lookup::Hole { block_count } => {
+            let run = allocate_unwritten(meta, ino, first_block, block_count.min(wanted_blocks))?;
+            Mapping {
+                kind: MapKind::Unwritten,
+                offset: first_block * block_bytes,
+                length: run.count * block_bytes,
+                dev_offset: run.start * block_bytes,
+                new: true,
+            }
+        }
+    };
+    debug_assert!(mapping.offset <= pos && pos < mapping.end());
+    Ok(mapping)
+}
+
+/// Allocates up to `block_count` blocks for file block `file_block` (a hole)
+/// and maps them Unwritten. Re-checks the hole under the write lock: another
+/// writer may have filled it since the lookup.
+fn allocate_unwritten(
+    meta: &MetaStore,
+    ino: u64,
+    file_block: u64,
+    block_count: u64,
+) -> Result<BlockRun> {
+    let (run, _) = meta.transact(|txn| {
+        txn.ensure_metadata_room(64)?;
+        let (goal, hole_blocks) = allocation_goal(txn, ino, file_block)?;
+        let wanted = block_count.min(hole_blocks);
+        if wanted == 0 {
+            return Err(Error::invalid("the range was mapped concurrently; retry"));
+        }
+        let run = txn
+            .state_mut()
+            .alloc
+            .allocate(goal, wanted, 0)
+            .ok_or_else(|| {
+                Error::NoSpace(format!("no free blocks for {wanted} blocks of inode {ino}"))
+            })?;
+        txn.apply(Record::ExtentMap {
+            ino,
+            file_block,
+            dev_block: run.start,
+            block_count: run.count,
+            state: ExtentState::Unwritten,
+        });
+        Ok(run)
+    })?;
+    Ok(run)
+}
+
+/// Prefers the device block right after the extent before `file_block`, so
+/// a file written in order is laid out in order. Returns the goal and the
+/// length of the hole at `file_block`.
+fn allocation_goal(txn: &Txn<'_>, ino: u64, file_block: u64) -> Result<(u64, u64)> {
+    let inode = txn
+        .state()
+        .inode(ino)
+        .ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+    let extents = inode
+        .extents()
+        .ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
+    let Lookup::Hole {
+        block_count: hole_blocks,
+    } = extents.lookup(file_block)
+    else {
+        return Ok((0, 0));
+    };
+    let previous = extents
+        .range(0, file_block)
+        .filter(|extent| extent.kind != ExtentKind::Delalloc)
+        .last();
+    let goal = match previous {
+        Some(extent) => extent.dev_block + extent.block_count + (file_block - extent.file_end()),
+        None => txn.state().alloc.cursor(),
+    };
+    Ok((goal, hole_blocks))
+}
+
+/// Records that the first `completed_bytes` of `mapping` were written:
+/// Unwritten blocks among them become Written. `also` adds records (size,
+/// times) to the same transaction. Returns the transaction's lsn.
+pub fn end_write(
+    meta: &MetaStore,
+    ino: u64,
+    mapping: &Mapping,
+    completed_bytes: u64,
+    block_bytes: u64,
+    also: impl FnOnce(&mut Txn<'_>),
+) -> Result<u64> {
+    assert!(completed_bytes <= mapping.length && completed_bytes % block_bytes == 0);
+    let (_, lsn) = meta.transact(|txn| {
+        if mapping.kind == MapKind::Unwritten && completed_bytes > 0 {
+            txn.apply(Record::ExtentMap {
+                ino,
+                file_block: mapping.offset / block_bytes,
+                dev_block: mapping.dev_offset / block_bytes,
+                block_count: completed_bytes / block_bytes,
+                state: ExtentState::Written,
+            });
+        }
+        if mapping.new && completed_bytes < mapping.length {
+            // Space allocated for a write that did not complete: give it back.
+            let done_blocks = completed_bytes / block_bytes;
+            txn.apply(Record::ExtentUnmap {
+                ino,
+                file_block: mapping.offset / block_bytes + done_blocks,
+                block_count: (mapping.length - completed_bytes) / block_bytes,
+            });
+        }
+        also(txn);
+        Ok(())
+    })?;
+    Ok(lsn)
+}

@@ -1,0 +1,591 @@
+//! The metadata journal: group commit of logical redo records, checkpoints to
+//! alternating slots, and loading (checkpoint + replay) at mount.
+//!
+//! Positions in the journal are *virtual*: they only grow, and the physical
+//! offset is `virtual % journal_bytes`. A group never straddles the end of
+//! the region; when it does not fit, it starts the next lap at offset 0. The
+//! live part of the log is `[tail, head)`; the tail moves when a checkpoint
+//! is durable, so `head - tail <= journal_bytes` is the only space rule.
+//!
+//! Ordering rules (why replay never exposes stale data):
+//! - a group is written with FUA after a flush of any plain write completed
+//!   before it (`Device::flush_if_needed`), so records that declare data
+//!   written reach the disk only after that data;
+//! - a group is written only after the previous one is durable;
+//! - a checkpoint follows the same flush-then-FUA rule and frees journal space
+//!   only after it is durable.
+
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::dev::{AlignedBuf, Device};
+use crate::error::{Error, IoContext, Result};
+use crate::format::codec::Writer;
+use crate::format::journal::{
+    check_group_payload, decode_group_header, encode_group, GroupHeader, GROUP_HEADER_BYTES,
+};
+use crate::format::record::{decode_all, Record};
+use crate::format::{align_up, CheckpointHeader, Superblock, HEADER_BYTES};
+
+/// Where the journal lives and how it is framed; derived from the superblock.
+#[derive(Debug, Clone)]
+pub struct JournalGeometry {
+    pub uuid: [u8; 16],
+    pub sector_bytes: u32,
+    /// Device byte offset of the journal region.
+    pub journal_offset: u64,
+    pub journal_bytes: u64,
+    /// Device byte offsets of the two checkpoint slots.
+    pub slot_offsets: [u64; 2],
+    pub slot_bytes: u64,
+}
+
+impl JournalGeometry {
+    pub fn new(superblock: &Superblock) -> Self {
+        let block = superblock.block_bytes_u64();
+        Self {
+            uuid: superblock.uuid,
+            sector_bytes: superblock.sector_bytes,
+            journal_offset: superblock.journal.start_block * block,
+            journal_bytes: superblock.journal.block_count * block,
+            slot_offsets: superblock
+                .checkpoint_slots
+                .map(|slot| slot.start_block * block),
+            slot_bytes: superblock.checkpoint_slots[0].block_count * block,
+        }
+    }
+
+    /// The largest group: a quarter of the journal, so a group always fits
+    /// once a checkpoint has emptied the log.
+    pub fn group_bytes_max(&self) -> u64 {
+        self.journal_bytes / 4
+    }
+
+    /// Room for the checkpoint payload after its header sector.
+    pub fn slot_payload_bytes_max(&self) -> u64 {
+        self.slot_bytes - u64::from(self.sector_bytes)
+    }
+
+    fn header_area_bytes(&self) -> usize {
+        self.sector_bytes as usize
+    }
+}
+
+/// Where replay must start to rebuild a state that includes records up to
+/// `lsn_applied`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayPoint {
+    pub virtual_offset: u64,
+    pub seq: u64,
+    pub lsn_applied: u64,
+}
+
+#[derive(Debug)]
+pub enum CommitError {
+    /// The log has no room for the next group: checkpoint, then retry.
+    Full,
+    /// A journal write failed earlier or now; the volume must go read-only.
+    Failed(String),
+}
+
+struct Inner {
+    /// Encoded records appended but not yet taken by a commit.
+    pending: Vec<u8>,
+    /// (last lsn, end offset in `pending`) of each transaction, so groups split
+    /// only between transactions.
+    pending_txn_ends: Vec<(u64, usize)>,
+    pending_first_lsn: u64,
+    next_lsn: u64,
+    durable_lsn: u64,
+    leader_active: bool,
+    head: u64,
+    tail: u64,
+    next_seq: u64,
+    checkpoint_generation: u64,
+    failed: Option<String>,
+}
+
+pub struct Journal {
+    device: Arc<Device>,
+    geometry: JournalGeometry,
+    inner: Mutex<Inner>,
+    commit_finished: Condvar,
+}
+
+/// What mount reads: the checkpoint, then the journal records after it.
+pub struct Loaded {
+    pub checkpoint: CheckpointHeader,
+    pub checkpoint_records: Vec<Record>,
+    /// Journal records with lsn above the checkpoint's, in log order.
+    pub journal_records: Vec<Record>,
+    pub journal_groups_replayed: u64,
+    /// Writer position after the last valid group.
+    pub position: JournalPosition,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalPosition {
+    pub head: u64,
+    pub tail: u64,
+    pub next_seq: u64,
+    pub next_lsn: u64,
+    pub checkpoint_generation: u64,
+}
+
+impl Journal {
+    pub fn new(device: Arc<Device>, geometry: JournalGeometry, position: JournalPosition) -> Self {
+        let inner = Inner {
+            pending: Vec::new(),
+            pending_txn_ends: Vec::new(),
+            pending_first_lsn: position.next_lsn,
+            next_lsn: position.next_lsn,
+            durable_lsn: position.next_lsn - 1,
+            leader_active: false,
+            head: position.head,
+            tail: position.tail,
+            next_seq: position.next_seq,
+            checkpoint_generation: position.checkpoint_generation,
+            failed: None,
+        };
+        Self {
+            device,
+            geometry,
+            inner: Mutex::new(inner),
+            commit_finished: Condvar::new(),
+        }
+    }
+
+    pub fn geometry(&self) -> &JournalGeometry {
+        &self.geometry
+    }
+
+    /// Appends one transaction's records; returns the lsn of the last one (or
+    /// of the last record so far when `records` is empty). Callers append in
+    /// the order they applied the records to the state.
+    pub fn append(&self, records: &[Record]) -> u64 {
+        let mut inner = self.inner.lock();
+        if records.is_empty() {
+            return inner.next_lsn - 1;
+        }
+        let mut writer = Writer::with_capacity(records.iter().map(Record::encoded_bytes_max).sum());
+        for record in records {
+            record.encode(&mut writer);
+        }
+        assert!(
+            (writer.len() as u64) + GROUP_HEADER_BYTES as u64 <= self.geometry.group_bytes_max(),
+            "a transaction of {} bytes exceeds the journal group limit",
+            writer.len()
+        );
+        inner.pending.extend_from_slice(writer.as_bytes());
+        inner.next_lsn += records.len() as u64;
+        let last_lsn = inner.next_lsn - 1;
+        let end = inner.pending.len();
+        inner.pending_txn_ends.push((last_lsn, end));
+        last_lsn
+    }
+
+    pub fn last_lsn(&self) -> u64 {
+        self.inner.lock().next_lsn - 1
+    }
+
+    pub fn durable_lsn(&self) -> u64 {
+        self.inner.lock().durable_lsn
+    }
+
+    pub fn pending_bytes(&self) -> usize {
+        self.inner.lock().pending.len()
+    }
+
+    pub fn failure(&self) -> Option<String> {
+        self.inner.lock().failed.clone()
+    }
+
+    /// Fraction of the journal between tail and head (0.0 ..= 1.0).
+    pub fn used_fraction(&self) -> f64 {
+        let inner = self.inner.lock();
+        (inner.head - inner.tail) as f64 / self.geometry.journal_bytes as f64
+    }
+
+    /// Makes every record up to `lsn` durable. Concurrent callers share one
+    /// device write: the first becomes the leader and writes all pending
+    /// records as one group; the others wait for it.
+    pub fn commit(&self, lsn: u64) -> Result<(), CommitError> {
+        let mut inner = self.inner.lock();
+        loop {
+            if let Some(failure) = &inner.failed {
+                return Err(CommitError::Failed(failure.clone()));
+            }
+            if inner.durable_lsn >= lsn {
+                return Ok(());
+            }
+            if inner.leader_active {
+                self.commit_finished.wait(&mut inner);
+                continue;
+            }
+            assert!(
+                lsn < inner.next_lsn,
+                "committing lsn {lsn}, which was never appended"
+            );
+            self.lead_one_group(&mut inner)?;
+        }
+    }
+
+    /// Takes the longest run of whole pending transactions that fits a group,
+    /// writes it (lock released during the I/O), and publishes the result.
+    fn lead_one_group(
+        &self,
+        inner: &mut parking_lot::MutexGuard<'_, Inner>,
+    ) -> Result<(), CommitError> {
+        let payload_bytes_max = self.geometry.group_bytes_max() as usize - GROUP_HEADER_BYTES;
+        let taken_txns = inner
+            .pending_txn_ends
+            .iter()
+            .take_while(|&&(_, end)| end <= payload_bytes_max)
+            .count()
+            .max(1);
+        let (last_lsn, payload_end) = inner.pending_txn_ends[taken_txns - 1];
+        let group_stored = align_up(
+            (GROUP_HEADER_BYTES + payload_end) as u64,
+            u64::from(self.geometry.sector_bytes),
+        );
+        let position = self.group_position(inner.head, group_stored);
+        if position + group_stored - inner.tail > self.geometry.journal_bytes {
+            return Err(CommitError::Full);
+        }
+        let payload: Vec<u8> = inner.pending.drain(..payload_end).collect();
+        inner.pending_txn_ends.drain(..taken_txns);
+        for (_, end) in inner.pending_txn_ends.iter_mut() {
+            *end -= payload_end;
+        }
+        let first_lsn = inner.pending_first_lsn;
+        inner.pending_first_lsn = last_lsn + 1;
+        let seq = inner.next_seq;
+        inner.leader_active = true;
+        let record_count = u32::try_from(last_lsn + 1 - first_lsn).expect("group record count");
+        let result = parking_lot::MutexGuard::unlocked(inner, || {
+            let bytes = encode_group(
+                &self.geometry.uuid,
+                seq,
+                first_lsn,
+                record_count,
+                &payload,
+                self.geometry.sector_bytes,
+            );
+            let device_offset = self.geometry.journal_offset + self.physical_offset(position);
+            self.write_durably(device_offset, &bytes, "journal group")
+        });
+        inner.leader_active = false;
+        self.commit_finished.notify_all();
+        match result {
+            Ok(()) => {
+                inner.head = position + group_stored;
+                inner.next_seq = seq + 1;
+                inner.durable_lsn = inner.durable_lsn.max(last_lsn);
+                Ok(())
+            }
+            Err(error) => {
+                let message = format!("journal write failed, the volume is now read-only: {error}");
+                tracing::error!("{message}");
+                inner.failed = Some(message.clone());
+                Err(CommitError::Failed(message))
+            }
+        }
+    }
+
+    /// Virtual position of a group of `stored_bytes` written after `head`.
+    fn group_position(&self, head: u64, stored_bytes: u64) -> u64 {
+        let journal_bytes = self.geometry.journal_bytes;
+        if head % journal_bytes + stored_bytes > journal_bytes {
+            align_up_any(head, journal_bytes)
+        } else {
+            head
+        }
+    }
+
+    fn physical_offset(&self, virtual_offset: u64) -> u64 {
+        virtual_offset % self.geometry.journal_bytes
+    }
+
+    /// Flush first if plain writes are outstanding (their data may be what
+    /// the records describe), then write with FUA.
+    fn write_durably(&self, device_offset: u64, bytes: &[u8], what: &str) -> Result<()> {
+        self.device
+            .flush_if_needed()
+            .context(|| format!("flush before {what}"))?;
+        let buffer = AlignedBuf::from_slice(bytes);
+        self.device
+            .write(device_offset, &buffer, true)
+            .context(|| format!("write {what}"))
+    }
+
+    /// The replay point of a checkpoint taken now. The caller must hold the
+    /// metadata lock so no record is appended meanwhile.
+    pub fn replay_point(&self) -> ReplayPoint {
+        let inner = self.inner.lock();
+        ReplayPoint {
+            virtual_offset: inner.head,
+            seq: inner.next_seq,
+            lsn_applied: inner.next_lsn - 1,
+        }
+    }
+
+    /// Writes a checkpoint (the state encoded as records) to the next slot and,
+    /// once it is durable, frees the journal before its replay point.
+    pub fn write_checkpoint(
+        &self,
+        point: ReplayPoint,
+        next_ino: u64,
+        payload: &[u8],
+        record_count: u64,
+    ) -> Result<()> {
+        if let Some(failure) = self.failure() {
+            return Err(Error::ReadOnly(failure));
+        }
+        let payload_bytes_max = self.geometry.slot_payload_bytes_max();
+        if payload.len() as u64 > payload_bytes_max {
+            return Err(Error::NoSpace(format!(
+                "metadata of {} bytes exceeds the checkpoint slot ({payload_bytes_max} bytes)",
+                payload.len()
+            )));
+        }
+        let generation = self.inner.lock().checkpoint_generation + 1;
+        let header = CheckpointHeader {
+            uuid: self.geometry.uuid,
+            generation,
+            journal_replay_offset: self.physical_offset(point.virtual_offset),
+            journal_replay_seq: point.seq,
+            lsn_applied: point.lsn_applied,
+            next_ino,
+            record_count,
+            payload_bytes: payload.len() as u64,
+            payload_crc: crc32c::crc32c(payload),
+        };
+        let header_area = self.geometry.header_area_bytes();
+        let total = align_up(
+            (header_area + payload.len()) as u64,
+            u64::from(self.geometry.sector_bytes),
+        );
+        let mut bytes = AlignedBuf::zeroed(total as usize);
+        bytes[..HEADER_BYTES].copy_from_slice(&header.encode());
+        bytes[header_area..header_area + payload.len()].copy_from_slice(payload);
+        let slot_offset = self.geometry.slot_offsets[header.slot_index()];
+        if let Err(error) = self.write_durably(slot_offset, &bytes, "checkpoint") {
+            let message = format!("checkpoint write failed, the volume is now read-only: {error}");
+            tracing::error!("{message}");
+            self.inner.lock().failed = Some(message.clone());
+            return Err(Error::ReadOnly(message));
+        }
+        let mut inner = self.inner.lock();
+        inner.checkpoint_generation = generation;
+        inner.tail = inner.tail.max(point.virtual_offset);
+        inner.durable_lsn = inner.durable_lsn.max(point.lsn_applied);
+        self.commit_finished.notify_all();
+        Ok(())
+    }
+}
+
+/// Rounds `value` up to a multiple of `align` (any non-zero value).
+fn align_up_any(value: u64, align: u64) -> u64 {
+    value.div_ceil(align) * align
+}
+
+/// Reads the newest valid checkpoint and the journal groups after it.
+pub fn load(device: &Device, geometry: &JournalGeometry) -> Result<Loaded> {
+    let (checkpoint, checkpoint_records) = load_checkpoint(device, geometry)?;
+    let mut reader = GroupReader::new(device, geometry, &checkpoint);
+    let mut journal_records = Vec::new();
+    let mut groups_replayed = 0u64;
+    while let Some((header, records)) = reader.next_group()? {
+        groups_replayed += 1;
+        let skip = checkpoint.lsn_applied.saturating_sub(header.first_lsn - 1) as usize;
+        journal_records.extend(records.into_iter().skip(skip));
+    }
+    let position = JournalPosition {
+        head: reader.head,
+        tail: checkpoint.journal_replay_offset,
+        next_seq: reader.expected_seq,
+        next_lsn: reader.expected_lsn.max(checkpoint.lsn_applied + 1),
+        checkpoint_generation: checkpoint.generation,
+    };
+    Ok(Loaded {
+        checkpoint,
+        checkpoint_records,
+        journal_records,
+        journal_groups_replayed: groups_replayed,
+        position,
+    })
+}
+
+fn load_checkpoint(
+    device: &Device,
+    geometry: &JournalGeometry,
+) -> Result<(CheckpointHeader, Vec<Record>)> {
+    let mut best: Option<(CheckpointHeader, Vec<Record>)> = None;
+    let mut problems = Vec::new();
+    for (index, &slot_offset) in geometry.slot_offsets.iter().enumerate() {
+        match read_checkpoint_slot(device, geometry, slot_offset) {
+            Ok((header, records)) => {
+                if header.slot_index() != index {
+                    problems.push(format!("slot {index}: generation in the wrong slot"));
+                } else if best
+                    .as_ref()
+                    .is_none_or(|(current, _)| header.generation > current.generation)
+                {
+                    best = Some((header, records));
+                }
+            }
+            Err(error) => problems.push(format!("slot {index}: {error}")),
+        }
+    }
+    best.ok_or_else(|| Error::Corrupt(format!("no valid checkpoint ({})", problems.join("; "))))
+}
+
+fn read_checkpoint_slot(
+    device: &Device,
+    geometry: &JournalGeometry,
+    slot_offset: u64,
+) -> Result<(CheckpointHeader, Vec<Record>)> {
+    let header_area = geometry.header_area_bytes();
+    let mut header_bytes = AlignedBuf::zeroed(header_area);
+    device
+        .read(slot_offset, &mut header_bytes)
+        .context(|| "read checkpoint header".into())?;
+    let header = CheckpointHeader::decode(&header_bytes, geometry.slot_payload_bytes_max())?;
+    if header.uuid != geometry.uuid {
+        return Err(Error::Corrupt(
+            "checkpoint belongs to another volume (uuid differs)".into(),
+        ));
+    }
+    let payload_stored = align_up(header.payload_bytes, u64::from(geometry.sector_bytes));
+    let mut payload = AlignedBuf::zeroed(payload_stored as usize);
+    if payload_stored > 0 {
+        device
+            .read(slot_offset + header_area as u64, &mut payload)
+            .context(|| "read checkpoint payload".into())?;
+    }
+    let payload = &payload[..header.payload_bytes as usize];
+    header.check_payload(payload)?;
+    let count = u32::try_from(header.record_count).map_err(|_| {
+        Error::Corrupt(format!("checkpoint claims {} records", header.record_count))
+    })?;
+    Ok((header, decode_all(payload, count)?))
+}
+
+/// Walks the journal from a checkpoint's replay point, group by group, until
+/// the first group that is missing, torn, or out of sequence.
+struct GroupReader<'a> {
+    device: &'a Device,
+    geometry: &'a JournalGeometry,
+    head: u64,
+    expected_seq: u64,
+    expected_lsn: u64,
+    lsn_applied: u64,
+}
+
+impl<'a> GroupReader<'a> {
+    fn new(
+        device: &'a Device,
+        geometry: &'a JournalGeometry,
+        checkpoint: &CheckpointHeader,
+    ) -> Self {
+        Self {
+            device,
+            geometry,
+            head: checkpoint.journal_replay_offset,
+            expected_seq: checkpoint.journal_replay_seq,
+            expected_lsn: checkpoint.lsn_applied + 1,
+            lsn_applied: checkpoint.lsn_applied,
+        }
+    }
+
+    /// The next valid group, trying the current position and then the start
+    /// of the next lap; `None` ends replay.
+    fn next_group(&mut self) -> Result<Option<(GroupHeader, Vec<Record>)>> {
+        let journal_bytes = self.geometry.journal_bytes;
+        let here = self.head;
+        let next_lap = align_up_any(here + 1, journal_bytes);
+        for candidate in [here, next_lap] {
+            if candidate != here && here % journal_bytes == 0 {
+                continue;
+            }
+            if let Some(found) = self.try_group_at(candidate)? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
+    fn try_group_at(&mut self, virtual_offset: u64) -> Result<Option<(GroupHeader, Vec<Record>)>> {
+        let geometry = self.geometry;
+        let physical = virtual_offset % geometry.journal_bytes;
+        let sector = u64::from(geometry.sector_bytes);
+        if physical + sector > geometry.journal_bytes {
+            return Ok(None);
+        }
+        let mut first_sector = AlignedBuf::zeroed(sector as usize);
+        self.device
+            .read(geometry.journal_offset + physical, &mut first_sector)
+            .context(|| "read journal".into())?;
+        let payload_max = geometry.group_bytes_max() - GROUP_HEADER_BYTES as u64;
+        let Ok(header) = decode_group_header(&first_sector, &geometry.uuid, payload_max) else {
+            return Ok(None);
+        };
+        if !self.continues(&header) {
+            return Ok(None);
+        }
+        let stored = header.stored_bytes(geometry.sector_bytes);
+        if physical + stored > geometry.journal_bytes {
+            return Ok(None);
+        }
+        let mut group = AlignedBuf::zeroed(stored as usize);
+        self.device
+            .read(geometry.journal_offset + physical, &mut group)
+            .context(|| "read journal".into())?;
+        let Ok(payload) = check_group_payload(&group, &header, &geometry.uuid) else {
+            return Ok(None);
+        };
+        let records = decode_all(payload, header.record_count).map_err(|error| {
+            Error::Corrupt(format!(
+                "journal group {} has a valid checksum but {error}",
+                header.seq
+            ))
+        })?;
+        self.head = virtual_offset + stored;
+        self.expected_seq += 1;
+        self.expected_lsn = header.first_lsn + u64::from(header.record_count);
+        Ok(Some((header, records)))
+    }
+
+    /// Whether `header` is the group replay expects next: the next sequence
+    /// number, and records that continue the last group's, except that while
+    /// replay is still inside what the checkpoint holds, a group may start
+    /// anywhere up to the first record the checkpoint lacks (a crash can lose
+    /// a group whose records the checkpoint already has).
+    fn continues(&self, header: &GroupHeader) -> bool {
+        let first_missing = self.lsn_applied + 1;
+        header.seq == self.expected_seq
+            && header.first_lsn != 0
+            && (header.first_lsn == self.expected_lsn
+                || header.first_lsn <= first_missing && self.expected_lsn <= first_missing)
+    }
+}
+
+/// Encodes the checkpoint of a fresh volume; used by mkfs.
+pub fn write_initial_checkpoint(
+    device: &Arc<Device>,
+    geometry: &JournalGeometry,
+    next_ino: u64,
+    payload: &[u8],
+    record_count: u64,
+) -> Result<()> {
+    let position = JournalPosition {
+        head: 0,
+        tail: 0,
+        next_seq: 1,
+        next_lsn: 1,
+        checkpoint_generation: 0,
+    };
+    let journal = Journal::new(Arc::clone(device), geometry.clone(), position);
+    journal.write_checkpoint(journal.replay_point(), next_ino, payload, record_count)
+}

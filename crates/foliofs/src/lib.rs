@@ -1,0 +1,28 @@
+//! foliofs: a crash-safe file storage engine in user space.
+//!
+//! A file system inside one image file or block device, re-creating the I/O
+//! path of the Linux kernel's iomap layer. See `ARCHITECTURE.md` for the map.
+//!
+//! Layers, each calling only those below it:
+//! `vfs` → `passthru` → `iomap` → `meta` → `journal` → `dev`, with `alloc`,
+//! `extent` and `format` as pure building blocks.
+
+pub mod alloc;
+pub mod dev;
+pub mod error;
+pub mod extent;
+pub mod format;
+pub mod fsck;
+pub mod iomap;
+pub mod journal;
+pub mod meta;
+pub mod options;
+mod passthru;
+pub mod vfs;
+
+pub use error::{Error, Result};
+pub use format::{InodeKind, Timestamp};
+pub use options::VolumeOptions;
+pub use vfs::{
+    Attr, DirEntry, File, OpenFlags, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Volume,
+};

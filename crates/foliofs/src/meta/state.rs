@@ -1,0 +1,652 @@
+//! The in-memory metadata: inodes, directories, extent maps, and free space.
+//!
+//! [`MetaState::apply`] is the only way metadata changes, live or at replay:
+//! the live path builds records, applies them here and logs them, and mount
+//! applies the same records from the checkpoint and the journal. One code path
+//! means replay cannot disagree with what the running volume did.
+//!
+//! Memory: an inode costs about 200 B, a directory entry about 80 B plus its
+//! name, an extent about 64 B (BTreeMap node share included). A million files
+//! of one extent each need roughly 350 MB.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::alloc::{Allocator, BlockRun};
+use crate::extent::{Extent, ExtentKind, ExtentMap};
+use crate::format::codec::Writer;
+use crate::format::record::is_valid_name;
+use crate::format::{InodeAttrs, InodeKind, Record, Region, ROOT_INO, SYMLINK_BYTES_MAX};
+
+/// Encoded bytes per item in a checkpoint, for the capacity estimate.
+const INODE_RECORD_BYTES: u64 = 78;
+const EXTENT_RECORD_BYTES: u64 = 34;
+const DIR_ENTRY_RECORD_BYTES: u64 = 19;
+const SYMLINK_RECORD_BYTES: u64 = 11;
+
+#[derive(Debug, Clone)]
+pub enum InodeBody {
+    File(ExtentMap),
+    Dir(BTreeMap<Vec<u8>, u64>),
+    Symlink(Vec<u8>),
+}
+
+#[derive(Debug, Clone)]
+pub struct Inode {
+    pub attrs: InodeAttrs,
+    /// The size callers see. `attrs.size` is the size on disk, which never
+    /// covers data whose write has not completed; this one may run ahead of it.
+    pub size: u64,
+    pub body: InodeBody,
+    /// Open handles (memory only): an unlinked inode lives until the last closes.
+    pub open_handles: u32,
+    /// Lsn of the last record that changed this inode (memory only): fsync
+    /// commits up to it.
+    pub meta_lsn: u64,
+    /// Lsn of the last change needed to read the data back (size, extents,
+    /// a new name); fdatasync commits up to it and skips timestamps.
+    pub data_lsn: u64,
+}
+
+impl Inode {
+    pub fn extents(&self) -> Option<&ExtentMap> {
+        match &self.body {
+            InodeBody::File(extents) => Some(extents),
+            _ => None,
+        }
+    }
+
+    pub fn entries(&self) -> Option<&BTreeMap<Vec<u8>, u64>> {
+        match &self.body {
+            InodeBody::Dir(entries) => Some(entries),
+            _ => None,
+        }
+    }
+}
+
+/// A record that cannot be applied: the log or checkpoint contradicts itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplyError(pub String);
+
+impl std::fmt::Display for ApplyError {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(&self.0)
+    }
+}
+
+fn fail<T>(message: String) -> Result<T, ApplyError> {
+    Err(ApplyError(message))
+}
+
+pub struct MetaState {
+    inodes: HashMap<u64, Inode>,
+    pub next_ino: u64,
+    data_region: Region,
+    /// Free space; rebuilt from the extent maps at mount, never persisted.
+    pub alloc: Allocator,
+    /// Blocks freed by records not yet durable, with the lsn that freed them.
+    pending_frees: Vec<(u64, BlockRun)>,
+    /// Upper bound of the checkpoint payload this state encodes to.
+    persisted_bytes_estimate: u64,
+}
+
+impl MetaState {
+    pub fn new(data_region: Region) -> Self {
+        Self {
+            inodes: HashMap::new(),
+            next_ino: ROOT_INO + 1,
+            data_region,
+            alloc: Allocator::new(data_region),
+            pending_frees: Vec::new(),
+            persisted_bytes_estimate: 0,
+        }
+    }
+
+    pub fn inode(&self, ino: u64) -> Option<&Inode> {
+        self.inodes.get(&ino)
+    }
+
+    /// Memory-only fields (size, open handles); persistent ones change through `apply`.
+    pub fn inode_mut(&mut self, ino: u64) -> Option<&mut Inode> {
+        self.inodes.get_mut(&ino)
+    }
+
+    pub fn inodes(&self) -> impl Iterator<Item = (u64, &Inode)> + '_ {
+        self.inodes.iter().map(|(&ino, inode)| (ino, inode))
+    }
+
+    pub fn inode_count(&self) -> usize {
+        self.inodes.len()
+    }
+
+    pub fn persisted_bytes_estimate(&self) -> u64 {
+        self.persisted_bytes_estimate
+    }
+
+    /// Applies one record. Returns the extents it displaced (their device
+    /// blocks are the caller's to free). Never touches the allocator.
+    pub fn apply(&mut self, record: &Record) -> Result<Vec<Extent>, ApplyError> {
+        match record {
+            Record::InodeSet { ino, attrs } => {
+                self.apply_inode_set(*ino, attrs).map(|()| Vec::new())
+            }
+            Record::InodeFree { ino } => self.apply_inode_free(*ino),
+            Record::SymlinkSet { ino, target } => {
+                self.apply_symlink_set(*ino, target).map(|()| Vec::new())
+            }
+            Record::DirAdd { dir, name, ino } => {
+                self.apply_dir_add(*dir, name, *ino).map(|()| Vec::new())
+            }
+            Record::DirRemove { dir, name } => {
+                self.apply_dir_remove(*dir, name).map(|()| Vec::new())
+            }
+            Record::ExtentMap {
+                ino,
+                file_block,
+                dev_block,
+                block_count,
+                state,
+            } => {
+                let extent = Extent {
+                    file_block: *file_block,
+                    block_count: *block_count,
+                    dev_block: *dev_block,
+                    kind: ExtentKind::from(*state),
+                };
+                self.apply_extent_map(*ino, extent)
+            }
+            Record::ExtentUnmap {
+                ino,
+                file_block,
+                block_count,
+            } => self.apply_extent_unmap(*ino, *file_block, *block_count),
+        }
+    }
+
+    fn apply_inode_set(&mut self, ino: u64, attrs: &InodeAttrs) -> Result<(), ApplyError> {
+        if let Some(inode) = self.inodes.get_mut(&ino) {
+            if inode.attrs.kind != attrs.kind {
+                return fail(format!("inode {ino} changes kind"));
+            }
+            inode.attrs = *attrs;
+            return Ok(());
+        }
+        let body = match attrs.kind {
+            InodeKind::File => InodeBody::File(ExtentMap::new()),
+            InodeKind::Dir => InodeBody::Dir(BTreeMap::new()),
+            InodeKind::Symlink => InodeBody::Symlink(Vec::new()),
+        };
+        let inode = Inode {
+            attrs: *attrs,
+            size: attrs.size,
+            body,
+            open_handles: 0,
+            meta_lsn: 0,
+            data_lsn: 0,
+        };
+        self.inodes.insert(ino, inode);
+        self.next_ino = self.next_ino.max(ino.saturating_add(1));
+        self.persisted_bytes_estimate += INODE_RECORD_BYTES;
+        Ok(())
+    }
+
+    fn apply_inode_free(&mut self, ino: u64) -> Result<Vec<Extent>, ApplyError> {
+        if ino == ROOT_INO {
+            return fail("the root directory cannot be freed".into());
+        }
+        let Some(inode) = self.inodes.get(&ino) else {
+            return fail(format!("freeing inode {ino}, which does not exist"));
+        };
+        if inode.entries().is_some_and(|entries| !entries.is_empty()) {
+            return fail(format!("freeing directory {ino}, which is not empty"));
+        }
+        let inode = self.inodes.remove(&ino).expect("checked above");
+        self.persisted_bytes_estimate -= INODE_RECORD_BYTES;
+        match inode.body {
+            InodeBody::File(extents) => {
+                self.persisted_bytes_estimate -= extents.len() as u64 * EXTENT_RECORD_BYTES;
+                Ok(extents.iter().copied().collect())
+            }
+            InodeBody::Symlink(target) => {
+                if !target.is_empty() {
+                    self.persisted_bytes_estimate -= SYMLINK_RECORD_BYTES + target.len() as u64;
+                }
+                Ok(Vec::new())
+            }
+            InodeBody::Dir(_) => Ok(Vec::new()),
+        }
+    }
+
+    fn apply_symlink_set(&mut self, ino: u64, target: &[u8]) -> Result<(), ApplyError> {
+        if target.is_empty() || target.len() > SYMLINK_BYTES_MAX {
+            return fail(format!("symlink {ino} target of {} bytes", target.len()));
+        }
+        let Some(InodeBody::Symlink(stored)) =
+            self.inodes.get_mut(&ino).map(|inode| &mut inode.body)
+        else {
+            return fail(format!(
+                "symlink target for inode {ino}, which is not a symlink"
+            ));
+        };
+        let old_bytes = if stored.is_empty() {
+            0
+        } else {
+            SYMLINK_RECORD_BYTES + stored.len() as u64
+        };
+        *stored = target.to_vec();
+        self.persisted_bytes_estimate += SYMLINK_RECORD_BYTES + target.len() as u64;
+        self.persisted_bytes_estimate -= old_bytes;
+        Ok(())
+    }
+
+    fn apply_dir_add(&mut self, dir: u64, name: &[u8], ino: u64) -> Result<(), ApplyError> {
+        if !is_valid_name(name) {
+            return fail(format!("invalid name in directory {dir}"));
+        }
+        if !self.inodes.contains_key(&ino) {
+            return fail(format!(
+                "entry in directory {dir} names inode {ino}, which does not exist"
+            ));
+        }
+        let Some(InodeBody::Dir(entries)) = self.inodes.get_mut(&dir).map(|inode| &mut inode.body)
+        else {
+            return fail(format!(
+                "entry added to inode {dir}, which is not a directory"
+            ));
+        };
+        if entries.insert(name.to_vec(), ino).is_none() {
+            self.persisted_bytes_estimate += DIR_ENTRY_RECORD_BYTES + name.len() as u64;
+        }
+        Ok(())
+    }
+
+    fn apply_dir_remove(&mut self, dir: u64, name: &[u8]) -> Result<(), ApplyError> {
+        let Some(InodeBody::Dir(entries)) = self.inodes.get_mut(&dir).map(|inode| &mut inode.body)
+        else {
+            return fail(format!(
+                "entry removed from inode {dir}, which is not a directory"
+            ));
+        };
+        if entries.remove(name).is_none() {
+            return fail(format!("removing a missing entry from directory {dir}"));
+        }
+        self.persisted_bytes_estimate -= DIR_ENTRY_RECORD_BYTES + name.len() as u64;
+        Ok(())
+    }
+
+    fn file_extents_mut(&mut self, ino: u64) -> Result<&mut ExtentMap, ApplyError> {
+        match self.inodes.get_mut(&ino).map(|inode| &mut inode.body) {
+            Some(InodeBody::File(extents)) => Ok(extents),
+            _ => fail(format!(
+                "extent change for inode {ino}, which is not a regular file"
+            )),
+        }
+    }
+
+    fn apply_extent_map(&mut self, ino: u64, extent: Extent) -> Result<Vec<Extent>, ApplyError> {
+        let region = self.data_region;
+        let dev_end = extent.dev_block.checked_add(extent.block_count);
+        if extent.dev_block < region.start_block
+            || dev_end.is_none_or(|end| end > region.end_block())
+        {
+            return fail(format!(
+                "inode {ino} maps device blocks [{}, +{}) outside the data region",
+                extent.dev_block, extent.block_count
+            ));
+        }
+        let extents = self.file_extents_mut(ino)?;
+        let count_before = extents.len() as u64;
+        let displaced = extents.insert(extent);
+        let count_after = extents.len() as u64;
+        self.adjust_extent_estimate(count_before, count_after);
+        Ok(displaced)
+    }
+
+    fn apply_extent_unmap(
+        &mut self,
+        ino: u64,
+        file_block: u64,
+        block_count: u64,
+    ) -> Result<Vec<Extent>, ApplyError> {
+        let extents = self.file_extents_mut(ino)?;
+        let count_before = extents.len() as u64;
+        let displaced = extents.remove(file_block, block_count);
+        let count_after = extents.len() as u64;
+        self.adjust_extent_estimate(count_before, count_after);
+        Ok(displaced)
+    }
+
+    fn adjust_extent_estimate(&mut self, count_before: u64, count_after: u64) {
+        self.persisted_bytes_estimate += count_after * EXTENT_RECORD_BYTES;
+        self.persisted_bytes_estimate -= count_before * EXTENT_RECORD_BYTES;
+    }
+
+    /// Encodes the whole persistent state as records: every inode with its
+    /// symlink target and extents, then every directory entry (whose targets
+    /// then all exist). Returns the payload and the record count.
+    pub fn encode_snapshot(&self) -> (Vec<u8>, u64) {
+        let mut writer = Writer::with_capacity(self.persisted_bytes_estimate as usize);
+        let mut record_count = 0u64;
+        let mut inos: Vec<u64> = self.inodes.keys().copied().collect();
+        inos.sort_unstable();
+        let mut emit = |record: Record, writer: &mut Writer| {
+            record.encode(writer);
+            record_count += 1;
+        };
+        for &ino in &inos {
+            let inode = &self.inodes[&ino];
+            emit(
+                Record::InodeSet {
+                    ino,
+                    attrs: inode.attrs,
+                },
+                &mut writer,
+            );
+            match &inode.body {
+                InodeBody::Symlink(target) if !target.is_empty() => {
+                    emit(
+                        Record::SymlinkSet {
+                            ino,
+                            target: target.clone(),
+                        },
+                        &mut writer,
+                    );
+                }
+                InodeBody::File(extents) => {
+                    for extent in extents.iter() {
+                        let Some(state) = extent.kind.persisted() else {
+                            continue;
+                        };
+                        let record = Record::ExtentMap {
+                            ino,
+                            file_block: extent.file_block,
+                            dev_block: extent.dev_block,
+                            block_count: extent.block_count,
+                            state,
+                        };
+                        emit(record, &mut writer);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for &ino in &inos {
+            let Some(entries) = self.inodes[&ino].entries() else {
+                continue;
+            };
+            for (name, &target) in entries {
+                emit(
+                    Record::DirAdd {
+                        dir: ino,
+                        name: name.clone(),
+                        ino: target,
+                    },
+                    &mut writer,
+                );
+            }
+        }
+        (writer.into_bytes(), record_count)
+    }
+
+    /// After loading: sets every in-memory size to the size on disk and
+    /// rebuilds free space from the extent maps. Fails if two extents claim
+    /// the same block.
+    pub fn finish_load(&mut self) -> Result<(), ApplyError> {
+        let mut alloc = Allocator::new(self.data_region);
+        let mut inos: Vec<u64> = self.inodes.keys().copied().collect();
+        inos.sort_unstable();
+        for ino in inos {
+            let inode = self.inodes.get_mut(&ino).expect("listed");
+            inode.size = inode.attrs.size;
+            let Some(extents) = inode.extents() else {
+                continue;
+            };
+            for extent in extents.iter() {
+                let run = BlockRun {
+                    start: extent.dev_block,
+                    count: extent.block_count,
+                };
+                alloc
+                    .mark_used(run)
+                    .map_err(|error| ApplyError(format!("inode {ino}: {error}")))?;
+            }
+        }
+        self.alloc = alloc;
+        self.pending_frees.clear();
+        Ok(())
+    }
+
+    /// Frees `extents` displaced by a record with `lsn`: delayed allocations
+    /// return their reservation now; device blocks become reusable only once
+    /// `lsn` is durable.
+    pub fn release_displaced(&mut self, extents: &[Extent], lsn: u64) {
+        for extent in extents {
+            match extent.kind {
+                ExtentKind::Delalloc => self.alloc.unreserve(extent.block_count),
+                ExtentKind::Unwritten | ExtentKind::Written => {
+                    let run = BlockRun {
+                        start: extent.dev_block,
+                        count: extent.block_count,
+                    };
+                    self.pending_frees.push((lsn, run));
+                }
+            }
+        }
+    }
+
+    /// Makes blocks freed by records up to `durable_lsn` allocatable.
+    pub fn release_pending_frees(&mut self, durable_lsn: u64) {
+        if self.pending_frees.iter().all(|&(lsn, _)| lsn > durable_lsn) {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending_frees);
+        for (lsn, run) in pending {
+            if lsn <= durable_lsn {
+                self.alloc.free(run);
+            } else {
+                self.pending_frees.push((lsn, run));
+            }
+        }
+    }
+
+    pub fn pending_free_blocks(&self) -> u64 {
+        self.pending_frees.iter().map(|(_, run)| run.count).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::record::{decode_all, ExtentState, Timestamp};
+
+    fn attrs(kind: InodeKind, nlink: u32, parent: u64) -> InodeAttrs {
+        InodeAttrs {
+            kind,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            nlink,
+            size: 0,
+            atime: Timestamp::default(),
+            mtime: Timestamp::default(),
+            ctime: Timestamp::default(),
+            parent,
+        }
+    }
+
+    fn region() -> Region {
+        Region {
+            start_block: 100,
+            block_count: 1000,
+        }
+    }
+
+    fn populated() -> MetaState {
+        let mut state = MetaState::new(region());
+        let records = vec![
+            Record::InodeSet {
+                ino: 1,
+                attrs: attrs(InodeKind::Dir, 3, 1),
+            },
+            Record::InodeSet {
+                ino: 2,
+                attrs: attrs(InodeKind::Dir, 2, 1),
+            },
+            Record::DirAdd {
+                dir: 1,
+                name: b"sub".to_vec(),
+                ino: 2,
+            },
+            Record::InodeSet {
+                ino: 3,
+                attrs: attrs(InodeKind::File, 1, 0),
+            },
+            Record::DirAdd {
+                dir: 2,
+                name: b"file".to_vec(),
+                ino: 3,
+            },
+            Record::ExtentMap {
+                ino: 3,
+                file_block: 0,
+                dev_block: 200,
+                block_count: 4,
+                state: ExtentState::Written,
+            },
+            Record::InodeSet {
+                ino: 4,
+                attrs: attrs(InodeKind::Symlink, 1, 0),
+            },
+            Record::SymlinkSet {
+                ino: 4,
+                target: b"sub/file".to_vec(),
+            },
+            Record::DirAdd {
+                dir: 1,
+                name: b"link".to_vec(),
+                ino: 4,
+            },
+        ];
+        for record in &records {
+            state.apply(record).unwrap();
+        }
+        state
+    }
+
+    #[test]
+    fn snapshot_reloads_to_the_same_state_and_estimate_bounds_it() {
+        let state = populated();
+        let (payload, count) = state.encode_snapshot();
+        assert!(payload.len() as u64 <= state.persisted_bytes_estimate());
+        let mut reloaded = MetaState::new(region());
+        for record in decode_all(&payload, count as u32).unwrap() {
+            reloaded.apply(&record).unwrap();
+        }
+        reloaded.finish_load().unwrap();
+        assert_eq!(reloaded.encode_snapshot(), (payload, count));
+        assert_eq!(reloaded.next_ino, 5);
+        assert_eq!(reloaded.alloc.free_blocks(), 996);
+    }
+
+    #[test]
+    fn applying_twice_is_idempotent() {
+        let mut state = populated();
+        let record = Record::ExtentMap {
+            ino: 3,
+            file_block: 2,
+            dev_block: 500,
+            block_count: 4,
+            state: ExtentState::Unwritten,
+        };
+        state.apply(&record).unwrap();
+        let once = state.encode_snapshot();
+        state.apply(&record).unwrap();
+        assert_eq!(state.encode_snapshot(), once);
+    }
+
+    #[test]
+    fn contradictions_are_errors_not_panics() {
+        let mut state = populated();
+        let bad = [
+            Record::DirAdd {
+                dir: 3,
+                name: b"x".to_vec(),
+                ino: 2,
+            },
+            Record::DirAdd {
+                dir: 1,
+                name: b"x".to_vec(),
+                ino: 99,
+            },
+            Record::DirRemove {
+                dir: 1,
+                name: b"missing".to_vec(),
+            },
+            Record::InodeFree { ino: 1 },
+            Record::InodeFree { ino: 2 },
+            Record::InodeSet {
+                ino: 3,
+                attrs: attrs(InodeKind::Dir, 1, 1),
+            },
+            Record::SymlinkSet {
+                ino: 3,
+                target: b"x".to_vec(),
+            },
+            Record::ExtentMap {
+                ino: 3,
+                file_block: 0,
+                dev_block: 1099,
+                block_count: 2,
+                state: ExtentState::Written,
+            },
+            Record::ExtentUnmap {
+                ino: 2,
+                file_block: 0,
+                block_count: 1,
+            },
+        ];
+        for record in &bad {
+            assert!(state.apply(record).is_err(), "{record:?} should not apply");
+        }
+    }
+
+    #[test]
+    fn overlapping_extents_fail_the_load() {
+        let mut state = populated();
+        state
+            .apply(&Record::InodeSet {
+                ino: 9,
+                attrs: attrs(InodeKind::File, 1, 0),
+            })
+            .unwrap();
+        let record = Record::ExtentMap {
+            ino: 9,
+            file_block: 0,
+            dev_block: 202,
+            block_count: 1,
+            state: ExtentState::Written,
+        };
+        state.apply(&record).unwrap();
+        let error = state.finish_load().unwrap_err();
+        assert!(error.0.contains("mapped twice"), "{error}");
+    }
+
+    #[test]
+    fn freed_blocks_wait_for_durability() {
+        let mut state = populated();
+        state.finish_load().unwrap();
+        let displaced = state
+            .apply(&Record::ExtentUnmap {
+                ino: 3,
+                file_block: 0,
+                block_count: 4,
+            })
+            .unwrap();
+        state.release_displaced(&displaced, 10);
+        assert_eq!(state.alloc.free_blocks(), 996);
+        assert_eq!(state.pending_free_blocks(), 4);
+        state.release_pending_frees(9);
+        assert_eq!(state.alloc.free_blocks(), 996);
+        state.release_pending_frees(10);
+        assert_eq!(state.alloc.free_blocks(), 1000);
+    }
+}

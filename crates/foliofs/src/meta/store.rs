@@ -1,0 +1,271 @@
+//! The metadata store: one lock around the state, transactions that apply
+//! records and log them in the same critical section, group commit, and
+//! checkpoints.
+//!
+//! Because a transaction applies and appends under the write lock, the order
+//! of records in the log is the order in which the state changed, and a
+//! checkpoint taken under the read lock is exactly "the state after lsn L".
+
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+
+use crate::dev::Device;
+use crate::error::{Error, Result};
+use crate::extent::Extent;
+use crate::format::Record;
+use crate::journal::{self, CommitError, Journal, JournalGeometry};
+
+use super::state::MetaState;
+
+/// Start a checkpoint when this much of the journal is live.
+const CHECKPOINT_USED_FRACTION: f64 = 0.5;
+
+/// What mount found, for `info` and `fsck`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadReport {
+    pub checkpoint_generation: u64,
+    pub checkpoint_records: u64,
+    pub journal_groups_replayed: u64,
+    pub journal_records_replayed: u64,
+}
+
+pub struct MetaStore {
+    state: RwLock<MetaState>,
+    journal: Journal,
+    checkpoint_lock: Mutex<()>,
+    read_only: bool,
+}
+
+/// A transaction: records applied to the state as they are added, appended to
+/// the journal when the closure returns Ok. A closure validates before its
+/// first `apply`; returning an error after applying is a bug (asserted).
+pub struct Txn<'a> {
+    state: &'a mut MetaState,
+    records: Vec<Record>,
+    displaced: Vec<Extent>,
+    /// Inodes the records changed, and whether the change matters to
+    /// reading data back (for the per-inode lsns fsync and fdatasync use).
+    touched: Vec<(u64, bool)>,
+    metadata_bytes_max: u64,
+}
+
+impl Txn<'_> {
+    pub fn state(&self) -> &MetaState {
+        self.state
+    }
+
+    /// For memory-only fields and the allocator; persistent fields change
+    /// only through [`Txn::apply`].
+    pub fn state_mut(&mut self) -> &mut MetaState {
+        self.state
+    }
+
+    /// Applies `record` now and logs it at the end of the transaction.
+    pub fn apply(&mut self, record: Record) {
+        self.note_touched(&record);
+        match self.state.apply(&record) {
+            Ok(displaced) => self.displaced.extend(displaced),
+            Err(error) => panic!("live metadata change does not apply: {error} ({record:?})"),
+        }
+        self.records.push(record);
+    }
+
+    fn note_touched(&mut self, record: &Record) {
+        match record {
+            Record::InodeSet { ino, attrs } => {
+                let size_changed = self
+                    .state
+                    .inode(*ino)
+                    .is_none_or(|inode| inode.attrs.size != attrs.size);
+                self.touched.push((*ino, size_changed));
+            }
+            Record::InodeFree { .. } => {}
+            Record::SymlinkSet { ino, .. } => self.touched.push((*ino, true)),
+            Record::DirAdd { dir, ino, .. } => {
+                self.touched.push((*dir, true));
+                self.touched.push((*ino, true));
+            }
+            Record::DirRemove { dir, .. } => self.touched.push((*dir, true)),
+            Record::ExtentMap { ino, .. } | Record::ExtentUnmap { ino, .. } => {
+                self.touched.push((*ino, true))
+            }
+        }
+    }
+
+    pub fn records_applied(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Fails with ENOSPC if the metadata would outgrow the checkpoint slot
+    /// after adding about `extra_bytes`.
+    pub fn ensure_metadata_room(&self, extra_bytes: u64) -> Result<()> {
+        let needed = self.state.persisted_bytes_estimate() + extra_bytes;
+        if needed > self.metadata_bytes_max {
+            return Err(Error::NoSpace(format!(
+                "metadata would need {needed} bytes; the checkpoint slot holds {}",
+                self.metadata_bytes_max
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl MetaStore {
+    /// Loads the checkpoint and replays the journal. Fails (changing nothing)
+    /// if any record contradicts the state or two files share a block.
+    pub fn load(
+        device: Arc<Device>,
+        geometry: JournalGeometry,
+        data_region: crate::format::Region,
+        read_only: bool,
+    ) -> Result<(Self, LoadReport)> {
+        let loaded = journal::load(&device, &geometry)?;
+        let mut state = MetaState::new(data_region);
+        for (index, record) in loaded.checkpoint_records.iter().enumerate() {
+            state
+                .apply(record)
+                .map_err(|error| Error::Corrupt(format!("checkpoint record {index}: {error}")))?;
+        }
+        for (index, record) in loaded.journal_records.iter().enumerate() {
+            state
+                .apply(record)
+                .map_err(|error| Error::Corrupt(format!("journal record {index}: {error}")))?;
+        }
+        state
+            .finish_load()
+            .map_err(|error| Error::Corrupt(error.0))?;
+        state.next_ino = state.next_ino.max(loaded.checkpoint.next_ino);
+        let report = LoadReport {
+            checkpoint_generation: loaded.checkpoint.generation,
+            checkpoint_records: loaded.checkpoint_records.len() as u64,
+            journal_groups_replayed: loaded.journal_groups_replayed,
+            journal_records_replayed: loaded.journal_records.len() as u64,
+        };
+        let journal = Journal::new(device, geometry, loaded.position);
+        let store = Self {
+            state: RwLock::new(state),
+            journal,
+            checkpoint_lock: Mutex::new(()),
+            read_only,
+        };
+        Ok((store, report))
+    }
+
+    pub fn read(&self) -> RwLockReadGuard<'_, MetaState> {
+        self.state.read()
+    }
+
+    /// Changes memory-only fields (open handle counts, in-memory sizes) under
+    /// the write lock without logging; works on read-only volumes too. The
+    /// closure must not change persistent state.
+    pub fn update_memory<T>(&self, change: impl FnOnce(&mut MetaState) -> T) -> T {
+        change(&mut self.state.write())
+    }
+
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    /// Why the store refuses changes, if it does.
+    pub fn refusal(&self) -> Option<Error> {
+        if self.read_only {
+            return Some(Error::ReadOnly("opened read-only".into()));
+        }
+        self.journal.failure().map(Error::ReadOnly)
+    }
+
+    /// Runs `change` as one transaction; returns its value and the lsn of the
+    /// transaction's last record.
+    pub fn transact<T>(&self, change: impl FnOnce(&mut Txn<'_>) -> Result<T>) -> Result<(T, u64)> {
+        if let Some(refusal) = self.refusal() {
+            return Err(refusal);
+        }
+        let metadata_bytes_max = self.journal.geometry().slot_payload_bytes_max();
+        let mut state = self.state.write();
+        state.release_pending_frees(self.journal.durable_lsn());
+        let mut txn = Txn {
+            state: &mut state,
+            records: Vec::new(),
+            displaced: Vec::new(),
+            touched: Vec::new(),
+            metadata_bytes_max,
+        };
+        let value = match change(&mut txn) {
+            Ok(value) => value,
+            Err(error) => {
+                assert!(
+                    txn.records.is_empty(),
+                    "transaction failed after applying records: {error}"
+                );
+                return Err(error);
+            }
+        };
+        let Txn {
+            records,
+            displaced,
+            touched,
+            ..
+        } = txn;
+        let lsn = self.journal.append(&records);
+        state.release_displaced(&displaced, lsn);
+        for (ino, data) in touched {
+            if let Some(inode) = state.inode_mut(ino) {
+                inode.meta_lsn = lsn;
+                if data {
+                    inode.data_lsn = lsn;
+                }
+            }
+        }
+        drop(state);
+        if self.journal.pending_bytes() as u64 > self.journal.geometry().group_bytes_max() / 2 {
+            // Bound the unwritten log: the writer that filled it writes it.
+            self.commit(lsn)?;
+        }
+        Ok((value, lsn))
+    }
+
+    /// Makes every record up to `lsn` durable, checkpointing when the log is full.
+    pub fn commit(&self, lsn: u64) -> Result<()> {
+        loop {
+            match self.journal.commit(lsn) {
+                Ok(()) => return Ok(()),
+                Err(CommitError::Full) => self.checkpoint()?,
+                Err(CommitError::Failed(message)) => {
+                    return Err(Error::io(
+                        message,
+                        std::io::Error::from_raw_os_error(libc::EIO),
+                    ))
+                }
+            }
+        }
+    }
+
+    pub fn commit_all(&self) -> Result<()> {
+        self.commit(self.journal.last_lsn())
+    }
+
+    /// Writes the whole state to the next checkpoint slot.
+    pub fn checkpoint(&self) -> Result<()> {
+        if let Some(refusal) = self.refusal() {
+            return Err(refusal);
+        }
+        let _only_one = self.checkpoint_lock.lock();
+        let (point, next_ino, payload, record_count) = {
+            let state = self.state.read();
+            let point = self.journal.replay_point();
+            let (payload, record_count) = state.encode_snapshot();
+            (point, state.next_ino, payload, record_count)
+        };
+        self.journal
+            .write_checkpoint(point, next_ino, &payload, record_count)
+    }
+
+    /// Checkpoints if the journal is filling up; returns whether it did.
+    pub fn checkpoint_if_due(&self) -> Result<bool> {
+        if self.refusal().is_some() || self.journal.used_fraction() < CHECKPOINT_USED_FRACTION {
+            return Ok(false);
+        }
+        self.checkpoint().map(|()| true)
+    }
+}

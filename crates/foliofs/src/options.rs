@@ -1,0 +1,195 @@
+//! Volume options: every policy switch of the engine, settable from
+//! `Volume::open`, `mount -o` and `bench -o` by the same `key=value` names.
+
+use crate::dev::{DevOptions, EngineKind, FuaMode};
+use crate::error::{Error, Result};
+
+/// Every option key with a one-line description; the error for an unknown
+/// key lists these.
+pub const OPTION_KEYS: &[(&str, &str)] = &[
+    (
+        "engine",
+        "I/O backend: sync | threads | uring (default uring)",
+    ),
+    (
+        "fua",
+        "durable writes: native (RWF_DSYNC) | emulate (write + flush) (default native)",
+    ),
+    (
+        "direct",
+        "open the backing file with O_DIRECT: on | off (default on)",
+    ),
+    (
+        "ro",
+        "read-only: refuse every change (flag; also ro=on|off)",
+    ),
+    (
+        "commit_interval_ms",
+        "background journal commit interval, 0 = only on fsync (default 5000)",
+    ),
+    (
+        "io_threads",
+        "worker threads of the threads engine (default 8)",
+    ),
+];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeOptions {
+    pub engine: EngineKind,
+    pub fua: FuaMode,
+    pub direct: bool,
+    pub read_only: bool,
+    pub commit_interval_ms: u64,
+    pub io_threads: usize,
+}
+
+impl Default for VolumeOptions {
+    fn default() -> Self {
+        Self {
+            engine: EngineKind::Uring,
+            fua: FuaMode::Native,
+            direct: true,
+            read_only: false,
+            commit_interval_ms: 5000,
+            io_threads: 8,
+        }
+    }
+}
+
+impl VolumeOptions {
+    /// Parses a comma-separated list such as `engine=sync,fua=emulate,ro`.
+    pub fn parse(list: &str) -> Result<Self> {
+        let mut options = Self::default();
+        options.apply_list(list)?;
+        Ok(options)
+    }
+
+    pub fn apply_list(&mut self, list: &str) -> Result<()> {
+        for item in list
+            .split(',')
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+        {
+            match item.split_once('=') {
+                Some((key, value)) => self.set(key.trim(), value.trim())?,
+                None => self.set(item, "on")?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets one option; an unknown key or a bad value is an error naming it.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let bad = |why: String| Error::invalid(format!("option {key}={value}: {why}"));
+        match key {
+            "engine" => self.engine = value.parse().map_err(bad)?,
+            "fua" => self.fua = value.parse().map_err(bad)?,
+            "direct" => self.direct = parse_switch(value).map_err(bad)?,
+            "ro" | "read_only" => self.read_only = parse_switch(value).map_err(bad)?,
+            "rw" => self.read_only = !parse_switch(value).map_err(bad)?,
+            "commit_interval_ms" => {
+                self.commit_interval_ms = value.parse().map_err(|_| bad("not a number".into()))?
+            }
+            "io_threads" => {
+                let threads: usize = value.parse().map_err(|_| bad("not a number".into()))?;
+                if !(1..=256).contains(&threads) {
+                    return Err(bad("must be between 1 and 256".into()));
+                }
+                self.io_threads = threads;
+            }
+            _ => {
+                let known: Vec<&str> = OPTION_KEYS.iter().map(|(name, _)| *name).collect();
+                return Err(Error::invalid(format!(
+                    "unknown option {key:?}; supported: {}",
+                    known.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn dev_options(&self) -> DevOptions {
+        DevOptions {
+            engine: self.engine,
+            fua: self.fua,
+            direct: self.direct,
+            read_only: self.read_only,
+            worker_threads: self.io_threads,
+            ..DevOptions::default()
+        }
+    }
+}
+
+fn parse_switch(value: &str) -> Result<bool, String> {
+    match value {
+        "on" | "1" | "true" | "yes" => Ok(true),
+        "off" | "0" | "false" | "no" => Ok(false),
+        other => Err(format!("expected on or off, not {other:?}")),
+    }
+}
+
+/// Parses sizes like `4096`, `64k`, `4M`, `10G`, `1T` (binary multiples).
+pub fn parse_size(text: &str) -> Result<u64> {
+    let text = text.trim();
+    let bad = || {
+        Error::invalid(format!(
+            "bad size {text:?}: expected a number with an optional k/M/G/T suffix"
+        ))
+    };
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, suffix) = text.split_at(split);
+    let number: u64 = digits.parse().map_err(|_| bad())?;
+    let shift = match suffix
+        .to_ascii_lowercase()
+        .trim_end_matches("ib")
+        .trim_end_matches('b')
+    {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        _ => return Err(bad()),
+    };
+    number.checked_mul(1u64 << shift).ok_or_else(bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_lists_flags_and_rejects_unknown_keys() {
+        let options =
+            VolumeOptions::parse("engine=sync, fua=emulate,ro,commit_interval_ms=0").unwrap();
+        assert_eq!(options.engine, EngineKind::Sync);
+        assert_eq!(options.fua, FuaMode::Emulate);
+        assert!(options.read_only);
+        assert_eq!(options.commit_interval_ms, 0);
+        let error = VolumeOptions::parse("engine=sync,bogus=1").unwrap_err();
+        assert!(
+            error.to_string().contains("unknown option \"bogus\""),
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains("engine"),
+            "lists the supported keys: {error}"
+        );
+        let error = VolumeOptions::parse("fua=sometimes").unwrap_err();
+        assert!(error.to_string().contains("fua=sometimes"), "{error}");
+        assert_eq!(error.errno(), libc::EINVAL);
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64k").unwrap(), 65536);
+        assert_eq!(parse_size("4G").unwrap(), 4 << 30);
+        assert_eq!(parse_size("2MiB").unwrap(), 2 << 20);
+        assert!(parse_size("4X").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999999999999T").is_err());
+    }
+}

@@ -1,0 +1,253 @@
+//! The simple data path: reads and writes go straight through the mapping to
+//! the device, one bounce buffer per piece, with read-modify-write for
+//! partial blocks. Correct and unbuffered; the buffered (folio cache) and
+//! direct paths replace it for speed, and keep its rules:
+//! - new space is written through Unwritten extents and converted at completion;
+//! - the size grows only in the transaction that records the completed write;
+//! - bytes past the size inside the last block are zero on disk, so growing a
+//!   file never exposes old bytes.
+
+use crate::dev::{AlignedBuf, Device};
+use crate::error::{Error, IoContext, Result};
+use crate::format::{Record, Timestamp};
+use crate::iomap::{self, Intent, MapKind, Mapping};
+use crate::meta::{MetaStore, Txn};
+
+/// Largest piece one device request carries, which bounds bounce buffers.
+pub const PIECE_BYTES_MAX: u64 = 8 << 20;
+
+/// What the data path needs from the volume.
+pub struct DataPath<'a> {
+    pub meta: &'a MetaStore,
+    pub device: &'a Device,
+    pub block_bytes: u64,
+}
+
+impl DataPath<'_> {
+    fn align_down(&self, value: u64) -> u64 {
+        value - value % self.block_bytes
+    }
+
+    fn align_up(&self, value: u64) -> u64 {
+        value.div_ceil(self.block_bytes) * self.block_bytes
+    }
+
+    fn size_of(&self, ino: u64) -> Result<u64> {
+        let state = self.meta.read();
+        let inode = state
+            .inode(ino)
+            .ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+        Ok(inode.size)
+    }
+
+    /// Reads into `buffer` from `pos`; returns the bytes read (short at EOF).
+    pub fn read(&self, ino: u64, buffer: &mut [u8], pos: u64) -> Result<usize> {
+        let size = self.size_of(ino)?;
+        if pos >= size || buffer.is_empty() {
+            return Ok(0);
+        }
+        let total = (buffer.len() as u64).min(size - pos);
+        let mut done = 0u64;
+        while done < total {
+            let piece_pos = pos + done;
+            let piece_len = (total - done).min(PIECE_BYTES_MAX);
+            let mapping = iomap::begin(
+                self.meta,
+                ino,
+                piece_pos,
+                piece_len,
+                Intent::Read,
+                self.block_bytes,
+            )?;
+            let piece_end = (piece_pos + piece_len).min(mapping.end());
+            let out = &mut buffer[done as usize..(done + piece_end - piece_pos) as usize];
+            if mapping.reads_as_zeros() {
+                out.fill(0);
+            } else {
+                self.read_mapped(&mapping, piece_pos, out)?;
+            }
+            done += piece_end - piece_pos;
+        }
+        Ok(total as usize)
+    }
+
+    /// Reads `out.len()` bytes at file position `pos` from a Written mapping.
+    fn read_mapped(&self, mapping: &Mapping, pos: u64, out: &mut [u8]) -> Result<()> {
+        let io_start = self.align_down(pos);
+        let io_end = self.align_up(pos + out.len() as u64);
+        let mut bounce = AlignedBuf::zeroed((io_end - io_start) as usize);
+        let dev_offset = mapping.dev_offset + (io_start - mapping.offset);
+        self.device
+            .read(dev_offset, &mut bounce)
+            .context(|| format!("read at device offset {dev_offset}"))?;
+        let skip = (pos - io_start) as usize;
+        out.copy_from_slice(&bounce[skip..skip + out.len()]);
+        Ok(())
+    }
+
+    /// Writes `data` at `pos`; returns the bytes written. A failure after some
+    /// pieces completed returns the completed count.
+    pub fn write(&self, ino: u64, data: &[u8], pos: u64) -> Result<usize> {
+        let total = data.len() as u64;
+        pos.checked_add(total)
+            .ok_or_else(|| Error::FileTooLarge(format!("inode {ino}")))?;
+        let mut done = 0u64;
+        while done < total {
+            let piece_pos = pos + done;
+            let piece_len = (total - done).min(PIECE_BYTES_MAX);
+            let piece = &data[done as usize..(done + piece_len) as usize];
+            match self.write_piece(ino, piece, piece_pos) {
+                Ok(written) => done += written,
+                Err(error) if done == 0 => return Err(error),
+                Err(error) => {
+                    tracing::warn!("short write on inode {ino} after {done} bytes: {error}");
+                    break;
+                }
+            }
+        }
+        Ok(done as usize)
+    }
+
+    /// Writes as much of `piece` as the first mapping at `pos` covers.
+    fn write_piece(&self, ino: u64, piece: &[u8], pos: u64) -> Result<u64> {
+        let mapping = iomap::begin(
+            self.meta,
+            ino,
+            pos,
+            piece.len() as u64,
+            Intent::Write,
+            self.block_bytes,
+        )?;
+        assert!(matches!(
+            mapping.kind,
+            MapKind::Written | MapKind::Unwritten
+        ));
+        let data_end = (pos + piece.len() as u64).min(mapping.end());
+        let io_start = self.align_down(pos);
+        let io_end = self.align_up(data_end);
+        debug_assert_eq!(io_start, mapping.offset);
+        let mut bounce = AlignedBuf::zeroed((io_end - io_start) as usize);
+        if mapping.kind == MapKind::Written {
+            self.fill_partial_blocks(&mapping, &mut bounce, pos, data_end)?;
+        }
+        let head = (pos - io_start) as usize;
+        let written = (data_end - pos) as usize;
+        bounce[head..head + written].copy_from_slice(&piece[..written]);
+        let dev_offset = mapping.dev_offset;
+        let result = self.device.write(dev_offset, &bounce, false);
+        if let Err(error) = result {
+            iomap::end_write(self.meta, ino, &mapping, 0, self.block_bytes, |_| {})?;
+            return Err(Error::io(
+                format!("write at device offset {dev_offset}"),
+                error,
+            ));
+        }
+        let completed = io_end - io_start;
+        iomap::end_write(
+            self.meta,
+            ino,
+            &mapping,
+            completed,
+            self.block_bytes,
+            |txn| note_write(txn, ino, data_end),
+        )?;
+        Ok(written as u64)
+    }
+
+    /// Reads the first and last block of `[io_start, io_end)` when the write
+    /// covers them only partly (read-modify-write).
+    fn fill_partial_blocks(
+        &self,
+        mapping: &Mapping,
+        bounce: &mut [u8],
+        pos: u64,
+        data_end: u64,
+    ) -> Result<()> {
+        let block = self.block_bytes as usize;
+        let io_start = self.align_down(pos);
+        let last_block_start = self.align_down(data_end - 1);
+        let mut partial = Vec::new();
+        if pos % self.block_bytes != 0 {
+            partial.push(io_start);
+        }
+        if data_end % self.block_bytes != 0 && !partial.contains(&last_block_start) {
+            partial.push(last_block_start);
+        }
+        for block_start in partial {
+            let at = (block_start - io_start) as usize;
+            let dev_offset = mapping.dev_offset + (block_start - mapping.offset);
+            self.device
+                .read(dev_offset, &mut bounce[at..at + block])
+                .context(|| format!("read-modify-write read at device offset {dev_offset}"))?;
+        }
+        Ok(())
+    }
+
+    /// Zeroes bytes `[from, block end)` of the block containing `from` on
+    /// disk, if that block is Written; keeps the "zeros past EOF" rule.
+    pub fn zero_block_tail(&self, ino: u64, from: u64) -> Result<()> {
+        if from % self.block_bytes == 0 {
+            return Ok(());
+        }
+        let mapping = iomap::begin(self.meta, ino, from, 1, Intent::Read, self.block_bytes)?;
+        if mapping.kind != MapKind::Written {
+            return Ok(());
+        }
+        let block_start = self.align_down(from);
+        let dev_offset = mapping.dev_offset + (block_start - mapping.offset);
+        let mut block = AlignedBuf::zeroed(self.block_bytes as usize);
+        self.device
+            .read(dev_offset, &mut block)
+            .context(|| format!("read at device offset {dev_offset}"))?;
+        block[(from - block_start) as usize..].fill(0);
+        self.device
+            .write(dev_offset, &block, false)
+            .context(|| format!("write at device offset {dev_offset}"))
+    }
+
+    /// Changes the size: shrinking zeroes the tail of the new last block and
+    /// unmaps whole blocks past it in one transaction with the new size.
+    pub fn set_size(&self, ino: u64, new_size: u64) -> Result<u64> {
+        let old_size = self.size_of(ino)?;
+        self.zero_block_tail(ino, new_size.min(old_size))?;
+        let first_gone_block = new_size.div_ceil(self.block_bytes);
+        let (_, lsn) = self.meta.transact(|txn| {
+            let now = Timestamp::now();
+            let state = txn.state();
+            let inode = state
+                .inode(ino)
+                .ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+            let mapped_end = inode.extents().map_or(0, |extents| extents.end_block());
+            let mut attrs = inode.attrs;
+            attrs.size = new_size;
+            attrs.mtime = now;
+            attrs.ctime = now;
+            if mapped_end > first_gone_block {
+                txn.apply(Record::ExtentUnmap {
+                    ino,
+                    file_block: first_gone_block,
+                    block_count: mapped_end - first_gone_block,
+                });
+            }
+            txn.apply(Record::InodeSet { ino, attrs });
+            txn.state_mut().inode_mut(ino).expect("exists").size = new_size;
+            Ok(())
+        })?;
+        Ok(lsn)
+    }
+}
+
+/// Adds the size and time changes of a completed write ending at `data_end`.
+fn note_write(txn: &mut Txn<'_>, ino: u64, data_end: u64) {
+    let Some(inode) = txn.state().inode(ino) else {
+        return;
+    };
+    let now = Timestamp::now();
+    let mut attrs = inode.attrs;
+    let new_size = inode.size.max(data_end);
+    attrs.size = attrs.size.max(data_end);
+    attrs.mtime = now;
+    attrs.ctime = now;
+    txn.apply(Record::InodeSet { ino, attrs });
+    txn.state_mut().inode_mut(ino).expect("exists").size = new_size;
+}

@@ -1,0 +1,196 @@
+//! Open files: handles that read and write data through the data path.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::format::{InodeKind, Record};
+
+use super::attr::Attr;
+use super::volume::{OpenInode, Shared, Volume};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFlags {
+    pub read: bool,
+    pub write: bool,
+    /// Truncate to zero on open (needs `write`).
+    pub truncate: bool,
+    /// Every write goes to the current end of file.
+    pub append: bool,
+}
+
+impl OpenFlags {
+    pub const READ: Self = Self {
+        read: true,
+        write: false,
+        truncate: false,
+        append: false,
+    };
+    pub const WRITE: Self = Self {
+        read: false,
+        write: true,
+        truncate: false,
+        append: false,
+    };
+    pub const READ_WRITE: Self = Self {
+        read: true,
+        write: true,
+        truncate: false,
+        append: false,
+    };
+}
+
+/// An open regular file. Closing (or dropping) the last handle of an
+/// unlinked file frees it.
+pub struct File {
+    shared: Arc<Shared>,
+    ino: u64,
+    inode: Arc<OpenInode>,
+    flags: OpenFlags,
+    released: bool,
+}
+
+impl Volume {
+    pub fn open_file(&self, ino: u64, flags: OpenFlags) -> Result<File> {
+        if flags.write {
+            if let Some(refusal) = self.shared.meta.refusal() {
+                return Err(refusal);
+            }
+        }
+        if flags.truncate && !flags.write {
+            return Err(Error::invalid("O_TRUNC without write access"));
+        }
+        self.shared.meta.update_memory(|state| {
+            let inode = state
+                .inode_mut(ino)
+                .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            match inode.attrs.kind {
+                InodeKind::File => {}
+                InodeKind::Dir => return Err(Error::IsDir(format!("inode {ino}"))),
+                InodeKind::Symlink => {
+                    return Err(Error::invalid(format!("inode {ino} is a symlink")))
+                }
+            }
+            inode.open_handles += 1;
+            Ok(())
+        })?;
+        let file = File {
+            shared: Arc::clone(&self.shared),
+            ino,
+            inode: self.shared.open_inode(ino),
+            flags,
+            released: false,
+        };
+        if flags.truncate {
+            file.set_len(0)?;
+        }
+        Ok(file)
+    }
+
+    pub fn open_path(&self, path: &str, flags: OpenFlags) -> Result<File> {
+        let ino = self.resolve(path)?;
+        self.open_file(ino, flags)
+    }
+}
+
+impl File {
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    pub fn flags(&self) -> OpenFlags {
+        self.flags
+    }
+
+    pub fn attr(&self) -> Result<Attr> {
+        self.shared.attr_of(&self.shared.meta.read(), self.ino)
+    }
+
+    /// Reads at `pos`; returns the bytes read, fewer than asked at end of file.
+    pub fn read_at(&self, buffer: &mut [u8], pos: u64) -> Result<usize> {
+        if !self.flags.read {
+            return Err(Error::BadHandle("file not open for reading".into()));
+        }
+        let _shared = self.inode.io_lock.read();
+        self.shared.data_path().read(self.ino, buffer, pos)
+    }
+
+    /// Writes at `pos` (at the end of file with `append`); returns the bytes written.
+    pub fn write_at(&self, data: &[u8], pos: u64) -> Result<usize> {
+        if !self.flags.write {
+            return Err(Error::BadHandle("file not open for writing".into()));
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let _exclusive = self.inode.io_lock.write();
+        let pos = if self.flags.append {
+            self.attr()?.size
+        } else {
+            pos
+        };
+        self.shared.data_path().write(self.ino, data, pos)
+    }
+
+    /// Truncates or extends to `size` bytes.
+    pub fn set_len(&self, size: u64) -> Result<()> {
+        if !self.flags.write {
+            return Err(Error::BadHandle("file not open for writing".into()));
+        }
+        let _exclusive = self.inode.io_lock.write();
+        self.shared.data_path().set_size(self.ino, size).map(|_| ())
+    }
+
+    pub fn fsync(&self) -> Result<()> {
+        self.sync(false)
+    }
+
+    pub fn fdatasync(&self) -> Result<()> {
+        self.sync(true)
+    }
+
+    fn sync(&self, data_only: bool) -> Result<()> {
+        self.shared.fsync_inode(self.ino, data_only)
+    }
+
+    /// Closes the handle, reporting an error freeing an unlinked file.
+    pub fn close(mut self) -> Result<()> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.released, true) {
+            return Ok(());
+        }
+        let ino = self.ino;
+        let orphaned = self.shared.meta.update_memory(|state| {
+            let Some(inode) = state.inode_mut(ino) else {
+                return false;
+            };
+            inode.open_handles -= 1;
+            inode.open_handles == 0 && inode.attrs.nlink == 0
+        });
+        if !orphaned || self.shared.meta.refusal().is_some() {
+            // A read-only volume frees orphans at its next writable mount.
+            return Ok(());
+        }
+        self.shared.meta.transact(|txn| {
+            let still_orphaned = txn
+                .state()
+                .inode(ino)
+                .is_some_and(|inode| inode.open_handles == 0 && inode.attrs.nlink == 0);
+            if still_orphaned {
+                txn.apply(Record::InodeFree { ino });
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        if let Err(error) = self.release() {
+            tracing::error!("closing inode {}: {error}", self.ino);
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! The public API: volumes, the namespace, and open files.
+//!
+//! `vfs` is the only layer that knows names, handles and POSIX rules. It
+//! validates, then changes metadata through `MetaStore::transact` and data
+//! through the data path; it never touches the device itself.
+
+mod attr;
+mod file;
+mod namespace;
+mod volume;
+
+pub use attr::{Attr, DirEntry, Owner, SetAttr, StatFs, TimeSet};
+pub use file::{File, OpenFlags};
+pub use namespace::RenameFlags;
+pub use volume::{FiemapExtent, MkfsOptions, Volume};

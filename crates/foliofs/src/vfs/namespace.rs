@@ -1,0 +1,543 @@
+//! Namespace operations. Each validates against the current state and then
+//! applies its records in one transaction, so a failed check changes nothing.
+
+use crate::error::{Error, Result};
+use crate::format::record::is_valid_name;
+use crate::format::{
+    InodeAttrs, InodeKind, Record, Timestamp, NAME_BYTES_MAX, ROOT_INO, SYMLINK_BYTES_MAX,
+};
+use crate::meta::{MetaState, Txn};
+
+use super::attr::{Attr, DirEntry, Owner, SetAttr};
+use super::volume::Volume;
+
+/// Most links a file may have (as ext4's EXT4_LINK_MAX).
+const LINK_COUNT_MAX: u32 = 65000;
+
+/// renameat2 flags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    /// Fail with EEXIST instead of replacing the target.
+    pub no_replace: bool,
+    /// Atomically swap source and target, which must both exist.
+    pub exchange: bool,
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_BYTES_MAX {
+        return Err(Error::NameTooLong(
+            String::from_utf8_lossy(&name[..32]).into_owned() + "...",
+        ));
+    }
+    if !is_valid_name(name) {
+        return Err(Error::invalid(format!(
+            "invalid file name {:?}",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    Ok(())
+}
+
+fn display(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+/// The entry `name` in directory `dir`: its inode number.
+fn entry_of(state: &MetaState, dir: u64, name: &[u8]) -> Result<u64> {
+    let entries = dir_entries(state, dir)?;
+    entries
+        .get(name)
+        .copied()
+        .ok_or_else(|| Error::NotFound(display(name)))
+}
+
+fn dir_entries(state: &MetaState, dir: u64) -> Result<&std::collections::BTreeMap<Vec<u8>, u64>> {
+    let inode = state
+        .inode(dir)
+        .ok_or_else(|| Error::NotFound(format!("directory inode {dir}")))?;
+    inode
+        .entries()
+        .ok_or_else(|| Error::NotDir(format!("inode {dir}")))
+}
+
+fn attrs_of(state: &MetaState, ino: u64) -> Result<InodeAttrs> {
+    state
+        .inode(ino)
+        .map(|inode| inode.attrs)
+        .ok_or_else(|| Error::NotFound(format!("inode {ino}")))
+}
+
+/// Applies an InodeSet with `change` made to the current attributes.
+fn update_attrs(txn: &mut Txn<'_>, ino: u64, change: impl FnOnce(&mut InodeAttrs)) {
+    let mut attrs = txn.state().inode(ino).expect("validated inode").attrs;
+    change(&mut attrs);
+    txn.apply(Record::InodeSet { ino, attrs });
+}
+
+fn touch_dir(txn: &mut Txn<'_>, dir: u64, nlink_delta: i32, now: Timestamp) {
+    update_attrs(txn, dir, |attrs| {
+        attrs.nlink = attrs
+            .nlink
+            .checked_add_signed(nlink_delta)
+            .expect("directory link count");
+        attrs.mtime = now;
+        attrs.ctime = now;
+    });
+}
+
+/// Drops one link of `ino` (named in a directory that is being changed);
+/// frees it when no link and no open handle remains.
+fn drop_link(txn: &mut Txn<'_>, ino: u64, now: Timestamp) {
+    let inode = txn.state().inode(ino).expect("validated inode");
+    let is_dir = inode.attrs.kind == InodeKind::Dir;
+    let nlink = if is_dir {
+        0
+    } else {
+        inode.attrs.nlink.saturating_sub(1)
+    };
+    if nlink == 0 && (is_dir || inode.open_handles == 0) {
+        txn.apply(Record::InodeFree { ino });
+    } else {
+        update_attrs(txn, ino, |attrs| {
+            attrs.nlink = nlink;
+            attrs.ctime = now;
+        });
+    }
+}
+
+/// True if `ancestor` is `dir` or one of its parents.
+fn is_ancestor(state: &MetaState, ancestor: u64, mut dir: u64) -> bool {
+    for _ in 0..state.inode_count() + 1 {
+        if dir == ancestor {
+            return true;
+        }
+        if dir == ROOT_INO {
+            return false;
+        }
+        match state.inode(dir) {
+            Some(inode) => dir = inode.attrs.parent,
+            None => return false,
+        }
+    }
+    false
+}
+
+impl Volume {
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.shared.attr_of(&self.shared.meta.read(), ino)
+    }
+
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        let state = self.shared.meta.read();
+        let ino = entry_of(&state, parent, name)?;
+        self.shared.attr_of(&state, ino)
+    }
+
+    /// The inode at an absolute path; symlinks are not followed.
+    pub fn resolve(&self, path: &str) -> Result<u64> {
+        let state = self.shared.meta.read();
+        let mut ino = ROOT_INO;
+        for component in path
+            .split('/')
+            .filter(|part| !part.is_empty() && *part != ".")
+        {
+            ino = if component == ".." {
+                attrs_of(&state, ino)?.parent
+            } else {
+                entry_of(&state, ino, component.as_bytes()).map_err(|error| match error {
+                    Error::NotFound(_) => Error::NotFound(path.to_string()),
+                    Error::NotDir(_) => Error::NotDir(path.to_string()),
+                    other => other,
+                })?
+            };
+        }
+        Ok(ino)
+    }
+
+    pub fn readdir(&self, dir: u64) -> Result<Vec<DirEntry>> {
+        let state = self.shared.meta.read();
+        let entries = dir_entries(&state, dir)?;
+        Ok(entries
+            .iter()
+            .filter_map(|(name, &ino)| {
+                let kind = state.inode(ino)?.attrs.kind;
+                Some(DirEntry {
+                    name: name.clone(),
+                    ino,
+                    kind,
+                })
+            })
+            .collect())
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let state = self.shared.meta.read();
+        let inode = state
+            .inode(ino)
+            .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+        match &inode.body {
+            crate::meta::InodeBody::Symlink(target) => Ok(target.clone()),
+            _ => Err(Error::invalid(format!("inode {ino} is not a symlink"))),
+        }
+    }
+
+    /// Creates a regular file, directory or symlink named `name` in `parent`.
+    fn make_node(
+        &self,
+        parent: u64,
+        name: &[u8],
+        kind: InodeKind,
+        mode: u32,
+        owner: Owner,
+        target: Option<&[u8]>,
+    ) -> Result<Attr> {
+        check_name(name)?;
+        let (attr, _) = self.shared.meta.transact(|txn| {
+            if dir_entries(txn.state(), parent)?.contains_key(name) {
+                return Err(Error::Exists(display(name)));
+            }
+            let extra = 200 + name.len() as u64 + target.map_or(0, |target| target.len() as u64);
+            txn.ensure_metadata_room(extra)?;
+            let now = Timestamp::now();
+            let ino = txn.state().next_ino;
+            let is_dir = kind == InodeKind::Dir;
+            let attrs = InodeAttrs {
+                kind,
+                mode: mode & 0o7777,
+                uid: owner.uid,
+                gid: owner.gid,
+                nlink: if is_dir { 2 } else { 1 },
+                size: target.map_or(0, |target| target.len() as u64),
+                atime: now,
+                mtime: now,
+                ctime: now,
+                parent: if is_dir { parent } else { 0 },
+            };
+            txn.apply(Record::InodeSet { ino, attrs });
+            if let Some(target) = target {
+                txn.apply(Record::SymlinkSet {
+                    ino,
+                    target: target.to_vec(),
+                });
+            }
+            txn.apply(Record::DirAdd {
+                dir: parent,
+                name: name.to_vec(),
+                ino,
+            });
+            touch_dir(txn, parent, i32::from(is_dir), now);
+            self.shared.attr_of(txn.state(), ino)
+        })?;
+        Ok(attr)
+    }
+
+    pub fn create(&self, parent: u64, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
+        self.make_node(parent, name, InodeKind::File, mode, owner, None)
+    }
+
+    pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
+        self.make_node(parent, name, InodeKind::Dir, mode, owner, None)
+    }
+
+    pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], owner: Owner) -> Result<Attr> {
+        if target.is_empty() || target.contains(&0) {
+            return Err(Error::invalid(
+                "a symlink target must be non-empty and contain no NUL",
+            ));
+        }
+        if target.len() > SYMLINK_BYTES_MAX {
+            return Err(Error::NameTooLong(format!(
+                "symlink target of {} bytes",
+                target.len()
+            )));
+        }
+        self.make_node(parent, name, InodeKind::Symlink, 0o777, owner, Some(target))
+    }
+
+    /// Adds the name `new_name` in `new_parent` for the existing inode `ino`.
+    pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
+        check_name(new_name)?;
+        let (attr, _) = self.shared.meta.transact(|txn| {
+            let attrs = attrs_of(txn.state(), ino)?;
+            if attrs.kind == InodeKind::Dir {
+                return Err(Error::NotPermitted("hard links to directories".into()));
+            }
+            if attrs.nlink >= LINK_COUNT_MAX {
+                return Err(Error::NotPermitted(format!(
+                    "inode {ino} already has {} links",
+                    attrs.nlink
+                )));
+            }
+            if attrs.nlink == 0 {
+                return Err(Error::NotFound(format!("inode {ino} was unlinked")));
+            }
+            if dir_entries(txn.state(), new_parent)?.contains_key(new_name) {
+                return Err(Error::Exists(display(new_name)));
+            }
+            txn.ensure_metadata_room(100 + new_name.len() as u64)?;
+            let now = Timestamp::now();
+            update_attrs(txn, ino, |attrs| {
+                attrs.nlink += 1;
+                attrs.ctime = now;
+            });
+            txn.apply(Record::DirAdd {
+                dir: new_parent,
+                name: new_name.to_vec(),
+                ino,
+            });
+            touch_dir(txn, new_parent, 0, now);
+            self.shared.attr_of(txn.state(), ino)
+        })?;
+        Ok(attr)
+    }
+
+    /// Removes a non-directory name; the inode goes when its last link and
+    /// its last open handle are gone.
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.shared.meta.transact(|txn| {
+            let ino = entry_of(txn.state(), parent, name)?;
+            if attrs_of(txn.state(), ino)?.kind == InodeKind::Dir {
+                return Err(Error::IsDir(display(name)));
+            }
+            let now = Timestamp::now();
+            txn.apply(Record::DirRemove {
+                dir: parent,
+                name: name.to_vec(),
+            });
+            drop_link(txn, ino, now);
+            touch_dir(txn, parent, 0, now);
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.shared.meta.transact(|txn| {
+            let ino = entry_of(txn.state(), parent, name)?;
+            let entries = dir_entries(txn.state(), ino)?;
+            if !entries.is_empty() {
+                return Err(Error::NotEmpty(display(name)));
+            }
+            let now = Timestamp::now();
+            txn.apply(Record::DirRemove {
+                dir: parent,
+                name: name.to_vec(),
+            });
+            touch_dir(txn, parent, -1, now);
+            txn.apply(Record::InodeFree { ino });
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
+        check_name(name)?;
+        check_name(new_name)?;
+        if flags.exchange && flags.no_replace {
+            return Err(Error::invalid(
+                "RENAME_EXCHANGE and RENAME_NOREPLACE together",
+            ));
+        }
+        self.shared.meta.transact(|txn| {
+            let plan = plan_rename(txn.state(), parent, name, new_parent, new_name, flags)?;
+            if plan.is_noop {
+                return Ok(());
+            }
+            txn.ensure_metadata_room(300 + new_name.len() as u64)?;
+            apply_rename(
+                txn,
+                &plan,
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags.exchange,
+            );
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// Changes attributes; a size change truncates or extends the file.
+    pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
+        if let Some(size) = changes.size {
+            let kind = attrs_of(&self.shared.meta.read(), ino)?.kind;
+            match kind {
+                InodeKind::Dir => return Err(Error::IsDir(format!("inode {ino}"))),
+                InodeKind::Symlink => return Err(Error::invalid("truncating a symlink")),
+                InodeKind::File => {}
+            }
+            if let Some(refusal) = self.shared.meta.refusal() {
+                return Err(refusal);
+            }
+            let open = self.shared.open_inode(ino);
+            let _exclusive = open.io_lock.write();
+            self.shared.data_path().set_size(ino, size)?;
+        }
+        let (attr, _) = self.shared.meta.transact(|txn| {
+            let mut attrs = attrs_of(txn.state(), ino)?;
+            if changes.mode.is_none()
+                && changes.uid.is_none()
+                && changes.gid.is_none()
+                && changes.atime.is_none()
+                && changes.mtime.is_none()
+            {
+                return self.shared.attr_of(txn.state(), ino);
+            }
+            let now = Timestamp::now();
+            attrs.mode = changes.mode.map_or(attrs.mode, |mode| mode & 0o7777);
+            attrs.uid = changes.uid.unwrap_or(attrs.uid);
+            attrs.gid = changes.gid.unwrap_or(attrs.gid);
+            attrs.atime = changes.atime.map_or(attrs.atime, |time| time.resolve(now));
+            attrs.mtime = changes.mtime.map_or(attrs.mtime, |time| time.resolve(now));
+            attrs.ctime = now;
+            txn.apply(Record::InodeSet { ino, attrs });
+            self.shared.attr_of(txn.state(), ino)
+        })?;
+        Ok(attr)
+    }
+
+    /// Makes the inode's changes durable: all of them (fsync), or only those
+    /// needed to read its data back (fdatasync).
+    pub fn fsync_inode(&self, ino: u64, data_only: bool) -> Result<()> {
+        self.shared.fsync_inode(ino, data_only)
+    }
+}
+
+/// What a rename will do, decided before anything changes.
+struct RenamePlan {
+    ino: u64,
+    ino_is_dir: bool,
+    /// The inode currently named by the target, if any.
+    victim: Option<(u64, bool)>,
+    is_noop: bool,
+}
+
+fn plan_rename(
+    state: &MetaState,
+    parent: u64,
+    name: &[u8],
+    new_parent: u64,
+    new_name: &[u8],
+    flags: RenameFlags,
+) -> Result<RenamePlan> {
+    let ino = entry_of(state, parent, name)?;
+    let ino_is_dir = attrs_of(state, ino)?.kind == InodeKind::Dir;
+    let target_entries = dir_entries(state, new_parent)?;
+    let victim = match target_entries.get(new_name) {
+        Some(&victim) => Some((victim, attrs_of(state, victim)?.kind == InodeKind::Dir)),
+        None => None,
+    };
+    let same_entry = parent == new_parent && name == new_name;
+    if flags.exchange && victim.is_none() {
+        return Err(Error::NotFound(display(new_name)));
+    }
+    if flags.no_replace && victim.is_some() && !same_entry {
+        return Err(Error::Exists(display(new_name)));
+    }
+    if same_entry || victim.is_some_and(|(victim, _)| victim == ino) {
+        return Ok(RenamePlan {
+            ino,
+            ino_is_dir,
+            victim,
+            is_noop: true,
+        });
+    }
+    if ino_is_dir && is_ancestor(state, ino, new_parent) {
+        return Err(Error::invalid(format!(
+            "cannot move directory {} into itself",
+            display(name)
+        )));
+    }
+    if let Some((victim_ino, victim_is_dir)) = victim {
+        if flags.exchange {
+            if victim_is_dir && is_ancestor(state, victim_ino, parent) {
+                return Err(Error::invalid(
+                    "cannot exchange a directory with one of its descendants",
+                ));
+            }
+        } else if ino_is_dir && !victim_is_dir {
+            return Err(Error::NotDir(display(new_name)));
+        } else if !ino_is_dir && victim_is_dir {
+            return Err(Error::IsDir(display(new_name)));
+        } else if victim_is_dir && !dir_entries(state, victim_ino)?.is_empty() {
+            return Err(Error::NotEmpty(display(new_name)));
+        }
+    }
+    Ok(RenamePlan {
+        ino,
+        ino_is_dir,
+        victim,
+        is_noop: false,
+    })
+}
+
+fn apply_rename(
+    txn: &mut Txn<'_>,
+    plan: &RenamePlan,
+    parent: u64,
+    name: &[u8],
+    new_parent: u64,
+    new_name: &[u8],
+    exchange: bool,
+) {
+    let now = Timestamp::now();
+    let moves_dir = |txn: &mut Txn<'_>, dir: u64, from: u64, to: u64| {
+        if from != to {
+            update_attrs(txn, dir, |attrs| attrs.parent = to);
+            touch_dir(txn, from, -1, now);
+            touch_dir(txn, to, 1, now);
+        }
+    };
+    if exchange {
+        let (victim, victim_is_dir) = plan.victim.expect("exchange has a target");
+        txn.apply(Record::DirAdd {
+            dir: parent,
+            name: name.to_vec(),
+            ino: victim,
+        });
+        txn.apply(Record::DirAdd {
+            dir: new_parent,
+            name: new_name.to_vec(),
+            ino: plan.ino,
+        });
+        if plan.ino_is_dir {
+            moves_dir(txn, plan.ino, parent, new_parent);
+        }
+        if victim_is_dir {
+            moves_dir(txn, victim, new_parent, parent);
+        }
+        update_attrs(txn, victim, |attrs| attrs.ctime = now);
+    } else {
+        txn.apply(Record::DirRemove {
+            dir: parent,
+            name: name.to_vec(),
+        });
+        txn.apply(Record::DirAdd {
+            dir: new_parent,
+            name: new_name.to_vec(),
+            ino: plan.ino,
+        });
+        if let Some((victim, victim_is_dir)) = plan.victim {
+            if victim_is_dir {
+                touch_dir(txn, new_parent, -1, now);
+            }
+            drop_link(txn, victim, now);
+        }
+        if plan.ino_is_dir {
+            moves_dir(txn, plan.ino, parent, new_parent);
+        }
+    }
+    update_attrs(txn, plan.ino, |attrs| attrs.ctime = now);
+    touch_dir(txn, parent, 0, now);
+    if new_parent != parent {
+        touch_dir(txn, new_parent, 0, now);
+    }
+}

@@ -1,0 +1,513 @@
+//! Volume lifecycle: mkfs, open (load + replay + orphan cleanup), the
+//! background committer, sync, close.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use rand::RngExt;
+
+use crate::dev::{AlignedBuf, Device};
+use crate::error::{Error, IoContext, Result};
+use crate::format::{
+    InodeAttrs, InodeKind, Record, Superblock, Timestamp, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN,
+    HEADER_BYTES, NAME_BYTES_MAX, ROOT_INO, SECTOR_BYTES_MIN,
+};
+use crate::iomap::{self, Intent, MapKind};
+use crate::journal::{write_initial_checkpoint, JournalGeometry};
+use crate::meta::{LoadReport, MetaState, MetaStore};
+use crate::options::VolumeOptions;
+use crate::passthru::DataPath;
+
+use super::attr::{Attr, Owner, StatFs};
+
+#[derive(Debug, Clone, Copy)]
+pub struct MkfsOptions {
+    pub block_bytes: u32,
+    /// Owner of the root directory.
+    pub root_owner: Owner,
+}
+
+impl Default for MkfsOptions {
+    fn default() -> Self {
+        Self {
+            block_bytes: 4096,
+            root_owner: Owner::current(),
+        }
+    }
+}
+
+/// Per-inode state shared by every open handle of the inode.
+pub(crate) struct OpenInode {
+    /// Writers take it exclusively, readers shared (the direct I/O issue
+    /// refines this into the kernel's shared/exclusive policy).
+    pub(crate) io_lock: RwLock<()>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) device: Arc<Device>,
+    pub(crate) superblock: Superblock,
+    pub(crate) meta: MetaStore,
+    pub(crate) options: VolumeOptions,
+    pub(crate) load_report: LoadReport,
+    open_inodes: Mutex<HashMap<u64, Weak<OpenInode>>>,
+    stop: Mutex<bool>,
+    stop_signal: Condvar,
+}
+
+impl Shared {
+    pub(crate) fn block_bytes(&self) -> u64 {
+        self.superblock.block_bytes_u64()
+    }
+
+    pub(crate) fn data_path(&self) -> DataPath<'_> {
+        DataPath {
+            meta: &self.meta,
+            device: &self.device,
+            block_bytes: self.block_bytes(),
+        }
+    }
+
+    pub(crate) fn open_inode(&self, ino: u64) -> Arc<OpenInode> {
+        let mut open = self.open_inodes.lock();
+        if let Some(existing) = open.get(&ino).and_then(Weak::upgrade) {
+            return existing;
+        }
+        let fresh = Arc::new(OpenInode {
+            io_lock: RwLock::new(()),
+        });
+        open.insert(ino, Arc::downgrade(&fresh));
+        open.retain(|_, weak| weak.strong_count() > 0);
+        fresh
+    }
+
+    pub(crate) fn attr_of(&self, state: &MetaState, ino: u64) -> Result<Attr> {
+        let inode = state
+            .inode(ino)
+            .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+        Ok(Attr::of(ino, inode, self.superblock.block_bytes))
+    }
+
+    /// Commits the journal up to the inode's last change (all changes, or
+    /// with `data_only` those needed to read the data back), then flushes
+    /// plain data writes the commit did not already cover.
+    pub(crate) fn fsync_inode(&self, ino: u64, data_only: bool) -> Result<()> {
+        let lsn = {
+            let state = self.meta.read();
+            let inode = state
+                .inode(ino)
+                .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            if data_only {
+                inode.data_lsn
+            } else {
+                inode.meta_lsn
+            }
+        };
+        if let Some(failure) = self.meta.journal().failure() {
+            return Err(Error::io(
+                failure,
+                std::io::Error::from_raw_os_error(libc::EIO),
+            ));
+        }
+        self.meta.commit(lsn)?;
+        self.device.flush_if_needed().context(|| "flush".into())?;
+        Ok(())
+    }
+
+    /// Makes everything changed so far durable: data, then metadata.
+    pub(crate) fn sync(&self) -> Result<()> {
+        self.meta.commit_all()?;
+        self.device.flush_if_needed().context(|| "flush".into())?;
+        Ok(())
+    }
+}
+
+/// An open volume. Dropping it commits and checkpoints (errors are logged);
+/// call [`Volume::close`] to see them.
+pub struct Volume {
+    pub(crate) shared: Arc<Shared>,
+    background: Option<JoinHandle<()>>,
+}
+
+impl Volume {
+    /// Creates (or overwrites) the image at `path` with `size_bytes` and formats it.
+    pub fn mkfs_path(
+        path: &Path,
+        size_bytes: Option<u64>,
+        mkfs: &MkfsOptions,
+        options: &VolumeOptions,
+    ) -> Result<Superblock> {
+        if let Some(size_bytes) = size_bytes {
+            check_mkfs_args(size_bytes, mkfs.block_bytes)?;
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(false)
+                .open(path)
+                .context(|| format!("create {}", path.display()))?;
+            let metadata = file
+                .metadata()
+                .context(|| format!("stat {}", path.display()))?;
+            if metadata.is_file() {
+                file.set_len(size_bytes)
+                    .context(|| format!("resize {}", path.display()))?;
+            }
+        }
+        let device = Device::open(path, &options.dev_options())
+            .context(|| format!("open {}", path.display()))?;
+        Self::format(&Arc::new(device), mkfs)
+    }
+
+    /// Formats `device`: checkpoint with an empty root first, superblocks last,
+    /// so an interrupted mkfs leaves no volume that looks valid.
+    pub fn format(device: &Arc<Device>, mkfs: &MkfsOptions) -> Result<Superblock> {
+        check_mkfs_args(device.size_bytes(), mkfs.block_bytes)?;
+        let sector_bytes = device.logical_block_bytes().max(SECTOR_BYTES_MIN);
+        if sector_bytes > mkfs.block_bytes {
+            return Err(Error::invalid(format!(
+                "block size {} is smaller than the device's logical block size {sector_bytes}",
+                mkfs.block_bytes
+            )));
+        }
+        let uuid: [u8; 16] = rand::rng().random();
+        let now = Timestamp::now();
+        let superblock = Superblock::layout(
+            device.size_bytes(),
+            mkfs.block_bytes,
+            sector_bytes,
+            uuid,
+            now,
+        )
+        .map_err(|error| Error::invalid(error.to_string()))?;
+        let mut state = MetaState::new(superblock.data);
+        let root = InodeAttrs {
+            kind: InodeKind::Dir,
+            mode: 0o755,
+            uid: mkfs.root_owner.uid,
+            gid: mkfs.root_owner.gid,
+            nlink: 2,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            parent: ROOT_INO,
+        };
+        state
+            .apply(&Record::InodeSet {
+                ino: ROOT_INO,
+                attrs: root,
+            })
+            .expect("fresh state");
+        let (payload, record_count) = state.encode_snapshot();
+        let geometry = JournalGeometry::new(&superblock);
+        write_initial_checkpoint(device, &geometry, state.next_ino, &payload, record_count)?;
+        let mut sector = AlignedBuf::zeroed(sector_bytes as usize);
+        sector[..HEADER_BYTES].copy_from_slice(&superblock.encode());
+        for copy in 0..2 {
+            let offset = Superblock::copy_offset(superblock.block_bytes, copy);
+            device
+                .write(offset, &sector, false)
+                .context(|| "write superblock".into())?;
+        }
+        device.flush().context(|| "flush after mkfs".into())?;
+        Ok(superblock)
+    }
+
+    pub fn open(path: &Path, options: &VolumeOptions) -> Result<Self> {
+        let device = Device::open(path, &options.dev_options())
+            .context(|| format!("open {}", path.display()))?;
+        Self::open_device(Arc::new(device), options)
+    }
+
+    /// Opens a formatted device: reads the superblock, loads the checkpoint,
+    /// replays the journal and (unless read-only) frees orphaned inodes.
+    pub fn open_device(device: Arc<Device>, options: &VolumeOptions) -> Result<Self> {
+        let superblock = read_superblock(&device)?;
+        let geometry = JournalGeometry::new(&superblock);
+        let (meta, load_report) = MetaStore::load(
+            Arc::clone(&device),
+            geometry,
+            superblock.data,
+            options.read_only,
+        )?;
+        let shared = Arc::new(Shared {
+            device,
+            superblock,
+            meta,
+            options: options.clone(),
+            load_report,
+            open_inodes: Mutex::new(HashMap::new()),
+            stop: Mutex::new(false),
+            stop_signal: Condvar::new(),
+        });
+        if !options.read_only {
+            free_orphans(&shared)?;
+        }
+        let background = (!options.read_only && options.commit_interval_ms > 0)
+            .then(|| spawn_background(Arc::downgrade(&shared), options.commit_interval_ms));
+        Ok(Self { shared, background })
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.shared.superblock
+    }
+
+    pub fn options(&self) -> &VolumeOptions {
+        &self.shared.options
+    }
+
+    pub fn load_report(&self) -> LoadReport {
+        self.shared.load_report
+    }
+
+    pub fn device(&self) -> &Arc<Device> {
+        &self.shared.device
+    }
+
+    /// Commits the journal and flushes the device (syncfs).
+    pub fn sync(&self) -> Result<()> {
+        self.shared.sync()
+    }
+
+    /// Writes a checkpoint now (normally done when the journal fills).
+    pub fn checkpoint(&self) -> Result<()> {
+        self.shared.meta.checkpoint()
+    }
+
+    pub fn statfs(&self) -> StatFs {
+        let state = self.shared.meta.read();
+        StatFs {
+            block_bytes: self.shared.superblock.block_bytes,
+            data_blocks: self.shared.superblock.data.block_count,
+            available_blocks: state.alloc.available_blocks(),
+            free_blocks: state.alloc.free_blocks() + state.pending_free_blocks(),
+            inodes: state.inode_count() as u64,
+            name_bytes_max: NAME_BYTES_MAX as u32,
+            metadata_bytes: state.persisted_bytes_estimate(),
+            metadata_bytes_max: self
+                .shared
+                .meta
+                .journal()
+                .geometry()
+                .slot_payload_bytes_max(),
+        }
+    }
+
+    /// The extents of a file, like FIEMAP: file offset, device offset, length
+    /// and state, holes omitted.
+    pub fn fiemap(&self, ino: u64) -> Result<Vec<FiemapExtent>> {
+        let block_bytes = self.shared.block_bytes();
+        let end_block = {
+            let state = self.shared.meta.read();
+            let inode = state
+                .inode(ino)
+                .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            let extents = inode
+                .extents()
+                .ok_or_else(|| Error::invalid("fiemap of a non-regular file"))?;
+            extents.end_block()
+        };
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while pos < end_block * block_bytes {
+            let length = end_block * block_bytes - pos;
+            let mapping = iomap::begin(
+                &self.shared.meta,
+                ino,
+                pos,
+                length,
+                Intent::Report,
+                block_bytes,
+            )?;
+            if mapping.kind != MapKind::Hole {
+                out.push(FiemapExtent {
+                    logical: mapping.offset,
+                    physical: mapping.dev_offset,
+                    length: mapping.length,
+                    kind: mapping.kind,
+                    last: false,
+                });
+            }
+            pos = mapping.end();
+        }
+        if let Some(last) = out.last_mut() {
+            last.last = true;
+        }
+        Ok(out)
+    }
+
+    /// Commits, checkpoints and stops the background committer; reports errors.
+    pub fn close(mut self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        *self.shared.stop.lock() = true;
+        self.shared.stop_signal.notify_all();
+        if let Some(background) = self.background.take() {
+            let _ = background.join();
+        }
+        if self.shared.meta.refusal().is_some() {
+            return match self.shared.meta.journal().failure() {
+                Some(failure) => Err(Error::ReadOnly(failure)),
+                None => Ok(()),
+            };
+        }
+        self.shared.sync()?;
+        self.shared.meta.checkpoint()
+    }
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        if let Err(error) = self.shutdown() {
+            tracing::error!("closing the volume: {error}");
+        }
+    }
+}
+
+/// One extent as `fiemap` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FiemapExtent {
+    pub logical: u64,
+    pub physical: u64,
+    pub length: u64,
+    pub kind: MapKind,
+    pub last: bool,
+}
+
+fn check_mkfs_args(size_bytes: u64, block_bytes: u32) -> Result<()> {
+    if !block_bytes.is_power_of_two() || !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&block_bytes)
+    {
+        return Err(Error::invalid(format!(
+            "block size {block_bytes} is not a power of two between {BLOCK_BYTES_MIN} and {BLOCK_BYTES_MAX}"
+        )));
+    }
+    let minimum = crate::format::superblock::VOLUME_BYTES_MIN;
+    if size_bytes < minimum {
+        return Err(Error::invalid(format!(
+            "volume size {size_bytes} bytes is too small; the minimum is {} MiB",
+            minimum >> 20
+        )));
+    }
+    Ok(())
+}
+
+/// Reads superblock copy A, or copy B if A is damaged. Copy B sits at block 1,
+/// whose size we learn from A; without A we try every block size.
+fn read_superblock(device: &Device) -> Result<Superblock> {
+    let sector = device.logical_block_bytes().max(SECTOR_BYTES_MIN) as usize;
+    let mut buffer = AlignedBuf::zeroed(sector);
+    if device.size_bytes() < sector as u64 {
+        return Err(Error::Corrupt(
+            "the device is too small to hold a foliofs volume".into(),
+        ));
+    }
+    device
+        .read(0, &mut buffer)
+        .context(|| "read superblock".into())?;
+    let primary_error = match Superblock::decode(&buffer) {
+        Ok(superblock) => return check_superblock_fits(device, superblock),
+        Err(error) => error,
+    };
+    let mut block_bytes = BLOCK_BYTES_MIN;
+    while block_bytes <= BLOCK_BYTES_MAX {
+        let offset = Superblock::copy_offset(block_bytes, 1);
+        if offset + sector as u64 <= device.size_bytes() && device.read(offset, &mut buffer).is_ok()
+        {
+            if let Ok(superblock) = Superblock::decode(&buffer) {
+                if superblock.block_bytes == block_bytes {
+                    tracing::warn!("superblock copy A is damaged ({primary_error}); using copy B");
+                    return check_superblock_fits(device, superblock);
+                }
+            }
+        }
+        block_bytes *= 2;
+    }
+    Err(Error::Corrupt(format!(
+        "not a foliofs volume, or both superblocks are damaged: {primary_error}"
+    )))
+}
+
+fn check_superblock_fits(device: &Device, superblock: Superblock) -> Result<Superblock> {
+    if superblock.volume_bytes() > device.size_bytes() {
+        return Err(Error::Corrupt(format!(
+            "the volume needs {} bytes but the device has only {} (truncated image?)",
+            superblock.volume_bytes(),
+            device.size_bytes()
+        )));
+    }
+    if device.logical_block_bytes() > superblock.sector_bytes {
+        return Err(Error::invalid(format!(
+            "the device's logical block size {} exceeds the volume's sector size {}",
+            device.logical_block_bytes(),
+            superblock.sector_bytes
+        )));
+    }
+    Ok(superblock)
+}
+
+/// Frees inodes that lost their last name while open when the volume stopped.
+fn free_orphans(shared: &Shared) -> Result<()> {
+    let orphans: Vec<u64> = {
+        let state = shared.meta.read();
+        let orphans: Vec<u64> = state
+            .inodes()
+            .filter(|(_, inode)| inode.attrs.nlink == 0)
+            .map(|(ino, _)| ino)
+            .collect();
+        for &ino in &orphans {
+            let inode = state.inode(ino).expect("listed");
+            if ino == ROOT_INO || inode.entries().is_some_and(|entries| !entries.is_empty()) {
+                return Err(Error::Corrupt(format!(
+                    "inode {ino} has no links but is the root or a non-empty directory"
+                )));
+            }
+        }
+        orphans
+    };
+    if orphans.is_empty() {
+        return Ok(());
+    }
+    tracing::info!("freeing {} orphaned inodes", orphans.len());
+    let (_, lsn) = shared.meta.transact(|txn| {
+        for &ino in &orphans {
+            txn.apply(Record::InodeFree { ino });
+        }
+        Ok(())
+    })?;
+    shared.meta.commit(lsn)
+}
+
+/// Commits the journal every `interval_ms` and checkpoints when it fills.
+fn spawn_background(shared: Weak<Shared>, interval_ms: u64) -> JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("foliofs-commit".into())
+        .spawn(move || loop {
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            {
+                let mut stop = shared.stop.lock();
+                if !*stop {
+                    shared
+                        .stop_signal
+                        .wait_for(&mut stop, Duration::from_millis(interval_ms));
+                }
+                if *stop {
+                    return;
+                }
+            }
+            if let Err(error) = shared
+                .meta
+                .commit_all()
+                .and_then(|()| shared.meta.checkpoint_if_due().map(|_| ()))
+            {
+                tracing::error!("background commit: {error}");
+            }
+        })
+        .expect("spawn the background committer")
+}
