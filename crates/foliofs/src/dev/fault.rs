@@ -193,14 +193,14 @@ impl FaultDev {
         state.log.clear();
     }
 
-    /// Indices `i` such that a crash right after log entry `i - 1` (that is,
-    /// with the first `i` entries issued) ends a flush epoch: every `i` where
-    /// entry `i - 1` is a flush, plus 0 and the log length.
-    pub fn flush_boundaries(&self) -> Vec<usize> {
+    /// Crash points worth testing: every `cut` (number of log entries issued)
+    /// right after something became durable (a flush or a FUA write), plus
+    /// 0 and the end of the log.
+    pub fn durability_points(&self) -> Vec<usize> {
         let state = self.state.lock();
         let mut cuts = vec![0];
         for (index, entry) in state.log.iter().enumerate() {
-            if *entry == LogEntry::Flush {
+            if matches!(entry, LogEntry::Flush | LogEntry::Write { fua: true, .. }) {
                 cuts.push(index + 1);
             }
         }
@@ -374,7 +374,7 @@ mod tests {
         write(&device, 1536, 4, 1024, false);
         let cut = device.log_len();
         assert_eq!(device.unflushed_writes(cut), vec![2, 4]);
-        assert_eq!(device.flush_boundaries(), vec![0, 2, cut]);
+        assert_eq!(device.durability_points(), vec![0, 2, 4, cut]);
         let image = device.crash_image(cut, &|_| Keep::Nothing);
         assert_eq!(image[0], 1);
         assert_eq!(image[512], 0, "unflushed write must be droppable");

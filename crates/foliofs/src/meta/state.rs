@@ -298,7 +298,12 @@ impl MetaState {
         let displaced = extents.insert(extent);
         let count_after = extents.len() as u64;
         self.adjust_extent_estimate(count_before, count_after);
-        Ok(displaced)
+        // Converting in place (Unwritten -> Written) displaces the very blocks
+        // it maps again: only what the new extent does not reuse is freed.
+        Ok(displaced
+            .iter()
+            .flat_map(|piece| outside_device_range(piece, &extent))
+            .collect())
     }
 
     fn apply_extent_unmap(
@@ -451,6 +456,35 @@ impl MetaState {
     pub fn pending_free_blocks(&self) -> u64 {
         self.pending_frees.iter().map(|(_, run)| run.count).sum()
     }
+}
+
+/// The parts of `piece` whose device blocks lie outside `kept`'s.
+fn outside_device_range(piece: &Extent, kept: &Extent) -> Vec<Extent> {
+    if piece.kind == ExtentKind::Delalloc {
+        return vec![*piece];
+    }
+    let kept_end = kept.dev_block + kept.block_count;
+    let piece_end = piece.dev_block + piece.block_count;
+    if piece_end <= kept.dev_block || kept_end <= piece.dev_block {
+        return vec![*piece];
+    }
+    let mut parts = Vec::new();
+    if piece.dev_block < kept.dev_block {
+        parts.push(Extent {
+            block_count: kept.dev_block - piece.dev_block,
+            ..*piece
+        });
+    }
+    if kept_end < piece_end {
+        let skipped = kept_end - piece.dev_block;
+        parts.push(Extent {
+            file_block: piece.file_block + skipped,
+            dev_block: kept_end,
+            block_count: piece_end - kept_end,
+            kind: piece.kind,
+        });
+    }
+    parts
 }
 
 #[cfg(test)]
@@ -628,6 +662,35 @@ mod tests {
         state.apply(&record).unwrap();
         let error = state.finish_load().unwrap_err();
         assert!(error.0.contains("mapped twice"), "{error}");
+    }
+
+    #[test]
+    fn converting_in_place_frees_nothing_and_remapping_frees_the_old_blocks() {
+        let mut state = populated();
+        state.finish_load().unwrap();
+        let convert = |dev_block| Record::ExtentMap {
+            ino: 3,
+            file_block: 1,
+            dev_block,
+            block_count: 2,
+            state: ExtentState::Unwritten,
+        };
+        assert!(
+            state.apply(&convert(201)).unwrap().is_empty(),
+            "same blocks: nothing displaced"
+        );
+        let displaced = state.apply(&convert(600)).unwrap();
+        let freed: Vec<(u64, u64)> = displaced
+            .iter()
+            .map(|e| (e.dev_block, e.block_count))
+            .collect();
+        assert_eq!(freed, vec![(201, 2)]);
+        let overlapping = state.apply(&convert(599)).unwrap();
+        let freed: Vec<(u64, u64)> = overlapping
+            .iter()
+            .map(|e| (e.dev_block, e.block_count))
+            .collect();
+        assert_eq!(freed, vec![(601, 1)]);
     }
 
     #[test]

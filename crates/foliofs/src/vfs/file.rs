@@ -187,6 +187,16 @@ impl File {
     }
 }
 
+impl std::fmt::Debug for File {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("File")
+            .field("ino", &self.ino)
+            .field("flags", &self.flags)
+            .finish()
+    }
+}
+
 impl Drop for File {
     fn drop(&mut self) {
         if let Err(error) = self.release() {

@@ -278,6 +278,10 @@ impl Volume {
     }
 
     pub fn statfs(&self) -> StatFs {
+        let durable_lsn = self.shared.meta.journal().durable_lsn();
+        self.shared
+            .meta
+            .update_memory(|state| state.release_pending_frees(durable_lsn));
         let state = self.shared.meta.read();
         StatFs {
             block_bytes: self.shared.superblock.block_bytes,

@@ -1,0 +1,68 @@
+//! Shared helpers for the integration tests: volumes on the in-memory
+//! fault-injecting device.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use foliofs::dev::{Device, FaultDev, FuaMode};
+use foliofs::vfs::MkfsOptions;
+use foliofs::{Owner, Volume, VolumeOptions};
+
+pub const ROOT: u64 = 1;
+
+pub fn options() -> VolumeOptions {
+    VolumeOptions {
+        commit_interval_ms: 0,
+        ..VolumeOptions::default()
+    }
+}
+
+pub fn owner() -> Owner {
+    Owner {
+        uid: 1000,
+        gid: 1000,
+    }
+}
+
+/// The byte every device starts filled with: blocks whose data write was lost
+/// show it, so a file exposing unwritten space cannot pass as zeros.
+pub const GARBAGE_BYTE: u8 = 0xA5;
+
+/// A freshly formatted in-memory volume and its device, which starts full of
+/// garbage rather than zeros.
+pub fn new_volume(size_bytes: u64, block_bytes: u32) -> (Arc<FaultDev>, Volume) {
+    let raw = Arc::new(FaultDev::from_image(
+        vec![GARBAGE_BYTE; size_bytes as usize],
+        512,
+    ));
+    let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
+    let mkfs = MkfsOptions {
+        block_bytes,
+        root_owner: owner(),
+    };
+    Volume::format(&device, &mkfs).expect("mkfs");
+    let volume = Volume::open_device(device, &options()).expect("open");
+    (raw, volume)
+}
+
+/// Opens a volume over a copy of `image`.
+pub fn open_image(image: Vec<u8>) -> foliofs::Result<(Arc<FaultDev>, Volume)> {
+    let raw = Arc::new(FaultDev::from_image(image, 512));
+    let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
+    let volume = Volume::open_device(device, &options())?;
+    Ok((raw, volume))
+}
+
+/// Deterministic bytes for a (file, generation) pair, so a read can tell
+/// whose data it sees.
+pub fn pattern(seed: u64, length: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..length)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect()
+}

@@ -1,0 +1,558 @@
+//! Crash recovery: random namespace and write workloads on the
+//! fault-injecting device, crashed at every point where something became
+//! durable (a flush or a FUA write), and at each such point also with random
+//! subsets and sector-torn versions of the writes not yet flushed. Every
+//! crash image must mount, pass fsck, replay the same way twice, and agree
+//! with a model of what the workload made durable.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use foliofs::dev::fault::Keep;
+use foliofs::dev::FaultDev;
+use foliofs::{InodeKind, OpenFlags, RenameFlags, Volume};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use common::{new_volume, open_image, owner, pattern, ROOT};
+
+const FILE_BYTES_MAX: u64 = 48 << 10;
+const WRITE_BYTES_MAX: usize = 12 << 10;
+
+/// What a recovered tree holds: path -> (ino, kind, content for files).
+type Tree = BTreeMap<String, (u64, InodeKind, Vec<u8>)>;
+
+/// Which byte values each offset of an inode was ever given (zero always allowed).
+#[derive(Default, Clone)]
+struct ByteHistory {
+    allowed: Vec<[u64; 4]>,
+}
+
+impl ByteHistory {
+    fn record(&mut self, pos: usize, data: &[u8]) {
+        if self.allowed.len() < pos + data.len() {
+            self.allowed.resize(pos + data.len(), [1, 0, 0, 0]);
+        }
+        for (index, &byte) in data.iter().enumerate() {
+            self.allowed[pos + index][usize::from(byte / 64)] |= 1 << (byte % 64);
+        }
+    }
+
+    fn allows(&self, pos: usize, byte: u8) -> bool {
+        byte == 0
+            || self
+                .allowed
+                .get(pos)
+                .is_some_and(|bits| bits[usize::from(byte / 64)] & (1 << (byte % 64)) != 0)
+    }
+}
+
+/// One operation of the workload, with the device log range it spanned.
+struct OpSpan {
+    log_start: usize,
+    log_end: usize,
+    description: String,
+    touched: Vec<u64>,
+    kind: SpanKind,
+}
+
+enum SpanKind {
+    Other,
+    /// fsync of `ino` completed with this content.
+    Fsync {
+        ino: u64,
+        content: Vec<u8>,
+    },
+    /// syncfs completed with this whole tree.
+    Sync(Tree),
+}
+
+struct Workload {
+    rng: ChaCha8Rng,
+    volume: Volume,
+    device: Arc<FaultDev>,
+    dirs: Vec<(String, u64)>,
+    files: BTreeMap<String, u64>,
+    contents: HashMap<u64, Vec<u8>>,
+    history: HashMap<u64, ByteHistory>,
+    sizes_seen: HashMap<u64, HashSet<u64>>,
+    spans: Vec<OpSpan>,
+    next_name: u32,
+    seed: u64,
+}
+
+impl Workload {
+    fn new(seed: u64, block_bytes: u32) -> Self {
+        let (device, volume) = new_volume(16 << 20, block_bytes);
+        device.reset_log();
+        Self {
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            volume,
+            device,
+            dirs: vec![(String::new(), ROOT)],
+            files: BTreeMap::new(),
+            contents: HashMap::new(),
+            history: HashMap::new(),
+            sizes_seen: HashMap::new(),
+            spans: Vec::new(),
+            next_name: 0,
+            seed,
+        }
+    }
+
+    fn fresh_name(&mut self) -> String {
+        self.next_name += 1;
+        format!("n{}", self.next_name)
+    }
+
+    fn pick_file(&mut self) -> Option<(String, u64)> {
+        if self.files.is_empty() {
+            return None;
+        }
+        let index = self.rng.random_range(0..self.files.len());
+        self.files
+            .iter()
+            .nth(index)
+            .map(|(path, &ino)| (path.clone(), ino))
+    }
+
+    fn run(&mut self, op_count: usize) {
+        for _ in 0..op_count {
+            let log_start = self.device.log_len();
+            let (description, touched, kind) = self.step();
+            let log_end = self.device.log_len();
+            self.spans.push(OpSpan {
+                log_start,
+                log_end,
+                description,
+                touched,
+                kind,
+            });
+        }
+    }
+
+    fn step(&mut self) -> (String, Vec<u64>, SpanKind) {
+        let choice = self.rng.random_range(0..100);
+        match (choice, self.pick_file()) {
+            (0..=14, _) | (_, None) => self.create(),
+            (15..=19, _) => self.mkdir(),
+            (20..=49, Some((path, ino))) => self.write(path, ino),
+            (50..=56, Some((path, ino))) => self.truncate(path, ino),
+            (57..=62, Some((path, ino))) => self.unlink(path, ino),
+            (63..=69, Some((path, ino))) => self.rename(path, ino),
+            (70..=74, Some((path, ino))) => self.link(path, ino),
+            (75..=91, Some((path, ino))) => self.fsync(path, ino),
+            (_, Some(_)) => self.sync(),
+        }
+    }
+
+    fn create(&mut self) -> (String, Vec<u64>, SpanKind) {
+        let (dir_path, dir) = self.dirs[self.rng.random_range(0..self.dirs.len())].clone();
+        let name = self.fresh_name();
+        let attr = self
+            .volume
+            .create(dir, name.as_bytes(), 0o644, owner())
+            .expect("create");
+        let path = format!("{dir_path}/{name}");
+        self.files.insert(path.clone(), attr.ino);
+        self.contents.insert(attr.ino, Vec::new());
+        self.history.insert(attr.ino, ByteHistory::default());
+        self.sizes_seen.insert(attr.ino, HashSet::from([0]));
+        (format!("create {path}"), vec![attr.ino], SpanKind::Other)
+    }
+
+    fn mkdir(&mut self) -> (String, Vec<u64>, SpanKind) {
+        let (dir_path, dir) = self.dirs[self.rng.random_range(0..self.dirs.len())].clone();
+        let name = self.fresh_name();
+        let attr = self
+            .volume
+            .mkdir(dir, name.as_bytes(), 0o755, owner())
+            .expect("mkdir");
+        let path = format!("{dir_path}/{name}");
+        self.dirs.push((path.clone(), attr.ino));
+        (format!("mkdir {path}"), vec![], SpanKind::Other)
+    }
+
+    fn write(&mut self, path: String, ino: u64) -> (String, Vec<u64>, SpanKind) {
+        let pos = self.rng.random_range(0..FILE_BYTES_MAX) as usize;
+        let length = self.rng.random_range(1..=WRITE_BYTES_MAX);
+        let data = pattern(self.seed ^ (self.spans.len() as u64) << 20 ^ ino, length);
+        let file = self.volume.open_file(ino, OpenFlags::WRITE).expect("open");
+        assert_eq!(file.write_at(&data, pos as u64).expect("write"), length);
+        let content = self.contents.get_mut(&ino).expect("known file");
+        if content.len() < pos + length {
+            content.resize(pos + length, 0);
+        }
+        content[pos..pos + length].copy_from_slice(&data);
+        self.history
+            .get_mut(&ino)
+            .expect("known")
+            .record(pos, &data);
+        self.sizes_seen
+            .get_mut(&ino)
+            .expect("known")
+            .insert(content.len() as u64);
+        (
+            format!("write {path} {pos}+{length}"),
+            vec![ino],
+            SpanKind::Other,
+        )
+    }
+
+    fn truncate(&mut self, path: String, ino: u64) -> (String, Vec<u64>, SpanKind) {
+        let size = self.rng.random_range(0..FILE_BYTES_MAX);
+        let file = self.volume.open_file(ino, OpenFlags::WRITE).expect("open");
+        file.set_len(size).expect("truncate");
+        self.contents
+            .get_mut(&ino)
+            .expect("known")
+            .resize(size as usize, 0);
+        self.sizes_seen.get_mut(&ino).expect("known").insert(size);
+        (
+            format!("truncate {path} {size}"),
+            vec![ino],
+            SpanKind::Other,
+        )
+    }
+
+    fn split(path: &str) -> (&str, &str) {
+        path.rsplit_once('/').expect("absolute path")
+    }
+
+    fn dir_ino(&self, dir_path: &str) -> u64 {
+        self.dirs
+            .iter()
+            .find(|(path, _)| path == dir_path)
+            .expect("known dir")
+            .1
+    }
+
+    fn unlink(&mut self, path: String, ino: u64) -> (String, Vec<u64>, SpanKind) {
+        let (dir_path, name) = Self::split(&path);
+        self.volume
+            .unlink(self.dir_ino(dir_path), name.as_bytes())
+            .expect("unlink");
+        self.files.remove(&path);
+        (format!("unlink {path}"), vec![ino], SpanKind::Other)
+    }
+
+    fn rename(&mut self, path: String, ino: u64) -> (String, Vec<u64>, SpanKind) {
+        let (dir_path, name) = Self::split(&path);
+        let (to_dir_path, to_dir) = self.dirs[self.rng.random_range(0..self.dirs.len())].clone();
+        // Half the time onto an existing file, replacing it.
+        let replace = self
+            .files
+            .keys()
+            .filter(|other| **other != path)
+            .nth(self.rng.random_range(0..4))
+            .cloned();
+        let (to_dir_path, to_dir, to_name) = match replace {
+            Some(victim) if self.rng.random_bool(0.5) => {
+                let (victim_dir, victim_name) = Self::split(&victim);
+                (
+                    victim_dir.to_string(),
+                    self.dir_ino(victim_dir),
+                    victim_name.to_string(),
+                )
+            }
+            _ => (to_dir_path, to_dir, self.fresh_name()),
+        };
+        self.volume
+            .rename(
+                self.dir_ino(dir_path),
+                name.as_bytes(),
+                to_dir,
+                to_name.as_bytes(),
+                RenameFlags::default(),
+            )
+            .expect("rename");
+        let to_path = format!("{to_dir_path}/{to_name}");
+        self.files.remove(&path);
+        let victim = self.files.insert(to_path.clone(), ino);
+        (
+            format!("rename {path} {to_path}"),
+            [Some(ino), victim].into_iter().flatten().collect(),
+            SpanKind::Other,
+        )
+    }
+
+    fn link(&mut self, path: String, ino: u64) -> (String, Vec<u64>, SpanKind) {
+        let (dir_path, dir) = self.dirs[self.rng.random_range(0..self.dirs.len())].clone();
+        let name = self.fresh_name();
+        self.volume.link(ino, dir, name.as_bytes()).expect("link");
+        let to_path = format!("{dir_path}/{name}");
+        self.files.insert(to_path.clone(), ino);
+        (format!("link {path} {to_path}"), vec![ino], SpanKind::Other)
+    }
+
+    fn fsync(&mut self, path: String, ino: u64) -> (String, Vec<u64>, SpanKind) {
+        let file = self.volume.open_file(ino, OpenFlags::READ).expect("open");
+        if self.rng.random_bool(0.5) {
+            file.fsync()
+        } else {
+            file.fdatasync()
+        }
+        .expect("fsync");
+        let content = self.contents[&ino].clone();
+        (
+            format!("fsync {path}"),
+            vec![],
+            SpanKind::Fsync { ino, content },
+        )
+    }
+
+    fn sync(&mut self) -> (String, Vec<u64>, SpanKind) {
+        self.volume.sync().expect("sync");
+        ("sync".into(), vec![], SpanKind::Sync(self.model_tree()))
+    }
+
+    fn model_tree(&self) -> Tree {
+        let mut tree = Tree::new();
+        for (path, ino) in &self.dirs {
+            if !path.is_empty() {
+                tree.insert(path.clone(), (*ino, InodeKind::Dir, Vec::new()));
+            }
+        }
+        for (path, ino) in &self.files {
+            tree.insert(
+                path.clone(),
+                (*ino, InodeKind::File, self.contents[ino].clone()),
+            );
+        }
+        tree
+    }
+}
+
+fn read_tree(volume: &Volume) -> Tree {
+    let mut tree = Tree::new();
+    let mut stack = vec![(String::new(), ROOT)];
+    while let Some((path, dir)) = stack.pop() {
+        for entry in volume.readdir(dir).expect("readdir") {
+            let child = format!("{path}/{}", String::from_utf8_lossy(&entry.name));
+            let content = match entry.kind {
+                InodeKind::File => {
+                    let size = volume.getattr(entry.ino).expect("getattr").size as usize;
+                    let mut content = vec![0u8; size];
+                    let file = volume.open_file(entry.ino, OpenFlags::READ).expect("open");
+                    assert_eq!(file.read_at(&mut content, 0).expect("read"), size);
+                    content
+                }
+                InodeKind::Dir => {
+                    stack.push((child.clone(), entry.ino));
+                    Vec::new()
+                }
+                InodeKind::Symlink => Vec::new(),
+            };
+            tree.insert(child, (entry.ino, entry.kind, content));
+        }
+    }
+    tree
+}
+
+impl Workload {
+    /// Checks one crash image; returns a description of the first violation.
+    fn check_crash(&self, cut: usize, image: Vec<u8>) -> Result<(), String> {
+        let fsck = foliofs::fsck::check(
+            open_image(image.clone())
+                .map_err(|e| e.to_string())?
+                .1
+                .device()
+                .clone(),
+        );
+        if !fsck.is_clean() {
+            return Err(format!("fsck: {:?}", fsck.problems));
+        }
+        let read_only = |image: Vec<u8>| {
+            let raw = Arc::new(FaultDev::from_image(image, 512));
+            let device = Arc::new(foliofs::dev::Device::new(
+                raw,
+                foliofs::dev::FuaMode::Native,
+            ));
+            let options = foliofs::VolumeOptions {
+                read_only: true,
+                ..common::options()
+            };
+            Volume::open_device(device, &options).map(|volume| read_tree(&volume))
+        };
+        let first = read_only(image.clone()).map_err(|error| format!("mount: {error}"))?;
+        let second = read_only(image.clone()).map_err(|error| format!("second mount: {error}"))?;
+        if first != second {
+            return Err("two replays of the same image differ".into());
+        }
+        let (_, writable) =
+            open_image(image).map_err(|error| format!("writable mount: {error}"))?;
+        if read_tree(&writable) != first {
+            return Err("the writable mount sees a different tree".into());
+        }
+        self.check_tree_against_model(cut, &first)
+    }
+
+    fn check_tree_against_model(&self, cut: usize, tree: &Tree) -> Result<(), String> {
+        for (path, (ino, kind, content)) in tree {
+            if *kind != InodeKind::File {
+                continue;
+            }
+            let history = self
+                .history
+                .get(ino)
+                .ok_or_else(|| format!("{path}: inode {ino} was never created"))?;
+            if !self.sizes_seen[ino].contains(&(content.len() as u64)) {
+                return Err(format!(
+                    "{path}: size {} was never the file's size",
+                    content.len()
+                ));
+            }
+            if let Some(pos) = (0..content.len()).find(|&pos| !history.allows(pos, content[pos])) {
+                return Err(format!(
+                    "{path}: byte {pos} = {:#04x} was never written there",
+                    content[pos]
+                ));
+            }
+        }
+        let synced = self
+            .spans
+            .iter()
+            .rev()
+            .find(|span| span.log_end <= cut && matches!(span.kind, SpanKind::Sync(_)));
+        if let Some(OpSpan {
+            log_end,
+            kind: SpanKind::Sync(expected),
+            ..
+        }) = synced
+        {
+            let later_started = self
+                .spans
+                .iter()
+                .any(|span| span.log_end > *log_end && span.log_start < cut);
+            if !later_started && tree != expected {
+                return Err(format!(
+                    "state after sync differs: {}",
+                    tree_diff(expected, tree)
+                ));
+            }
+        }
+        for (index, span) in self.spans.iter().enumerate() {
+            let SpanKind::Fsync { ino, content } = &span.kind else {
+                continue;
+            };
+            if span.log_end > cut {
+                break;
+            }
+            let modified_later = self.spans[index + 1..]
+                .iter()
+                .any(|later| later.touched.contains(ino) && later.log_start < cut);
+            if modified_later {
+                continue;
+            }
+            let found = tree.values().find(|(found_ino, _, _)| found_ino == ino);
+            match found {
+                Some((_, _, recovered)) if recovered == content => {}
+                Some((_, _, recovered)) => {
+                    return Err(format!(
+                        "{}: recovered {} bytes differ from the fsynced {}",
+                        span.description,
+                        recovered.len(),
+                        content.len()
+                    ))
+                }
+                None => return Err(format!("{}: the fsynced file is missing", span.description)),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn tree_diff(expected: &Tree, found: &Tree) -> String {
+    for (path, entry) in expected {
+        match found.get(path) {
+            None => return format!("{path} missing"),
+            Some(other) if other != entry => {
+                return format!(
+                    "{path} differs (ino {} vs {}, {} vs {} bytes)",
+                    entry.0,
+                    other.0,
+                    entry.2.len(),
+                    other.2.len()
+                )
+            }
+            _ => {}
+        }
+    }
+    let extra: Vec<&String> = found
+        .keys()
+        .filter(|path| !expected.contains_key(*path))
+        .collect();
+    format!("extra entries {extra:?}")
+}
+
+/// Runs one workload and checks every crash point; panics with the seed and
+/// the op list on the first violation.
+fn run_workload(seed: u64, block_bytes: u32, op_count: usize, variants_per_point: usize) -> usize {
+    let mut workload = Workload::new(seed, block_bytes);
+    workload.run(op_count);
+    let points = workload.device.durability_points();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(31));
+    let mut states = 0;
+    for &cut in &points {
+        let unflushed = workload.device.unflushed_writes(cut);
+        let mut variants: Vec<HashMap<usize, Keep>> = vec![HashMap::new()];
+        for _ in 0..if unflushed.is_empty() {
+            0
+        } else {
+            variants_per_point
+        } {
+            let choice = unflushed
+                .iter()
+                .map(|&index| {
+                    let keep = match rng.random_range(0..4) {
+                        0 => Keep::Nothing,
+                        1 => Keep::Sectors((0..256).map(|_| rng.random_bool(0.5)).collect()),
+                        _ => Keep::All,
+                    };
+                    (index, keep)
+                })
+                .collect();
+            variants.push(choice);
+        }
+        for variant in variants {
+            let image = workload.device.crash_image(cut, &|index| {
+                variant.get(&index).cloned().unwrap_or(Keep::Nothing)
+            });
+            if let Err(violation) = workload.check_crash(cut, image) {
+                let ops: Vec<String> = workload
+                    .spans
+                    .iter()
+                    .take_while(|span| span.log_start < cut)
+                    .map(|span| {
+                        format!(
+                            "  [{}..{}) {}",
+                            span.log_start, span.log_end, span.description
+                        )
+                    })
+                    .collect();
+                panic!(
+                    "seed {seed}, block size {block_bytes}, crash after {cut} of {} device log entries: \
+                     {violation}\nops issued before the crash:\n{}",
+                    workload.device.log_len(),
+                    ops.join("\n")
+                );
+            }
+            states += 1;
+        }
+    }
+    states
+}
+
+#[test]
+fn crash_at_every_durability_point_4k_blocks() {
+    let states: usize = (0..12).map(|seed| run_workload(seed, 4096, 40, 2)).sum();
+    assert!(states > 100, "explored only {states} crash states");
+}
+
+#[test]
+fn crash_at_every_durability_point_1k_blocks() {
+    let states: usize = (100..106).map(|seed| run_workload(seed, 1024, 40, 2)).sum();
+    assert!(states > 50, "explored only {states} crash states");
+}
