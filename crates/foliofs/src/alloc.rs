@@ -82,10 +82,7 @@ impl Allocator {
     /// space, so a failure means two files claim the same block.
     pub fn mark_used(&mut self, run: BlockRun) -> Result<(), String> {
         let outside = run.start < self.region.start_block
-            || run
-                .start
-                .checked_add(run.count)
-                .is_none_or(|end| end > self.region.end_block());
+            || run.start.checked_add(run.count).is_none_or(|end| end > self.region.end_block());
         if run.count == 0 || outside {
             return Err(format!(
                 "extent of {} blocks at {} lies outside the data region",
@@ -114,14 +111,9 @@ impl Allocator {
         if count == 0 {
             return None;
         }
-        let run = self
-            .find_near(goal, count)
-            .or_else(|| self.find_best_fit(count))?;
-        let (&free_start, &free_count) = self
-            .by_start
-            .range(..=run.start)
-            .next_back()
-            .expect("run lies in a free extent");
+        let run = self.find_near(goal, count).or_else(|| self.find_best_fit(count))?;
+        let (&free_start, &free_count) =
+            self.by_start.range(..=run.start).next_back().expect("run lies in a free extent");
         self.take(free_start, free_count, run);
         self.cursor = run.start + run.count;
         // The caller's own reservation is used up first.
@@ -148,13 +140,7 @@ impl Allocator {
             return Some(BlockRun { start, count });
         }
         // Nothing long enough: the longest free extent, a partial allocation.
-        self.by_length
-            .iter()
-            .next_back()
-            .map(|&(length, start)| BlockRun {
-                start,
-                count: length,
-            })
+        self.by_length.iter().next_back().map(|&(length, start)| BlockRun { start, count: length })
     }
 
     /// Removes `run` from the free extent `[free_start, free_start + free_count)`.
@@ -181,10 +167,7 @@ impl Allocator {
         let mut start = run.start;
         let mut count = run.count;
         if let Some((&left_start, &left_count)) = self.by_start.range(..start).next_back() {
-            assert!(
-                left_start + left_count <= start,
-                "double free of block {start}"
-            );
+            assert!(left_start + left_count <= start, "double free of block {start}");
             if left_start + left_count == start {
                 self.remove_free(left_start, left_count);
                 start = left_start;
@@ -192,10 +175,7 @@ impl Allocator {
             }
         }
         if let Some((&right_start, &right_count)) = self.by_start.range(start..).next() {
-            assert!(
-                run.start + run.count <= right_start,
-                "double free of block {right_start}"
-            );
+            assert!(run.start + run.count <= right_start, "double free of block {right_start}");
             if run.start + run.count == right_start {
                 self.remove_free(right_start, right_count);
                 count += right_count;
@@ -214,10 +194,7 @@ impl Allocator {
     }
 
     pub fn unreserve(&mut self, count: u64) {
-        assert!(
-            count <= self.reserved_blocks,
-            "unreserving more than reserved"
-        );
+        assert!(count <= self.reserved_blocks, "unreserving more than reserved");
         self.reserved_blocks -= count;
     }
 
@@ -237,9 +214,7 @@ impl Allocator {
 
     /// The free extents in block order (for fsck and tests).
     pub fn free_runs(&self) -> impl Iterator<Item = BlockRun> + '_ {
-        self.by_start
-            .iter()
-            .map(|(&start, &count)| BlockRun { start, count })
+        self.by_start.iter().map(|(&start, &count)| BlockRun { start, count })
     }
 }
 
@@ -248,23 +223,14 @@ mod tests {
     use super::*;
 
     fn allocator() -> Allocator {
-        Allocator::new(Region {
-            start_block: 100,
-            block_count: 1000,
-        })
+        Allocator::new(Region { start_block: 100, block_count: 1000 })
     }
 
     #[test]
     fn allocates_at_goal_and_merges_on_free() {
         let mut allocator = allocator();
         let run = allocator.allocate(500, 10, 0).unwrap();
-        assert_eq!(
-            run,
-            BlockRun {
-                start: 500,
-                count: 10
-            }
-        );
+        assert_eq!(run, BlockRun { start: 500, count: 10 });
         assert_eq!(allocator.free_blocks(), 990);
         assert_eq!(allocator.free_extent_count(), 2);
         let next = allocator.allocate(500, 10, 0).unwrap();
@@ -278,89 +244,26 @@ mod tests {
     #[test]
     fn falls_back_to_best_fit_then_partial() {
         let mut allocator = allocator();
-        allocator
-            .mark_used(BlockRun {
-                start: 100,
-                count: 1000,
-            })
-            .unwrap();
-        allocator.free(BlockRun {
-            start: 200,
-            count: 5,
-        });
-        allocator.free(BlockRun {
-            start: 300,
-            count: 20,
-        });
-        allocator.free(BlockRun {
-            start: 400,
-            count: 8,
-        });
-        assert_eq!(
-            allocator.allocate(350, 7, 0),
-            Some(BlockRun {
-                start: 400,
-                count: 7
-            })
-        );
-        assert_eq!(
-            allocator.allocate(0, 50, 0),
-            Some(BlockRun {
-                start: 300,
-                count: 20
-            })
-        );
-        assert_eq!(
-            allocator.allocate(0, 50, 0),
-            Some(BlockRun {
-                start: 200,
-                count: 5
-            })
-        );
-        assert_eq!(
-            allocator.allocate(0, 50, 0),
-            Some(BlockRun {
-                start: 407,
-                count: 1
-            })
-        );
+        allocator.mark_used(BlockRun { start: 100, count: 1000 }).unwrap();
+        allocator.free(BlockRun { start: 200, count: 5 });
+        allocator.free(BlockRun { start: 300, count: 20 });
+        allocator.free(BlockRun { start: 400, count: 8 });
+        assert_eq!(allocator.allocate(350, 7, 0), Some(BlockRun { start: 400, count: 7 }));
+        assert_eq!(allocator.allocate(0, 50, 0), Some(BlockRun { start: 300, count: 20 }));
+        assert_eq!(allocator.allocate(0, 50, 0), Some(BlockRun { start: 200, count: 5 }));
+        assert_eq!(allocator.allocate(0, 50, 0), Some(BlockRun { start: 407, count: 1 }));
         assert_eq!(allocator.allocate(0, 1, 0), None);
     }
 
     #[test]
     fn mark_used_detects_double_mapping_and_out_of_region() {
         let mut allocator = allocator();
-        allocator
-            .mark_used(BlockRun {
-                start: 150,
-                count: 10,
-            })
-            .unwrap();
-        let error = allocator
-            .mark_used(BlockRun {
-                start: 155,
-                count: 10,
-            })
-            .unwrap_err();
+        allocator.mark_used(BlockRun { start: 150, count: 10 }).unwrap();
+        let error = allocator.mark_used(BlockRun { start: 155, count: 10 }).unwrap_err();
         assert!(error.contains("155"), "{error}");
-        assert!(allocator
-            .mark_used(BlockRun {
-                start: 50,
-                count: 1
-            })
-            .is_err());
-        assert!(allocator
-            .mark_used(BlockRun {
-                start: 1099,
-                count: 2
-            })
-            .is_err());
-        assert!(allocator
-            .mark_used(BlockRun {
-                start: u64::MAX,
-                count: 2
-            })
-            .is_err());
+        assert!(allocator.mark_used(BlockRun { start: 50, count: 1 }).is_err());
+        assert!(allocator.mark_used(BlockRun { start: 1099, count: 2 }).is_err());
+        assert!(allocator.mark_used(BlockRun { start: u64::MAX, count: 2 }).is_err());
     }
 
     #[test]
@@ -380,9 +283,6 @@ mod tests {
     #[should_panic(expected = "double free")]
     fn double_free_is_a_bug() {
         let mut allocator = allocator();
-        allocator.free(BlockRun {
-            start: 150,
-            count: 1,
-        });
+        allocator.free(BlockRun { start: 150, count: 1 });
     }
 }

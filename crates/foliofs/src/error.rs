@@ -65,10 +65,7 @@ impl Error {
     }
 
     pub fn io(context: impl Into<String>, source: io::Error) -> Self {
-        Error::Io {
-            context: context.into(),
-            source,
-        }
+        Error::Io { context: context.into(), source }
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {

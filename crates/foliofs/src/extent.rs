@@ -130,17 +130,12 @@ impl ExtentMap {
             }
         }
         let next_start = self.extents.range(file_block..).next().map(|(&key, _)| key);
-        Lookup::Hole {
-            block_count: next_start.unwrap_or(u64::MAX) - file_block,
-        }
+        Lookup::Hole { block_count: next_start.unwrap_or(u64::MAX) - file_block }
     }
 
     /// The block after the last mapped block (0 when empty).
     pub fn end_block(&self) -> u64 {
-        self.extents
-            .values()
-            .next_back()
-            .map_or(0, Extent::file_end)
+        self.extents.values().next_back().map_or(0, Extent::file_end)
     }
 
     /// Maps `extent`, replacing what covered its range. Returns the displaced
@@ -151,10 +146,7 @@ impl ExtentMap {
         let mut merged = extent;
         if let Some((&key, left)) = self.extents.range(..merged.file_block).next_back() {
             if left.continues(&merged) {
-                merged = Extent {
-                    block_count: left.block_count + merged.block_count,
-                    ..*left
-                };
+                merged = Extent { block_count: left.block_count + merged.block_count, ..*left };
                 self.extents.remove(&key);
             }
         }
@@ -173,14 +165,8 @@ impl ExtentMap {
         let end = file_block.saturating_add(block_count);
         self.split_at(file_block);
         self.split_at(end);
-        let keys: Vec<u64> = self
-            .extents
-            .range(file_block..end)
-            .map(|(&key, _)| key)
-            .collect();
-        keys.into_iter()
-            .filter_map(|key| self.extents.remove(&key))
-            .collect()
+        let keys: Vec<u64> = self.extents.range(file_block..end).map(|(&key, _)| key).collect();
+        keys.into_iter().filter_map(|key| self.extents.remove(&key)).collect()
     }
 
     /// Ensures no extent straddles `file_block`.
@@ -192,9 +178,7 @@ impl ExtentMap {
             return;
         }
         let left = extent.clip(key, file_block).expect("non-empty left part");
-        let right = extent
-            .clip(file_block, extent.file_end())
-            .expect("non-empty right part");
+        let right = extent.clip(file_block, extent.file_end()).expect("non-empty right part");
         self.extents.insert(left.file_block, left);
         self.extents.insert(right.file_block, right);
     }
@@ -205,12 +189,7 @@ mod tests {
     use super::*;
 
     fn written(file_block: u64, block_count: u64, dev_block: u64) -> Extent {
-        Extent {
-            file_block,
-            block_count,
-            dev_block,
-            kind: ExtentKind::Written,
-        }
+        Extent { file_block, block_count, dev_block, kind: ExtentKind::Written }
     }
 
     #[test]
@@ -219,20 +198,14 @@ mod tests {
         assert!(map.insert(written(0, 4, 100)).is_empty());
         assert!(map.insert(written(4, 4, 104)).is_empty());
         assert_eq!(map.len(), 1, "contiguous in file and device: merged");
-        let displaced = map.insert(Extent {
-            kind: ExtentKind::Unwritten,
-            ..written(2, 2, 500)
-        });
+        let displaced = map.insert(Extent { kind: ExtentKind::Unwritten, ..written(2, 2, 500) });
         assert_eq!(displaced, vec![written(2, 2, 102)]);
         let extents: Vec<Extent> = map.iter().copied().collect();
         assert_eq!(
             extents,
             vec![
                 written(0, 2, 100),
-                Extent {
-                    kind: ExtentKind::Unwritten,
-                    ..written(2, 2, 500)
-                },
+                Extent { kind: ExtentKind::Unwritten, ..written(2, 2, 500) },
                 written(4, 4, 104),
             ]
         );
@@ -244,12 +217,7 @@ mod tests {
         map.insert(written(10, 5, 100));
         assert_eq!(map.lookup(3), Lookup::Hole { block_count: 7 });
         assert_eq!(map.lookup(12), Lookup::Mapped(written(12, 3, 102)));
-        assert_eq!(
-            map.lookup(15),
-            Lookup::Hole {
-                block_count: u64::MAX - 15
-            }
-        );
+        assert_eq!(map.lookup(15), Lookup::Hole { block_count: u64::MAX - 15 });
         assert_eq!(map.end_block(), 15);
     }
 

@@ -38,17 +38,12 @@ impl FsckReport {
 pub fn check(device: Arc<Device>) -> FsckReport {
     let mut report = FsckReport::default();
     check_superblock_copies(&device, &mut report);
-    let options = VolumeOptions {
-        read_only: true,
-        commit_interval_ms: 0,
-        ..VolumeOptions::default()
-    };
+    let options =
+        VolumeOptions { read_only: true, commit_interval_ms: 0, ..VolumeOptions::default() };
     let volume = match Volume::open_device(device, &options) {
         Ok(volume) => volume,
         Err(error) => {
-            report
-                .problems
-                .push(format!("cannot load the volume: {error}"));
+            report.problems.push(format!("cannot load the volume: {error}"));
             return report;
         }
     };
@@ -78,20 +73,15 @@ fn check_superblock_copies(device: &Device, report: &mut FsckReport) {
         _ => block_sizes.collect(),
     };
     let copy_b = block_bytes.into_iter().find_map(|size| {
-        read_at(Superblock::copy_offset(size, 1), &mut buffer).filter(|result| {
-            result
-                .as_ref()
-                .is_ok_and(|superblock| superblock.block_bytes == size)
-        })
+        read_at(Superblock::copy_offset(size, 1), &mut buffer)
+            .filter(|result| result.as_ref().is_ok_and(|superblock| superblock.block_bytes == size))
     });
     match (copy_a, copy_b) {
         (Some(Ok(a)), Some(Ok(b))) if a != b => {
             report.problems.push("superblock copies differ".into())
         }
         (Some(Ok(_)), Some(Ok(_))) => {}
-        (Some(Ok(_)), _) => report
-            .problems
-            .push("superblock copy B is missing or damaged".into()),
+        (Some(Ok(_)), _) => report.problems.push("superblock copy B is missing or damaged".into()),
         (Some(Err(error)), Some(Ok(_))) => {
             report.problems.push(format!("superblock copy A: {error}"))
         }
@@ -112,9 +102,7 @@ fn check_tree(state: &MetaState, report: &mut FsckReport) {
         return;
     };
     if root.attrs.kind != InodeKind::Dir || root.attrs.parent != ROOT_INO {
-        report
-            .problems
-            .push("the root is not a directory that is its own parent".into());
+        report.problems.push("the root is not a directory that is its own parent".into());
     }
     let mut references: HashMap<u64, Vec<u64>> = HashMap::new();
     for (dir, inode) in state.inodes() {
@@ -124,9 +112,9 @@ fn check_tree(state: &MetaState, report: &mut FsckReport) {
         for (name, &target) in entries {
             if state.inode(target).is_none() {
                 let name = String::from_utf8_lossy(name);
-                report.problems.push(format!(
-                    "directory {dir}: entry {name:?} names missing inode {target}"
-                ));
+                report
+                    .problems
+                    .push(format!("directory {dir}: entry {name:?} names missing inode {target}"));
             }
             references.entry(target).or_default().push(dir);
         }
@@ -174,9 +162,7 @@ fn check_links(ino: u64, nlink: u32, names: usize, report: &mut FsckReport) {
             "inode {ino} is an orphan (unlinked while open); the next mount frees it"
         ));
     } else if nlink as usize != names {
-        report.problems.push(format!(
-            "inode {ino} has link count {nlink} but {names} names"
-        ));
+        report.problems.push(format!("inode {ino} has link count {nlink} but {names} names"));
     }
 }
 
@@ -204,16 +190,13 @@ fn check_dir(
     let subdirs = entries
         .values()
         .filter(|&&child| {
-            state
-                .inode(child)
-                .is_some_and(|inode| inode.attrs.kind == InodeKind::Dir)
+            state.inode(child).is_some_and(|inode| inode.attrs.kind == InodeKind::Dir)
         })
         .count();
     if nlink as usize != 2 + subdirs {
-        report.problems.push(format!(
-            "directory {ino} has link count {nlink}, expected {}",
-            2 + subdirs
-        ));
+        report
+            .problems
+            .push(format!("directory {ino} has link count {nlink}, expected {}", 2 + subdirs));
     }
 }
 
@@ -230,13 +213,11 @@ fn check_reachable(state: &MetaState, report: &mut FsckReport) {
             }
         }
     }
-    let unreachable = state
-        .inodes()
-        .filter(|(ino, inode)| !seen.contains(ino) && inode.attrs.nlink > 0)
-        .count();
+    let unreachable =
+        state.inodes().filter(|(ino, inode)| !seen.contains(ino) && inode.attrs.nlink > 0).count();
     if unreachable > 0 {
-        report.problems.push(format!(
-            "{unreachable} linked inodes are not reachable from the root"
-        ));
+        report
+            .problems
+            .push(format!("{unreachable} linked inodes are not reachable from the root"));
     }
 }

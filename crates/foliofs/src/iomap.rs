@@ -73,12 +73,9 @@ pub fn begin(
     let wanted_blocks = end_block - first_block;
     let looked_up = {
         let state = meta.read();
-        let inode = state
-            .inode(ino)
-            .ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
-        let extents = inode
-            .extents()
-            .ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
+        let inode =
+            state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+        let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
         extents.lookup(first_block)
     };
     let mapping = match looked_up {
@@ -89,11 +86,8 @@ pub fn begin(
                 ExtentKind::Written => MapKind::Written,
             };
             let block_count = extent.block_count.min(wanted_blocks);
-            let dev_offset = if kind == MapKind::Delalloc {
-                0
-            } else {
-                extent.dev_block * block_bytes
-            };
+            let dev_offset =
+                if kind == MapKind::Delalloc { 0 } else { extent.dev_block * block_bytes };
             Mapping {
                 kind,
                 offset: first_block * block_bytes,
@@ -140,13 +134,9 @@ fn allocate_unwritten(
         if wanted == 0 {
             return Err(Error::invalid("the range was mapped concurrently; retry"));
         }
-        let run = txn
-            .state_mut()
-            .alloc
-            .allocate(goal, wanted, 0)
-            .ok_or_else(|| {
-                Error::NoSpace(format!("no free blocks for {wanted} blocks of inode {ino}"))
-            })?;
+        let run = txn.state_mut().alloc.allocate(goal, wanted, 0).ok_or_else(|| {
+            Error::NoSpace(format!("no free blocks for {wanted} blocks of inode {ino}"))
+        })?;
         txn.apply(Record::ExtentMap {
             ino,
             file_block,
@@ -163,23 +153,14 @@ fn allocate_unwritten(
 /// a file written in order is laid out in order. Returns the goal and the
 /// length of the hole at `file_block`.
 fn allocation_goal(txn: &Txn<'_>, ino: u64, file_block: u64) -> Result<(u64, u64)> {
-    let inode = txn
-        .state()
-        .inode(ino)
-        .ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
-    let extents = inode
-        .extents()
-        .ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
-    let Lookup::Hole {
-        block_count: hole_blocks,
-    } = extents.lookup(file_block)
-    else {
+    let inode =
+        txn.state().inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+    let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
+    let Lookup::Hole { block_count: hole_blocks } = extents.lookup(file_block) else {
         return Ok((0, 0));
     };
-    let previous = extents
-        .range(0, file_block)
-        .filter(|extent| extent.kind != ExtentKind::Delalloc)
-        .last();
+    let previous =
+        extents.range(0, file_block).filter(|extent| extent.kind != ExtentKind::Delalloc).last();
     let goal = match previous {
         Some(extent) => extent.dev_block + extent.block_count + (file_block - extent.file_end()),
         None => txn.state().alloc.cursor(),

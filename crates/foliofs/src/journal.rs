@@ -49,9 +49,7 @@ impl JournalGeometry {
             sector_bytes: superblock.sector_bytes,
             journal_offset: superblock.journal.start_block * block,
             journal_bytes: superblock.journal.block_count * block,
-            slot_offsets: superblock
-                .checkpoint_slots
-                .map(|slot| slot.start_block * block),
+            slot_offsets: superblock.checkpoint_slots.map(|slot| slot.start_block * block),
             slot_bytes: superblock.checkpoint_slots[0].block_count * block,
         }
     }
@@ -148,12 +146,7 @@ impl Journal {
             checkpoint_generation: position.checkpoint_generation,
             failed: None,
         };
-        Self {
-            device,
-            geometry,
-            inner: Mutex::new(inner),
-            commit_finished: Condvar::new(),
-        }
+        Self { device, geometry, inner: Mutex::new(inner), commit_finished: Condvar::new() }
     }
 
     pub fn geometry(&self) -> &JournalGeometry {
@@ -223,10 +216,7 @@ impl Journal {
                 self.commit_finished.wait(&mut inner);
                 continue;
             }
-            assert!(
-                lsn < inner.next_lsn,
-                "committing lsn {lsn}, which was never appended"
-            );
+            assert!(lsn < inner.next_lsn, "committing lsn {lsn}, which was never appended");
             self.lead_one_group(&mut inner)?;
         }
     }
@@ -310,13 +300,9 @@ impl Journal {
     /// Flush first if plain writes are outstanding (their data may be what
     /// the records describe), then write with FUA.
     fn write_durably(&self, device_offset: u64, bytes: &[u8], what: &str) -> Result<()> {
-        self.device
-            .flush_if_needed()
-            .context(|| format!("flush before {what}"))?;
+        self.device.flush_if_needed().context(|| format!("flush before {what}"))?;
         let buffer = AlignedBuf::from_slice(bytes);
-        self.device
-            .write(device_offset, &buffer, true)
-            .context(|| format!("write {what}"))
+        self.device.write(device_offset, &buffer, true).context(|| format!("write {what}"))
     }
 
     /// The replay point of a checkpoint taken now. The caller must hold the
@@ -362,10 +348,8 @@ impl Journal {
             payload_crc: crc32c::crc32c(payload),
         };
         let header_area = self.geometry.header_area_bytes();
-        let total = align_up(
-            (header_area + payload.len()) as u64,
-            u64::from(self.geometry.sector_bytes),
-        );
+        let total =
+            align_up((header_area + payload.len()) as u64, u64::from(self.geometry.sector_bytes));
         let mut bytes = AlignedBuf::zeroed(total as usize);
         bytes[..HEADER_BYTES].copy_from_slice(&header.encode());
         bytes[header_area..header_area + payload.len()].copy_from_slice(payload);
@@ -448,14 +432,10 @@ fn read_checkpoint_slot(
 ) -> Result<(CheckpointHeader, Vec<Record>)> {
     let header_area = geometry.header_area_bytes();
     let mut header_bytes = AlignedBuf::zeroed(header_area);
-    device
-        .read(slot_offset, &mut header_bytes)
-        .context(|| "read checkpoint header".into())?;
+    device.read(slot_offset, &mut header_bytes).context(|| "read checkpoint header".into())?;
     let header = CheckpointHeader::decode(&header_bytes, geometry.slot_payload_bytes_max())?;
     if header.uuid != geometry.uuid {
-        return Err(Error::Corrupt(
-            "checkpoint belongs to another volume (uuid differs)".into(),
-        ));
+        return Err(Error::Corrupt("checkpoint belongs to another volume (uuid differs)".into()));
     }
     let payload_stored = align_up(header.payload_bytes, u64::from(geometry.sector_bytes));
     let mut payload = AlignedBuf::zeroed(payload_stored as usize);
@@ -546,10 +526,7 @@ impl<'a> GroupReader<'a> {
             return Ok(None);
         };
         let records = decode_all(payload, header.record_count).map_err(|error| {
-            Error::Corrupt(format!(
-                "journal group {} has a valid checksum but {error}",
-                header.seq
-            ))
+            Error::Corrupt(format!("journal group {} has a valid checksum but {error}", header.seq))
         })?;
         self.head = virtual_offset + stored;
         self.expected_seq += 1;
@@ -579,13 +556,8 @@ pub fn write_initial_checkpoint(
     payload: &[u8],
     record_count: u64,
 ) -> Result<()> {
-    let position = JournalPosition {
-        head: 0,
-        tail: 0,
-        next_seq: 1,
-        next_lsn: 1,
-        checkpoint_generation: 0,
-    };
+    let position =
+        JournalPosition { head: 0, tail: 0, next_seq: 1, next_lsn: 1, checkpoint_generation: 0 };
     let journal = Journal::new(Arc::clone(device), geometry.clone(), position);
     journal.write_checkpoint(journal.replay_point(), next_ino, payload, record_count)
 }

@@ -7,30 +7,12 @@ use crate::error::{Error, Result};
 /// Every option key with a one-line description; the error for an unknown
 /// key lists these.
 pub const OPTION_KEYS: &[(&str, &str)] = &[
-    (
-        "engine",
-        "I/O backend: sync | threads | uring (default uring)",
-    ),
-    (
-        "fua",
-        "durable writes: native (RWF_DSYNC) | emulate (write + flush) (default native)",
-    ),
-    (
-        "direct",
-        "open the backing file with O_DIRECT: on | off (default on)",
-    ),
-    (
-        "ro",
-        "read-only: refuse every change (flag; also ro=on|off)",
-    ),
-    (
-        "commit_interval_ms",
-        "background journal commit interval, 0 = only on fsync (default 5000)",
-    ),
-    (
-        "io_threads",
-        "worker threads of the threads engine (default 8)",
-    ),
+    ("engine", "I/O backend: sync | threads | uring (default uring)"),
+    ("fua", "durable writes: native (RWF_DSYNC) | emulate (write + flush) (default native)"),
+    ("direct", "open the backing file with O_DIRECT: on | off (default on)"),
+    ("ro", "read-only: refuse every change (flag; also ro=on|off)"),
+    ("commit_interval_ms", "background journal commit interval, 0 = only on fsync (default 5000)"),
+    ("io_threads", "worker threads of the threads engine (default 8)"),
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,11 +47,7 @@ impl VolumeOptions {
     }
 
     pub fn apply_list(&mut self, list: &str) -> Result<()> {
-        for item in list
-            .split(',')
-            .map(str::trim)
-            .filter(|item| !item.is_empty())
-        {
+        for item in list.split(',').map(str::trim).filter(|item| !item.is_empty()) {
             match item.split_once('=') {
                 Some((key, value)) => self.set(key.trim(), value.trim())?,
                 None => self.set(item, "on")?,
@@ -136,16 +114,10 @@ pub fn parse_size(text: &str) -> Result<u64> {
             "bad size {text:?}: expected a number with an optional k/M/G/T suffix"
         ))
     };
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, suffix) = text.split_at(split);
     let number: u64 = digits.parse().map_err(|_| bad())?;
-    let shift = match suffix
-        .to_ascii_lowercase()
-        .trim_end_matches("ib")
-        .trim_end_matches('b')
-    {
+    let shift = match suffix.to_ascii_lowercase().trim_end_matches("ib").trim_end_matches('b') {
         "" => 0,
         "k" => 10,
         "m" => 20,
@@ -169,14 +141,8 @@ mod tests {
         assert!(options.read_only);
         assert_eq!(options.commit_interval_ms, 0);
         let error = VolumeOptions::parse("engine=sync,bogus=1").unwrap_err();
-        assert!(
-            error.to_string().contains("unknown option \"bogus\""),
-            "{error}"
-        );
-        assert!(
-            error.to_string().contains("engine"),
-            "lists the supported keys: {error}"
-        );
+        assert!(error.to_string().contains("unknown option \"bogus\""), "{error}");
+        assert!(error.to_string().contains("engine"), "lists the supported keys: {error}");
         let error = VolumeOptions::parse("fua=sometimes").unwrap_err();
         assert!(error.to_string().contains("fua=sometimes"), "{error}");
         assert_eq!(error.errno(), libc::EINVAL);

@@ -34,9 +34,8 @@ impl DataPath<'_> {
 
     fn size_of(&self, ino: u64) -> Result<u64> {
         let state = self.meta.read();
-        let inode = state
-            .inode(ino)
-            .ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+        let inode =
+            state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
         Ok(inode.size)
     }
 
@@ -51,14 +50,8 @@ impl DataPath<'_> {
         while done < total {
             let piece_pos = pos + done;
             let piece_len = (total - done).min(PIECE_BYTES_MAX);
-            let mapping = iomap::begin(
-                self.meta,
-                ino,
-                piece_pos,
-                piece_len,
-                Intent::Read,
-                self.block_bytes,
-            )?;
+            let mapping =
+                iomap::begin(self.meta, ino, piece_pos, piece_len, Intent::Read, self.block_bytes)?;
             let piece_end = (piece_pos + piece_len).min(mapping.end());
             let out = &mut buffer[done as usize..(done + piece_end - piece_pos) as usize];
             if mapping.reads_as_zeros() {
@@ -89,8 +82,7 @@ impl DataPath<'_> {
     /// pieces completed returns the completed count.
     pub fn write(&self, ino: u64, data: &[u8], pos: u64) -> Result<usize> {
         let total = data.len() as u64;
-        pos.checked_add(total)
-            .ok_or_else(|| Error::FileTooLarge(format!("inode {ino}")))?;
+        pos.checked_add(total).ok_or_else(|| Error::FileTooLarge(format!("inode {ino}")))?;
         let mut done = 0u64;
         while done < total {
             let piece_pos = pos + done;
@@ -110,18 +102,9 @@ impl DataPath<'_> {
 
     /// Writes as much of `piece` as the first mapping at `pos` covers.
     fn write_piece(&self, ino: u64, piece: &[u8], pos: u64) -> Result<u64> {
-        let mapping = iomap::begin(
-            self.meta,
-            ino,
-            pos,
-            piece.len() as u64,
-            Intent::Write,
-            self.block_bytes,
-        )?;
-        assert!(matches!(
-            mapping.kind,
-            MapKind::Written | MapKind::Unwritten
-        ));
+        let mapping =
+            iomap::begin(self.meta, ino, pos, piece.len() as u64, Intent::Write, self.block_bytes)?;
+        assert!(matches!(mapping.kind, MapKind::Written | MapKind::Unwritten));
         let data_end = (pos + piece.len() as u64).min(mapping.end());
         let io_start = self.align_down(pos);
         let io_end = self.align_up(data_end);
@@ -137,20 +120,12 @@ impl DataPath<'_> {
         let result = self.device.write(dev_offset, &bounce, false);
         if let Err(error) = result {
             iomap::end_write(self.meta, ino, &mapping, 0, self.block_bytes, |_| {})?;
-            return Err(Error::io(
-                format!("write at device offset {dev_offset}"),
-                error,
-            ));
+            return Err(Error::io(format!("write at device offset {dev_offset}"), error));
         }
         let completed = io_end - io_start;
-        iomap::end_write(
-            self.meta,
-            ino,
-            &mapping,
-            completed,
-            self.block_bytes,
-            |txn| note_write(txn, ino, data_end),
-        )?;
+        iomap::end_write(self.meta, ino, &mapping, completed, self.block_bytes, |txn| {
+            note_write(txn, ino, data_end)
+        })?;
         Ok(written as u64)
     }
 
@@ -214,9 +189,8 @@ impl DataPath<'_> {
         let (_, lsn) = self.meta.transact(|txn| {
             let now = Timestamp::now();
             let state = txn.state();
-            let inode = state
-                .inode(ino)
-                .ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+            let inode =
+                state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
             let mapped_end = inode.extents().map_or(0, |extents| extents.end_block());
             let mut attrs = inode.attrs;
             attrs.size = new_size;

@@ -16,10 +16,17 @@ use foliofs::{InodeKind, OpenFlags, RenameFlags, Volume};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use common::{new_volume, open_image, owner, pattern, ROOT};
+use common::{new_volume_with_journal, open_image, owner, pattern, ROOT};
 
 const FILE_BYTES_MAX: u64 = 48 << 10;
 const WRITE_BYTES_MAX: usize = 12 << 10;
+const VOLUME_BYTES: u64 = 8 << 20;
+/// A small journal wraps and fills within one workload, so checkpoints and
+/// replay across the wrap are exercised.
+const JOURNAL_BYTES: u64 = 64 << 10;
+/// Data written before the workload so that little space is left and freed
+/// blocks are soon reused: a block's old owner must never see its new data.
+const BALLAST_BYTES: usize = 5 << 20;
 
 /// What a recovered tree holds: path -> (ino, kind, content for files).
 type Tree = BTreeMap<String, (u64, InodeKind, Vec<u8>)>;
@@ -85,9 +92,8 @@ struct Workload {
 
 impl Workload {
     fn new(seed: u64, block_bytes: u32) -> Self {
-        let (device, volume) = new_volume(16 << 20, block_bytes);
-        device.reset_log();
-        Self {
+        let (device, volume) = new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(JOURNAL_BYTES));
+        let mut workload = Self {
             rng: ChaCha8Rng::seed_from_u64(seed),
             volume,
             device,
@@ -99,7 +105,24 @@ impl Workload {
             spans: Vec::new(),
             next_name: 0,
             seed,
-        }
+        };
+        workload.write_ballast();
+        workload
+    }
+
+    fn write_ballast(&mut self) {
+        let attr = self.volume.create(ROOT, b"ballast", 0o644, owner()).expect("create");
+        let data = pattern(self.seed ^ 0xBA11A57, BALLAST_BYTES);
+        let file = self.volume.open_file(attr.ino, OpenFlags::WRITE).expect("open");
+        assert_eq!(file.write_at(&data, 0).expect("ballast"), data.len());
+        self.volume.sync().expect("sync");
+        self.files.insert("/ballast".into(), attr.ino);
+        let mut history = ByteHistory::default();
+        history.record(0, &data);
+        self.history.insert(attr.ino, history);
+        self.sizes_seen.insert(attr.ino, HashSet::from([0, data.len() as u64]));
+        self.contents.insert(attr.ino, data);
+        self.device.reset_log();
     }
 
     fn fresh_name(&mut self) -> String {
@@ -112,10 +135,7 @@ impl Workload {
             return None;
         }
         let index = self.rng.random_range(0..self.files.len());
-        self.files
-            .iter()
-            .nth(index)
-            .map(|(path, &ino)| (path.clone(), ino))
+        self.files.iter().nth(index).map(|(path, &ino)| (path.clone(), ino))
     }
 
     fn run(&mut self, op_count: usize) {
@@ -123,13 +143,7 @@ impl Workload {
             let log_start = self.device.log_len();
             let (description, touched, kind) = self.step();
             let log_end = self.device.log_len();
-            self.spans.push(OpSpan {
-                log_start,
-                log_end,
-                description,
-                touched,
-                kind,
-            });
+            self.spans.push(OpSpan { log_start, log_end, description, touched, kind });
         }
     }
 
@@ -143,7 +157,8 @@ impl Workload {
             (57..=62, Some((path, ino))) => self.unlink(path, ino),
             (63..=69, Some((path, ino))) => self.rename(path, ino),
             (70..=74, Some((path, ino))) => self.link(path, ino),
-            (75..=91, Some((path, ino))) => self.fsync(path, ino),
+            (75..=89, Some((path, ino))) => self.fsync(path, ino),
+            (90..=93, Some(_)) => self.checkpoint(),
             (_, Some(_)) => self.sync(),
         }
     }
@@ -151,10 +166,7 @@ impl Workload {
     fn create(&mut self) -> (String, Vec<u64>, SpanKind) {
         let (dir_path, dir) = self.dirs[self.rng.random_range(0..self.dirs.len())].clone();
         let name = self.fresh_name();
-        let attr = self
-            .volume
-            .create(dir, name.as_bytes(), 0o644, owner())
-            .expect("create");
+        let attr = self.volume.create(dir, name.as_bytes(), 0o644, owner()).expect("create");
         let path = format!("{dir_path}/{name}");
         self.files.insert(path.clone(), attr.ino);
         self.contents.insert(attr.ino, Vec::new());
@@ -166,10 +178,7 @@ impl Workload {
     fn mkdir(&mut self) -> (String, Vec<u64>, SpanKind) {
         let (dir_path, dir) = self.dirs[self.rng.random_range(0..self.dirs.len())].clone();
         let name = self.fresh_name();
-        let attr = self
-            .volume
-            .mkdir(dir, name.as_bytes(), 0o755, owner())
-            .expect("mkdir");
+        let attr = self.volume.mkdir(dir, name.as_bytes(), 0o755, owner()).expect("mkdir");
         let path = format!("{dir_path}/{name}");
         self.dirs.push((path.clone(), attr.ino));
         (format!("mkdir {path}"), vec![], SpanKind::Other)
@@ -180,41 +189,29 @@ impl Workload {
         let length = self.rng.random_range(1..=WRITE_BYTES_MAX);
         let data = pattern(self.seed ^ (self.spans.len() as u64) << 20 ^ ino, length);
         let file = self.volume.open_file(ino, OpenFlags::WRITE).expect("open");
-        assert_eq!(file.write_at(&data, pos as u64).expect("write"), length);
+        let written = match file.write_at(&data, pos as u64) {
+            Ok(written) => written,
+            Err(error) if error.errno() == libc::ENOSPC => 0,
+            Err(error) => panic!("write: {error}"),
+        };
+        let data = &data[..written];
+        self.history.get_mut(&ino).expect("known").record(pos, data);
         let content = self.contents.get_mut(&ino).expect("known file");
-        if content.len() < pos + length {
-            content.resize(pos + length, 0);
+        if written > 0 && content.len() < pos + written {
+            content.resize(pos + written, 0);
         }
-        content[pos..pos + length].copy_from_slice(&data);
-        self.history
-            .get_mut(&ino)
-            .expect("known")
-            .record(pos, &data);
-        self.sizes_seen
-            .get_mut(&ino)
-            .expect("known")
-            .insert(content.len() as u64);
-        (
-            format!("write {path} {pos}+{length}"),
-            vec![ino],
-            SpanKind::Other,
-        )
+        content[pos..pos + written].copy_from_slice(data);
+        self.sizes_seen.get_mut(&ino).expect("known").insert(content.len() as u64);
+        (format!("write {path} {pos}+{length} wrote {written}"), vec![ino], SpanKind::Other)
     }
 
     fn truncate(&mut self, path: String, ino: u64) -> (String, Vec<u64>, SpanKind) {
         let size = self.rng.random_range(0..FILE_BYTES_MAX);
         let file = self.volume.open_file(ino, OpenFlags::WRITE).expect("open");
         file.set_len(size).expect("truncate");
-        self.contents
-            .get_mut(&ino)
-            .expect("known")
-            .resize(size as usize, 0);
+        self.contents.get_mut(&ino).expect("known").resize(size as usize, 0);
         self.sizes_seen.get_mut(&ino).expect("known").insert(size);
-        (
-            format!("truncate {path} {size}"),
-            vec![ino],
-            SpanKind::Other,
-        )
+        (format!("truncate {path} {size}"), vec![ino], SpanKind::Other)
     }
 
     fn split(path: &str) -> (&str, &str) {
@@ -222,18 +219,12 @@ impl Workload {
     }
 
     fn dir_ino(&self, dir_path: &str) -> u64 {
-        self.dirs
-            .iter()
-            .find(|(path, _)| path == dir_path)
-            .expect("known dir")
-            .1
+        self.dirs.iter().find(|(path, _)| path == dir_path).expect("known dir").1
     }
 
     fn unlink(&mut self, path: String, ino: u64) -> (String, Vec<u64>, SpanKind) {
         let (dir_path, name) = Self::split(&path);
-        self.volume
-            .unlink(self.dir_ino(dir_path), name.as_bytes())
-            .expect("unlink");
+        self.volume.unlink(self.dir_ino(dir_path), name.as_bytes()).expect("unlink");
         self.files.remove(&path);
         (format!("unlink {path}"), vec![ino], SpanKind::Other)
     }
@@ -251,11 +242,7 @@ impl Workload {
         let (to_dir_path, to_dir, to_name) = match replace {
             Some(victim) if self.rng.random_bool(0.5) => {
                 let (victim_dir, victim_name) = Self::split(&victim);
-                (
-                    victim_dir.to_string(),
-                    self.dir_ino(victim_dir),
-                    victim_name.to_string(),
-                )
+                (victim_dir.to_string(), self.dir_ino(victim_dir), victim_name.to_string())
             }
             _ => (to_dir_path, to_dir, self.fresh_name()),
         };
@@ -269,6 +256,10 @@ impl Workload {
             )
             .expect("rename");
         let to_path = format!("{to_dir_path}/{to_name}");
+        if self.files.get(&to_path) == Some(&ino) {
+            // Both names are links to the same inode: POSIX says do nothing.
+            return (format!("rename {path} {to_path} (same inode)"), vec![], SpanKind::Other);
+        }
         self.files.remove(&path);
         let victim = self.files.insert(to_path.clone(), ino);
         (
@@ -289,18 +280,14 @@ impl Workload {
 
     fn fsync(&mut self, path: String, ino: u64) -> (String, Vec<u64>, SpanKind) {
         let file = self.volume.open_file(ino, OpenFlags::READ).expect("open");
-        if self.rng.random_bool(0.5) {
-            file.fsync()
-        } else {
-            file.fdatasync()
-        }
-        .expect("fsync");
+        if self.rng.random_bool(0.5) { file.fsync() } else { file.fdatasync() }.expect("fsync");
         let content = self.contents[&ino].clone();
-        (
-            format!("fsync {path}"),
-            vec![],
-            SpanKind::Fsync { ino, content },
-        )
+        (format!("fsync {path}"), vec![], SpanKind::Fsync { ino, content })
+    }
+
+    fn checkpoint(&mut self) -> (String, Vec<u64>, SpanKind) {
+        self.volume.checkpoint().expect("checkpoint");
+        ("checkpoint".into(), vec![], SpanKind::Other)
     }
 
     fn sync(&mut self) -> (String, Vec<u64>, SpanKind) {
@@ -316,10 +303,7 @@ impl Workload {
             }
         }
         for (path, ino) in &self.files {
-            tree.insert(
-                path.clone(),
-                (*ino, InodeKind::File, self.contents[ino].clone()),
-            );
+            tree.insert(path.clone(), (*ino, InodeKind::File, self.contents[ino].clone()));
         }
         tree
     }
@@ -355,25 +339,15 @@ impl Workload {
     /// Checks one crash image; returns a description of the first violation.
     fn check_crash(&self, cut: usize, image: Vec<u8>) -> Result<(), String> {
         let fsck = foliofs::fsck::check(
-            open_image(image.clone())
-                .map_err(|e| e.to_string())?
-                .1
-                .device()
-                .clone(),
+            open_image(image.clone()).map_err(|e| e.to_string())?.1.device().clone(),
         );
         if !fsck.is_clean() {
             return Err(format!("fsck: {:?}", fsck.problems));
         }
         let read_only = |image: Vec<u8>| {
             let raw = Arc::new(FaultDev::from_image(image, 512));
-            let device = Arc::new(foliofs::dev::Device::new(
-                raw,
-                foliofs::dev::FuaMode::Native,
-            ));
-            let options = foliofs::VolumeOptions {
-                read_only: true,
-                ..common::options()
-            };
+            let device = Arc::new(foliofs::dev::Device::new(raw, foliofs::dev::FuaMode::Native));
+            let options = foliofs::VolumeOptions { read_only: true, ..common::options() };
             Volume::open_device(device, &options).map(|volume| read_tree(&volume))
         };
         let first = read_only(image.clone()).map_err(|error| format!("mount: {error}"))?;
@@ -399,10 +373,7 @@ impl Workload {
                 .get(ino)
                 .ok_or_else(|| format!("{path}: inode {ino} was never created"))?;
             if !self.sizes_seen[ino].contains(&(content.len() as u64)) {
-                return Err(format!(
-                    "{path}: size {} was never the file's size",
-                    content.len()
-                ));
+                return Err(format!("{path}: size {} was never the file's size", content.len()));
             }
             if let Some(pos) = (0..content.len()).find(|&pos| !history.allows(pos, content[pos])) {
                 return Err(format!(
@@ -416,21 +387,11 @@ impl Workload {
             .iter()
             .rev()
             .find(|span| span.log_end <= cut && matches!(span.kind, SpanKind::Sync(_)));
-        if let Some(OpSpan {
-            log_end,
-            kind: SpanKind::Sync(expected),
-            ..
-        }) = synced
-        {
-            let later_started = self
-                .spans
-                .iter()
-                .any(|span| span.log_end > *log_end && span.log_start < cut);
+        if let Some(OpSpan { log_end, kind: SpanKind::Sync(expected), .. }) = synced {
+            let later_started =
+                self.spans.iter().any(|span| span.log_end > *log_end && span.log_start < cut);
             if !later_started && tree != expected {
-                return Err(format!(
-                    "state after sync differs: {}",
-                    tree_diff(expected, tree)
-                ));
+                return Err(format!("state after sync differs: {}", tree_diff(expected, tree)));
             }
         }
         for (index, span) in self.spans.iter().enumerate() {
@@ -480,10 +441,7 @@ fn tree_diff(expected: &Tree, found: &Tree) -> String {
             _ => {}
         }
     }
-    let extra: Vec<&String> = found
-        .keys()
-        .filter(|path| !expected.contains_key(*path))
-        .collect();
+    let extra: Vec<&String> = found.keys().filter(|path| !expected.contains_key(*path)).collect();
     format!("extra entries {extra:?}")
 }
 
@@ -492,17 +450,24 @@ fn tree_diff(expected: &Tree, found: &Tree) -> String {
 fn run_workload(seed: u64, block_bytes: u32, op_count: usize, variants_per_point: usize) -> usize {
     let mut workload = Workload::new(seed, block_bytes);
     workload.run(op_count);
-    let points = workload.device.durability_points();
+    // Every point where something became durable, and every point where an
+    // fsync or sync returned (it may have needed no device request at all).
+    let mut points = workload.device.durability_points();
+    points.extend(
+        workload
+            .spans
+            .iter()
+            .filter(|span| matches!(span.kind, SpanKind::Fsync { .. } | SpanKind::Sync(_)))
+            .map(|span| span.log_end),
+    );
+    points.sort_unstable();
+    points.dedup();
     let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(31));
     let mut states = 0;
     for &cut in &points {
         let unflushed = workload.device.unflushed_writes(cut);
         let mut variants: Vec<HashMap<usize, Keep>> = vec![HashMap::new()];
-        for _ in 0..if unflushed.is_empty() {
-            0
-        } else {
-            variants_per_point
-        } {
+        for _ in 0..if unflushed.is_empty() { 0 } else { variants_per_point } {
             let choice = unflushed
                 .iter()
                 .map(|&index| {
@@ -517,19 +482,16 @@ fn run_workload(seed: u64, block_bytes: u32, op_count: usize, variants_per_point
             variants.push(choice);
         }
         for variant in variants {
-            let image = workload.device.crash_image(cut, &|index| {
-                variant.get(&index).cloned().unwrap_or(Keep::Nothing)
-            });
+            let image = workload
+                .device
+                .crash_image(cut, &|index| variant.get(&index).cloned().unwrap_or(Keep::Nothing));
             if let Err(violation) = workload.check_crash(cut, image) {
                 let ops: Vec<String> = workload
                     .spans
                     .iter()
                     .take_while(|span| span.log_start < cut)
                     .map(|span| {
-                        format!(
-                            "  [{}..{}) {}",
-                            span.log_start, span.log_end, span.description
-                        )
+                        format!("  [{}..{}) {}", span.log_start, span.log_end, span.description)
                     })
                     .collect();
                 panic!(

@@ -30,22 +30,13 @@ fn data_and_namespace_survive_close_and_reopen() {
     let ino = volume.resolve("/dir/file").unwrap();
     let attr = volume.getattr(ino).unwrap();
     assert_eq!(attr.size, 12_345 + 100_000);
-    assert_eq!(
-        (attr.mode, attr.uid, attr.kind),
-        (0o640, 1000, InodeKind::File)
-    );
+    assert_eq!((attr.mode, attr.uid, attr.kind), (0o640, 1000, InodeKind::File));
     let handle = volume.open_file(ino, OpenFlags::READ).unwrap();
     let mut back = vec![0xAA; attr.size as usize + 10];
     assert_eq!(handle.read_at(&mut back, 0).unwrap(), attr.size as usize);
-    assert!(
-        back[..12_345].iter().all(|&byte| byte == 0),
-        "the hole reads as zeros"
-    );
+    assert!(back[..12_345].iter().all(|&byte| byte == 0), "the hole reads as zeros");
     assert_eq!(&back[12_345..attr.size as usize], &data[..]);
-    assert_eq!(
-        volume.readlink(volume.resolve("/link").unwrap()).unwrap(),
-        b"dir/file"
-    );
+    assert_eq!(volume.readlink(volume.resolve("/link").unwrap()).unwrap(), b"dir/file");
     assert_eq!(names(&volume, ROOT), ["dir", "link"]);
     assert_eq!(volume.getattr(ROOT).unwrap().nlink, 3);
 }
@@ -56,15 +47,8 @@ fn partial_block_writes_read_modify_write() {
     let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
     let handle = volume.open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
     let mut model = vec![0u8; 20_000];
-    for (index, (pos, length)) in [
-        (0usize, 5000usize),
-        (100, 1),
-        (4095, 2),
-        (8000, 9000),
-        (3, 4093),
-    ]
-    .iter()
-    .enumerate()
+    for (index, (pos, length)) in
+        [(0usize, 5000usize), (100, 1), (4095, 2), (8000, 9000), (3, 4093)].iter().enumerate()
     {
         let data = pattern(index as u64 + 10, *length);
         handle.write_at(&data, *pos as u64).unwrap();
@@ -90,27 +74,14 @@ fn truncate_down_then_up_exposes_zeros_not_old_bytes() {
         handle.set_len(1000).unwrap();
         assert_eq!(handle.attr().unwrap().size, 1000);
         let used = volume.getattr(file.ino).unwrap().blocks_512 * 512;
-        assert_eq!(
-            used,
-            1000u64.div_ceil(u64::from(block_bytes)) * u64::from(block_bytes)
-        );
+        assert_eq!(used, 1000u64.div_ceil(u64::from(block_bytes)) * u64::from(block_bytes));
         handle.set_len(300_000).unwrap();
         let mut back = vec![1u8; 300_000];
         handle.read_at(&mut back, 0).unwrap();
         assert!(back[..1000].iter().all(|&byte| byte == 0xEE));
-        assert!(
-            back[1000..].iter().all(|&byte| byte == 0),
-            "block size {block_bytes}"
-        );
-        let attr = volume
-            .setattr(
-                file.ino,
-                &SetAttr {
-                    size: Some(5),
-                    ..SetAttr::default()
-                },
-            )
-            .unwrap();
+        assert!(back[1000..].iter().all(|&byte| byte == 0), "block size {block_bytes}");
+        let attr =
+            volume.setattr(file.ino, &SetAttr { size: Some(5), ..SetAttr::default() }).unwrap();
         assert_eq!(attr.size, 5);
     }
 }
@@ -123,40 +94,22 @@ fn namespace_errors_are_the_posix_ones() {
     fn errno<T: std::fmt::Debug>(result: foliofs::Result<T>) -> i32 {
         result.unwrap_err().errno()
     }
-    assert_eq!(
-        errno(volume.create(dir.ino, b"f", 0o644, owner())),
-        libc::EEXIST
-    );
+    assert_eq!(errno(volume.create(dir.ino, b"f", 0o644, owner())), libc::EEXIST);
     assert_eq!(errno(volume.rmdir(ROOT, b"d")), libc::ENOTEMPTY);
     assert_eq!(errno(volume.unlink(ROOT, b"d")), libc::EISDIR);
     assert_eq!(errno(volume.rmdir(dir.ino, b"f")), libc::ENOTDIR);
     assert_eq!(errno(volume.lookup(ROOT, b"missing")), libc::ENOENT);
-    assert_eq!(
-        errno(volume.create(ROOT, &[b'x'; 256], 0o644, owner())),
-        libc::ENAMETOOLONG
-    );
-    assert_eq!(
-        errno(volume.create(ROOT, b"a/b", 0o644, owner())),
-        libc::EINVAL
-    );
-    assert_eq!(
-        errno(volume.create(ROOT, b"..", 0o644, owner())),
-        libc::EINVAL
-    );
+    assert_eq!(errno(volume.create(ROOT, &[b'x'; 256], 0o644, owner())), libc::ENAMETOOLONG);
+    assert_eq!(errno(volume.create(ROOT, b"a/b", 0o644, owner())), libc::EINVAL);
+    assert_eq!(errno(volume.create(ROOT, b"..", 0o644, owner())), libc::EINVAL);
     let file = volume.resolve("/d/f").unwrap();
-    assert_eq!(
-        errno(volume.create(file, b"x", 0o644, owner())),
-        libc::ENOTDIR
-    );
+    assert_eq!(errno(volume.create(file, b"x", 0o644, owner())), libc::ENOTDIR);
     assert_eq!(errno(volume.link(dir.ino, ROOT, b"dirlink")), libc::EPERM);
     assert_eq!(
         errno(volume.rename(ROOT, b"d", dir.ino, b"inside", RenameFlags::default())),
         libc::EINVAL
     );
-    assert_eq!(
-        errno(volume.open_file(dir.ino, OpenFlags::READ)),
-        libc::EISDIR
-    );
+    assert_eq!(errno(volume.open_file(dir.ino, OpenFlags::READ)), libc::EISDIR);
     assert!(matches!(volume.resolve("/d/f/x"), Err(Error::NotDir(_))));
 }
 
@@ -168,39 +121,21 @@ fn rename_replaces_exchanges_and_keeps_link_counts() {
     let sub = volume.mkdir(a.ino, b"sub", 0o755, owner()).unwrap();
     let f1 = volume.create(a.ino, b"f1", 0o644, owner()).unwrap();
     let f2 = volume.create(b.ino, b"f2", 0o644, owner()).unwrap();
-    volume
-        .rename(a.ino, b"f1", b.ino, b"f2", RenameFlags::default())
-        .unwrap();
+    volume.rename(a.ino, b"f1", b.ino, b"f2", RenameFlags::default()).unwrap();
     assert_eq!(volume.lookup(b.ino, b"f2").unwrap().ino, f1.ino);
-    assert!(
-        volume.getattr(f2.ino).is_err(),
-        "the replaced file is freed"
-    );
-    let no_replace = RenameFlags {
-        no_replace: true,
-        ..RenameFlags::default()
-    };
+    assert!(volume.getattr(f2.ino).is_err(), "the replaced file is freed");
+    let no_replace = RenameFlags { no_replace: true, ..RenameFlags::default() };
     volume.create(a.ino, b"f3", 0o644, owner()).unwrap();
     assert_eq!(
-        volume
-            .rename(a.ino, b"f3", b.ino, b"f2", no_replace)
-            .unwrap_err()
-            .errno(),
+        volume.rename(a.ino, b"f3", b.ino, b"f2", no_replace).unwrap_err().errno(),
         libc::EEXIST
     );
-    volume
-        .rename(a.ino, b"sub", b.ino, b"sub2", RenameFlags::default())
-        .unwrap();
+    volume.rename(a.ino, b"sub", b.ino, b"sub2", RenameFlags::default()).unwrap();
     assert_eq!(volume.getattr(a.ino).unwrap().nlink, 2);
     assert_eq!(volume.getattr(b.ino).unwrap().nlink, 3);
     assert_eq!(volume.resolve("/b/sub2/..").unwrap(), b.ino);
-    let exchange = RenameFlags {
-        exchange: true,
-        ..RenameFlags::default()
-    };
-    volume
-        .rename(a.ino, b"f3", b.ino, b"sub2", exchange)
-        .unwrap();
+    let exchange = RenameFlags { exchange: true, ..RenameFlags::default() };
+    volume.rename(a.ino, b"f3", b.ino, b"sub2", exchange).unwrap();
     assert_eq!(volume.lookup(a.ino, b"f3").unwrap().ino, sub.ino);
     assert_eq!(volume.getattr(a.ino).unwrap().nlink, 3);
     assert_eq!(volume.getattr(b.ino).unwrap().nlink, 2);
@@ -224,10 +159,7 @@ fn unlinked_open_file_lives_until_closed_and_orphans_are_freed_at_mount() {
     let crashed = device.image();
     handle.close().unwrap();
     volume.sync().unwrap();
-    assert!(
-        volume.statfs().free_blocks > free_before,
-        "space freed on the last close"
-    );
+    assert!(volume.statfs().free_blocks > free_before, "space freed on the last close");
     assert!(volume.getattr(file.ino).is_err());
     drop(volume);
 
@@ -244,11 +176,7 @@ fn hard_links_share_data_and_count() {
     let file = volume.create(ROOT, b"one", 0o644, owner()).unwrap();
     volume.link(file.ino, ROOT, b"two").unwrap();
     assert_eq!(volume.getattr(file.ino).unwrap().nlink, 2);
-    volume
-        .open_file(file.ino, OpenFlags::WRITE)
-        .unwrap()
-        .write_at(b"shared", 0)
-        .unwrap();
+    volume.open_file(file.ino, OpenFlags::WRITE).unwrap().write_at(b"shared", 0).unwrap();
     volume.unlink(ROOT, b"one").unwrap();
     let two = volume.lookup(ROOT, b"two").unwrap();
     assert_eq!((two.ino, two.nlink, two.size), (file.ino, 1, 6));
@@ -258,10 +186,7 @@ fn hard_links_share_data_and_count() {
 fn setattr_changes_mode_owner_and_times() {
     let (_, volume) = new_volume(32 << 20, 4096);
     let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-    let at = Timestamp {
-        secs: 1_000_000,
-        nanos: 123_456_789,
-    };
+    let at = Timestamp { secs: 1_000_000, nanos: 123_456_789 };
     let changes = SetAttr {
         mode: Some(0o4711),
         uid: Some(7),
@@ -271,10 +196,7 @@ fn setattr_changes_mode_owner_and_times() {
         size: None,
     };
     let attr = volume.setattr(file.ino, &changes).unwrap();
-    assert_eq!(
-        (attr.mode, attr.uid, attr.gid, attr.atime, attr.mtime),
-        (0o4711, 7, 8, at, at)
-    );
+    assert_eq!((attr.mode, attr.uid, attr.gid, attr.atime, attr.mtime), (0o4711, 7, 8, at, at));
     assert!(attr.ctime > at);
 }
 
@@ -283,11 +205,7 @@ fn full_volume_reports_enospc_and_keeps_earlier_files() {
     let (_, volume) = new_volume(16 << 20, 4096);
     let keep = volume.create(ROOT, b"keep", 0o644, owner()).unwrap();
     let keep_data = pattern(5, 100_000);
-    volume
-        .open_file(keep.ino, OpenFlags::WRITE)
-        .unwrap()
-        .write_at(&keep_data, 0)
-        .unwrap();
+    volume.open_file(keep.ino, OpenFlags::WRITE).unwrap().write_at(&keep_data, 0).unwrap();
     let big = volume.create(ROOT, b"big", 0o644, owner()).unwrap();
     let handle = volume.open_file(big.ino, OpenFlags::WRITE).unwrap();
     let chunk = vec![1u8; 1 << 20];
@@ -305,19 +223,12 @@ fn full_volume_reports_enospc_and_keeps_earlier_files() {
     let error = error.expect("a 16 MiB volume cannot take 64 MiB");
     assert_eq!(error.errno(), libc::ENOSPC, "{error}");
     let mut back = vec![0u8; keep_data.len()];
-    volume
-        .open_file(keep.ino, OpenFlags::READ)
-        .unwrap()
-        .read_at(&mut back, 0)
-        .unwrap();
+    volume.open_file(keep.ino, OpenFlags::READ).unwrap().read_at(&mut back, 0).unwrap();
     assert_eq!(back, keep_data);
     drop(handle);
     volume.unlink(ROOT, b"big").unwrap();
     volume.sync().unwrap();
-    assert!(
-        volume.statfs().available_blocks > 1000,
-        "space comes back once the unlink is durable"
-    );
+    assert!(volume.statfs().available_blocks > 1000, "space comes back once the unlink is durable");
 }
 
 #[test]
@@ -325,9 +236,7 @@ fn many_files_force_checkpoints_and_reload() {
     let (device, volume) = new_volume(16 << 20, 1024);
     for index in 0..3000u32 {
         let name = format!("file-with-a-long-name-{index:05}");
-        let attr = volume
-            .create(ROOT, name.as_bytes(), 0o644, owner())
-            .unwrap();
+        let attr = volume.create(ROOT, name.as_bytes(), 0o644, owner()).unwrap();
         if index % 7 == 0 {
             volume
                 .open_file(attr.ino, OpenFlags::WRITE)
@@ -353,10 +262,6 @@ fn many_files_force_checkpoints_and_reload() {
     assert_eq!(names(&volume, ROOT), expected);
     let ino = volume.resolve("/file-with-a-long-name-00007").unwrap();
     let mut back = [0u8; 4];
-    volume
-        .open_file(ino, OpenFlags::READ)
-        .unwrap()
-        .read_at(&mut back, 0)
-        .unwrap();
+    volume.open_file(ino, OpenFlags::READ).unwrap().read_at(&mut back, 0).unwrap();
     assert_eq!(u32::from_le_bytes(back), 7);
 }

@@ -22,17 +22,12 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     pub fn zeroed(length: usize) -> Self {
         if length == 0 {
-            return Self {
-                pointer: NonNull::dangling(),
-                length: 0,
-            };
+            return Self { pointer: NonNull::dangling(), length: 0 };
         }
         let layout = Self::layout(length);
         // SAFETY: the layout has a non-zero size (checked above) and a valid alignment.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let Some(pointer) = NonNull::new(raw) else {
-            alloc::handle_alloc_error(layout)
-        };
+        let Some(pointer) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
         Self { pointer, length }
     }
 

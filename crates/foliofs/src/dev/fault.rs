@@ -20,11 +20,7 @@ pub const TEAR_SECTOR_BYTES: usize = 512;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LogEntry {
-    Write {
-        offset: u64,
-        data: Arc<[u8]>,
-        fua: bool,
-    },
+    Write { offset: u64, data: Arc<[u8]>, fua: bool },
     Flush,
 }
 
@@ -63,15 +59,7 @@ pub struct FaultRule {
 impl FaultRule {
     /// Fails the next `times` requests of kind `op`.
     pub fn next(op: FaultOp, times: u64) -> Self {
-        Self {
-            op,
-            byte_range: None,
-            after: 0,
-            every: 1,
-            times,
-            matched: 0,
-            failed: 0,
-        }
+        Self { op, byte_range: None, after: 0, every: 1, times, matched: 0, failed: 0 }
     }
 
     /// Fails every `every`-th request of kind `op`, forever.
@@ -150,10 +138,7 @@ impl FaultDev {
             dead: false,
             failures_injected: 0,
         };
-        Self {
-            state: Mutex::new(state),
-            logical_block_bytes,
-        }
+        Self { state: Mutex::new(state), logical_block_bytes }
     }
 
     pub fn add_rule(&self, rule: FaultRule) {
@@ -228,20 +213,14 @@ impl FaultDev {
     pub fn crash_image(&self, cut: usize, keep: &dyn Fn(usize) -> Keep) -> Vec<u8> {
         let state = self.state.lock();
         let entries = &state.log[..cut.min(state.log.len())];
-        let durable_end = entries
-            .iter()
-            .rposition(|entry| *entry == LogEntry::Flush)
-            .map_or(0, |i| i + 1);
+        let durable_end =
+            entries.iter().rposition(|entry| *entry == LogEntry::Flush).map_or(0, |i| i + 1);
         let mut image = state.base.clone();
         for (index, entry) in entries.iter().enumerate() {
             let LogEntry::Write { offset, data, fua } = entry else {
                 continue;
             };
-            let decision = if index < durable_end || *fua {
-                Keep::All
-            } else {
-                keep(index)
-            };
+            let decision = if index < durable_end || *fua { Keep::All } else { keep(index) };
             apply_write(&mut image, *offset, data, &decision);
         }
         image
@@ -288,17 +267,10 @@ impl RawDev for FaultDev {
     fn read_at(&self, offset: u64, buffers: &mut [IoSliceMut<'_>]) -> io::Result<()> {
         let mut state = self.state.lock();
         let length: usize = buffers.iter().map(|buffer| buffer.len()).sum();
-        self.check_fault(
-            &mut state,
-            FaultOp::Read,
-            Some(offset..offset + length as u64),
-        )?;
+        self.check_fault(&mut state, FaultOp::Read, Some(offset..offset + length as u64))?;
         let mut position = offset as usize;
         if position + length > state.current.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "read past the end",
-            ));
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end"));
         }
         for buffer in buffers.iter_mut() {
             let length = buffer.len();
@@ -310,27 +282,13 @@ impl RawDev for FaultDev {
 
     fn write_at(&self, offset: u64, buffers: &[IoSlice<'_>], fua: bool) -> io::Result<()> {
         let mut state = self.state.lock();
-        let data: Vec<u8> = buffers
-            .iter()
-            .flat_map(|buffer| buffer.iter().copied())
-            .collect();
-        self.check_fault(
-            &mut state,
-            FaultOp::Write,
-            Some(offset..offset + data.len() as u64),
-        )?;
+        let data: Vec<u8> = buffers.iter().flat_map(|buffer| buffer.iter().copied()).collect();
+        self.check_fault(&mut state, FaultOp::Write, Some(offset..offset + data.len() as u64))?;
         if offset as usize + data.len() > state.current.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "write past the end",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "write past the end"));
         }
         apply_write(&mut state.current, offset, &data, &Keep::All);
-        state.log.push(LogEntry::Write {
-            offset,
-            data: data.into(),
-            fua,
-        });
+        state.log.push(LogEntry::Write { offset, data: data.into(), fua });
         Ok(())
     }
 
@@ -359,9 +317,7 @@ mod tests {
     use super::*;
 
     fn write(device: &FaultDev, offset: u64, byte: u8, length: usize, fua: bool) {
-        device
-            .write_at(offset, &[IoSlice::new(&vec![byte; length])], fua)
-            .unwrap();
+        device.write_at(offset, &[IoSlice::new(&vec![byte; length])], fua).unwrap();
     }
 
     #[test]
@@ -396,11 +352,7 @@ mod tests {
         let device = FaultDev::new(8192, 512);
         device.add_rule(FaultRule::every_nth(FaultOp::Write, 3));
         let results: Vec<bool> = (0..6)
-            .map(|index| {
-                device
-                    .write_at(index * 512, &[IoSlice::new(&[7u8; 512])], false)
-                    .is_ok()
-            })
+            .map(|index| device.write_at(index * 512, &[IoSlice::new(&[7u8; 512])], false).is_ok())
             .collect();
         assert_eq!(results, vec![true, true, false, true, true, false]);
         assert_eq!(device.failures_injected(), 2);
@@ -409,12 +361,8 @@ mod tests {
         device.add_rule(FaultRule::next(FaultOp::Any, 1).in_range(4096..4608));
         assert!(device.flush().is_ok(), "flush has no byte range");
         let mut buffer = [0u8; 512];
-        assert!(device
-            .read_at(4096, &mut [IoSliceMut::new(&mut buffer)])
-            .is_err());
-        assert!(device
-            .read_at(4096, &mut [IoSliceMut::new(&mut buffer)])
-            .is_ok());
+        assert!(device.read_at(4096, &mut [IoSliceMut::new(&mut buffer)]).is_err());
+        assert!(device.read_at(4096, &mut [IoSliceMut::new(&mut buffer)]).is_ok());
         device.kill();
         assert!(device.flush().is_err());
     }

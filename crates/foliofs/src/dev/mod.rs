@@ -62,9 +62,7 @@ impl std::str::FromStr for EngineKind {
             "sync" => Ok(Self::Sync),
             "threads" => Ok(Self::Threads),
             "uring" => Ok(Self::Uring),
-            other => Err(format!(
-                "engine must be sync, threads or uring, not {other:?}"
-            )),
+            other => Err(format!("engine must be sync, threads or uring, not {other:?}")),
         }
     }
 }
@@ -72,15 +70,8 @@ impl std::str::FromStr for EngineKind {
 /// An asynchronous request; buffers are owned so they outlive the call.
 #[derive(Debug)]
 pub enum DevRequest {
-    Read {
-        offset: u64,
-        buffer: AlignedBuf,
-    },
-    Write {
-        offset: u64,
-        buffer: AlignedBuf,
-        fua: bool,
-    },
+    Read { offset: u64, buffer: AlignedBuf },
+    Write { offset: u64, buffer: AlignedBuf, fua: bool },
     Flush,
 }
 
@@ -232,13 +223,7 @@ impl Device {
     pub fn new(raw: Arc<dyn RawDev>, fua: FuaMode) -> Self {
         let logical_block_bytes = raw.logical_block_bytes();
         assert!(logical_block_bytes.is_power_of_two());
-        Self {
-            raw,
-            fua,
-            logical_block_bytes,
-            counters: Arc::default(),
-            flushes: Arc::default(),
-        }
+        Self { raw, fua, logical_block_bytes, counters: Arc::default(), flushes: Arc::default() }
     }
 
     /// Opens an image file or block device.
@@ -309,9 +294,7 @@ impl Device {
         self.check_aligned(offset, length)?;
         self.counters.read_requests.fetch_add(1, Ordering::Relaxed);
         self.raw.read_at(offset, buffers)?;
-        self.counters
-            .bytes_read
-            .fetch_add(length as u64, Ordering::Relaxed);
+        self.counters.bytes_read.fetch_add(length as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -332,9 +315,7 @@ impl Device {
         let native_fua = fua && self.fua == FuaMode::Native;
         self.count_write(native_fua);
         self.raw.write_at(offset, buffers, native_fua)?;
-        self.counters
-            .bytes_written
-            .fetch_add(length as u64, Ordering::Relaxed);
+        self.counters.bytes_written.fetch_add(length as u64, Ordering::Relaxed);
         if !native_fua {
             self.flushes.write_completed();
         }
@@ -396,24 +377,13 @@ impl Device {
             DevRequest::Flush => return self.submit_flush(done),
         };
         if let Err(error) = self.check_aligned(offset, length) {
-            return done(DevResponse {
-                buffer: take_buffer(request),
-                result: Err(error),
-            });
+            return done(DevResponse { buffer: take_buffer(request), result: Err(error) });
         }
         match request {
             DevRequest::Read { .. } => self.submit_read(request, length, done),
-            DevRequest::Write {
-                offset,
-                buffer,
-                fua,
-            } => {
+            DevRequest::Write { offset, buffer, fua } => {
                 let native_fua = fua && self.fua == FuaMode::Native;
-                let request = DevRequest::Write {
-                    offset,
-                    buffer,
-                    fua: native_fua,
-                };
+                let request = DevRequest::Write { offset, buffer, fua: native_fua };
                 self.submit_write(request, fua && !native_fua, done)
             }
             DevRequest::Flush => unreachable!("handled above"),
@@ -427,9 +397,7 @@ impl Device {
             request,
             Box::new(move |response| {
                 if response.result.is_ok() {
-                    counters
-                        .bytes_read
-                        .fetch_add(length as u64, Ordering::Relaxed);
+                    counters.bytes_read.fetch_add(length as u64, Ordering::Relaxed);
                 }
                 done(response)
             }),
@@ -437,12 +405,7 @@ impl Device {
     }
 
     fn submit_write(&self, request: DevRequest, emulate_fua: bool, done: DevCallback) {
-        let DevRequest::Write {
-            buffer,
-            fua: native_fua,
-            ..
-        } = &request
-        else {
+        let DevRequest::Write { buffer, fua: native_fua, .. } = &request else {
             unreachable!("submit_write takes writes")
         };
         let native_fua = *native_fua;
@@ -464,10 +427,7 @@ impl Device {
                 match flusher {
                     None => done(response),
                     Some(flush) => flush(Box::new(move |flushed: DevResponse| {
-                        done(DevResponse {
-                            buffer: response.buffer,
-                            result: flushed.result,
-                        })
+                        done(DevResponse { buffer: response.buffer, result: flushed.result })
                     })),
                 }
             }),
@@ -511,25 +471,12 @@ pub(crate) fn run_blocking(raw: &dyn RawDev, request: DevRequest) -> DevResponse
     match request {
         DevRequest::Read { offset, mut buffer } => {
             let result = raw.read_at(offset, &mut [IoSliceMut::new(&mut buffer)]);
-            DevResponse {
-                buffer: Some(buffer),
-                result,
-            }
+            DevResponse { buffer: Some(buffer), result }
         }
-        DevRequest::Write {
-            offset,
-            buffer,
-            fua,
-        } => {
+        DevRequest::Write { offset, buffer, fua } => {
             let result = raw.write_at(offset, &[IoSlice::new(&buffer)], fua);
-            DevResponse {
-                buffer: Some(buffer),
-                result,
-            }
+            DevResponse { buffer: Some(buffer), result }
         }
-        DevRequest::Flush => DevResponse {
-            buffer: None,
-            result: raw.flush(),
-        },
+        DevRequest::Flush => DevResponse { buffer: None, result: raw.flush() },
     }
 }

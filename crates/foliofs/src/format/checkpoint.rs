@@ -69,27 +69,16 @@ impl CheckpointHeader {
         let stored = u32::from_le_bytes(bytes[CRC_OFFSET..].try_into().expect("4 bytes"));
         let computed = crc_with_hole(bytes, CRC_OFFSET);
         if stored != computed {
-            return Err(FormatError::BadChecksum {
-                what: WHAT,
-                stored,
-                computed,
-            });
+            return Err(FormatError::BadChecksum { what: WHAT, stored, computed });
         }
         let mut reader = Reader::new(&bytes[8..], WHAT);
         let version = reader.u32()?;
         if version != FORMAT_VERSION {
-            return Err(FormatError::UnsupportedVersion {
-                what: WHAT,
-                found: version,
-            });
+            return Err(FormatError::UnsupportedVersion { what: WHAT, found: version });
         }
         let header_bytes = reader.u32()?;
         if header_bytes as usize != HEADER_BYTES {
-            return Err(FormatError::invalid(
-                WHAT,
-                "header_bytes",
-                header_bytes.to_string(),
-            ));
+            return Err(FormatError::invalid(WHAT, "header_bytes", header_bytes.to_string()));
         }
         let header = Self {
             uuid: reader.array()?,
@@ -106,10 +95,7 @@ impl CheckpointHeader {
             return Err(FormatError::invalid(
                 WHAT,
                 "payload_bytes",
-                format!(
-                    "{} exceeds the slot ({payload_bytes_max})",
-                    header.payload_bytes
-                ),
+                format!("{} exceeds the slot ({payload_bytes_max})", header.payload_bytes),
             ));
         }
         if header.generation == 0 || header.next_ino < 2 {

@@ -18,9 +18,7 @@ impl Writer {
     }
 
     pub fn with_capacity(capacity_bytes: usize) -> Self {
-        Self {
-            bytes: Vec::with_capacity(capacity_bytes),
-        }
+        Self { bytes: Vec::with_capacity(capacity_bytes) }
     }
 
     pub fn u8(&mut self, value: u8) {
@@ -82,11 +80,7 @@ pub struct Reader<'a> {
 impl<'a> Reader<'a> {
     /// `what` names the structure being decoded; it appears in error messages.
     pub fn new(bytes: &'a [u8], what: &'static str) -> Self {
-        Self {
-            bytes,
-            position: 0,
-            what,
-        }
+        Self { bytes, position: 0, what }
     }
 
     pub fn position(&self) -> usize {
@@ -171,10 +165,7 @@ mod tests {
         assert_eq!(reader.i64().unwrap(), -5);
         assert_eq!(reader.bytes16().unwrap(), b"name");
         assert!(reader.is_empty());
-        assert!(matches!(
-            reader.u8(),
-            Err(FormatError::Truncated { what: "test" })
-        ));
+        assert!(matches!(reader.u8(), Err(FormatError::Truncated { what: "test" })));
     }
 
     #[test]

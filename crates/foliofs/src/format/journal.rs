@@ -27,10 +27,7 @@ pub struct GroupHeader {
 impl GroupHeader {
     /// Bytes the whole group occupies in the journal.
     pub fn stored_bytes(&self, sector_bytes: u32) -> u64 {
-        align_up(
-            GROUP_HEADER_BYTES as u64 + u64::from(self.payload_bytes),
-            u64::from(sector_bytes),
-        )
+        align_up(GROUP_HEADER_BYTES as u64 + u64::from(self.payload_bytes), u64::from(sector_bytes))
     }
 }
 
@@ -44,12 +41,7 @@ pub fn encode_group(
     sector_bytes: u32,
 ) -> Vec<u8> {
     let payload_bytes = u32::try_from(payload.len()).expect("journal group payload over 4 GiB");
-    let header = GroupHeader {
-        seq,
-        first_lsn,
-        record_count,
-        payload_bytes,
-    };
+    let header = GroupHeader { seq, first_lsn, record_count, payload_bytes };
     let mut writer = Writer::with_capacity(header.stored_bytes(sector_bytes) as usize);
     writer.raw(&GROUP_MAGIC);
     writer.u64(seq);
@@ -80,18 +72,11 @@ pub fn decode_group_header(
     if bytes[..8] != GROUP_MAGIC {
         return Err(FormatError::BadMagic { what: WHAT });
     }
-    let stored = u32::from_le_bytes(
-        bytes[HEADER_CRC_OFFSET..GROUP_HEADER_BYTES]
-            .try_into()
-            .expect("4"),
-    );
+    let stored =
+        u32::from_le_bytes(bytes[HEADER_CRC_OFFSET..GROUP_HEADER_BYTES].try_into().expect("4"));
     let computed = seeded_crc(uuid, &bytes[..HEADER_CRC_OFFSET]);
     if stored != computed {
-        return Err(FormatError::BadChecksum {
-            what: WHAT,
-            stored,
-            computed,
-        });
+        return Err(FormatError::BadChecksum { what: WHAT, stored, computed });
     }
     let mut reader = Reader::new(&bytes[8..HEADER_CRC_OFFSET], WHAT);
     let header = GroupHeader {
@@ -101,11 +86,7 @@ pub fn decode_group_header(
         payload_bytes: reader.u32()?,
     };
     if u64::from(header.payload_bytes) > payload_bytes_max {
-        return Err(FormatError::invalid(
-            WHAT,
-            "payload_bytes",
-            header.payload_bytes.to_string(),
-        ));
+        return Err(FormatError::invalid(WHAT, "payload_bytes", header.payload_bytes.to_string()));
     }
     Ok(header)
 }
@@ -122,17 +103,11 @@ pub fn check_group_payload<'a>(
     }
     let payload = &group_bytes[GROUP_HEADER_BYTES..end];
     let stored = u32::from_le_bytes(
-        group_bytes[PAYLOAD_CRC_OFFSET..PAYLOAD_CRC_OFFSET + 4]
-            .try_into()
-            .expect("4 bytes"),
+        group_bytes[PAYLOAD_CRC_OFFSET..PAYLOAD_CRC_OFFSET + 4].try_into().expect("4 bytes"),
     );
     let computed = seeded_crc(uuid, payload);
     if stored != computed {
-        return Err(FormatError::BadChecksum {
-            what: WHAT,
-            stored,
-            computed,
-        });
+        return Err(FormatError::BadChecksum { what: WHAT, stored, computed });
     }
     Ok(payload)
 }
@@ -153,17 +128,9 @@ mod tests {
         let header = decode_group_header(&bytes, &uuid, 1 << 20).unwrap();
         assert_eq!(
             header,
-            GroupHeader {
-                seq: 9,
-                first_lsn: 100,
-                record_count: 2,
-                payload_bytes: 8
-            }
+            GroupHeader { seq: 9, first_lsn: 100, record_count: 2, payload_bytes: 8 }
         );
-        assert_eq!(
-            check_group_payload(&bytes, &header, &uuid).unwrap(),
-            b"payload!"
-        );
+        assert_eq!(check_group_payload(&bytes, &header, &uuid).unwrap(), b"payload!");
     }
 
     #[test]

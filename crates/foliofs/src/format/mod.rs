@@ -54,28 +54,16 @@ pub enum FormatError {
     )]
     UnsupportedVersion { what: &'static str, found: u32 },
     #[error("{what}: checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
-    BadChecksum {
-        what: &'static str,
-        stored: u32,
-        computed: u32,
-    },
+    BadChecksum { what: &'static str, stored: u32, computed: u32 },
     #[error("{what}: truncated")]
     Truncated { what: &'static str },
     #[error("{what}: invalid field {field}: {detail}")]
-    InvalidField {
-        what: &'static str,
-        field: &'static str,
-        detail: String,
-    },
+    InvalidField { what: &'static str, field: &'static str, detail: String },
 }
 
 impl FormatError {
     pub fn invalid(what: &'static str, field: &'static str, detail: impl Into<String>) -> Self {
-        Self::InvalidField {
-            what,
-            field,
-            detail: detail.into(),
-        }
+        Self::InvalidField { what, field, detail: detail.into() }
     }
 }
 

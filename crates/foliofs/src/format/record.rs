@@ -18,13 +18,9 @@ pub struct Timestamp {
 
 impl Timestamp {
     pub fn now() -> Self {
-        let since_epoch = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        Self {
-            secs: since_epoch.as_secs() as i64,
-            nanos: since_epoch.subsec_nanos(),
-        }
+        let since_epoch =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        Self { secs: since_epoch.as_secs() as i64, nanos: since_epoch.subsec_nanos() }
     }
 
     fn encode(&self, writer: &mut Writer) {
@@ -36,11 +32,7 @@ impl Timestamp {
         let secs = reader.i64()?;
         let nanos = reader.u32()?;
         if nanos >= 1_000_000_000 {
-            return Err(FormatError::invalid(
-                WHAT,
-                "timestamp",
-                format!("{nanos} ns"),
-            ));
+            return Err(FormatError::invalid(WHAT, "timestamp", format!("{nanos} ns")));
         }
         Ok(Self { secs, nanos })
     }
@@ -78,11 +70,7 @@ impl ExtentState {
         match value {
             1 => Ok(Self::Unwritten),
             2 => Ok(Self::Written),
-            other => Err(FormatError::invalid(
-                WHAT,
-                "extent state",
-                other.to_string(),
-            )),
+            other => Err(FormatError::invalid(WHAT, "extent state", other.to_string())),
         }
     }
 }
@@ -133,11 +121,7 @@ impl InodeAttrs {
             parent: reader.u64()?,
         };
         if attrs.mode & !0o7777 != 0 {
-            return Err(FormatError::invalid(
-                WHAT,
-                "mode",
-                format!("{:#o}", attrs.mode),
-            ));
+            return Err(FormatError::invalid(WHAT, "mode", format!("{:#o}", attrs.mode)));
         }
         Ok(attrs)
     }
@@ -222,13 +206,7 @@ impl Record {
                 writer.u64(*dir);
                 writer.bytes16(name);
             }
-            Record::ExtentMap {
-                ino,
-                file_block,
-                dev_block,
-                block_count,
-                state,
-            } => {
+            Record::ExtentMap { ino, file_block, dev_block, block_count, state } => {
                 writer.u8(TAG_EXTENT_MAP);
                 writer.u64(*ino);
                 writer.u64(*file_block);
@@ -236,11 +214,7 @@ impl Record {
                 writer.u64(*block_count);
                 writer.u8(*state as u8);
             }
-            Record::ExtentUnmap {
-                ino,
-                file_block,
-                block_count,
-            } => {
+            Record::ExtentUnmap { ino, file_block, block_count } => {
                 writer.u8(TAG_EXTENT_UNMAP);
                 writer.u64(*ino);
                 writer.u64(*file_block);
@@ -252,41 +226,26 @@ impl Record {
     pub fn decode(reader: &mut Reader<'_>) -> Result<Self, FormatError> {
         let tag = reader.u8()?;
         let record = match tag {
-            TAG_INODE_SET => Record::InodeSet {
-                ino: decode_ino(reader)?,
-                attrs: InodeAttrs::decode(reader)?,
-            },
-            TAG_INODE_FREE => Record::InodeFree {
-                ino: decode_ino(reader)?,
-            },
+            TAG_INODE_SET => {
+                Record::InodeSet { ino: decode_ino(reader)?, attrs: InodeAttrs::decode(reader)? }
+            }
+            TAG_INODE_FREE => Record::InodeFree { ino: decode_ino(reader)? },
             TAG_SYMLINK_SET => {
                 let ino = decode_ino(reader)?;
                 let target = reader.bytes16()?;
                 if target.is_empty() || target.len() > SYMLINK_BYTES_MAX || target.contains(&0) {
-                    return Err(FormatError::invalid(
-                        WHAT,
-                        "symlink target",
-                        "bad length or NUL",
-                    ));
+                    return Err(FormatError::invalid(WHAT, "symlink target", "bad length or NUL"));
                 }
-                Record::SymlinkSet {
-                    ino,
-                    target: target.to_vec(),
-                }
+                Record::SymlinkSet { ino, target: target.to_vec() }
             }
             TAG_DIR_ADD => {
                 let dir = decode_ino(reader)?;
                 let name = decode_name(reader)?;
-                Record::DirAdd {
-                    dir,
-                    name,
-                    ino: decode_ino(reader)?,
-                }
+                Record::DirAdd { dir, name, ino: decode_ino(reader)? }
             }
-            TAG_DIR_REMOVE => Record::DirRemove {
-                dir: decode_ino(reader)?,
-                name: decode_name(reader)?,
-            },
+            TAG_DIR_REMOVE => {
+                Record::DirRemove { dir: decode_ino(reader)?, name: decode_name(reader)? }
+            }
             TAG_EXTENT_MAP => {
                 let ino = decode_ino(reader)?;
                 let file_block = reader.u64()?;
@@ -296,23 +255,13 @@ impl Record {
                     return Err(FormatError::invalid(WHAT, "dev_block", "extent overflows"));
                 }
                 let state = ExtentState::decode(reader.u8()?)?;
-                Record::ExtentMap {
-                    ino,
-                    file_block,
-                    dev_block,
-                    block_count,
-                    state,
-                }
+                Record::ExtentMap { ino, file_block, dev_block, block_count, state }
             }
             TAG_EXTENT_UNMAP => {
                 let ino = decode_ino(reader)?;
                 let file_block = reader.u64()?;
                 let block_count = decode_block_count(reader, file_block)?;
-                Record::ExtentUnmap {
-                    ino,
-                    file_block,
-                    block_count,
-                }
+                Record::ExtentUnmap { ino, file_block, block_count }
             }
             other => return Err(FormatError::invalid(WHAT, "tag", other.to_string())),
         };
@@ -344,11 +293,7 @@ fn decode_ino(reader: &mut Reader<'_>) -> Result<u64, FormatError> {
 fn decode_block_count(reader: &mut Reader<'_>, file_block: u64) -> Result<u64, FormatError> {
     let block_count = reader.u64()?;
     if block_count == 0 || file_block.checked_add(block_count).is_none() {
-        return Err(FormatError::invalid(
-            WHAT,
-            "block_count",
-            block_count.to_string(),
-        ));
+        return Err(FormatError::invalid(WHAT, "block_count", block_count.to_string()));
     }
     Ok(block_count)
 }
@@ -356,11 +301,7 @@ fn decode_block_count(reader: &mut Reader<'_>, file_block: u64) -> Result<u64, F
 fn decode_name(reader: &mut Reader<'_>) -> Result<Vec<u8>, FormatError> {
     let name = reader.bytes16()?;
     if !is_valid_name(name) {
-        return Err(FormatError::invalid(
-            WHAT,
-            "name",
-            String::from_utf8_lossy(name).into_owned(),
-        ));
+        return Err(FormatError::invalid(WHAT, "name", String::from_utf8_lossy(name).into_owned()));
     }
     Ok(name.to_vec())
 }
@@ -393,11 +334,7 @@ pub fn decode_all(bytes: &[u8], count: u32) -> Result<Vec<Record>, FormatError> 
         records.push(Record::decode(&mut reader)?);
     }
     if !reader.is_empty() {
-        return Err(FormatError::invalid(
-            WHAT,
-            "count",
-            "bytes left after the last record",
-        ));
+        return Err(FormatError::invalid(WHAT, "count", "bytes left after the last record"));
     }
     Ok(records)
 }
@@ -416,28 +353,15 @@ pub(crate) mod tests {
             size: 0,
             atime: Timestamp { secs: 1, nanos: 2 },
             mtime: Timestamp { secs: 3, nanos: 4 },
-            ctime: Timestamp {
-                secs: -5,
-                nanos: 999_999_999,
-            },
+            ctime: Timestamp { secs: -5, nanos: 999_999_999 },
             parent: 1,
         };
         vec![
             Record::InodeSet { ino: 2, attrs },
             Record::InodeFree { ino: 3 },
-            Record::SymlinkSet {
-                ino: 4,
-                target: b"../x".to_vec(),
-            },
-            Record::DirAdd {
-                dir: 1,
-                name: b"hello".to_vec(),
-                ino: 2,
-            },
-            Record::DirRemove {
-                dir: 1,
-                name: b"bye".to_vec(),
-            },
+            Record::SymlinkSet { ino: 4, target: b"../x".to_vec() },
+            Record::DirAdd { dir: 1, name: b"hello".to_vec(), ino: 2 },
+            Record::DirRemove { dir: 1, name: b"bye".to_vec() },
             Record::ExtentMap {
                 ino: 5,
                 file_block: 10,
@@ -445,11 +369,7 @@ pub(crate) mod tests {
                 block_count: 3,
                 state: ExtentState::Unwritten,
             },
-            Record::ExtentUnmap {
-                ino: 5,
-                file_block: 11,
-                block_count: 1,
-            },
+            Record::ExtentUnmap { ino: 5, file_block: 11, block_count: 1 },
         ]
     }
 
@@ -473,14 +393,8 @@ pub(crate) mod tests {
         assert!(is_valid_name(&[b'x'; 255]));
         assert!(!is_valid_name(&[b'x'; 256]));
         let bytes = encode_all(&sample_records());
-        assert!(
-            decode_all(&bytes, 6).is_err(),
-            "trailing bytes must be an error"
-        );
-        assert!(
-            decode_all(&bytes, 8).is_err(),
-            "missing record must be an error"
-        );
+        assert!(decode_all(&bytes, 6).is_err(), "trailing bytes must be an error");
+        assert!(decode_all(&bytes, 8).is_err(), "missing record must be an error");
         assert!(decode_all(&bytes, u32::MAX).is_err());
     }
 }

@@ -17,8 +17,11 @@ const CRC_OFFSET: usize = HEADER_BYTES - 4;
 /// Smallest volume mkfs accepts: room for a 1 MiB journal, two 1 MiB checkpoint
 /// slots and some data.
 pub const VOLUME_BYTES_MIN: u64 = 8 << 20;
-const JOURNAL_BYTES_MIN: u64 = 1 << 20;
-const JOURNAL_BYTES_MAX: u64 = 256 << 20;
+/// Journal size bounds; mkfs picks 1/128 of the volume within
+/// `JOURNAL_BYTES_DEFAULT_MIN..=JOURNAL_BYTES_MAX` unless told otherwise.
+pub const JOURNAL_BYTES_MIN: u64 = 64 << 10;
+pub const JOURNAL_BYTES_MAX: u64 = 256 << 20;
+const JOURNAL_BYTES_DEFAULT_MIN: u64 = 1 << 20;
 const SLOT_BYTES_MIN: u64 = 1 << 20;
 const SLOT_BYTES_MAX: u64 = 1 << 30;
 
@@ -50,11 +53,13 @@ pub struct Superblock {
 }
 
 impl Superblock {
-    /// Computes the layout of a new volume of `volume_bytes`.
+    /// Computes the layout of a new volume of `volume_bytes`, with a journal
+    /// of `journal_bytes` (rounded up to blocks) or a default size.
     pub fn layout(
         volume_bytes: u64,
         block_bytes: u32,
         sector_bytes: u32,
+        journal_bytes: Option<u64>,
         uuid: [u8; 16],
         created: Timestamp,
     ) -> Result<Self, FormatError> {
@@ -73,29 +78,31 @@ impl Superblock {
         let block = u64::from(block_bytes);
         let block_count = volume_bytes / block;
         let blocks_of = |bytes: u64| bytes.div_ceil(block);
-        let journal_blocks =
-            blocks_of((volume_bytes / 128).clamp(JOURNAL_BYTES_MIN, JOURNAL_BYTES_MAX));
+        let journal_bytes = match journal_bytes {
+            Some(bytes) if (JOURNAL_BYTES_MIN..=JOURNAL_BYTES_MAX).contains(&bytes) => bytes,
+            Some(bytes) => {
+                return Err(FormatError::invalid(
+                    WHAT,
+                    "journal size",
+                    format!(
+                        "{bytes} bytes is outside {} KiB ..= {} MiB",
+                        JOURNAL_BYTES_MIN >> 10,
+                        JOURNAL_BYTES_MAX >> 20
+                    ),
+                ))
+            }
+            None => (volume_bytes / 128).clamp(JOURNAL_BYTES_DEFAULT_MIN, JOURNAL_BYTES_MAX),
+        };
+        let journal_blocks = blocks_of(journal_bytes);
         let slot_blocks = blocks_of((volume_bytes / 128).clamp(SLOT_BYTES_MIN, SLOT_BYTES_MAX));
-        let journal = Region {
-            start_block: 2,
-            block_count: journal_blocks,
-        };
-        let slot_a = Region {
-            start_block: journal.end_block(),
-            block_count: slot_blocks,
-        };
-        let slot_b = Region {
-            start_block: slot_a.end_block(),
-            block_count: slot_blocks,
-        };
+        let journal = Region { start_block: 2, block_count: journal_blocks };
+        let slot_a = Region { start_block: journal.end_block(), block_count: slot_blocks };
+        let slot_b = Region { start_block: slot_a.end_block(), block_count: slot_blocks };
         let data_start = slot_b.end_block();
         if data_start >= block_count {
             return Err(FormatError::invalid(WHAT, "size", "no room left for data"));
         }
-        let data = Region {
-            start_block: data_start,
-            block_count: block_count - data_start,
-        };
+        let data = Region { start_block: data_start, block_count: block_count - data_start };
         let superblock = Self {
             block_bytes,
             sector_bytes,
@@ -133,12 +140,8 @@ impl Superblock {
         writer.u32(self.sector_bytes);
         writer.raw(&self.uuid);
         writer.u64(self.block_count);
-        for region in [
-            self.journal,
-            self.checkpoint_slots[0],
-            self.checkpoint_slots[1],
-            self.data,
-        ] {
+        for region in [self.journal, self.checkpoint_slots[0], self.checkpoint_slots[1], self.data]
+        {
             writer.u64(region.start_block);
             writer.u64(region.block_count);
         }
@@ -162,44 +165,27 @@ impl Superblock {
         let stored = u32::from_le_bytes(bytes[CRC_OFFSET..].try_into().expect("4 bytes"));
         let computed = crc_with_hole(bytes, CRC_OFFSET);
         if stored != computed {
-            return Err(FormatError::BadChecksum {
-                what: WHAT,
-                stored,
-                computed,
-            });
+            return Err(FormatError::BadChecksum { what: WHAT, stored, computed });
         }
         let mut reader = Reader::new(&bytes[8..], WHAT);
         let version = reader.u32()?;
         if version != FORMAT_VERSION {
-            return Err(FormatError::UnsupportedVersion {
-                what: WHAT,
-                found: version,
-            });
+            return Err(FormatError::UnsupportedVersion { what: WHAT, found: version });
         }
         let header_bytes = reader.u32()?;
         if header_bytes as usize != HEADER_BYTES {
-            return Err(FormatError::invalid(
-                WHAT,
-                "header_bytes",
-                header_bytes.to_string(),
-            ));
+            return Err(FormatError::invalid(WHAT, "header_bytes", header_bytes.to_string()));
         }
         let block_bytes = reader.u32()?;
         let sector_bytes = reader.u32()?;
         let uuid = reader.array::<16>()?;
         let block_count = reader.u64()?;
-        let mut regions = [Region {
-            start_block: 0,
-            block_count: 0,
-        }; 4];
+        let mut regions = [Region { start_block: 0, block_count: 0 }; 4];
         for region in &mut regions {
             region.start_block = reader.u64()?;
             region.block_count = reader.u64()?;
         }
-        let created = Timestamp {
-            secs: reader.i64()?,
-            nanos: reader.u32()?,
-        };
+        let created = Timestamp { secs: reader.i64()?, nanos: reader.u32()? };
         let superblock = Self {
             block_bytes,
             sector_bytes,
@@ -219,11 +205,7 @@ impl Superblock {
         check_block_bytes(self.block_bytes)?;
         check_sector_bytes(self.sector_bytes, self.block_bytes)?;
         if self.created.nanos >= 1_000_000_000 {
-            return Err(FormatError::invalid(
-                WHAT,
-                "created",
-                "nanoseconds out of range",
-            ));
+            return Err(FormatError::invalid(WHAT, "created", "nanoseconds out of range"));
         }
         let ordered = [
             ("journal", self.journal),
@@ -257,22 +239,10 @@ impl Superblock {
             next_free_block = end;
         }
         if self.checkpoint_slots[0].block_count != self.checkpoint_slots[1].block_count {
-            return Err(FormatError::invalid(
-                WHAT,
-                "layout",
-                "checkpoint slots differ in size",
-            ));
+            return Err(FormatError::invalid(WHAT, "layout", "checkpoint slots differ in size"));
         }
-        if self
-            .block_count
-            .checked_mul(self.block_bytes_u64())
-            .is_none()
-        {
-            return Err(FormatError::invalid(
-                WHAT,
-                "block_count",
-                "volume size overflows",
-            ));
+        if self.block_count.checked_mul(self.block_bytes_u64()).is_none() {
+            return Err(FormatError::invalid(WHAT, "block_count", "volume size overflows"));
         }
         Ok(())
     }
@@ -314,14 +284,7 @@ mod tests {
     use super::*;
 
     fn sample() -> Superblock {
-        Superblock::layout(
-            64 << 20,
-            4096,
-            512,
-            [7; 16],
-            Timestamp { secs: 1, nanos: 2 },
-        )
-        .unwrap()
+        Superblock::layout(64 << 20, 4096, 512, None, [7; 16], Timestamp { secs: 1, nanos: 2 }).unwrap()
     }
 
     #[test]
@@ -335,10 +298,7 @@ mod tests {
     fn layout_regions_are_ordered_and_fill_the_volume() {
         let superblock = sample();
         assert_eq!(superblock.journal.start_block, 2);
-        assert_eq!(
-            superblock.checkpoint_slots[0].start_block,
-            superblock.journal.end_block()
-        );
+        assert_eq!(superblock.checkpoint_slots[0].start_block, superblock.journal.end_block());
         assert_eq!(superblock.data.end_block(), superblock.block_count);
         assert_eq!(superblock.volume_bytes(), 64 << 20);
     }
@@ -347,23 +307,23 @@ mod tests {
     fn every_block_size_lays_out() {
         for shift in 10..=16 {
             let superblock =
-                Superblock::layout(32 << 20, 1 << shift, 512, [1; 16], Timestamp::default())
+                Superblock::layout(32 << 20, 1 << shift, 512, None, [1; 16], Timestamp::default())
                     .unwrap();
-            assert_eq!(
-                Superblock::decode(&superblock.encode()).unwrap(),
-                superblock
-            );
+            assert_eq!(Superblock::decode(&superblock.encode()).unwrap(), superblock);
         }
     }
 
     #[test]
     fn rejects_bad_block_sizes_and_small_volumes() {
         let ts = Timestamp::default();
-        assert!(Superblock::layout(64 << 20, 3000, 512, [0; 16], ts).is_err());
-        assert!(Superblock::layout(64 << 20, 512, 512, [0; 16], ts).is_err());
-        assert!(Superblock::layout(64 << 20, 1 << 17, 512, [0; 16], ts).is_err());
-        let err = Superblock::layout(1 << 20, 4096, 512, [0; 16], ts).unwrap_err();
+        assert!(Superblock::layout(64 << 20, 3000, 512, None, [0; 16], ts).is_err());
+        assert!(Superblock::layout(64 << 20, 512, 512, None, [0; 16], ts).is_err());
+        assert!(Superblock::layout(64 << 20, 1 << 17, 512, None, [0; 16], ts).is_err());
+        let err = Superblock::layout(1 << 20, 4096, 512, None, [0; 16], ts).unwrap_err();
         assert!(err.to_string().contains("too small"), "{err}");
+        assert!(Superblock::layout(64 << 20, 4096, 512, Some(1 << 10), [0; 16], ts).is_err());
+        let small = Superblock::layout(64 << 20, 4096, 512, Some(64 << 10), [0; 16], ts).unwrap();
+        assert_eq!(small.journal.block_count, 16);
     }
 
     #[test]
@@ -371,17 +331,8 @@ mod tests {
         let bytes = sample().encode();
         let mut flipped = bytes;
         flipped[40] ^= 1;
-        assert!(matches!(
-            Superblock::decode(&flipped),
-            Err(FormatError::BadChecksum { .. })
-        ));
-        assert!(matches!(
-            Superblock::decode(&[0u8; 512]),
-            Err(FormatError::BadMagic { .. })
-        ));
-        assert!(matches!(
-            Superblock::decode(&bytes[..100]),
-            Err(FormatError::Truncated { .. })
-        ));
+        assert!(matches!(Superblock::decode(&flipped), Err(FormatError::BadChecksum { .. })));
+        assert!(matches!(Superblock::decode(&[0u8; 512]), Err(FormatError::BadMagic { .. })));
+        assert!(matches!(Superblock::decode(&bytes[..100]), Err(FormatError::Truncated { .. })));
     }
 }

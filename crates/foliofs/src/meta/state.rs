@@ -139,13 +139,7 @@ impl MetaState {
             Record::DirRemove { dir, name } => {
                 self.apply_dir_remove(*dir, name).map(|()| Vec::new())
             }
-            Record::ExtentMap {
-                ino,
-                file_block,
-                dev_block,
-                block_count,
-                state,
-            } => {
+            Record::ExtentMap { ino, file_block, dev_block, block_count, state } => {
                 let extent = Extent {
                     file_block: *file_block,
                     block_count: *block_count,
@@ -154,11 +148,9 @@ impl MetaState {
                 };
                 self.apply_extent_map(*ino, extent)
             }
-            Record::ExtentUnmap {
-                ino,
-                file_block,
-                block_count,
-            } => self.apply_extent_unmap(*ino, *file_block, *block_count),
+            Record::ExtentUnmap { ino, file_block, block_count } => {
+                self.apply_extent_unmap(*ino, *file_block, *block_count)
+            }
         }
     }
 
@@ -223,15 +215,10 @@ impl MetaState {
         let Some(InodeBody::Symlink(stored)) =
             self.inodes.get_mut(&ino).map(|inode| &mut inode.body)
         else {
-            return fail(format!(
-                "symlink target for inode {ino}, which is not a symlink"
-            ));
+            return fail(format!("symlink target for inode {ino}, which is not a symlink"));
         };
-        let old_bytes = if stored.is_empty() {
-            0
-        } else {
-            SYMLINK_RECORD_BYTES + stored.len() as u64
-        };
+        let old_bytes =
+            if stored.is_empty() { 0 } else { SYMLINK_RECORD_BYTES + stored.len() as u64 };
         *stored = target.to_vec();
         self.persisted_bytes_estimate += SYMLINK_RECORD_BYTES + target.len() as u64;
         self.persisted_bytes_estimate -= old_bytes;
@@ -249,9 +236,7 @@ impl MetaState {
         }
         let Some(InodeBody::Dir(entries)) = self.inodes.get_mut(&dir).map(|inode| &mut inode.body)
         else {
-            return fail(format!(
-                "entry added to inode {dir}, which is not a directory"
-            ));
+            return fail(format!("entry added to inode {dir}, which is not a directory"));
         };
         if entries.insert(name.to_vec(), ino).is_none() {
             self.persisted_bytes_estimate += DIR_ENTRY_RECORD_BYTES + name.len() as u64;
@@ -262,9 +247,7 @@ impl MetaState {
     fn apply_dir_remove(&mut self, dir: u64, name: &[u8]) -> Result<(), ApplyError> {
         let Some(InodeBody::Dir(entries)) = self.inodes.get_mut(&dir).map(|inode| &mut inode.body)
         else {
-            return fail(format!(
-                "entry removed from inode {dir}, which is not a directory"
-            ));
+            return fail(format!("entry removed from inode {dir}, which is not a directory"));
         };
         if entries.remove(name).is_none() {
             return fail(format!("removing a missing entry from directory {dir}"));
@@ -276,9 +259,7 @@ impl MetaState {
     fn file_extents_mut(&mut self, ino: u64) -> Result<&mut ExtentMap, ApplyError> {
         match self.inodes.get_mut(&ino).map(|inode| &mut inode.body) {
             Some(InodeBody::File(extents)) => Ok(extents),
-            _ => fail(format!(
-                "extent change for inode {ino}, which is not a regular file"
-            )),
+            _ => fail(format!("extent change for inode {ino}, which is not a regular file")),
         }
     }
 
@@ -300,10 +281,7 @@ impl MetaState {
         self.adjust_extent_estimate(count_before, count_after);
         // Converting in place (Unwritten -> Written) displaces the very blocks
         // it maps again: only what the new extent does not reuse is freed.
-        Ok(displaced
-            .iter()
-            .flat_map(|piece| outside_device_range(piece, &extent))
-            .collect())
+        Ok(displaced.iter().flat_map(|piece| outside_device_range(piece, &extent)).collect())
     }
 
     fn apply_extent_unmap(
@@ -339,22 +317,10 @@ impl MetaState {
         };
         for &ino in &inos {
             let inode = &self.inodes[&ino];
-            emit(
-                Record::InodeSet {
-                    ino,
-                    attrs: inode.attrs,
-                },
-                &mut writer,
-            );
+            emit(Record::InodeSet { ino, attrs: inode.attrs }, &mut writer);
             match &inode.body {
                 InodeBody::Symlink(target) if !target.is_empty() => {
-                    emit(
-                        Record::SymlinkSet {
-                            ino,
-                            target: target.clone(),
-                        },
-                        &mut writer,
-                    );
+                    emit(Record::SymlinkSet { ino, target: target.clone() }, &mut writer);
                 }
                 InodeBody::File(extents) => {
                     for extent in extents.iter() {
@@ -379,14 +345,7 @@ impl MetaState {
                 continue;
             };
             for (name, &target) in entries {
-                emit(
-                    Record::DirAdd {
-                        dir: ino,
-                        name: name.clone(),
-                        ino: target,
-                    },
-                    &mut writer,
-                );
+                emit(Record::DirAdd { dir: ino, name: name.clone(), ino: target }, &mut writer);
             }
         }
         (writer.into_bytes(), record_count)
@@ -406,10 +365,7 @@ impl MetaState {
                 continue;
             };
             for extent in extents.iter() {
-                let run = BlockRun {
-                    start: extent.dev_block,
-                    count: extent.block_count,
-                };
+                let run = BlockRun { start: extent.dev_block, count: extent.block_count };
                 alloc
                     .mark_used(run)
                     .map_err(|error| ApplyError(format!("inode {ino}: {error}")))?;
@@ -428,10 +384,7 @@ impl MetaState {
             match extent.kind {
                 ExtentKind::Delalloc => self.alloc.unreserve(extent.block_count),
                 ExtentKind::Unwritten | ExtentKind::Written => {
-                    let run = BlockRun {
-                        start: extent.dev_block,
-                        count: extent.block_count,
-                    };
+                    let run = BlockRun { start: extent.dev_block, count: extent.block_count };
                     self.pending_frees.push((lsn, run));
                 }
             }
@@ -470,10 +423,7 @@ fn outside_device_range(piece: &Extent, kept: &Extent) -> Vec<Extent> {
     }
     let mut parts = Vec::new();
     if piece.dev_block < kept.dev_block {
-        parts.push(Extent {
-            block_count: kept.dev_block - piece.dev_block,
-            ..*piece
-        });
+        parts.push(Extent { block_count: kept.dev_block - piece.dev_block, ..*piece });
     }
     if kept_end < piece_end {
         let skipped = kept_end - piece.dev_block;
@@ -508,37 +458,17 @@ mod tests {
     }
 
     fn region() -> Region {
-        Region {
-            start_block: 100,
-            block_count: 1000,
-        }
+        Region { start_block: 100, block_count: 1000 }
     }
 
     fn populated() -> MetaState {
         let mut state = MetaState::new(region());
         let records = vec![
-            Record::InodeSet {
-                ino: 1,
-                attrs: attrs(InodeKind::Dir, 3, 1),
-            },
-            Record::InodeSet {
-                ino: 2,
-                attrs: attrs(InodeKind::Dir, 2, 1),
-            },
-            Record::DirAdd {
-                dir: 1,
-                name: b"sub".to_vec(),
-                ino: 2,
-            },
-            Record::InodeSet {
-                ino: 3,
-                attrs: attrs(InodeKind::File, 1, 0),
-            },
-            Record::DirAdd {
-                dir: 2,
-                name: b"file".to_vec(),
-                ino: 3,
-            },
+            Record::InodeSet { ino: 1, attrs: attrs(InodeKind::Dir, 3, 1) },
+            Record::InodeSet { ino: 2, attrs: attrs(InodeKind::Dir, 2, 1) },
+            Record::DirAdd { dir: 1, name: b"sub".to_vec(), ino: 2 },
+            Record::InodeSet { ino: 3, attrs: attrs(InodeKind::File, 1, 0) },
+            Record::DirAdd { dir: 2, name: b"file".to_vec(), ino: 3 },
             Record::ExtentMap {
                 ino: 3,
                 file_block: 0,
@@ -546,19 +476,9 @@ mod tests {
                 block_count: 4,
                 state: ExtentState::Written,
             },
-            Record::InodeSet {
-                ino: 4,
-                attrs: attrs(InodeKind::Symlink, 1, 0),
-            },
-            Record::SymlinkSet {
-                ino: 4,
-                target: b"sub/file".to_vec(),
-            },
-            Record::DirAdd {
-                dir: 1,
-                name: b"link".to_vec(),
-                ino: 4,
-            },
+            Record::InodeSet { ino: 4, attrs: attrs(InodeKind::Symlink, 1, 0) },
+            Record::SymlinkSet { ino: 4, target: b"sub/file".to_vec() },
+            Record::DirAdd { dir: 1, name: b"link".to_vec(), ino: 4 },
         ];
         for record in &records {
             state.apply(record).unwrap();
@@ -601,30 +521,13 @@ mod tests {
     fn contradictions_are_errors_not_panics() {
         let mut state = populated();
         let bad = [
-            Record::DirAdd {
-                dir: 3,
-                name: b"x".to_vec(),
-                ino: 2,
-            },
-            Record::DirAdd {
-                dir: 1,
-                name: b"x".to_vec(),
-                ino: 99,
-            },
-            Record::DirRemove {
-                dir: 1,
-                name: b"missing".to_vec(),
-            },
+            Record::DirAdd { dir: 3, name: b"x".to_vec(), ino: 2 },
+            Record::DirAdd { dir: 1, name: b"x".to_vec(), ino: 99 },
+            Record::DirRemove { dir: 1, name: b"missing".to_vec() },
             Record::InodeFree { ino: 1 },
             Record::InodeFree { ino: 2 },
-            Record::InodeSet {
-                ino: 3,
-                attrs: attrs(InodeKind::Dir, 1, 1),
-            },
-            Record::SymlinkSet {
-                ino: 3,
-                target: b"x".to_vec(),
-            },
+            Record::InodeSet { ino: 3, attrs: attrs(InodeKind::Dir, 1, 1) },
+            Record::SymlinkSet { ino: 3, target: b"x".to_vec() },
             Record::ExtentMap {
                 ino: 3,
                 file_block: 0,
@@ -632,11 +535,7 @@ mod tests {
                 block_count: 2,
                 state: ExtentState::Written,
             },
-            Record::ExtentUnmap {
-                ino: 2,
-                file_block: 0,
-                block_count: 1,
-            },
+            Record::ExtentUnmap { ino: 2, file_block: 0, block_count: 1 },
         ];
         for record in &bad {
             assert!(state.apply(record).is_err(), "{record:?} should not apply");
@@ -646,12 +545,7 @@ mod tests {
     #[test]
     fn overlapping_extents_fail_the_load() {
         let mut state = populated();
-        state
-            .apply(&Record::InodeSet {
-                ino: 9,
-                attrs: attrs(InodeKind::File, 1, 0),
-            })
-            .unwrap();
+        state.apply(&Record::InodeSet { ino: 9, attrs: attrs(InodeKind::File, 1, 0) }).unwrap();
         let record = Record::ExtentMap {
             ino: 9,
             file_block: 0,
@@ -675,21 +569,14 @@ mod tests {
             block_count: 2,
             state: ExtentState::Unwritten,
         };
-        assert!(
-            state.apply(&convert(201)).unwrap().is_empty(),
-            "same blocks: nothing displaced"
-        );
+        assert!(state.apply(&convert(201)).unwrap().is_empty(), "same blocks: nothing displaced");
         let displaced = state.apply(&convert(600)).unwrap();
-        let freed: Vec<(u64, u64)> = displaced
-            .iter()
-            .map(|e| (e.dev_block, e.block_count))
-            .collect();
+        let freed: Vec<(u64, u64)> =
+            displaced.iter().map(|e| (e.dev_block, e.block_count)).collect();
         assert_eq!(freed, vec![(201, 2)]);
         let overlapping = state.apply(&convert(599)).unwrap();
-        let freed: Vec<(u64, u64)> = overlapping
-            .iter()
-            .map(|e| (e.dev_block, e.block_count))
-            .collect();
+        let freed: Vec<(u64, u64)> =
+            overlapping.iter().map(|e| (e.dev_block, e.block_count)).collect();
         assert_eq!(freed, vec![(601, 1)]);
     }
 
@@ -697,13 +584,8 @@ mod tests {
     fn freed_blocks_wait_for_durability() {
         let mut state = populated();
         state.finish_load().unwrap();
-        let displaced = state
-            .apply(&Record::ExtentUnmap {
-                ino: 3,
-                file_block: 0,
-                block_count: 4,
-            })
-            .unwrap();
+        let displaced =
+            state.apply(&Record::ExtentUnmap { ino: 3, file_block: 0, block_count: 4 }).unwrap();
         state.release_displaced(&displaced, 10);
         assert_eq!(state.alloc.free_blocks(), 996);
         assert_eq!(state.pending_free_blocks(), 4);

@@ -74,10 +74,8 @@ impl Txn<'_> {
     fn note_touched(&mut self, record: &Record) {
         match record {
             Record::InodeSet { ino, attrs } => {
-                let size_changed = self
-                    .state
-                    .inode(*ino)
-                    .is_none_or(|inode| inode.attrs.size != attrs.size);
+                let size_changed =
+                    self.state.inode(*ino).is_none_or(|inode| inode.attrs.size != attrs.size);
                 self.touched.push((*ino, size_changed));
             }
             Record::InodeFree { .. } => {}
@@ -132,9 +130,7 @@ impl MetaStore {
                 .apply(record)
                 .map_err(|error| Error::Corrupt(format!("journal record {index}: {error}")))?;
         }
-        state
-            .finish_load()
-            .map_err(|error| Error::Corrupt(error.0))?;
+        state.finish_load().map_err(|error| Error::Corrupt(error.0))?;
         state.next_ino = state.next_ino.max(loaded.checkpoint.next_ino);
         let report = LoadReport {
             checkpoint_generation: loaded.checkpoint.generation,
@@ -143,12 +139,8 @@ impl MetaStore {
             journal_records_replayed: loaded.journal_records.len() as u64,
         };
         let journal = Journal::new(device, geometry, loaded.position);
-        let store = Self {
-            state: RwLock::new(state),
-            journal,
-            checkpoint_lock: Mutex::new(()),
-            read_only,
-        };
+        let store =
+            Self { state: RwLock::new(state), journal, checkpoint_lock: Mutex::new(()), read_only };
         Ok((store, report))
     }
 
@@ -201,12 +193,7 @@ impl MetaStore {
                 return Err(error);
             }
         };
-        let Txn {
-            records,
-            displaced,
-            touched,
-            ..
-        } = txn;
+        let Txn { records, displaced, touched, .. } = txn;
         let lsn = self.journal.append(&records);
         state.release_displaced(&displaced, lsn);
         for (ino, data) in touched {
@@ -232,10 +219,7 @@ impl MetaStore {
                 Ok(()) => return Ok(()),
                 Err(CommitError::Full) => self.checkpoint()?,
                 Err(CommitError::Failed(message)) => {
-                    return Err(Error::io(
-                        message,
-                        std::io::Error::from_raw_os_error(libc::EIO),
-                    ))
+                    return Err(Error::io(message, std::io::Error::from_raw_os_error(libc::EIO)))
                 }
             }
         }
@@ -257,8 +241,7 @@ impl MetaStore {
             let (payload, record_count) = state.encode_snapshot();
             (point, state.next_ino, payload, record_count)
         };
-        self.journal
-            .write_checkpoint(point, next_ino, &payload, record_count)
+        self.journal.write_checkpoint(point, next_ino, &payload, record_count)
     }
 
     /// Checkpoints if the journal is filling up; returns whether it did.

@@ -24,9 +24,9 @@ pub struct Attr {
 
 impl Attr {
     pub(crate) fn of(ino: u64, inode: &Inode, block_bytes: u32) -> Self {
-        let allocated_blocks: u64 = inode.extents().map_or(0, |extents| {
-            extents.iter().map(|extent| extent.block_count).sum()
-        });
+        let allocated_blocks: u64 = inode
+            .extents()
+            .map_or(0, |extents| extents.iter().map(|extent| extent.block_count).sum());
         let attrs = &inode.attrs;
         Attr {
             ino,

@@ -19,24 +19,9 @@ pub struct OpenFlags {
 }
 
 impl OpenFlags {
-    pub const READ: Self = Self {
-        read: true,
-        write: false,
-        truncate: false,
-        append: false,
-    };
-    pub const WRITE: Self = Self {
-        read: false,
-        write: true,
-        truncate: false,
-        append: false,
-    };
-    pub const READ_WRITE: Self = Self {
-        read: true,
-        write: true,
-        truncate: false,
-        append: false,
-    };
+    pub const READ: Self = Self { read: true, write: false, truncate: false, append: false };
+    pub const WRITE: Self = Self { read: false, write: true, truncate: false, append: false };
+    pub const READ_WRITE: Self = Self { read: true, write: true, truncate: false, append: false };
 }
 
 /// An open regular file. Closing (or dropping) the last handle of an
@@ -60,9 +45,8 @@ impl Volume {
             return Err(Error::invalid("O_TRUNC without write access"));
         }
         self.shared.meta.update_memory(|state| {
-            let inode = state
-                .inode_mut(ino)
-                .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            let inode =
+                state.inode_mut(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
             match inode.attrs.kind {
                 InodeKind::File => {}
                 InodeKind::Dir => return Err(Error::IsDir(format!("inode {ino}"))),
@@ -123,11 +107,7 @@ impl File {
             return Ok(0);
         }
         let _exclusive = self.inode.io_lock.write();
-        let pos = if self.flags.append {
-            self.attr()?.size
-        } else {
-            pos
-        };
+        let pos = if self.flags.append { self.attr()?.size } else { pos };
         self.shared.data_path().write(self.ino, data, pos)
     }
 
@@ -189,11 +169,7 @@ impl File {
 
 impl std::fmt::Debug for File {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter
-            .debug_struct("File")
-            .field("ino", &self.ino)
-            .field("flags", &self.flags)
-            .finish()
+        formatter.debug_struct("File").field("ino", &self.ino).field("flags", &self.flags).finish()
     }
 }
 

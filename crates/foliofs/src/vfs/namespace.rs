@@ -25,9 +25,7 @@ pub struct RenameFlags {
 
 fn check_name(name: &[u8]) -> Result<()> {
     if name.len() > NAME_BYTES_MAX {
-        return Err(Error::NameTooLong(
-            String::from_utf8_lossy(&name[..32]).into_owned() + "...",
-        ));
+        return Err(Error::NameTooLong(String::from_utf8_lossy(&name[..32]).into_owned() + "..."));
     }
     if !is_valid_name(name) {
         return Err(Error::invalid(format!(
@@ -45,26 +43,17 @@ fn display(name: &[u8]) -> String {
 /// The entry `name` in directory `dir`: its inode number.
 fn entry_of(state: &MetaState, dir: u64, name: &[u8]) -> Result<u64> {
     let entries = dir_entries(state, dir)?;
-    entries
-        .get(name)
-        .copied()
-        .ok_or_else(|| Error::NotFound(display(name)))
+    entries.get(name).copied().ok_or_else(|| Error::NotFound(display(name)))
 }
 
 fn dir_entries(state: &MetaState, dir: u64) -> Result<&std::collections::BTreeMap<Vec<u8>, u64>> {
-    let inode = state
-        .inode(dir)
-        .ok_or_else(|| Error::NotFound(format!("directory inode {dir}")))?;
-    inode
-        .entries()
-        .ok_or_else(|| Error::NotDir(format!("inode {dir}")))
+    let inode =
+        state.inode(dir).ok_or_else(|| Error::NotFound(format!("directory inode {dir}")))?;
+    inode.entries().ok_or_else(|| Error::NotDir(format!("inode {dir}")))
 }
 
 fn attrs_of(state: &MetaState, ino: u64) -> Result<InodeAttrs> {
-    state
-        .inode(ino)
-        .map(|inode| inode.attrs)
-        .ok_or_else(|| Error::NotFound(format!("inode {ino}")))
+    state.inode(ino).map(|inode| inode.attrs).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
 }
 
 /// Applies an InodeSet with `change` made to the current attributes.
@@ -76,10 +65,7 @@ fn update_attrs(txn: &mut Txn<'_>, ino: u64, change: impl FnOnce(&mut InodeAttrs
 
 fn touch_dir(txn: &mut Txn<'_>, dir: u64, nlink_delta: i32, now: Timestamp) {
     update_attrs(txn, dir, |attrs| {
-        attrs.nlink = attrs
-            .nlink
-            .checked_add_signed(nlink_delta)
-            .expect("directory link count");
+        attrs.nlink = attrs.nlink.checked_add_signed(nlink_delta).expect("directory link count");
         attrs.mtime = now;
         attrs.ctime = now;
     });
@@ -90,11 +76,7 @@ fn touch_dir(txn: &mut Txn<'_>, dir: u64, nlink_delta: i32, now: Timestamp) {
 fn drop_link(txn: &mut Txn<'_>, ino: u64, now: Timestamp) {
     let inode = txn.state().inode(ino).expect("validated inode");
     let is_dir = inode.attrs.kind == InodeKind::Dir;
-    let nlink = if is_dir {
-        0
-    } else {
-        inode.attrs.nlink.saturating_sub(1)
-    };
+    let nlink = if is_dir { 0 } else { inode.attrs.nlink.saturating_sub(1) };
     if nlink == 0 && (is_dir || inode.open_handles == 0) {
         txn.apply(Record::InodeFree { ino });
     } else {
@@ -137,10 +119,7 @@ impl Volume {
     pub fn resolve(&self, path: &str) -> Result<u64> {
         let state = self.shared.meta.read();
         let mut ino = ROOT_INO;
-        for component in path
-            .split('/')
-            .filter(|part| !part.is_empty() && *part != ".")
-        {
+        for component in path.split('/').filter(|part| !part.is_empty() && *part != ".") {
             ino = if component == ".." {
                 attrs_of(&state, ino)?.parent
             } else {
@@ -161,20 +140,14 @@ impl Volume {
             .iter()
             .filter_map(|(name, &ino)| {
                 let kind = state.inode(ino)?.attrs.kind;
-                Some(DirEntry {
-                    name: name.clone(),
-                    ino,
-                    kind,
-                })
+                Some(DirEntry { name: name.clone(), ino, kind })
             })
             .collect())
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         let state = self.shared.meta.read();
-        let inode = state
-            .inode(ino)
-            .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+        let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
         match &inode.body {
             crate::meta::InodeBody::Symlink(target) => Ok(target.clone()),
             _ => Err(Error::invalid(format!("inode {ino} is not a symlink"))),
@@ -215,16 +188,9 @@ impl Volume {
             };
             txn.apply(Record::InodeSet { ino, attrs });
             if let Some(target) = target {
-                txn.apply(Record::SymlinkSet {
-                    ino,
-                    target: target.to_vec(),
-                });
+                txn.apply(Record::SymlinkSet { ino, target: target.to_vec() });
             }
-            txn.apply(Record::DirAdd {
-                dir: parent,
-                name: name.to_vec(),
-                ino,
-            });
+            txn.apply(Record::DirAdd { dir: parent, name: name.to_vec(), ino });
             touch_dir(txn, parent, i32::from(is_dir), now);
             self.shared.attr_of(txn.state(), ino)
         })?;
@@ -241,15 +207,10 @@ impl Volume {
 
     pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], owner: Owner) -> Result<Attr> {
         if target.is_empty() || target.contains(&0) {
-            return Err(Error::invalid(
-                "a symlink target must be non-empty and contain no NUL",
-            ));
+            return Err(Error::invalid("a symlink target must be non-empty and contain no NUL"));
         }
         if target.len() > SYMLINK_BYTES_MAX {
-            return Err(Error::NameTooLong(format!(
-                "symlink target of {} bytes",
-                target.len()
-            )));
+            return Err(Error::NameTooLong(format!("symlink target of {} bytes", target.len())));
         }
         self.make_node(parent, name, InodeKind::Symlink, 0o777, owner, Some(target))
     }
@@ -280,11 +241,7 @@ impl Volume {
                 attrs.nlink += 1;
                 attrs.ctime = now;
             });
-            txn.apply(Record::DirAdd {
-                dir: new_parent,
-                name: new_name.to_vec(),
-                ino,
-            });
+            txn.apply(Record::DirAdd { dir: new_parent, name: new_name.to_vec(), ino });
             touch_dir(txn, new_parent, 0, now);
             self.shared.attr_of(txn.state(), ino)
         })?;
@@ -300,10 +257,7 @@ impl Volume {
                 return Err(Error::IsDir(display(name)));
             }
             let now = Timestamp::now();
-            txn.apply(Record::DirRemove {
-                dir: parent,
-                name: name.to_vec(),
-            });
+            txn.apply(Record::DirRemove { dir: parent, name: name.to_vec() });
             drop_link(txn, ino, now);
             touch_dir(txn, parent, 0, now);
             Ok(())
@@ -319,10 +273,7 @@ impl Volume {
                 return Err(Error::NotEmpty(display(name)));
             }
             let now = Timestamp::now();
-            txn.apply(Record::DirRemove {
-                dir: parent,
-                name: name.to_vec(),
-            });
+            txn.apply(Record::DirRemove { dir: parent, name: name.to_vec() });
             touch_dir(txn, parent, -1, now);
             txn.apply(Record::InodeFree { ino });
             Ok(())
@@ -341,9 +292,7 @@ impl Volume {
         check_name(name)?;
         check_name(new_name)?;
         if flags.exchange && flags.no_replace {
-            return Err(Error::invalid(
-                "RENAME_EXCHANGE and RENAME_NOREPLACE together",
-            ));
+            return Err(Error::invalid("RENAME_EXCHANGE and RENAME_NOREPLACE together"));
         }
         self.shared.meta.transact(|txn| {
             let plan = plan_rename(txn.state(), parent, name, new_parent, new_name, flags)?;
@@ -351,15 +300,7 @@ impl Volume {
                 return Ok(());
             }
             txn.ensure_metadata_room(300 + new_name.len() as u64)?;
-            apply_rename(
-                txn,
-                &plan,
-                parent,
-                name,
-                new_parent,
-                new_name,
-                flags.exchange,
-            );
+            apply_rename(txn, &plan, parent, name, new_parent, new_name, flags.exchange);
             Ok(())
         })?;
         Ok(())
@@ -443,18 +384,10 @@ fn plan_rename(
         return Err(Error::Exists(display(new_name)));
     }
     if same_entry || victim.is_some_and(|(victim, _)| victim == ino) {
-        return Ok(RenamePlan {
-            ino,
-            ino_is_dir,
-            victim,
-            is_noop: true,
-        });
+        return Ok(RenamePlan { ino, ino_is_dir, victim, is_noop: true });
     }
     if ino_is_dir && is_ancestor(state, ino, new_parent) {
-        return Err(Error::invalid(format!(
-            "cannot move directory {} into itself",
-            display(name)
-        )));
+        return Err(Error::invalid(format!("cannot move directory {} into itself", display(name))));
     }
     if let Some((victim_ino, victim_is_dir)) = victim {
         if flags.exchange {
@@ -471,12 +404,7 @@ fn plan_rename(
             return Err(Error::NotEmpty(display(new_name)));
         }
     }
-    Ok(RenamePlan {
-        ino,
-        ino_is_dir,
-        victim,
-        is_noop: false,
-    })
+    Ok(RenamePlan { ino, ino_is_dir, victim, is_noop: false })
 }
 
 fn apply_rename(
@@ -498,16 +426,8 @@ fn apply_rename(
     };
     if exchange {
         let (victim, victim_is_dir) = plan.victim.expect("exchange has a target");
-        txn.apply(Record::DirAdd {
-            dir: parent,
-            name: name.to_vec(),
-            ino: victim,
-        });
-        txn.apply(Record::DirAdd {
-            dir: new_parent,
-            name: new_name.to_vec(),
-            ino: plan.ino,
-        });
+        txn.apply(Record::DirAdd { dir: parent, name: name.to_vec(), ino: victim });
+        txn.apply(Record::DirAdd { dir: new_parent, name: new_name.to_vec(), ino: plan.ino });
         if plan.ino_is_dir {
             moves_dir(txn, plan.ino, parent, new_parent);
         }
@@ -516,15 +436,8 @@ fn apply_rename(
         }
         update_attrs(txn, victim, |attrs| attrs.ctime = now);
     } else {
-        txn.apply(Record::DirRemove {
-            dir: parent,
-            name: name.to_vec(),
-        });
-        txn.apply(Record::DirAdd {
-            dir: new_parent,
-            name: new_name.to_vec(),
-            ino: plan.ino,
-        });
+        txn.apply(Record::DirRemove { dir: parent, name: name.to_vec() });
+        txn.apply(Record::DirAdd { dir: new_parent, name: new_name.to_vec(), ino: plan.ino });
         if let Some((victim, victim_is_dir)) = plan.victim {
             if victim_is_dir {
                 touch_dir(txn, new_parent, -1, now);

@@ -27,16 +27,15 @@ use super::attr::{Attr, Owner, StatFs};
 #[derive(Debug, Clone, Copy)]
 pub struct MkfsOptions {
     pub block_bytes: u32,
+    /// Journal size; by default 1/128 of the volume, at least 1 MiB.
+    pub journal_bytes: Option<u64>,
     /// Owner of the root directory.
     pub root_owner: Owner,
 }
 
 impl Default for MkfsOptions {
     fn default() -> Self {
-        Self {
-            block_bytes: 4096,
-            root_owner: Owner::current(),
-        }
+        Self { block_bytes: 4096, journal_bytes: None, root_owner: Owner::current() }
     }
 }
 
@@ -64,11 +63,7 @@ impl Shared {
     }
 
     pub(crate) fn data_path(&self) -> DataPath<'_> {
-        DataPath {
-            meta: &self.meta,
-            device: &self.device,
-            block_bytes: self.block_bytes(),
-        }
+        DataPath { meta: &self.meta, device: &self.device, block_bytes: self.block_bytes() }
     }
 
     pub(crate) fn open_inode(&self, ino: u64) -> Arc<OpenInode> {
@@ -76,18 +71,14 @@ impl Shared {
         if let Some(existing) = open.get(&ino).and_then(Weak::upgrade) {
             return existing;
         }
-        let fresh = Arc::new(OpenInode {
-            io_lock: RwLock::new(()),
-        });
+        let fresh = Arc::new(OpenInode { io_lock: RwLock::new(()) });
         open.insert(ino, Arc::downgrade(&fresh));
         open.retain(|_, weak| weak.strong_count() > 0);
         fresh
     }
 
     pub(crate) fn attr_of(&self, state: &MetaState, ino: u64) -> Result<Attr> {
-        let inode = state
-            .inode(ino)
-            .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+        let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
         Ok(Attr::of(ino, inode, self.superblock.block_bytes))
     }
 
@@ -97,9 +88,7 @@ impl Shared {
     pub(crate) fn fsync_inode(&self, ino: u64, data_only: bool) -> Result<()> {
         let lsn = {
             let state = self.meta.read();
-            let inode = state
-                .inode(ino)
-                .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
             if data_only {
                 inode.data_lsn
             } else {
@@ -107,10 +96,7 @@ impl Shared {
             }
         };
         if let Some(failure) = self.meta.journal().failure() {
-            return Err(Error::io(
-                failure,
-                std::io::Error::from_raw_os_error(libc::EIO),
-            ));
+            return Err(Error::io(failure, std::io::Error::from_raw_os_error(libc::EIO)));
         }
         self.meta.commit(lsn)?;
         self.device.flush_if_needed().context(|| "flush".into())?;
@@ -148,12 +134,9 @@ impl Volume {
                 .truncate(false)
                 .open(path)
                 .context(|| format!("create {}", path.display()))?;
-            let metadata = file
-                .metadata()
-                .context(|| format!("stat {}", path.display()))?;
+            let metadata = file.metadata().context(|| format!("stat {}", path.display()))?;
             if metadata.is_file() {
-                file.set_len(size_bytes)
-                    .context(|| format!("resize {}", path.display()))?;
+                file.set_len(size_bytes).context(|| format!("resize {}", path.display()))?;
             }
         }
         let device = Device::open(path, &options.dev_options())
@@ -178,6 +161,7 @@ impl Volume {
             device.size_bytes(),
             mkfs.block_bytes,
             sector_bytes,
+            mkfs.journal_bytes,
             uuid,
             now,
         )
@@ -195,12 +179,7 @@ impl Volume {
             ctime: now,
             parent: ROOT_INO,
         };
-        state
-            .apply(&Record::InodeSet {
-                ino: ROOT_INO,
-                attrs: root,
-            })
-            .expect("fresh state");
+        state.apply(&Record::InodeSet { ino: ROOT_INO, attrs: root }).expect("fresh state");
         let (payload, record_count) = state.encode_snapshot();
         let geometry = JournalGeometry::new(&superblock);
         write_initial_checkpoint(device, &geometry, state.next_ino, &payload, record_count)?;
@@ -208,9 +187,7 @@ impl Volume {
         sector[..HEADER_BYTES].copy_from_slice(&superblock.encode());
         for copy in 0..2 {
             let offset = Superblock::copy_offset(superblock.block_bytes, copy);
-            device
-                .write(offset, &sector, false)
-                .context(|| "write superblock".into())?;
+            device.write(offset, &sector, false).context(|| "write superblock".into())?;
         }
         device.flush().context(|| "flush after mkfs".into())?;
         Ok(superblock)
@@ -227,12 +204,8 @@ impl Volume {
     pub fn open_device(device: Arc<Device>, options: &VolumeOptions) -> Result<Self> {
         let superblock = read_superblock(&device)?;
         let geometry = JournalGeometry::new(&superblock);
-        let (meta, load_report) = MetaStore::load(
-            Arc::clone(&device),
-            geometry,
-            superblock.data,
-            options.read_only,
-        )?;
+        let (meta, load_report) =
+            MetaStore::load(Arc::clone(&device), geometry, superblock.data, options.read_only)?;
         let shared = Arc::new(Shared {
             device,
             superblock,
@@ -279,9 +252,7 @@ impl Volume {
 
     pub fn statfs(&self) -> StatFs {
         let durable_lsn = self.shared.meta.journal().durable_lsn();
-        self.shared
-            .meta
-            .update_memory(|state| state.release_pending_frees(durable_lsn));
+        self.shared.meta.update_memory(|state| state.release_pending_frees(durable_lsn));
         let state = self.shared.meta.read();
         StatFs {
             block_bytes: self.shared.superblock.block_bytes,
@@ -291,12 +262,7 @@ impl Volume {
             inodes: state.inode_count() as u64,
             name_bytes_max: NAME_BYTES_MAX as u32,
             metadata_bytes: state.persisted_bytes_estimate(),
-            metadata_bytes_max: self
-                .shared
-                .meta
-                .journal()
-                .geometry()
-                .slot_payload_bytes_max(),
+            metadata_bytes_max: self.shared.meta.journal().geometry().slot_payload_bytes_max(),
         }
     }
 
@@ -306,26 +272,17 @@ impl Volume {
         let block_bytes = self.shared.block_bytes();
         let end_block = {
             let state = self.shared.meta.read();
-            let inode = state
-                .inode(ino)
-                .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
-            let extents = inode
-                .extents()
-                .ok_or_else(|| Error::invalid("fiemap of a non-regular file"))?;
+            let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            let extents =
+                inode.extents().ok_or_else(|| Error::invalid("fiemap of a non-regular file"))?;
             extents.end_block()
         };
         let mut out = Vec::new();
         let mut pos = 0;
         while pos < end_block * block_bytes {
             let length = end_block * block_bytes - pos;
-            let mapping = iomap::begin(
-                &self.shared.meta,
-                ino,
-                pos,
-                length,
-                Intent::Report,
-                block_bytes,
-            )?;
+            let mapping =
+                iomap::begin(&self.shared.meta, ino, pos, length, Intent::Report, block_bytes)?;
             if mapping.kind != MapKind::Hole {
                 out.push(FiemapExtent {
                     logical: mapping.offset,
@@ -406,13 +363,9 @@ fn read_superblock(device: &Device) -> Result<Superblock> {
     let sector = device.logical_block_bytes().max(SECTOR_BYTES_MIN) as usize;
     let mut buffer = AlignedBuf::zeroed(sector);
     if device.size_bytes() < sector as u64 {
-        return Err(Error::Corrupt(
-            "the device is too small to hold a foliofs volume".into(),
-        ));
+        return Err(Error::Corrupt("the device is too small to hold a foliofs volume".into()));
     }
-    device
-        .read(0, &mut buffer)
-        .context(|| "read superblock".into())?;
+    device.read(0, &mut buffer).context(|| "read superblock".into())?;
     let primary_error = match Superblock::decode(&buffer) {
         Ok(superblock) => return check_superblock_fits(device, superblock),
         Err(error) => error,
@@ -497,18 +450,14 @@ fn spawn_background(shared: Weak<Shared>, interval_ms: u64) -> JoinHandle<()> {
             {
                 let mut stop = shared.stop.lock();
                 if !*stop {
-                    shared
-                        .stop_signal
-                        .wait_for(&mut stop, Duration::from_millis(interval_ms));
+                    shared.stop_signal.wait_for(&mut stop, Duration::from_millis(interval_ms));
                 }
                 if *stop {
                     return;
                 }
             }
-            if let Err(error) = shared
-                .meta
-                .commit_all()
-                .and_then(|()| shared.meta.checkpoint_if_due().map(|_| ()))
+            if let Err(error) =
+                shared.meta.commit_all().and_then(|()| shared.meta.checkpoint_if_due().map(|_| ()))
             {
                 tracing::error!("background commit: {error}");
             }

@@ -11,17 +11,11 @@ use foliofs::{Owner, Volume, VolumeOptions};
 pub const ROOT: u64 = 1;
 
 pub fn options() -> VolumeOptions {
-    VolumeOptions {
-        commit_interval_ms: 0,
-        ..VolumeOptions::default()
-    }
+    VolumeOptions { commit_interval_ms: 0, ..VolumeOptions::default() }
 }
 
 pub fn owner() -> Owner {
-    Owner {
-        uid: 1000,
-        gid: 1000,
-    }
+    Owner { uid: 1000, gid: 1000 }
 }
 
 /// The byte every device starts filled with: blocks whose data write was lost
@@ -31,15 +25,17 @@ pub const GARBAGE_BYTE: u8 = 0xA5;
 /// A freshly formatted in-memory volume and its device, which starts full of
 /// garbage rather than zeros.
 pub fn new_volume(size_bytes: u64, block_bytes: u32) -> (Arc<FaultDev>, Volume) {
-    let raw = Arc::new(FaultDev::from_image(
-        vec![GARBAGE_BYTE; size_bytes as usize],
-        512,
-    ));
+    new_volume_with_journal(size_bytes, block_bytes, None)
+}
+
+pub fn new_volume_with_journal(
+    size_bytes: u64,
+    block_bytes: u32,
+    journal_bytes: Option<u64>,
+) -> (Arc<FaultDev>, Volume) {
+    let raw = Arc::new(FaultDev::from_image(vec![GARBAGE_BYTE; size_bytes as usize], 512));
     let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
-    let mkfs = MkfsOptions {
-        block_bytes,
-        root_owner: owner(),
-    };
+    let mkfs = MkfsOptions { block_bytes, journal_bytes, root_owner: owner() };
     Volume::format(&device, &mkfs).expect("mkfs");
     let volume = Volume::open_device(device, &options()).expect("open");
     (raw, volume)
