@@ -69,53 +69,71 @@ pub fn begin(
 ) -> Result<Mapping> {
     assert!(length > 0);
     let first_block = pos / block_bytes;
-    let end_block = (pos + length).div_ceil(block_bytes);
-    let wanted_blocks = end_block - first_block;
-    let looked_up = {
-        let state = meta.read();
-        let inode =
-            state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
-        let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
-        extents.lookup(first_block)
-    };
-    let mapping = match looked_up {
-        Lookup::Mapped(extent) => {
-            let kind = match extent.kind {
-                ExtentKind::Delalloc => MapKind::Delalloc,
-                ExtentKind::Unwritten => MapKind::Unwritten,
-                ExtentKind::Written => MapKind::Written,
-            };
-            let block_count = extent.block_count.min(wanted_blocks);
-            let dev_offset =
-                if kind == MapKind::Delalloc { 0 } else { extent.dev_block * block_bytes };
-            Mapping {
-                kind,
-                offset: first_block * block_bytes,
-                length: block_count * block_bytes,
-                dev_offset,
-                new: false,
+    let wanted_blocks = (pos + length).div_ceil(block_bytes) - first_block;
+    let mut commits_for_space = 0;
+    loop {
+        let looked_up = lookup(meta, ino, first_block)?;
+        let hole_blocks = match looked_up {
+            Lookup::Mapped(extent) => return Ok(mapped(extent, wanted_blocks, block_bytes)),
+            Lookup::Hole { block_count } => block_count.min(wanted_blocks),
+        };
+        if intent != Intent::Write {
+            let offset = first_block * block_bytes;
+            let length = hole_blocks * block_bytes;
+            return Ok(Mapping { kind: MapKind::Hole, offset, length, dev_offset: 0, new: false });
+        }
+        match allocate_unwritten(meta, ino, first_block, hole_blocks)? {
+            Allocation::Mapped(run) => {
+                return Ok(Mapping {
+                    kind: MapKind::Unwritten,
+                    offset: first_block * block_bytes,
+                    length: run.count * block_bytes,
+                    dev_offset: run.start * block_bytes,
+                    new: true,
+                })
+            }
+            // Another writer mapped the hole meanwhile: look again.
+            Allocation::Raced => {}
+            // Freed space becomes usable once its transaction is durable.
+            Allocation::NeedsCommit if commits_for_space == 0 => {
+                commits_for_space += 1;
+                meta.commit_all()?;
+            }
+            Allocation::NeedsCommit => {
+                return Err(Error::NoSpace(format!("no free blocks for inode {ino}")));
             }
         }
-        Lookup::Hole { block_count } if intent != Intent::Write => Mapping {
-            kind: MapKind::Hole,
-            offset: first_block * block_bytes,
-            length: block_count.min(wanted_blocks) * block_bytes,
-            dev_offset: 0,
-            new: false,
-        },
-        Lookup::Hole { block_count } => {
-            let run = allocate_unwritten(meta, ino, first_block, block_count.min(wanted_blocks))?;
-            Mapping {
-                kind: MapKind::Unwritten,
-                offset: first_block * block_bytes,
-                length: run.count * block_bytes,
-                dev_offset: run.start * block_bytes,
-                new: true,
-            }
-        }
+    }
+}
+
+fn lookup(meta: &MetaStore, ino: u64, file_block: u64) -> Result<Lookup> {
+    let state = meta.read();
+    let inode = state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+    let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
+    Ok(extents.lookup(file_block))
+}
+
+fn mapped(extent: crate::extent::Extent, wanted_blocks: u64, block_bytes: u64) -> Mapping {
+    let kind = match extent.kind {
+        ExtentKind::Delalloc => MapKind::Delalloc,
+        ExtentKind::Unwritten => MapKind::Unwritten,
+        ExtentKind::Written => MapKind::Written,
     };
-    debug_assert!(mapping.offset <= pos && pos < mapping.end());
-    Ok(mapping)
+    let dev_offset = if kind == MapKind::Delalloc { 0 } else { extent.dev_block * block_bytes };
+    Mapping {
+        kind,
+        offset: extent.file_block * block_bytes,
+        length: extent.block_count.min(wanted_blocks) * block_bytes,
+        dev_offset,
+        new: false,
+    }
+}
+
+enum Allocation {
+    Mapped(BlockRun),
+    Raced,
+    /// Nothing free now, but blocks freed by uncommitted transactions wait.
+    NeedsCommit,
 }
 
 /// Allocates up to `block_count` blocks for file block `file_block` (a hole)
@@ -126,17 +144,20 @@ fn allocate_unwritten(
     ino: u64,
     file_block: u64,
     block_count: u64,
-) -> Result<BlockRun> {
-    let (run, _) = meta.transact(|txn| {
+) -> Result<Allocation> {
+    let (allocation, _) = meta.transact(|txn| {
         txn.ensure_metadata_room(64)?;
         let (goal, hole_blocks) = allocation_goal(txn, ino, file_block)?;
         let wanted = block_count.min(hole_blocks);
         if wanted == 0 {
-            return Err(Error::invalid("the range was mapped concurrently; retry"));
+            return Ok(Allocation::Raced);
         }
-        let run = txn.state_mut().alloc.allocate(goal, wanted, 0).ok_or_else(|| {
-            Error::NoSpace(format!("no free blocks for {wanted} blocks of inode {ino}"))
-        })?;
+        let Some(run) = txn.state_mut().alloc.allocate(goal, wanted, 0) else {
+            if txn.state().pending_free_blocks() > 0 {
+                return Ok(Allocation::NeedsCommit);
+            }
+            return Err(Error::NoSpace(format!("no free blocks for inode {ino}")));
+        };
         txn.apply(Record::ExtentMap {
             ino,
             file_block,
@@ -144,9 +165,9 @@ fn allocate_unwritten(
             block_count: run.count,
             state: ExtentState::Unwritten,
         });
-        Ok(run)
+        Ok(Allocation::Mapped(run))
     })?;
-    Ok(run)
+    Ok(allocation)
 }
 
 /// Prefers the device block right after the extent before `file_block`, so

@@ -284,7 +284,8 @@ mod tests {
     use super::*;
 
     fn sample() -> Superblock {
-        Superblock::layout(64 << 20, 4096, 512, None, [7; 16], Timestamp { secs: 1, nanos: 2 }).unwrap()
+        Superblock::layout(64 << 20, 4096, 512, None, [7; 16], Timestamp { secs: 1, nanos: 2 })
+            .unwrap()
     }
 
     #[test]
