@@ -1,1 +1,116 @@
-fn main() {}
+//! `foliofs`: the command-line front end. Every command is a thin layer over
+//! the library: parse arguments, call `foliofs::Volume`, print.
+
+mod commands;
+mod image_path;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "foliofs", version, about = "A crash-safe file storage engine in user space")]
+struct Cli {
+    /// Volume options, comma separated (engine=sync|threads|uring, fua=native|emulate,
+    /// direct=on|off, ro, commit_interval_ms=N, io_threads=N).
+    #[arg(short = 'o', long = "options", global = true, default_value = "")]
+    options: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a volume in IMAGE (a file, created or resized, or a block device).
+    Mkfs {
+        image: PathBuf,
+        /// Volume size, e.g. 4G; required for a file that does not exist yet.
+        #[arg(long)]
+        size: Option<String>,
+        /// File-system block size: 1024, 2048, 4096, ..., 65536.
+        #[arg(long, default_value = "4096")]
+        block_size: String,
+        /// Journal size (default 1/128 of the volume, at least 1 MiB).
+        #[arg(long)]
+        journal_size: Option<String>,
+    },
+    /// Print the superblock, layout and usage of a volume.
+    Info { image: PathBuf },
+    /// Check a volume's consistency without changing it (exit 0 when clean).
+    Fsck { image: PathBuf },
+    /// List a directory: IMAGE:/path.
+    Ls {
+        target: String,
+        /// Long listing: mode, links, owner, size, time.
+        #[arg(short = 'l')]
+        long: bool,
+    },
+    /// Write a file's contents to standard output: IMAGE:/path.
+    Cat { target: String },
+    /// Copy between the host and a volume; one side is IMAGE:/path.
+    Cp {
+        source: String,
+        destination: String,
+        /// Copy directories recursively (symlinks are copied as symlinks).
+        #[arg(short = 'r', short_alias = 'R')]
+        recursive: bool,
+    },
+    /// Remove a file (or a directory tree with -r): IMAGE:/path.
+    Rm {
+        target: String,
+        #[arg(short = 'r', short_alias = 'R')]
+        recursive: bool,
+    },
+    /// Create a directory: IMAGE:/path.
+    Mkdir {
+        target: String,
+        /// Create missing parents; no error if it exists.
+        #[arg(short = 'p')]
+        parents: bool,
+    },
+    /// Show a file's extents and their states, like filefrag -v: IMAGE:/path.
+    Fiemap { target: String },
+    /// Run a benchmark.
+    #[command(subcommand)]
+    Bench(commands::bench::BenchCommand),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FOLIOFS_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("foliofs: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let options = foliofs::VolumeOptions::parse(&cli.options)?;
+    use commands::*;
+    match cli.command {
+        Command::Mkfs { image, size, block_size, journal_size } => {
+            mkfs::run(&image, size.as_deref(), &block_size, journal_size.as_deref(), &options)
+        }
+        Command::Info { image } => info::run(&image, &options),
+        Command::Fsck { image } => fsck::run(&image, &options),
+        Command::Ls { target, long } => files::ls(&target, long, &options),
+        Command::Cat { target } => files::cat(&target, &options),
+        Command::Cp { source, destination, recursive } => {
+            files::cp(&source, &destination, recursive, &options)
+        }
+        Command::Rm { target, recursive } => files::rm(&target, recursive, &options),
+        Command::Mkdir { target, parents } => files::mkdir(&target, parents, &options),
+        Command::Fiemap { target } => files::fiemap(&target, &options),
+        Command::Bench(command) => bench::run(command, &options),
+    }
+}

@@ -116,6 +116,7 @@ impl Shared {
 pub struct Volume {
     pub(crate) shared: Arc<Shared>,
     background: Option<JoinHandle<()>>,
+    closed: bool,
 }
 
 impl Volume {
@@ -221,7 +222,7 @@ impl Volume {
         }
         let background = (!options.read_only && options.commit_interval_ms > 0)
             .then(|| spawn_background(Arc::downgrade(&shared), options.commit_interval_ms));
-        Ok(Self { shared, background })
+        Ok(Self { shared, background, closed: false })
     }
 
     pub fn superblock(&self) -> &Superblock {
@@ -306,6 +307,9 @@ impl Volume {
     }
 
     fn shutdown(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.closed, true) {
+            return Ok(());
+        }
         *self.shared.stop.lock() = true;
         self.shared.stop_signal.notify_all();
         if let Some(background) = self.background.take() {

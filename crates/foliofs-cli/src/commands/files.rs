@@ -1,0 +1,390 @@
+//! ls, cat, cp, rm, mkdir and fiemap on `IMAGE:/path`.
+
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use foliofs::iomap::MapKind;
+use foliofs::{InodeKind, OpenFlags, Owner, Volume, VolumeOptions};
+
+use crate::image_path::ImagePath;
+
+/// Bytes moved per read/write call when copying.
+const COPY_CHUNK_BYTES: usize = 1 << 20;
+const ROOT_INO: u64 = 1;
+
+fn open_read_only(image: &Path, options: &VolumeOptions) -> anyhow::Result<Volume> {
+    let options = VolumeOptions { read_only: true, commit_interval_ms: 0, ..options.clone() };
+    Volume::open(image, &options).with_context(|| format!("open {}", image.display()))
+}
+
+fn open_writable(image: &Path, options: &VolumeOptions) -> anyhow::Result<Volume> {
+    let options = VolumeOptions { commit_interval_ms: 0, ..options.clone() };
+    Volume::open(image, &options).with_context(|| format!("open {}", image.display()))
+}
+
+fn kind_char(kind: InodeKind) -> char {
+    match kind {
+        InodeKind::File => '-',
+        InodeKind::Dir => 'd',
+        InodeKind::Symlink => 'l',
+    }
+}
+
+fn mode_string(kind: InodeKind, mode: u32) -> String {
+    let mut text = String::from(kind_char(kind));
+    for shift in [6, 3, 0] {
+        let bits = (mode >> shift) & 7;
+        text.push(if bits & 4 != 0 { 'r' } else { '-' });
+        text.push(if bits & 2 != 0 { 'w' } else { '-' });
+        text.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    text
+}
+
+pub fn ls(target: &str, long: bool, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
+    let target = ImagePath::require(target)?;
+    let volume = open_read_only(&target.image, options)?;
+    let ino = volume.resolve(&target.path)?;
+    let attr = volume.getattr(ino)?;
+    let entries = if attr.kind == InodeKind::Dir {
+        volume.readdir(ino)?
+    } else {
+        let name = target.split().map_or_else(|| "/".into(), |(_, name)| name);
+        vec![foliofs::DirEntry { name: name.into_bytes(), ino, kind: attr.kind }]
+    };
+    let mut out = std::io::stdout().lock();
+    for entry in entries {
+        let name = String::from_utf8_lossy(&entry.name);
+        if !long {
+            writeln!(out, "{name}")?;
+            continue;
+        }
+        let attr = volume.getattr(entry.ino)?;
+        let suffix = if attr.kind == InodeKind::Symlink {
+            format!(" -> {}", String::from_utf8_lossy(&volume.readlink(entry.ino)?))
+        } else {
+            String::new()
+        };
+        writeln!(
+            out,
+            "{} {:>3} {:>5} {:>5} {:>12} {:>10}.{:09} {name}{suffix}",
+            mode_string(attr.kind, attr.mode),
+            attr.nlink,
+            attr.uid,
+            attr.gid,
+            attr.size,
+            attr.mtime.secs,
+            attr.mtime.nanos
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn cat(target: &str, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
+    let target = ImagePath::require(target)?;
+    let volume = open_read_only(&target.image, options)?;
+    let file = volume.open_path(&target.path, OpenFlags::READ)?;
+    let mut out = std::io::stdout().lock();
+    let mut buffer = vec![0u8; COPY_CHUNK_BYTES];
+    let mut pos = 0u64;
+    loop {
+        let read = file.read_at(&mut buffer, pos)?;
+        if read == 0 {
+            break;
+        }
+        out.write_all(&buffer[..read])?;
+        pos += read as u64;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn mkdir(target: &str, parents: bool, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
+    let target = ImagePath::require(target)?;
+    let volume = open_writable(&target.image, options)?;
+    let mut dir = ROOT_INO;
+    let components: Vec<&str> = target.path.split('/').filter(|part| !part.is_empty()).collect();
+    for (index, component) in components.iter().enumerate() {
+        let last = index + 1 == components.len();
+        match volume.lookup(dir, component.as_bytes()) {
+            Ok(attr) if attr.kind == InodeKind::Dir && (parents || !last) => dir = attr.ino,
+            Ok(_) if last => bail!("{}: file exists", target.path),
+            Ok(_) => bail!("{}: not a directory", component),
+            Err(foliofs::Error::NotFound(_)) if parents || last => {
+                dir = volume.mkdir(dir, component.as_bytes(), 0o755, Owner::current())?.ino;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    volume.close()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn rm(target: &str, recursive: bool, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
+    let target = ImagePath::require(target)?;
+    let Some((parent_path, name)) = target.split() else { bail!("refusing to remove the root") };
+    let volume = open_writable(&target.image, options)?;
+    let parent = volume.resolve(&parent_path)?;
+    let attr = volume.lookup(parent, name.as_bytes())?;
+    if attr.kind == InodeKind::Dir {
+        if !recursive {
+            bail!("{}: is a directory (use -r)", target.path);
+        }
+        remove_tree(&volume, attr.ino)?;
+        volume.rmdir(parent, name.as_bytes())?;
+    } else {
+        volume.unlink(parent, name.as_bytes())?;
+    }
+    volume.close()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn remove_tree(volume: &Volume, dir: u64) -> anyhow::Result<()> {
+    for entry in volume.readdir(dir)? {
+        if entry.kind == InodeKind::Dir {
+            remove_tree(volume, entry.ino)?;
+            volume.rmdir(dir, &entry.name)?;
+        } else {
+            volume.unlink(dir, &entry.name)?;
+        }
+    }
+    Ok(())
+}
+
+pub fn cp(
+    source: &str,
+    destination: &str,
+    recursive: bool,
+    options: &VolumeOptions,
+) -> anyhow::Result<ExitCode> {
+    match (ImagePath::parse(source), ImagePath::parse(destination)) {
+        (None, Some(to)) => copy_into_image(Path::new(source), &to, recursive, options)?,
+        (Some(from), None) => copy_out_of_image(&from, Path::new(destination), recursive, options)?,
+        (Some(_), Some(_)) => {
+            bail!("copying inside or between images is not supported; copy out and back in")
+        }
+        (None, None) => bail!("one of {source:?} and {destination:?} must be IMAGE:/path"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn copy_into_image(
+    source: &Path,
+    to: &ImagePath,
+    recursive: bool,
+    options: &VolumeOptions,
+) -> anyhow::Result<()> {
+    let metadata =
+        std::fs::symlink_metadata(source).with_context(|| format!("{}", source.display()))?;
+    if metadata.is_dir() && !recursive {
+        bail!("{}: is a directory (use -r)", source.display());
+    }
+    let volume = open_writable(&to.image, options)?;
+    let source_name = source
+        .file_name()
+        .map(|name| name.as_bytes().to_vec())
+        .ok_or_else(|| anyhow::anyhow!("{}: has no file name", source.display()))?;
+    let (parent, name) = match volume.resolve(&to.path) {
+        Ok(ino) if volume.getattr(ino)?.kind == InodeKind::Dir => (ino, source_name),
+        _ => {
+            let (parent_path, name) =
+                to.split().ok_or_else(|| anyhow::anyhow!("bad destination"))?;
+            (volume.resolve(&parent_path)?, name.into_bytes())
+        }
+    };
+    let copied = copy_in(&volume, source, parent, &name, recursive, true);
+    let closed = volume.close();
+    copied?;
+    closed?;
+    Ok(())
+}
+
+fn copy_in(
+    volume: &Volume,
+    source: &Path,
+    parent: u64,
+    name: &[u8],
+    recursive: bool,
+    top: bool,
+) -> anyhow::Result<()> {
+    let metadata = if recursive || !top {
+        std::fs::symlink_metadata(source)
+    } else {
+        std::fs::metadata(source)
+    }
+    .with_context(|| format!("{}", source.display()))?;
+    let mode = metadata.mode() & 0o7777;
+    let file_type = metadata.file_type();
+    if file_type.is_dir() {
+        let dir = match volume.lookup(parent, name) {
+            Ok(attr) if attr.kind == InodeKind::Dir => attr.ino,
+            Ok(_) => bail!("{}: exists and is not a directory", String::from_utf8_lossy(name)),
+            Err(_) => volume.mkdir(parent, name, mode, Owner::current())?.ino,
+        };
+        let mut children: Vec<_> = std::fs::read_dir(source)?.collect::<Result<_, _>>()?;
+        children.sort_by_key(|entry| entry.file_name());
+        for child in children {
+            copy_in(volume, &child.path(), dir, child.file_name().as_bytes(), recursive, false)?;
+        }
+    } else if file_type.is_symlink() {
+        let target = std::fs::read_link(source)?;
+        volume.symlink(parent, name, target.as_os_str().as_bytes(), Owner::current())?;
+    } else if file_type.is_file() {
+        copy_file_in(volume, source, parent, name, mode)?;
+    } else {
+        eprintln!("foliofs: skipping {} (not a file, directory or symlink)", source.display());
+    }
+    Ok(())
+}
+
+fn copy_file_in(
+    volume: &Volume,
+    source: &Path,
+    parent: u64,
+    name: &[u8],
+    mode: u32,
+) -> anyhow::Result<()> {
+    let ino = match volume.lookup(parent, name) {
+        Ok(attr) if attr.kind == InodeKind::File => attr.ino,
+        Ok(_) => bail!("{}: exists and is not a regular file", String::from_utf8_lossy(name)),
+        Err(_) => volume.create(parent, name, mode, Owner::current())?.ino,
+    };
+    let file = volume.open_file(ino, OpenFlags { truncate: true, ..OpenFlags::WRITE })?;
+    let mut input = std::fs::File::open(source).with_context(|| format!("{}", source.display()))?;
+    let mut buffer = vec![0u8; COPY_CHUNK_BYTES];
+    let mut pos = 0u64;
+    loop {
+        let read = std::io::Read::read(&mut input, &mut buffer)?;
+        if read == 0 {
+            break;
+        }
+        let written = file
+            .write_at(&buffer[..read], pos)
+            .with_context(|| format!("writing {}", source.display()))?;
+        if written < read {
+            bail!(
+                "writing {}: no space left on the volume after {} bytes",
+                source.display(),
+                pos + written as u64
+            );
+        }
+        pos += read as u64;
+    }
+    file.close()?;
+    Ok(())
+}
+
+fn copy_out_of_image(
+    from: &ImagePath,
+    destination: &Path,
+    recursive: bool,
+    options: &VolumeOptions,
+) -> anyhow::Result<()> {
+    let volume = open_read_only(&from.image, options)?;
+    let ino = volume.resolve(&from.path)?;
+    let attr = volume.getattr(ino)?;
+    if attr.kind == InodeKind::Dir && !recursive {
+        bail!("{}: is a directory (use -r)", from.path);
+    }
+    let name = from.split().map_or_else(|| "root".to_string(), |(_, name)| name);
+    let target: PathBuf =
+        if destination.is_dir() { destination.join(&name) } else { destination.to_path_buf() };
+    copy_out(&volume, ino, &target)
+}
+
+fn copy_out(volume: &Volume, ino: u64, target: &Path) -> anyhow::Result<()> {
+    let attr = volume.getattr(ino)?;
+    match attr.kind {
+        InodeKind::Dir => {
+            if !target.is_dir() {
+                std::fs::create_dir(target).with_context(|| format!("{}", target.display()))?;
+            }
+            for entry in volume.readdir(ino)? {
+                copy_out(
+                    volume,
+                    entry.ino,
+                    &target.join(std::ffi::OsStr::from_bytes(&entry.name)),
+                )?;
+            }
+            std::fs::set_permissions(target, std::fs::Permissions::from_mode(attr.mode))?;
+        }
+        InodeKind::Symlink => {
+            let link = volume.readlink(ino)?;
+            std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&link), target)
+                .with_context(|| format!("{}", target.display()))?;
+        }
+        InodeKind::File => {
+            let file = volume.open_file(ino, OpenFlags::READ)?;
+            let mut output =
+                std::fs::File::create(target).with_context(|| format!("{}", target.display()))?;
+            let mut buffer = vec![0u8; COPY_CHUNK_BYTES];
+            let mut pos = 0u64;
+            loop {
+                let read = file.read_at(&mut buffer, pos)?;
+                if read == 0 {
+                    break;
+                }
+                output.write_all(&buffer[..read])?;
+                pos += read as u64;
+            }
+            output.set_permissions(std::fs::Permissions::from_mode(attr.mode))?;
+        }
+    }
+    Ok(())
+}
+
+pub fn fiemap(target: &str, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
+    let target = ImagePath::require(target)?;
+    let volume = open_read_only(&target.image, options)?;
+    let ino = volume.resolve(&target.path)?;
+    let attr = volume.getattr(ino)?;
+    let block = u64::from(attr.block_bytes);
+    let extents = volume.fiemap(ino)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "File size of {} is {} ({} blocks of {} bytes)",
+        target.path,
+        attr.size,
+        attr.size.div_ceil(block),
+        block
+    )?;
+    writeln!(out, " ext:     logical_offset:        physical_offset: length:   flags:")?;
+    for (index, extent) in extents.iter().enumerate() {
+        let first = extent.logical / block;
+        let blocks = extent.length / block;
+        let physical = extent.physical / block;
+        let mut flags = Vec::new();
+        match extent.kind {
+            MapKind::Unwritten => flags.push("unwritten"),
+            MapKind::Delalloc => flags.push("delalloc,unknown_loc"),
+            _ => {}
+        }
+        if extent.last {
+            flags.push("last");
+        }
+        let physical_range = if extent.kind == MapKind::Delalloc {
+            format!("{:>10}..{:>10}", 0, 0)
+        } else {
+            format!("{:>10}..{:>10}", physical, physical + blocks - 1)
+        };
+        writeln!(
+            out,
+            "{index:>4}: {:>10}..{:>10}: {physical_range}: {blocks:>6}:   {}",
+            first,
+            first + blocks - 1,
+            flags.join(",")
+        )?;
+    }
+    writeln!(
+        out,
+        "{}: {} extent{} found",
+        target.path,
+        extents.len(),
+        if extents.len() == 1 { "" } else { "s" }
+    )?;
+    Ok(ExitCode::SUCCESS)
+}

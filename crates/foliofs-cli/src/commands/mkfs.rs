@@ -1,0 +1,41 @@
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use foliofs::options::parse_size;
+use foliofs::vfs::MkfsOptions;
+use foliofs::{Volume, VolumeOptions};
+
+pub fn run(
+    image: &Path,
+    size: Option<&str>,
+    block_size: &str,
+    journal_size: Option<&str>,
+    options: &VolumeOptions,
+) -> anyhow::Result<ExitCode> {
+    let block_bytes = parse_size(block_size).context("--block-size")?;
+    let block_bytes = u32::try_from(block_bytes)
+        .map_err(|_| anyhow::anyhow!("block size {block_bytes} is too large"))?;
+    let size_bytes = size.map(parse_size).transpose().context("--size")?;
+    if size_bytes.is_none() && !image.exists() {
+        anyhow::bail!("{} does not exist: give --size to create it", image.display());
+    }
+    let journal_bytes = journal_size.map(parse_size).transpose().context("--journal-size")?;
+    let mkfs = MkfsOptions { block_bytes, journal_bytes, ..MkfsOptions::default() };
+    let superblock = Volume::mkfs_path(image, size_bytes, &mkfs, options)?;
+    let block = superblock.block_bytes_u64();
+    println!(
+        "foliofs volume on {}: {} bytes, {} blocks of {} bytes",
+        image.display(),
+        superblock.volume_bytes(),
+        superblock.block_count,
+        superblock.block_bytes
+    );
+    println!(
+        "journal {} KiB, two checkpoint slots of {} KiB, data {} MiB",
+        superblock.journal.block_count * block >> 10,
+        superblock.checkpoint_slots[0].block_count * block >> 10,
+        superblock.data.block_count * block >> 20
+    );
+    Ok(ExitCode::SUCCESS)
+}
