@@ -23,7 +23,8 @@ use crate::dev::{AlignedBuf, Device};
 use crate::error::{Error, IoContext, Result};
 use crate::format::codec::Writer;
 use crate::format::journal::{
-    check_group_payload, decode_group_header, encode_group, GroupHeader, GROUP_HEADER_BYTES,
+    check_group_payload, decode_group_header, encode_group, GroupHeader, GroupLink,
+    GROUP_HEADER_BYTES,
 };
 use crate::format::record::{decode_all, Record};
 use crate::format::{align_up, CheckpointHeader, Superblock, HEADER_BYTES};
@@ -76,6 +77,7 @@ impl JournalGeometry {
 pub struct ReplayPoint {
     pub virtual_offset: u64,
     pub seq: u64,
+    pub prev_crc: u32,
     pub lsn_applied: u64,
 }
 
@@ -100,6 +102,8 @@ struct Inner {
     head: u64,
     tail: u64,
     next_seq: u64,
+    /// Header checksum of the last group written: the next one's `prev`.
+    last_header_crc: u32,
     checkpoint_generation: u64,
     failed: Option<String>,
 }
@@ -127,6 +131,7 @@ pub struct JournalPosition {
     pub head: u64,
     pub tail: u64,
     pub next_seq: u64,
+    pub last_header_crc: u32,
     pub next_lsn: u64,
     pub checkpoint_generation: u64,
 }
@@ -143,6 +148,7 @@ impl Journal {
             head: position.head,
             tail: position.tail,
             next_seq: position.next_seq,
+            last_header_crc: position.last_header_crc,
             checkpoint_generation: position.checkpoint_generation,
             failed: None,
         };
@@ -253,24 +259,21 @@ impl Journal {
         let seq = inner.next_seq;
         inner.leader_active = true;
         let record_count = u32::try_from(last_lsn + 1 - first_lsn).expect("group record count");
+        let link =
+            GroupLink { seq, first_lsn, record_count, prev_header_crc: inner.last_header_crc };
         let result = parking_lot::MutexGuard::unlocked(inner, || {
-            let bytes = encode_group(
-                &self.geometry.uuid,
-                seq,
-                first_lsn,
-                record_count,
-                &payload,
-                self.geometry.sector_bytes,
-            );
+            let (bytes, header_crc) =
+                encode_group(&self.geometry.uuid, link, &payload, self.geometry.sector_bytes);
             let device_offset = self.geometry.journal_offset + self.physical_offset(position);
-            self.write_durably(device_offset, &bytes, "journal group")
+            self.write_durably(device_offset, &bytes, "journal group").map(|()| header_crc)
         });
         inner.leader_active = false;
         self.commit_finished.notify_all();
         match result {
-            Ok(()) => {
+            Ok(header_crc) => {
                 inner.head = position + group_stored;
                 inner.next_seq = seq + 1;
+                inner.last_header_crc = header_crc;
                 inner.durable_lsn = inner.durable_lsn.max(last_lsn);
                 Ok(())
             }
@@ -312,6 +315,7 @@ impl Journal {
         ReplayPoint {
             virtual_offset: inner.head,
             seq: inner.next_seq,
+            prev_crc: inner.last_header_crc,
             lsn_applied: inner.next_lsn - 1,
         }
     }
@@ -341,6 +345,7 @@ impl Journal {
             generation,
             journal_replay_offset: self.physical_offset(point.virtual_offset),
             journal_replay_seq: point.seq,
+            journal_prev_crc: point.prev_crc,
             lsn_applied: point.lsn_applied,
             next_ino,
             record_count,
@@ -389,6 +394,7 @@ pub fn load(device: &Device, geometry: &JournalGeometry) -> Result<Loaded> {
         head: reader.head,
         tail: checkpoint.journal_replay_offset,
         next_seq: reader.expected_seq,
+        last_header_crc: reader.expected_prev_crc,
         next_lsn: reader.expected_lsn.max(checkpoint.lsn_applied + 1),
         checkpoint_generation: checkpoint.generation,
     };
@@ -459,6 +465,7 @@ struct GroupReader<'a> {
     geometry: &'a JournalGeometry,
     head: u64,
     expected_seq: u64,
+    expected_prev_crc: u32,
     expected_lsn: u64,
     lsn_applied: u64,
 }
@@ -474,6 +481,7 @@ impl<'a> GroupReader<'a> {
             geometry,
             head: checkpoint.journal_replay_offset,
             expected_seq: checkpoint.journal_replay_seq,
+            expected_prev_crc: checkpoint.journal_prev_crc,
             expected_lsn: checkpoint.lsn_applied + 1,
             lsn_applied: checkpoint.lsn_applied,
         }
@@ -530,6 +538,7 @@ impl<'a> GroupReader<'a> {
         })?;
         self.head = virtual_offset + stored;
         self.expected_seq += 1;
+        self.expected_prev_crc = header.header_crc;
         self.expected_lsn = header.first_lsn + u64::from(header.record_count);
         Ok(Some((header, records)))
     }
@@ -542,6 +551,7 @@ impl<'a> GroupReader<'a> {
     fn continues(&self, header: &GroupHeader) -> bool {
         let first_missing = self.lsn_applied + 1;
         header.seq == self.expected_seq
+            && header.prev_header_crc == self.expected_prev_crc
             && header.first_lsn != 0
             && (header.first_lsn == self.expected_lsn
                 || header.first_lsn <= first_missing && self.expected_lsn <= first_missing)
@@ -556,8 +566,14 @@ pub fn write_initial_checkpoint(
     payload: &[u8],
     record_count: u64,
 ) -> Result<()> {
-    let position =
-        JournalPosition { head: 0, tail: 0, next_seq: 1, next_lsn: 1, checkpoint_generation: 0 };
+    let position = JournalPosition {
+        head: 0,
+        tail: 0,
+        next_seq: 1,
+        last_header_crc: 0,
+        next_lsn: 1,
+        checkpoint_generation: 0,
+    };
     let journal = Journal::new(Arc::clone(device), geometry.clone(), position);
     journal.write_checkpoint(journal.replay_point(), next_ino, payload, record_count)
 }

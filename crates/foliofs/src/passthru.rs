@@ -92,7 +92,7 @@ impl DataPath<'_> {
                 Ok(written) => done += written,
                 Err(error) if done == 0 => return Err(error),
                 Err(error) => {
-                    tracing::warn!("short write on inode {ino} after {done} bytes: {error}");
+                    tracing::debug!("short write on inode {ino} after {done} bytes: {error}");
                     break;
                 }
             }

@@ -22,6 +22,8 @@ pub struct CheckpointHeader {
     pub journal_replay_offset: u64,
     /// The group sequence number replay expects at that offset.
     pub journal_replay_seq: u64,
+    /// The `prev_header_crc` that group must carry (the journal's hash chain).
+    pub journal_prev_crc: u32,
     /// Records with an lsn at or below this are already in the checkpoint.
     pub lsn_applied: u64,
     /// Next inode number to hand out.
@@ -50,6 +52,7 @@ impl CheckpointHeader {
         writer.u64(self.record_count);
         writer.u64(self.payload_bytes);
         writer.u32(self.payload_crc);
+        writer.u32(self.journal_prev_crc);
         let mut bytes = [0u8; HEADER_BYTES];
         bytes[..writer.len()].copy_from_slice(writer.as_bytes());
         let crc = crc_with_hole(&bytes, CRC_OFFSET);
@@ -90,6 +93,7 @@ impl CheckpointHeader {
             record_count: reader.u64()?,
             payload_bytes: reader.u64()?,
             payload_crc: reader.u32()?,
+            journal_prev_crc: reader.u32()?,
         };
         if header.payload_bytes > payload_bytes_max {
             return Err(FormatError::invalid(
@@ -135,6 +139,7 @@ mod tests {
             record_count: 5,
             payload_bytes: 3,
             payload_crc: crc32c::crc32c(b"abc"),
+            journal_prev_crc: 5,
         }
     }
 

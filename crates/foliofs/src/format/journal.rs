@@ -22,6 +22,11 @@ pub struct GroupHeader {
     pub first_lsn: u64,
     pub record_count: u32,
     pub payload_bytes: u32,
+    /// `header_crc` of the group before this one (a hash chain): a stale group
+    /// left behind a damaged one can never be taken for its successor.
+    pub prev_header_crc: u32,
+    /// This header's own checksum, which the next group carries.
+    pub header_crc: u32,
 }
 
 impl GroupHeader {
@@ -31,17 +36,27 @@ impl GroupHeader {
     }
 }
 
-/// Builds the bytes of a group: header, payload, zero padding to `sector_bytes`.
+/// What a new group says about itself and its predecessor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupLink {
+    pub seq: u64,
+    pub first_lsn: u64,
+    pub record_count: u32,
+    pub prev_header_crc: u32,
+}
+
+/// Builds the bytes of a group: header, payload, zero padding to
+/// `sector_bytes`. Returns them with the header's checksum.
 pub fn encode_group(
     uuid: &[u8; 16],
-    seq: u64,
-    first_lsn: u64,
-    record_count: u32,
+    link: GroupLink,
     payload: &[u8],
     sector_bytes: u32,
-) -> Vec<u8> {
+) -> (Vec<u8>, u32) {
     let payload_bytes = u32::try_from(payload.len()).expect("journal group payload over 4 GiB");
-    let header = GroupHeader { seq, first_lsn, record_count, payload_bytes };
+    let GroupLink { seq, first_lsn, record_count, prev_header_crc } = link;
+    let header =
+        GroupHeader { seq, first_lsn, record_count, payload_bytes, prev_header_crc, header_crc: 0 };
     let mut writer = Writer::with_capacity(header.stored_bytes(sector_bytes) as usize);
     writer.raw(&GROUP_MAGIC);
     writer.u64(seq);
@@ -49,14 +64,15 @@ pub fn encode_group(
     writer.u32(record_count);
     writer.u32(payload_bytes);
     writer.u32(seeded_crc(uuid, payload));
-    writer.raw(&[0u8; HEADER_CRC_OFFSET - PAYLOAD_CRC_OFFSET - 4]);
+    writer.u32(prev_header_crc);
+    writer.raw(&[0u8; HEADER_CRC_OFFSET - PAYLOAD_CRC_OFFSET - 8]);
     let header_crc = seeded_crc(uuid, writer.as_bytes());
     writer.u32(header_crc);
     debug_assert_eq!(writer.len(), GROUP_HEADER_BYTES);
     writer.raw(payload);
     let mut bytes = writer.into_bytes();
     bytes.resize(header.stored_bytes(sector_bytes) as usize, 0);
-    bytes
+    (bytes, header_crc)
 }
 
 /// Decodes and checks a group header. `payload_bytes_max` bounds the payload
@@ -79,11 +95,19 @@ pub fn decode_group_header(
         return Err(FormatError::BadChecksum { what: WHAT, stored, computed });
     }
     let mut reader = Reader::new(&bytes[8..HEADER_CRC_OFFSET], WHAT);
+    let seq = reader.u64()?;
+    let first_lsn = reader.u64()?;
+    let record_count = reader.u32()?;
+    let payload_bytes = reader.u32()?;
+    let _payload_crc = reader.u32()?;
+    let prev_header_crc = reader.u32()?;
     let header = GroupHeader {
-        seq: reader.u64()?,
-        first_lsn: reader.u64()?,
-        record_count: reader.u32()?,
-        payload_bytes: reader.u32()?,
+        seq,
+        first_lsn,
+        record_count,
+        payload_bytes,
+        prev_header_crc,
+        header_crc: stored,
     };
     if u64::from(header.payload_bytes) > payload_bytes_max {
         return Err(FormatError::invalid(WHAT, "payload_bytes", header.payload_bytes.to_string()));
@@ -123,20 +147,27 @@ mod tests {
     #[test]
     fn round_trip_and_padding() {
         let uuid = [3u8; 16];
-        let bytes = encode_group(&uuid, 9, 100, 2, b"payload!", 512);
+        let link = GroupLink { seq: 9, first_lsn: 100, record_count: 2, prev_header_crc: 77 };
+        let (bytes, header_crc) = encode_group(&uuid, link, b"payload!", 512);
         assert_eq!(bytes.len(), 512);
         let header = decode_group_header(&bytes, &uuid, 1 << 20).unwrap();
-        assert_eq!(
-            header,
-            GroupHeader { seq: 9, first_lsn: 100, record_count: 2, payload_bytes: 8 }
-        );
+        let expected = GroupHeader {
+            seq: 9,
+            first_lsn: 100,
+            record_count: 2,
+            payload_bytes: 8,
+            prev_header_crc: 77,
+            header_crc,
+        };
+        assert_eq!(header, expected);
         assert_eq!(check_group_payload(&bytes, &header, &uuid).unwrap(), b"payload!");
     }
 
     #[test]
     fn foreign_uuid_and_flipped_bits_are_rejected() {
         let uuid = [3u8; 16];
-        let bytes = encode_group(&uuid, 1, 1, 0, b"x", 512);
+        let link = GroupLink { seq: 1, first_lsn: 1, record_count: 0, prev_header_crc: 0 };
+        let (bytes, _) = encode_group(&uuid, link, b"x", 512);
         assert!(decode_group_header(&bytes, &[4u8; 16], 1 << 20).is_err());
         for index in 0..GROUP_HEADER_BYTES + 1 {
             let mut flipped = bytes.clone();
@@ -150,7 +181,8 @@ mod tests {
     #[test]
     fn oversized_payload_claim_is_rejected() {
         let uuid = [0u8; 16];
-        let bytes = encode_group(&uuid, 1, 1, 0, &[0u8; 1000], 512);
+        let link = GroupLink { seq: 1, first_lsn: 1, record_count: 0, prev_header_crc: 0 };
+        let (bytes, _) = encode_group(&uuid, link, &[0u8; 1000], 512);
         assert!(decode_group_header(&bytes, &uuid, 999).is_err());
     }
 }
