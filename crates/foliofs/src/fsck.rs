@@ -5,10 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::dev::{AlignedBuf, Device};
-use crate::format::{
-    InodeKind, Superblock, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, ROOT_INO, SECTOR_BYTES_MIN,
-};
+use crate::dev::Device;
+use crate::format::{InodeKind, ROOT_INO};
+use crate::layout;
 use crate::meta::{InodeBody, LoadReport, MetaState};
 use crate::options::VolumeOptions;
 use crate::vfs::Volume;
@@ -54,29 +53,8 @@ pub fn check(device: Arc<Device>) -> FsckReport {
 }
 
 fn check_superblock_copies(device: &Device, report: &mut FsckReport) {
-    let sector = device.logical_block_bytes().max(SECTOR_BYTES_MIN) as usize;
-    let mut buffer = AlignedBuf::zeroed(sector);
-    let read_at = |offset: u64, buffer: &mut AlignedBuf| -> Option<Result<Superblock, String>> {
-        if offset + sector as u64 > device.size_bytes() {
-            return None;
-        }
-        Some(match device.read(offset, buffer) {
-            Ok(()) => Superblock::decode(buffer).map_err(|error| error.to_string()),
-            Err(error) => Err(error.to_string()),
-        })
-    };
-    let copy_a = read_at(0, &mut buffer);
-    let block_sizes = std::iter::successors(Some(BLOCK_BYTES_MIN), |size| Some(size * 2))
-        .take_while(|&size| size <= BLOCK_BYTES_MAX);
-    let block_bytes = match &copy_a {
-        Some(Ok(superblock)) => vec![superblock.block_bytes],
-        _ => block_sizes.collect(),
-    };
-    let copy_b = block_bytes.into_iter().find_map(|size| {
-        read_at(Superblock::copy_offset(size, 1), &mut buffer)
-            .filter(|result| result.as_ref().is_ok_and(|superblock| superblock.block_bytes == size))
-    });
-    match (copy_a, copy_b) {
+    let copies = layout::read_superblock_copies(device);
+    match (copies.a, copies.b) {
         (Some(Ok(a)), Some(Ok(b))) if a != b => {
             report.problems.push("superblock copies differ".into())
         }
@@ -85,13 +63,8 @@ fn check_superblock_copies(device: &Device, report: &mut FsckReport) {
         (Some(Err(error)), Some(Ok(_))) => {
             report.problems.push(format!("superblock copy A: {error}"))
         }
-        (a, _) => {
-            let why = match a {
-                Some(Err(error)) => error,
-                _ => "device too small".into(),
-            };
-            report.problems.push(format!("no valid superblock: {why}"));
-        }
+        (Some(Err(error)), _) => report.problems.push(format!("no valid superblock: {error}")),
+        (None, _) => report.problems.push("no valid superblock: the device is too small".into()),
     }
 }
 

@@ -155,6 +155,10 @@ impl Journal {
         Self { device, geometry, inner: Mutex::new(inner), commit_finished: Condvar::new() }
     }
 
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     pub fn geometry(&self) -> &JournalGeometry {
         &self.geometry
     }

@@ -15,6 +15,7 @@ pub mod format;
 pub mod fsck;
 pub mod iomap;
 pub mod journal;
+pub mod layout;
 pub mod meta;
 pub mod options;
 mod passthru;

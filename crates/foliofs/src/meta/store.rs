@@ -13,7 +13,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::extent::Extent;
-use crate::format::Record;
+use crate::format::{InodeAttrs, Record, Superblock, ROOT_INO};
 use crate::journal::{self, CommitError, Journal, JournalGeometry};
 
 use super::state::MetaState;
@@ -144,6 +144,15 @@ impl MetaStore {
         Ok((store, report))
     }
 
+    /// Writes the first checkpoint of a new volume: an empty root directory.
+    pub fn format(device: &Arc<Device>, superblock: &Superblock, root: InodeAttrs) -> Result<()> {
+        let mut state = MetaState::new(superblock.data);
+        state.apply(&Record::InodeSet { ino: ROOT_INO, attrs: root }).expect("fresh state");
+        let (payload, record_count) = state.encode_snapshot();
+        let geometry = JournalGeometry::new(superblock);
+        journal::write_initial_checkpoint(device, &geometry, state.next_ino, &payload, record_count)
+    }
+
     pub fn read(&self) -> RwLockReadGuard<'_, MetaState> {
         self.state.read()
     }
@@ -223,6 +232,17 @@ impl MetaStore {
                 }
             }
         }
+    }
+
+    /// Commits up to `lsn`, then flushes plain data writes the commit did
+    /// not already cover: what fsync, fdatasync and syncfs promise.
+    pub fn make_durable(&self, lsn: u64) -> Result<()> {
+        if let Some(failure) = self.journal.failure() {
+            return Err(Error::io(failure, std::io::Error::from_raw_os_error(libc::EIO)));
+        }
+        self.commit(lsn)?;
+        self.journal.device().flush_if_needed().map_err(|error| Error::io("flush", error))?;
+        Ok(())
     }
 
     pub fn commit_all(&self) -> Result<()> {

@@ -8,16 +8,15 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
-use rand::RngExt;
 
-use crate::dev::{AlignedBuf, Device};
+use crate::dev::Device;
 use crate::error::{Error, IoContext, Result};
 use crate::format::{
-    InodeAttrs, InodeKind, Record, Superblock, Timestamp, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN,
-    HEADER_BYTES, NAME_BYTES_MAX, ROOT_INO, SECTOR_BYTES_MIN,
+    InodeAttrs, InodeKind, Record, Superblock, Timestamp, NAME_BYTES_MAX, ROOT_INO,
 };
 use crate::iomap::{self, Intent, MapKind};
-use crate::journal::{write_initial_checkpoint, JournalGeometry};
+use crate::journal::JournalGeometry;
+use crate::layout;
 use crate::meta::{LoadReport, MetaState, MetaStore};
 use crate::options::VolumeOptions;
 use crate::passthru::DataPath;
@@ -98,16 +97,12 @@ impl Shared {
         if let Some(failure) = self.meta.journal().failure() {
             return Err(Error::io(failure, std::io::Error::from_raw_os_error(libc::EIO)));
         }
-        self.meta.commit(lsn)?;
-        self.device.flush_if_needed().context(|| "flush".into())?;
-        Ok(())
+        self.meta.make_durable(lsn)
     }
 
     /// Makes everything changed so far durable: data, then metadata.
     pub(crate) fn sync(&self) -> Result<()> {
-        self.meta.commit_all()?;
-        self.device.flush_if_needed().context(|| "flush".into())?;
-        Ok(())
+        self.meta.make_durable(self.meta.journal().last_lsn())
     }
 }
 
@@ -128,7 +123,7 @@ impl Volume {
         options: &VolumeOptions,
     ) -> Result<Superblock> {
         if let Some(size_bytes) = size_bytes {
-            check_mkfs_args(size_bytes, mkfs.block_bytes)?;
+            layout::check_mkfs_args(size_bytes, mkfs.block_bytes)?;
             let file = std::fs::OpenOptions::new()
                 .create(true)
                 .write(true)
@@ -148,26 +143,8 @@ impl Volume {
     /// Formats `device`: checkpoint with an empty root first, superblocks last,
     /// so an interrupted mkfs leaves no volume that looks valid.
     pub fn format(device: &Arc<Device>, mkfs: &MkfsOptions) -> Result<Superblock> {
-        check_mkfs_args(device.size_bytes(), mkfs.block_bytes)?;
-        let sector_bytes = device.logical_block_bytes().max(SECTOR_BYTES_MIN);
-        if sector_bytes > mkfs.block_bytes {
-            return Err(Error::invalid(format!(
-                "block size {} is smaller than the device's logical block size {sector_bytes}",
-                mkfs.block_bytes
-            )));
-        }
-        let uuid: [u8; 16] = rand::rng().random();
+        let superblock = layout::plan(device, mkfs.block_bytes, mkfs.journal_bytes)?;
         let now = Timestamp::now();
-        let superblock = Superblock::layout(
-            device.size_bytes(),
-            mkfs.block_bytes,
-            sector_bytes,
-            mkfs.journal_bytes,
-            uuid,
-            now,
-        )
-        .map_err(|error| Error::invalid(error.to_string()))?;
-        let mut state = MetaState::new(superblock.data);
         let root = InodeAttrs {
             kind: InodeKind::Dir,
             mode: 0o755,
@@ -180,17 +157,8 @@ impl Volume {
             ctime: now,
             parent: ROOT_INO,
         };
-        state.apply(&Record::InodeSet { ino: ROOT_INO, attrs: root }).expect("fresh state");
-        let (payload, record_count) = state.encode_snapshot();
-        let geometry = JournalGeometry::new(&superblock);
-        write_initial_checkpoint(device, &geometry, state.next_ino, &payload, record_count)?;
-        let mut sector = AlignedBuf::zeroed(sector_bytes as usize);
-        sector[..HEADER_BYTES].copy_from_slice(&superblock.encode());
-        for copy in 0..2 {
-            let offset = Superblock::copy_offset(superblock.block_bytes, copy);
-            device.write(offset, &sector, false).context(|| "write superblock".into())?;
-        }
-        device.flush().context(|| "flush after mkfs".into())?;
+        MetaStore::format(device, &superblock, root)?;
+        layout::write_superblocks(device, &superblock)?;
         Ok(superblock)
     }
 
@@ -203,7 +171,7 @@ impl Volume {
     /// Opens a formatted device: reads the superblock, loads the checkpoint,
     /// replays the journal and (unless read-only) frees orphaned inodes.
     pub fn open_device(device: Arc<Device>, options: &VolumeOptions) -> Result<Self> {
-        let superblock = read_superblock(&device)?;
+        let superblock = layout::read_superblock(&device)?;
         let geometry = JournalGeometry::new(&superblock);
         let (meta, load_report) =
             MetaStore::load(Arc::clone(&device), geometry, superblock.data, options.read_only)?;
@@ -342,73 +310,6 @@ pub struct FiemapExtent {
     pub length: u64,
     pub kind: MapKind,
     pub last: bool,
-}
-
-fn check_mkfs_args(size_bytes: u64, block_bytes: u32) -> Result<()> {
-    if !block_bytes.is_power_of_two() || !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&block_bytes)
-    {
-        return Err(Error::invalid(format!(
-            "block size {block_bytes} is not a power of two between {BLOCK_BYTES_MIN} and {BLOCK_BYTES_MAX}"
-        )));
-    }
-    let minimum = crate::format::superblock::VOLUME_BYTES_MIN;
-    if size_bytes < minimum {
-        return Err(Error::invalid(format!(
-            "volume size {size_bytes} bytes is too small; the minimum is {} MiB",
-            minimum >> 20
-        )));
-    }
-    Ok(())
-}
-
-/// Reads superblock copy A, or copy B if A is damaged. Copy B sits at block 1,
-/// whose size we learn from A; without A we try every block size.
-fn read_superblock(device: &Device) -> Result<Superblock> {
-    let sector = device.logical_block_bytes().max(SECTOR_BYTES_MIN) as usize;
-    let mut buffer = AlignedBuf::zeroed(sector);
-    if device.size_bytes() < sector as u64 {
-        return Err(Error::Corrupt("the device is too small to hold a foliofs volume".into()));
-    }
-    device.read(0, &mut buffer).context(|| "read superblock".into())?;
-    let primary_error = match Superblock::decode(&buffer) {
-        Ok(superblock) => return check_superblock_fits(device, superblock),
-        Err(error) => error,
-    };
-    let mut block_bytes = BLOCK_BYTES_MIN;
-    while block_bytes <= BLOCK_BYTES_MAX {
-        let offset = Superblock::copy_offset(block_bytes, 1);
-        if offset + sector as u64 <= device.size_bytes() && device.read(offset, &mut buffer).is_ok()
-        {
-            if let Ok(superblock) = Superblock::decode(&buffer) {
-                if superblock.block_bytes == block_bytes {
-                    tracing::warn!("superblock copy A is damaged ({primary_error}); using copy B");
-                    return check_superblock_fits(device, superblock);
-                }
-            }
-        }
-        block_bytes *= 2;
-    }
-    Err(Error::Corrupt(format!(
-        "not a foliofs volume, or both superblocks are damaged: {primary_error}"
-    )))
-}
-
-fn check_superblock_fits(device: &Device, superblock: Superblock) -> Result<Superblock> {
-    if superblock.volume_bytes() > device.size_bytes() {
-        return Err(Error::Corrupt(format!(
-            "the volume needs {} bytes but the device has only {} (truncated image?)",
-            superblock.volume_bytes(),
-            device.size_bytes()
-        )));
-    }
-    if device.logical_block_bytes() > superblock.sector_bytes {
-        return Err(Error::invalid(format!(
-            "the device's logical block size {} exceeds the volume's sector size {}",
-            device.logical_block_bytes(),
-            superblock.sector_bytes
-        )));
-    }
-    Ok(superblock)
 }
 
 /// Frees inodes that lost their last name while open when the volume stopped.
