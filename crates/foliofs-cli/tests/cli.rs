@@ -52,7 +52,7 @@ fn snapshot(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 
 #[test]
 fn round_trip_a_source_tree() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let image = dir.path().join("vol.img");
     let image = image.to_str().unwrap();
     ok(&["mkfs", image, "--size", "64M", "--block-size", "1024"]);
@@ -80,7 +80,7 @@ fn round_trip_a_source_tree() {
 
 #[test]
 fn mkfs_rejects_bad_sizes_with_clear_messages() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let image = dir.path().join("vol.img");
     let image = image.to_str().unwrap();
     assert!(fails(&["mkfs", image, "--size", "1M"]).contains("too small"));
@@ -96,7 +96,7 @@ fn mkfs_rejects_bad_sizes_with_clear_messages() {
 
 #[test]
 fn non_volumes_and_bad_options_are_refused_without_changes() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let stranger = dir.path().join("stranger.bin");
     let bytes: Vec<u8> = (0..(16u32 << 20)).map(|index| (index % 251) as u8).collect();
     std::fs::write(&stranger, &bytes).unwrap();
@@ -122,7 +122,7 @@ fn non_volumes_and_bad_options_are_refused_without_changes() {
 
 #[test]
 fn copying_into_a_full_volume_fails_with_enospc_and_keeps_earlier_files() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let image = dir.path().join("vol.img");
     let image = image.to_str().unwrap();
     ok(&["mkfs", image, "--size", "16M"]);
@@ -140,7 +140,7 @@ fn copying_into_a_full_volume_fails_with_enospc_and_keeps_earlier_files() {
 
 #[test]
 fn fsck_reports_a_damaged_superblock_and_the_volume_still_opens() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let image = dir.path().join("vol.img");
     let image_str = image.to_str().unwrap();
     ok(&["mkfs", image_str, "--size", "32M"]);

@@ -200,7 +200,7 @@ pub fn end_write(
     block_bytes: u64,
     also: impl FnOnce(&mut Txn<'_>),
 ) -> Result<u64> {
-    assert!(completed_bytes <= mapping.length && completed_bytes % block_bytes == 0);
+    assert!(completed_bytes <= mapping.length && completed_bytes.is_multiple_of(block_bytes));
     let (_, lsn) = meta.transact(|txn| {
         if mapping.kind == MapKind::Unwritten && completed_bytes > 0 {
             txn.apply(Record::ExtentMap {

@@ -498,7 +498,7 @@ impl<'a> GroupReader<'a> {
         let here = self.head;
         let next_lap = align_up_any(here + 1, journal_bytes);
         for candidate in [here, next_lap] {
-            if candidate != here && here % journal_bytes == 0 {
+            if candidate != here && here.is_multiple_of(journal_bytes) {
                 continue;
             }
             if let Some(found) = self.try_group_at(candidate)? {

@@ -142,10 +142,10 @@ impl DataPath<'_> {
         let io_start = self.align_down(pos);
         let last_block_start = self.align_down(data_end - 1);
         let mut partial = Vec::new();
-        if pos % self.block_bytes != 0 {
+        if !pos.is_multiple_of(self.block_bytes) {
             partial.push(io_start);
         }
-        if data_end % self.block_bytes != 0 && !partial.contains(&last_block_start) {
+        if !data_end.is_multiple_of(self.block_bytes) && !partial.contains(&last_block_start) {
             partial.push(last_block_start);
         }
         for block_start in partial {
@@ -161,7 +161,7 @@ impl DataPath<'_> {
     /// Zeroes bytes `[from, block end)` of the block containing `from` on
     /// disk, if that block is Written; keeps the "zeros past EOF" rule.
     pub fn zero_block_tail(&self, ino: u64, from: u64) -> Result<()> {
-        if from % self.block_bytes == 0 {
+        if from.is_multiple_of(self.block_bytes) {
             return Ok(());
         }
         let mapping = iomap::begin(self.meta, ino, from, 1, Intent::Read, self.block_bytes)?;

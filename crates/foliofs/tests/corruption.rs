@@ -14,8 +14,11 @@ use rand_chacha::ChaCha8Rng;
 
 use common::{new_volume, open_image, owner, pattern, ROOT};
 
+/// Path and content (symlink target for symlinks) of everything in a volume.
+type Tree = Vec<(String, Vec<u8>)>;
+
 /// A volume with a checkpoint and journal groups after it, and its tree.
-fn built_image() -> (Vec<u8>, Superblock, Vec<(String, Vec<u8>)>) {
+fn built_image() -> (Vec<u8>, Superblock, Tree) {
     let (device, volume) = new_volume(8 << 20, 4096);
     let dir = volume.mkdir(ROOT, b"dir", 0o755, owner()).unwrap();
     for index in 0..6u64 {
@@ -36,7 +39,7 @@ fn built_image() -> (Vec<u8>, Superblock, Vec<(String, Vec<u8>)>) {
     (image, superblock, tree)
 }
 
-fn tree_of(volume: &Volume) -> Vec<(String, Vec<u8>)> {
+fn tree_of(volume: &Volume) -> Tree {
     let mut out = Vec::new();
     let mut stack = vec![(String::new(), ROOT)];
     while let Some((path, dir)) = stack.pop() {
@@ -67,7 +70,7 @@ fn tree_of(volume: &Volume) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Opens a damaged image; if it opens, it must be readable and fsck-clean.
-fn open_damaged(image: Vec<u8>, what: &str) -> Option<Vec<(String, Vec<u8>)>> {
+fn open_damaged(image: Vec<u8>, what: &str) -> Option<Tree> {
     let (_, volume) = open_image(image).ok()?;
     let tree = tree_of(&volume);
     let report = foliofs::fsck::check(volume.device().clone());

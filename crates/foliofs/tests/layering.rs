@@ -19,7 +19,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("iomap", &["alloc", "error", "extent", "format", "meta"]),
     ("passthru", &["dev", "error", "format", "iomap", "meta"]),
     // vfs holds the Device only to hand out statistics; it does no I/O.
-    ("vfs", &["dev", "error", "format", "iomap", "journal", "layout", "meta", "options", "passthru"]),
+    (
+        "vfs",
+        &["dev", "error", "format", "iomap", "journal", "layout", "meta", "options", "passthru"],
+    ),
     ("fsck", &["dev", "format", "layout", "meta", "options", "vfs"]),
 ];
 
@@ -33,7 +36,8 @@ fn crate_references(source: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     for (index, _) in source.match_indices("crate::") {
         let rest = &source[index + "crate::".len()..];
-        let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        let name: String =
+            rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
         if !name.is_empty() {
             found.insert(name);
         }
@@ -62,13 +66,19 @@ fn modules_only_use_the_layers_below_them() {
             }
             modules_seen.insert(module.clone());
             let Some(permitted) = allowed.get(module.as_str()) else {
-                violations.push(format!("{}: module {module} is missing from ALLOWED", relative.display()));
+                violations.push(format!(
+                    "{}: module {module} is missing from ALLOWED",
+                    relative.display()
+                ));
                 continue;
             };
             let source = std::fs::read_to_string(&path).unwrap();
             for used in crate_references(&source) {
                 if used != module && !permitted.contains(&used.as_str()) {
-                    violations.push(format!("{}: {module} may not use crate::{used}", relative.display()));
+                    violations.push(format!(
+                        "{}: {module} may not use crate::{used}",
+                        relative.display()
+                    ));
                 }
             }
         }

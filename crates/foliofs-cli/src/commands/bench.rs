@@ -35,7 +35,8 @@ pub struct MetadataArgs {
 
 #[derive(Args)]
 pub struct ImageArgs {
-    /// Run on this image (formatted first); default: a temporary file.
+    /// Run on this image (formatted first); default: a temporary file in the
+    /// current directory, removed afterwards.
     #[arg(long)]
     image: Option<PathBuf>,
     /// Size of the image to create.
@@ -61,10 +62,9 @@ impl BenchImage {
     fn create(args: &ImageArgs, options: &VolumeOptions) -> anyhow::Result<Self> {
         let (path, temporary) = match &args.image {
             Some(path) => (path.clone(), false),
-            None => {
-                let name = format!("foliofs-bench-{}.img", std::process::id());
-                (std::env::temp_dir().join(name), true)
-            }
+            // Like fio, in the current directory: /tmp may be a tmpfs, which
+            // says nothing about a disk (and may refuse O_DIRECT).
+            None => (PathBuf::from(format!("foliofs-bench-{}.img", std::process::id())), true),
         };
         let image = Self { path, temporary };
         let size_bytes = parse_size(&args.size).context("--size")?;

@@ -33,7 +33,7 @@ pub fn run(image: &Path, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
             format!("{name}:"),
             region.start_block,
             region.end_block(),
-            region.block_count * block >> 10
+            (region.block_count * block) >> 10
         );
     }
     let used = statfs.data_blocks - statfs.free_blocks;

@@ -33,9 +33,9 @@ pub fn run(
     );
     println!(
         "journal {} KiB, two checkpoint slots of {} KiB, data {} MiB",
-        superblock.journal.block_count * block >> 10,
-        superblock.checkpoint_slots[0].block_count * block >> 10,
-        superblock.data.block_count * block >> 20
+        (superblock.journal.block_count * block) >> 10,
+        (superblock.checkpoint_slots[0].block_count * block) >> 10,
+        (superblock.data.block_count * block) >> 20
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -94,7 +94,7 @@ impl FaultRule {
         let index = self.matched;
         self.matched += 1;
         let fail = index >= self.after
-            && (index - self.after) % self.every == 0
+            && (index - self.after).is_multiple_of(self.every)
             && self.failed < self.times;
         if fail {
             self.failed += 1;
