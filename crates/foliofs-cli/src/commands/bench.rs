@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use foliofs::dev::AlignedBuf;
 use foliofs::options::parse_size;
 use foliofs::vfs::MkfsOptions;
 use foliofs::{OpenFlags, Owner, Volume, VolumeOptions};
@@ -70,7 +71,12 @@ impl BenchImage {
         let size_bytes = parse_size(&args.size).context("--size")?;
         let block_bytes = u32::try_from(parse_size(&args.block_size).context("--block-size")?)?;
         let mkfs = MkfsOptions { block_bytes, ..MkfsOptions::default() };
-        let size = (image.temporary || !image.path.exists()).then_some(size_bytes);
+        let size = if image.temporary || !image.path.exists() {
+            lay_out(&image.path, size_bytes)?;
+            Some(size_bytes)
+        } else {
+            None
+        };
         Volume::mkfs_path(&image.path, size, &mkfs, options)?;
         Ok(image)
     }
@@ -78,6 +84,29 @@ impl BenchImage {
     fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// Writes the whole image once, as fio lays out its files: a sparse image
+/// would measure the host file system allocating blocks, not the disk.
+fn lay_out(path: &Path, size_bytes: u64) -> anyhow::Result<()> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const CHUNK_BYTES: usize = 4 << 20;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .with_context(|| format!("create {}", path.display()))?;
+    let zeros = AlignedBuf::zeroed(CHUNK_BYTES);
+    let mut offset = 0u64;
+    while offset < size_bytes {
+        let length = (size_bytes - offset).min(CHUNK_BYTES as u64) as usize;
+        file.write_all_at(&zeros[..length], offset).with_context(|| format!("lay out {}", path.display()))?;
+        offset += length as u64;
+    }
+    file.sync_all()?;
+    Ok(())
 }
 
 impl Drop for BenchImage {
