@@ -102,7 +102,8 @@ fn lay_out(path: &Path, size_bytes: u64) -> anyhow::Result<()> {
     let mut offset = 0u64;
     while offset < size_bytes {
         let length = (size_bytes - offset).min(CHUNK_BYTES as u64) as usize;
-        file.write_all_at(&zeros[..length], offset).with_context(|| format!("lay out {}", path.display()))?;
+        file.write_all_at(&zeros[..length], offset)
+            .with_context(|| format!("lay out {}", path.display()))?;
         offset += length as u64;
     }
     file.sync_all()?;

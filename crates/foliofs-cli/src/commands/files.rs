@@ -88,18 +88,22 @@ pub fn cat(target: &str, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
     let target = ImagePath::require(target)?;
     let volume = open_read_only(&target.image, options)?;
     let file = volume.open_path(&target.path, OpenFlags::READ)?;
-    let mut out = std::io::stdout().lock();
+    copy_file_out(&file, &mut std::io::stdout().lock())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes a volume file's whole contents to `output`.
+fn copy_file_out(file: &foliofs::File, output: &mut impl Write) -> anyhow::Result<()> {
     let mut buffer = vec![0u8; COPY_CHUNK_BYTES];
     let mut pos = 0u64;
     loop {
         let read = file.read_at(&mut buffer, pos)?;
         if read == 0 {
-            break;
+            return Ok(());
         }
-        out.write_all(&buffer[..read])?;
+        output.write_all(&buffer[..read])?;
         pos += read as u64;
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 pub fn mkdir(target: &str, parents: bool, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
@@ -320,16 +324,7 @@ fn copy_out(volume: &Volume, ino: u64, target: &Path) -> anyhow::Result<()> {
             let file = volume.open_file(ino, OpenFlags::READ)?;
             let mut output =
                 std::fs::File::create(target).with_context(|| format!("{}", target.display()))?;
-            let mut buffer = vec![0u8; COPY_CHUNK_BYTES];
-            let mut pos = 0u64;
-            loop {
-                let read = file.read_at(&mut buffer, pos)?;
-                if read == 0 {
-                    break;
-                }
-                output.write_all(&buffer[..read])?;
-                pos += read as u64;
-            }
+            copy_file_out(&file, &mut output)?;
             output.set_permissions(std::fs::Permissions::from_mode(attr.mode))?;
         }
     }

@@ -6,7 +6,7 @@
 //! torn checkpoint write falls back to the previous one, whose journal tail is
 //! kept until the new checkpoint is durable.
 
-use super::codec::{crc_with_hole, Reader, Writer};
+use super::codec::{crc_with_hole, open_header, Writer};
 use super::{FormatError, FORMAT_VERSION, HEADER_BYTES};
 
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"FOLIOCKP";
@@ -62,27 +62,7 @@ impl CheckpointHeader {
 
     /// Decodes a header; `payload_bytes_max` is the room the slot has after it.
     pub fn decode(bytes: &[u8], payload_bytes_max: u64) -> Result<Self, FormatError> {
-        if bytes.len() < HEADER_BYTES {
-            return Err(FormatError::Truncated { what: WHAT });
-        }
-        let bytes = &bytes[..HEADER_BYTES];
-        if bytes[..8] != CHECKPOINT_MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT });
-        }
-        let stored = u32::from_le_bytes(bytes[CRC_OFFSET..].try_into().expect("4 bytes"));
-        let computed = crc_with_hole(bytes, CRC_OFFSET);
-        if stored != computed {
-            return Err(FormatError::BadChecksum { what: WHAT, stored, computed });
-        }
-        let mut reader = Reader::new(&bytes[8..], WHAT);
-        let version = reader.u32()?;
-        if version != FORMAT_VERSION {
-            return Err(FormatError::UnsupportedVersion { what: WHAT, found: version });
-        }
-        let header_bytes = reader.u32()?;
-        if header_bytes as usize != HEADER_BYTES {
-            return Err(FormatError::invalid(WHAT, "header_bytes", header_bytes.to_string()));
-        }
+        let mut reader = open_header(bytes, &CHECKPOINT_MAGIC, WHAT)?;
         let header = Self {
             uuid: reader.array()?,
             generation: reader.u64()?,

@@ -4,7 +4,7 @@
 //! [`FormatError::Truncated`] when the input runs out, so decoders built on it
 //! are safe to run over untrusted images.
 
-use super::FormatError;
+use super::{FormatError, FORMAT_VERSION, HEADER_BYTES};
 
 /// Appends little-endian fields to a byte vector.
 #[derive(Default)]
@@ -134,6 +134,38 @@ impl<'a> Reader<'a> {
         let length = self.u16()?;
         self.take(usize::from(length))
     }
+}
+
+/// Checks the frame every 512-byte header shares (magic, trailing crc32c,
+/// format version, header size) and returns a reader positioned after it.
+pub fn open_header<'a>(
+    bytes: &'a [u8],
+    magic: &[u8; 8],
+    what: &'static str,
+) -> Result<Reader<'a>, FormatError> {
+    let crc_offset = HEADER_BYTES - 4;
+    if bytes.len() < HEADER_BYTES {
+        return Err(FormatError::Truncated { what });
+    }
+    let bytes = &bytes[..HEADER_BYTES];
+    if bytes[..8] != *magic {
+        return Err(FormatError::BadMagic { what });
+    }
+    let stored = u32::from_le_bytes(bytes[crc_offset..].try_into().expect("4 bytes"));
+    let computed = crc_with_hole(bytes, crc_offset);
+    if stored != computed {
+        return Err(FormatError::BadChecksum { what, stored, computed });
+    }
+    let mut reader = Reader::new(&bytes[8..crc_offset], what);
+    let version = reader.u32()?;
+    if version != FORMAT_VERSION {
+        return Err(FormatError::UnsupportedVersion { what, found: version });
+    }
+    let header_bytes = reader.u32()?;
+    if header_bytes as usize != HEADER_BYTES {
+        return Err(FormatError::invalid(what, "header_bytes", header_bytes.to_string()));
+    }
+    Ok(reader)
 }
 
 /// crc32c of `bytes` with the 4-byte checksum field at `crc_offset` treated as zero.

@@ -4,7 +4,7 @@
 //! checkpoint slots and the journal, so the superblock is never rewritten and
 //! can never be torn after mkfs.
 
-use super::codec::{crc_with_hole, Reader, Writer};
+use super::codec::{crc_with_hole, open_header, Writer};
 use super::record::Timestamp;
 use super::{
     FormatError, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, FORMAT_VERSION, HEADER_BYTES, SECTOR_BYTES_MIN,
@@ -155,27 +155,7 @@ impl Superblock {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
-        if bytes.len() < HEADER_BYTES {
-            return Err(FormatError::Truncated { what: WHAT });
-        }
-        let bytes = &bytes[..HEADER_BYTES];
-        if bytes[..8] != SUPERBLOCK_MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT });
-        }
-        let stored = u32::from_le_bytes(bytes[CRC_OFFSET..].try_into().expect("4 bytes"));
-        let computed = crc_with_hole(bytes, CRC_OFFSET);
-        if stored != computed {
-            return Err(FormatError::BadChecksum { what: WHAT, stored, computed });
-        }
-        let mut reader = Reader::new(&bytes[8..], WHAT);
-        let version = reader.u32()?;
-        if version != FORMAT_VERSION {
-            return Err(FormatError::UnsupportedVersion { what: WHAT, found: version });
-        }
-        let header_bytes = reader.u32()?;
-        if header_bytes as usize != HEADER_BYTES {
-            return Err(FormatError::invalid(WHAT, "header_bytes", header_bytes.to_string()));
-        }
+        let mut reader = open_header(bytes, &SUPERBLOCK_MAGIC, WHAT)?;
         let block_bytes = reader.u32()?;
         let sector_bytes = reader.u32()?;
         let uuid = reader.array::<16>()?;
