@@ -8,11 +8,15 @@
 //! `extent` and `format` as pure building blocks.
 
 pub mod alloc;
+pub mod completion;
 pub mod dev;
+mod direct;
+pub mod engine;
 pub mod error;
 pub mod extent;
 pub mod format;
 pub mod fsck;
+pub mod io_lock;
 pub mod iomap;
 pub mod journal;
 pub mod layout;

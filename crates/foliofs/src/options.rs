@@ -8,6 +8,11 @@ use crate::error::{Error, Result};
 /// key lists these.
 pub const OPTION_KEYS: &[(&str, &str)] = &[
     ("engine", "I/O backend: sync | threads | uring (default uring)"),
+    (
+        "dio_unaligned",
+        "sub-block direct writes: overwrite (concurrent when they only overwrite) | exclusive \
+         (default overwrite)",
+    ),
     ("fua", "durable writes: native (RWF_DSYNC) | emulate (write + flush) (default native)"),
     ("direct", "open the backing file with O_DIRECT: on | off (default on)"),
     ("ro", "read-only: refuse every change (flag; also ro=on|off)"),
@@ -15,9 +20,34 @@ pub const OPTION_KEYS: &[(&str, &str)] = &[
     ("io_threads", "worker threads of the threads engine (default 8)"),
 ];
 
+/// Locking of direct writes that are not aligned to the file-system block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DioUnaligned {
+    /// Every sub-block write runs alone, after in-flight direct I/O drains
+    /// (the kernel's behaviour before the seed 000 patch).
+    Exclusive,
+    /// A sub-block write that only overwrites written blocks inside EOF runs
+    /// concurrently under the shared lock; only writes that must zero part of
+    /// a block run alone.
+    #[default]
+    Overwrite,
+}
+
+impl std::str::FromStr for DioUnaligned {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "exclusive" => Ok(Self::Exclusive),
+            "overwrite" => Ok(Self::Overwrite),
+            other => Err(format!("dio_unaligned must be overwrite or exclusive, not {other:?}")),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeOptions {
     pub engine: EngineKind,
+    pub dio_unaligned: DioUnaligned,
     pub fua: FuaMode,
     pub direct: bool,
     pub read_only: bool,
@@ -29,6 +59,7 @@ impl Default for VolumeOptions {
     fn default() -> Self {
         Self {
             engine: EngineKind::Uring,
+            dio_unaligned: DioUnaligned::Overwrite,
             fua: FuaMode::Native,
             direct: true,
             read_only: false,
@@ -61,6 +92,7 @@ impl VolumeOptions {
         let bad = |why: String| Error::invalid(format!("option {key}={value}: {why}"));
         match key {
             "engine" => self.engine = value.parse().map_err(bad)?,
+            "dio_unaligned" => self.dio_unaligned = value.parse().map_err(bad)?,
             "fua" => self.fua = value.parse().map_err(bad)?,
             "direct" => self.direct = parse_switch(value).map_err(bad)?,
             "ro" | "read_only" => self.read_only = parse_switch(value).map_err(bad)?,

@@ -7,36 +7,36 @@
 //! - bytes past the size inside the last block are zero on disk, so growing a
 //!   file never exposes old bytes.
 
-use crate::dev::{AlignedBuf, Device};
+use crate::dev::AlignedBuf;
+use crate::engine::Engine;
 use crate::error::{Error, IoContext, Result};
 use crate::format::{Record, Timestamp};
 use crate::iomap::{self, Intent, MapKind, Mapping};
-use crate::meta::{MetaStore, Txn};
+use crate::meta::Txn;
 
 /// Largest piece one device request carries, which bounds bounce buffers.
 pub const PIECE_BYTES_MAX: u64 = 8 << 20;
 
-/// What the data path needs from the volume.
+/// The simple data path over an engine.
 pub struct DataPath<'a> {
-    pub meta: &'a MetaStore,
-    pub device: &'a Device,
-    pub block_bytes: u64,
+    engine: &'a Engine,
 }
 
-impl DataPath<'_> {
+impl<'a> DataPath<'a> {
+    pub fn new(engine: &'a Engine) -> Self {
+        Self { engine }
+    }
+
     fn align_down(&self, value: u64) -> u64 {
-        value - value % self.block_bytes
+        self.engine.align_down(value)
     }
 
     fn align_up(&self, value: u64) -> u64 {
-        value.div_ceil(self.block_bytes) * self.block_bytes
+        self.engine.align_up(value)
     }
 
     fn size_of(&self, ino: u64) -> Result<u64> {
-        let state = self.meta.read();
-        let inode =
-            state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
-        Ok(inode.size)
+        self.engine.size_of(ino)
     }
 
     /// Reads into `buffer` from `pos`; returns the bytes read (short at EOF).
@@ -50,8 +50,14 @@ impl DataPath<'_> {
         while done < total {
             let piece_pos = pos + done;
             let piece_len = (total - done).min(PIECE_BYTES_MAX);
-            let mapping =
-                iomap::begin(self.meta, ino, piece_pos, piece_len, Intent::Read, self.block_bytes)?;
+            let mapping = iomap::begin(
+                &self.engine.meta,
+                ino,
+                piece_pos,
+                piece_len,
+                Intent::Read,
+                self.engine.block_bytes,
+            )?;
             let piece_end = (piece_pos + piece_len).min(mapping.end());
             let out = &mut buffer[done as usize..(done + piece_end - piece_pos) as usize];
             if mapping.reads_as_zeros() {
@@ -70,7 +76,8 @@ impl DataPath<'_> {
         let io_end = self.align_up(pos + out.len() as u64);
         let mut bounce = AlignedBuf::zeroed((io_end - io_start) as usize);
         let dev_offset = mapping.dev_offset + (io_start - mapping.offset);
-        self.device
+        self.engine
+            .device
             .read(dev_offset, &mut bounce)
             .context(|| format!("read at device offset {dev_offset}"))?;
         let skip = (pos - io_start) as usize;
@@ -102,8 +109,14 @@ impl DataPath<'_> {
 
     /// Writes as much of `piece` as the first mapping at `pos` covers.
     fn write_piece(&self, ino: u64, piece: &[u8], pos: u64) -> Result<u64> {
-        let mapping =
-            iomap::begin(self.meta, ino, pos, piece.len() as u64, Intent::Write, self.block_bytes)?;
+        let mapping = iomap::begin(
+            &self.engine.meta,
+            ino,
+            pos,
+            piece.len() as u64,
+            Intent::Write,
+            self.engine.block_bytes,
+        )?;
         assert!(matches!(mapping.kind, MapKind::Written | MapKind::Unwritten));
         let data_end = (pos + piece.len() as u64).min(mapping.end());
         let io_start = self.align_down(pos);
@@ -117,15 +130,20 @@ impl DataPath<'_> {
         let written = (data_end - pos) as usize;
         bounce[head..head + written].copy_from_slice(&piece[..written]);
         let dev_offset = mapping.dev_offset;
-        let result = self.device.write(dev_offset, &bounce, false);
+        let result = self.engine.device.write(dev_offset, &bounce, false);
         if let Err(error) = result {
-            iomap::end_write(self.meta, ino, &mapping, 0, self.block_bytes, |_| {})?;
+            iomap::end_write(&self.engine.meta, ino, &mapping, 0, self.engine.block_bytes, |_| {})?;
             return Err(Error::io(format!("write at device offset {dev_offset}"), error));
         }
         let completed = io_end - io_start;
-        iomap::end_write(self.meta, ino, &mapping, completed, self.block_bytes, |txn| {
-            note_write(txn, ino, data_end)
-        })?;
+        iomap::end_write(
+            &self.engine.meta,
+            ino,
+            &mapping,
+            completed,
+            self.engine.block_bytes,
+            |txn| note_write(txn, ino, data_end),
+        )?;
         Ok(written as u64)
     }
 
@@ -138,20 +156,22 @@ impl DataPath<'_> {
         pos: u64,
         data_end: u64,
     ) -> Result<()> {
-        let block = self.block_bytes as usize;
+        let block = self.engine.block_bytes as usize;
         let io_start = self.align_down(pos);
         let last_block_start = self.align_down(data_end - 1);
         let mut partial = Vec::new();
-        if !pos.is_multiple_of(self.block_bytes) {
+        if !pos.is_multiple_of(self.engine.block_bytes) {
             partial.push(io_start);
         }
-        if !data_end.is_multiple_of(self.block_bytes) && !partial.contains(&last_block_start) {
+        if !data_end.is_multiple_of(self.engine.block_bytes) && !partial.contains(&last_block_start)
+        {
             partial.push(last_block_start);
         }
         for block_start in partial {
             let at = (block_start - io_start) as usize;
             let dev_offset = mapping.dev_offset + (block_start - mapping.offset);
-            self.device
+            self.engine
+                .device
                 .read(dev_offset, &mut bounce[at..at + block])
                 .context(|| format!("read-modify-write read at device offset {dev_offset}"))?;
         }
@@ -161,21 +181,24 @@ impl DataPath<'_> {
     /// Zeroes bytes `[from, block end)` of the block containing `from` on
     /// disk, if that block is Written; keeps the "zeros past EOF" rule.
     pub fn zero_block_tail(&self, ino: u64, from: u64) -> Result<()> {
-        if from.is_multiple_of(self.block_bytes) {
+        if from.is_multiple_of(self.engine.block_bytes) {
             return Ok(());
         }
-        let mapping = iomap::begin(self.meta, ino, from, 1, Intent::Read, self.block_bytes)?;
+        let mapping =
+            iomap::begin(&self.engine.meta, ino, from, 1, Intent::Read, self.engine.block_bytes)?;
         if mapping.kind != MapKind::Written {
             return Ok(());
         }
         let block_start = self.align_down(from);
         let dev_offset = mapping.dev_offset + (block_start - mapping.offset);
-        let mut block = AlignedBuf::zeroed(self.block_bytes as usize);
-        self.device
+        let mut block = AlignedBuf::zeroed(self.engine.block_bytes as usize);
+        self.engine
+            .device
             .read(dev_offset, &mut block)
             .context(|| format!("read at device offset {dev_offset}"))?;
         block[(from - block_start) as usize..].fill(0);
-        self.device
+        self.engine
+            .device
             .write(dev_offset, &block, false)
             .context(|| format!("write at device offset {dev_offset}"))
     }
@@ -185,8 +208,8 @@ impl DataPath<'_> {
     pub fn set_size(&self, ino: u64, new_size: u64) -> Result<u64> {
         let old_size = self.size_of(ino)?;
         self.zero_block_tail(ino, new_size.min(old_size))?;
-        let first_gone_block = new_size.div_ceil(self.block_bytes);
-        let (_, lsn) = self.meta.transact(|txn| {
+        let first_gone_block = new_size.div_ceil(self.engine.block_bytes);
+        let (_, lsn) = self.engine.meta.transact(|txn| {
             let now = Timestamp::now();
             let state = txn.state();
             let inode =
@@ -211,17 +234,20 @@ impl DataPath<'_> {
     }
 }
 
-/// Adds the size and time changes of a completed write ending at `data_end`.
-fn note_write(txn: &mut Txn<'_>, ino: u64, data_end: u64) {
-    let Some(inode) = txn.state().inode(ino) else {
-        return;
-    };
+/// Adds the size and time changes of a completed write ending at `data_end`:
+/// a record when the size grows, otherwise the times only, in memory.
+pub fn note_write(txn: &mut Txn<'_>, ino: u64, data_end: u64) {
+    let Some(inode) = txn.state().inode(ino) else { return };
     let now = Timestamp::now();
+    if data_end <= inode.attrs.size {
+        txn.state_mut().touch_times(ino, now);
+        return;
+    }
     let mut attrs = inode.attrs;
-    let new_size = inode.size.max(data_end);
-    attrs.size = attrs.size.max(data_end);
+    attrs.size = data_end;
     attrs.mtime = now;
     attrs.ctime = now;
+    let new_size = inode.size.max(data_end);
     txn.apply(Record::InodeSet { ino, attrs });
     txn.state_mut().inode_mut(ino).expect("exists").size = new_size;
 }

@@ -45,6 +45,11 @@ pub struct Inode {
     /// Lsn of the last change needed to read the data back (size, extents,
     /// a new name); fdatasync commits up to it and skips timestamps.
     pub data_lsn: u64,
+    /// mtime/ctime were advanced in memory by a write that changed nothing
+    /// else; the next InodeSet (an fsync, any later change, a checkpoint)
+    /// carries them. The one persistent field that changes without a record:
+    /// logging every overwrite's timestamps would cost a record per write.
+    pub times_dirty: bool,
 }
 
 impl Inode {
@@ -110,6 +115,16 @@ impl MetaState {
         self.inodes.get_mut(&ino)
     }
 
+    /// A write changed the data but no metadata: advance mtime and ctime in
+    /// memory only (see `Inode::times_dirty`).
+    pub fn touch_times(&mut self, ino: u64, now: crate::format::Timestamp) {
+        if let Some(inode) = self.inodes.get_mut(&ino) {
+            inode.attrs.mtime = now;
+            inode.attrs.ctime = now;
+            inode.times_dirty = true;
+        }
+    }
+
     pub fn inodes(&self) -> impl Iterator<Item = (u64, &Inode)> + '_ {
         self.inodes.iter().map(|(&ino, inode)| (ino, inode))
     }
@@ -160,6 +175,7 @@ impl MetaState {
                 return fail(format!("inode {ino} changes kind"));
             }
             inode.attrs = *attrs;
+            inode.times_dirty = false;
             return Ok(());
         }
         let body = match attrs.kind {
@@ -174,6 +190,7 @@ impl MetaState {
             open_handles: 0,
             meta_lsn: 0,
             data_lsn: 0,
+            times_dirty: false,
         };
         self.inodes.insert(ino, inode);
         self.next_ino = self.next_ino.max(ino.saturating_add(1));

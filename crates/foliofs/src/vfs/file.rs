@@ -1,14 +1,19 @@
-//! Open files: handles that read and write data through the data path.
+//! Open files: handles that read and write data through the direct path
+//! (O_DIRECT) or the simple data path, blocking or asynchronously.
 
 use std::sync::Arc;
 
+use crate::completion::{self, IoFuture};
+use crate::dev::AlignedBuf;
+use crate::direct::{self, DirectResult};
 use crate::error::{Error, Result};
 use crate::format::{InodeKind, Record};
+use crate::io_lock::InodeIo;
 
 use super::attr::Attr;
-use super::volume::{OpenInode, Shared, Volume};
+use super::volume::{Shared, Volume};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OpenFlags {
     pub read: bool,
     pub write: bool,
@@ -16,12 +21,33 @@ pub struct OpenFlags {
     pub truncate: bool,
     /// Every write goes to the current end of file.
     pub append: bool,
+    /// O_DIRECT: data moves between the caller's buffer and the device, with
+    /// offsets, lengths and buffer addresses aligned to the device's logical
+    /// block (EINVAL otherwise).
+    pub direct: bool,
+    /// O_DSYNC: a write is durable when it returns.
+    pub dsync: bool,
 }
 
 impl OpenFlags {
-    pub const READ: Self = Self { read: true, write: false, truncate: false, append: false };
-    pub const WRITE: Self = Self { read: false, write: true, truncate: false, append: false };
-    pub const READ_WRITE: Self = Self { read: true, write: true, truncate: false, append: false };
+    pub const READ: Self = Self {
+        read: true,
+        write: false,
+        truncate: false,
+        append: false,
+        direct: false,
+        dsync: false,
+    };
+    pub const WRITE: Self = Self { read: false, write: true, ..Self::READ };
+    pub const READ_WRITE: Self = Self { read: true, write: true, ..Self::READ };
+
+    pub fn with_direct(self) -> Self {
+        Self { direct: true, ..self }
+    }
+
+    pub fn with_dsync(self) -> Self {
+        Self { dsync: true, ..self }
+    }
 }
 
 /// An open regular file. Closing (or dropping) the last handle of an
@@ -29,7 +55,7 @@ impl OpenFlags {
 pub struct File {
     shared: Arc<Shared>,
     ino: u64,
-    inode: Arc<OpenInode>,
+    io: Arc<InodeIo>,
     flags: OpenFlags,
     released: bool,
 }
@@ -60,7 +86,7 @@ impl Volume {
         let file = File {
             shared: Arc::clone(&self.shared),
             ino,
-            inode: self.shared.open_inode(ino),
+            io: self.shared.open_inode(ino),
             flags,
             released: false,
         };
@@ -89,47 +115,94 @@ impl File {
         self.shared.attr_of(&self.shared.meta.read(), self.ino)
     }
 
-    /// Reads at `pos`; returns the bytes read, fewer than asked at end of file.
-    pub fn read_at(&self, buffer: &mut [u8], pos: u64) -> Result<usize> {
+    fn check_readable(&self) -> Result<()> {
         if !self.flags.read {
             return Err(Error::BadHandle("file not open for reading".into()));
         }
-        let _shared = self.inode.io_lock.read();
+        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if !self.flags.write {
+            return Err(Error::BadHandle("file not open for writing".into()));
+        }
+        Ok(())
+    }
+
+    /// Reads at `pos`; returns the bytes read, fewer than asked at end of file.
+    pub fn read_at(&self, buffer: &mut [u8], pos: u64) -> Result<usize> {
+        self.check_readable()?;
+        if self.flags.direct {
+            return direct::read(&self.shared.engine, &self.io, self.ino, buffer, pos);
+        }
+        let _shared = self.io.shared();
         self.shared.data_path().read(self.ino, buffer, pos)
     }
 
-    /// Writes at `pos` (at the end of file with `append`); returns the bytes written.
+    /// Writes at `pos` (at the end of file with `append`); returns the bytes
+    /// written. With `dsync` the data is durable on return.
     pub fn write_at(&self, data: &[u8], pos: u64) -> Result<usize> {
-        if !self.flags.write {
-            return Err(Error::BadHandle("file not open for writing".into()));
+        self.check_writable()?;
+        if self.flags.direct && !self.flags.append {
+            let engine = &self.shared.engine;
+            return direct::write(engine, &self.io, self.ino, data, pos, self.flags.dsync);
         }
         if data.is_empty() {
             return Ok(0);
         }
-        let _exclusive = self.inode.io_lock.write();
-        let pos = if self.flags.append { self.attr()?.size } else { pos };
-        self.shared.data_path().write(self.ino, data, pos)
+        let written = {
+            let _exclusive = self.io.exclusive();
+            let pos = if self.flags.append { self.shared.size_of(self.ino)? } else { pos };
+            self.shared.data_path().write(self.ino, data, pos)?
+        };
+        if self.flags.dsync {
+            self.fdatasync()?;
+        }
+        Ok(written)
+    }
+
+    /// Asynchronous read into an owned buffer (direct files only). Any
+    /// executor can drive the future; many may be in flight per thread.
+    pub fn read_at_async(&self, buffer: AlignedBuf, pos: u64) -> IoFuture<DirectResult> {
+        match self.check_direct().and_then(|()| self.check_readable()) {
+            Ok(()) => direct::read_async(&self.shared.engine, &self.io, self.ino, buffer, pos),
+            Err(error) => completion::ready((buffer, Err(error))),
+        }
+    }
+
+    /// Asynchronous write from an owned buffer (direct files only).
+    pub fn write_at_async(&self, buffer: AlignedBuf, pos: u64) -> IoFuture<DirectResult> {
+        match self.check_direct().and_then(|()| self.check_writable()) {
+            Ok(()) => {
+                let engine = &self.shared.engine;
+                direct::write_async(engine, &self.io, self.ino, buffer, pos, self.flags.dsync)
+            }
+            Err(error) => completion::ready((buffer, Err(error))),
+        }
+    }
+
+    fn check_direct(&self) -> Result<()> {
+        if !self.flags.direct || self.flags.append {
+            return Err(Error::invalid(
+                "asynchronous I/O needs a file opened direct, without append",
+            ));
+        }
+        Ok(())
     }
 
     /// Truncates or extends to `size` bytes.
     pub fn set_len(&self, size: u64) -> Result<()> {
-        if !self.flags.write {
-            return Err(Error::BadHandle("file not open for writing".into()));
-        }
-        let _exclusive = self.inode.io_lock.write();
+        self.check_writable()?;
+        let _exclusive = self.io.exclusive();
         self.shared.data_path().set_size(self.ino, size).map(|_| ())
     }
 
     pub fn fsync(&self) -> Result<()> {
-        self.sync(false)
+        self.shared.fsync_inode(self.ino, false)
     }
 
     pub fn fdatasync(&self) -> Result<()> {
-        self.sync(true)
-    }
-
-    fn sync(&self, data_only: bool) -> Result<()> {
-        self.shared.fsync_inode(self.ino, data_only)
+        self.shared.fsync_inode(self.ino, true)
     }
 
     /// Closes the handle, reporting an error freeing an unlinked file.
@@ -143,9 +216,7 @@ impl File {
         }
         let ino = self.ino;
         let orphaned = self.shared.meta.update_memory(|state| {
-            let Some(inode) = state.inode_mut(ino) else {
-                return false;
-            };
+            let Some(inode) = state.inode_mut(ino) else { return false };
             inode.open_handles -= 1;
             inode.open_handles == 0 && inode.attrs.nlink == 0
         });

@@ -319,7 +319,7 @@ impl Volume {
                 return Err(refusal);
             }
             let open = self.shared.open_inode(ino);
-            let _exclusive = open.io_lock.write();
+            let _exclusive = open.exclusive();
             self.shared.data_path().set_size(ino, size)?;
         }
         let (attr, _) = self.shared.meta.transact(|txn| {

@@ -7,13 +7,15 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex};
 
 use crate::dev::Device;
+use crate::engine::Engine;
 use crate::error::{Error, IoContext, Result};
 use crate::format::{
     InodeAttrs, InodeKind, Record, Superblock, Timestamp, NAME_BYTES_MAX, ROOT_INO,
 };
+use crate::io_lock::InodeIo;
 use crate::iomap::{self, Intent, MapKind};
 use crate::journal::JournalGeometry;
 use crate::layout;
@@ -38,39 +40,35 @@ impl Default for MkfsOptions {
     }
 }
 
-/// Per-inode state shared by every open handle of the inode.
-pub(crate) struct OpenInode {
-    /// Writers take it exclusively, readers shared (the direct I/O issue
-    /// refines this into the kernel's shared/exclusive policy).
-    pub(crate) io_lock: RwLock<()>,
-}
-
 pub(crate) struct Shared {
-    pub(crate) device: Arc<Device>,
+    /// Device, metadata and policies; `Shared` derefs to it.
+    pub(crate) engine: Arc<Engine>,
     pub(crate) superblock: Superblock,
-    pub(crate) meta: MetaStore,
-    pub(crate) options: VolumeOptions,
     pub(crate) load_report: LoadReport,
-    open_inodes: Mutex<HashMap<u64, Weak<OpenInode>>>,
+    /// The I/O lock of each inode with an open handle or I/O in progress.
+    open_inodes: Mutex<HashMap<u64, Weak<InodeIo>>>,
     stop: Mutex<bool>,
     stop_signal: Condvar,
 }
 
+impl std::ops::Deref for Shared {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
+}
+
 impl Shared {
-    pub(crate) fn block_bytes(&self) -> u64 {
-        self.superblock.block_bytes_u64()
-    }
-
     pub(crate) fn data_path(&self) -> DataPath<'_> {
-        DataPath { meta: &self.meta, device: &self.device, block_bytes: self.block_bytes() }
+        DataPath::new(&self.engine)
     }
 
-    pub(crate) fn open_inode(&self, ino: u64) -> Arc<OpenInode> {
+    pub(crate) fn open_inode(&self, ino: u64) -> Arc<InodeIo> {
         let mut open = self.open_inodes.lock();
         if let Some(existing) = open.get(&ino).and_then(Weak::upgrade) {
             return existing;
         }
-        let fresh = Arc::new(OpenInode { io_lock: RwLock::new(()) });
+        let fresh = Arc::new(InodeIo::new());
         open.insert(ino, Arc::downgrade(&fresh));
         open.retain(|_, weak| weak.strong_count() > 0);
         fresh
@@ -85,18 +83,27 @@ impl Shared {
     /// with `data_only` those needed to read the data back), then flushes
     /// plain data writes the commit did not already cover.
     pub(crate) fn fsync_inode(&self, ino: u64, data_only: bool) -> Result<()> {
-        let lsn = {
+        let (lsn, times_dirty) = {
             let state = self.meta.read();
             let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
-            if data_only {
-                inode.data_lsn
-            } else {
-                inode.meta_lsn
-            }
+            (if data_only { inode.data_lsn } else { inode.meta_lsn }, inode.times_dirty)
         };
         if let Some(failure) = self.meta.journal().failure() {
             return Err(Error::io(failure, std::io::Error::from_raw_os_error(libc::EIO)));
         }
+        // fsync persists the times an overwrite advanced in memory only;
+        // fdatasync does not need them.
+        let lsn = if times_dirty && !data_only {
+            let (_, lsn) = self.meta.transact(|txn| {
+                if let Some(attrs) = txn.state().inode(ino).map(|inode| inode.attrs) {
+                    txn.apply(Record::InodeSet { ino, attrs });
+                }
+                Ok(())
+            })?;
+            lsn
+        } else {
+            lsn
+        };
         self.meta.make_durable(lsn)
     }
 
@@ -175,11 +182,11 @@ impl Volume {
         let geometry = JournalGeometry::new(&superblock);
         let (meta, load_report) =
             MetaStore::load(Arc::clone(&device), geometry, superblock.data, options.read_only)?;
+        let block_bytes = superblock.block_bytes_u64();
+        let engine = Engine { device, meta, block_bytes, options: options.clone() };
         let shared = Arc::new(Shared {
-            device,
+            engine: Arc::new(engine),
             superblock,
-            meta,
-            options: options.clone(),
             load_report,
             open_inodes: Mutex::new(HashMap::new()),
             stop: Mutex::new(false),
@@ -238,7 +245,7 @@ impl Volume {
     /// The extents of a file, like FIEMAP: file offset, device offset, length
     /// and state, holes omitted.
     pub fn fiemap(&self, ino: u64) -> Result<Vec<FiemapExtent>> {
-        let block_bytes = self.shared.block_bytes();
+        let block_bytes = self.shared.block_bytes;
         let end_block = {
             let state = self.shared.meta.read();
             let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
