@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::completion::{self, IoFuture};
-use crate::dev::{AlignedBuf, DevRequest, DevResponse};
+use crate::completion::{self, Completer, IoFuture};
+use crate::dev::{AlignedBuf, DevCallback, DevRequest, DevResponse};
 use crate::engine::Engine;
 use crate::error::{Error, IoContext, Result};
 use crate::io_lock::InodeIo;
@@ -35,11 +35,8 @@ pub type DirectResult = (AlignedBuf, Result<usize>);
 /// must be multiples of the device's logical block.
 pub fn check_alignment(engine: &Engine, address: usize, length: usize, pos: u64) -> Result<()> {
     let align = u64::from(engine.device.logical_block_bytes());
-    let misaligned =
-        [("offset", pos), ("length", length as u64), ("buffer address", address as u64)]
-            .into_iter()
-            .find(|(_, value)| value % align != 0);
-    match misaligned {
+    let values = [("offset", pos), ("length", length as u64), ("buffer address", address as u64)];
+    match values.into_iter().find(|(_, value)| value % align != 0) {
         Some((what, value)) => Err(Error::invalid(format!(
             "direct I/O {what} {value:#x} is not a multiple of the device's logical block ({align} B)"
         ))),
@@ -54,42 +51,6 @@ fn sync_cached_range(_engine: &Engine, _ino: u64, _pos: u64, _length: u64) -> Re
     Ok(())
 }
 
-/// How a write may run, decided under the shared lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct WritePlan {
-    /// Every block touched is Written and the write ends inside EOF: no
-    /// allocation, conversion, zeroing or size change.
-    pure_overwrite: bool,
-    /// Whole blocks and inside EOF.
-    aligned_inside_eof: bool,
-}
-
-impl WritePlan {
-    fn may_share(&self, policy: DioUnaligned) -> bool {
-        self.aligned_inside_eof || (self.pure_overwrite && policy == DioUnaligned::Overwrite)
-    }
-}
-
-fn plan_write(engine: &Engine, ino: u64, pos: u64, length: u64) -> Result<WritePlan> {
-    let end = pos + length;
-    let inside_eof = end <= engine.size_of(ino)?;
-    let aligned = pos.is_multiple_of(engine.block_bytes) && end.is_multiple_of(engine.block_bytes);
-    let pure_overwrite = inside_eof && all_written(engine, ino, pos, end)?;
-    Ok(WritePlan { pure_overwrite, aligned_inside_eof: aligned && inside_eof })
-}
-
-fn all_written(engine: &Engine, ino: u64, mut pos: u64, end: u64) -> Result<bool> {
-    while pos < end {
-        let mapping =
-            iomap::begin(&engine.meta, ino, pos, end - pos, Intent::Report, engine.block_bytes)?;
-        if mapping.kind != MapKind::Written {
-            return Ok(false);
-        }
-        pos = mapping.end();
-    }
-    Ok(true)
-}
-
 /// One contiguous piece of a request on the device.
 #[derive(Debug, Clone, Copy)]
 struct Piece {
@@ -100,9 +61,59 @@ struct Piece {
     dev_offset: u64,
 }
 
-/// Maps `[pos, pos + length)` for writing (allocating Unwritten space for
-/// holes) or reading, one piece per mapping.
-fn map_pieces(
+fn piece_of(mapping: Mapping, pos: u64, done: u64, length: u64) -> Piece {
+    let at = pos + done;
+    let piece_end = (pos + length).min(mapping.end());
+    let dev_offset = mapping.dev_offset + (at - mapping.offset);
+    Piece { mapping, start: done as usize, end: (piece_end - pos) as usize, dev_offset }
+}
+
+/// How a write may run, decided under the shared lock.
+struct WritePlan {
+    /// Every block touched is Written and the write ends inside EOF: no
+    /// allocation, conversion, zeroing or size change.
+    pure_overwrite: bool,
+    /// Whole blocks and inside EOF.
+    aligned_inside_eof: bool,
+    /// The pieces, when `pure_overwrite` (no allocation was needed to know them).
+    pieces: Vec<Piece>,
+}
+
+impl WritePlan {
+    fn may_share(&self, policy: DioUnaligned) -> bool {
+        self.aligned_inside_eof || (self.pure_overwrite && policy == DioUnaligned::Overwrite)
+    }
+
+    fn may_skip_zeroing(&self) -> bool {
+        self.aligned_inside_eof || self.pure_overwrite
+    }
+}
+
+fn plan_write(engine: &Engine, ino: u64, pos: u64, length: u64) -> Result<WritePlan> {
+    let report = iomap::report_range(&engine.meta, ino, pos, length, engine.block_bytes)?;
+    let end = pos + length;
+    let inside_eof = end <= report.size;
+    let aligned = pos.is_multiple_of(engine.block_bytes) && end.is_multiple_of(engine.block_bytes);
+    let pure_overwrite =
+        inside_eof && report.mappings.iter().all(|mapping| mapping.kind == MapKind::Written);
+    let pieces = if pure_overwrite {
+        let mut done = 0;
+        let mut pieces = Vec::with_capacity(report.mappings.len());
+        for mapping in report.mappings {
+            let piece = piece_of(mapping, pos, done, length);
+            done = piece.end as u64;
+            pieces.push(piece);
+        }
+        pieces
+    } else {
+        Vec::new()
+    };
+    Ok(WritePlan { pure_overwrite, aligned_inside_eof: aligned && inside_eof, pieces })
+}
+
+/// The pieces of a write that may allocate: holes in `[pos, pos + length)`
+/// become Unwritten space.
+fn allocate_pieces(
     engine: &Engine,
     ino: u64,
     pos: u64,
@@ -112,27 +123,36 @@ fn map_pieces(
     let mut pieces = Vec::new();
     let mut done = 0u64;
     while done < length {
-        let at = pos + done;
         let mapping =
-            iomap::begin(&engine.meta, ino, at, length - done, intent, engine.block_bytes)?;
-        let piece_end = (pos + length).min(mapping.end());
-        let dev_offset = mapping.dev_offset + (at - mapping.offset);
-        pieces.push(Piece {
-            mapping,
-            start: done as usize,
-            end: (piece_end - pos) as usize,
-            dev_offset,
-        });
-        done = piece_end - pos;
+            iomap::begin(&engine.meta, ino, pos + done, length - done, intent, engine.block_bytes)?;
+        let piece = piece_of(mapping, pos, done, length);
+        done = piece.end as u64;
+        pieces.push(piece);
     }
     Ok(pieces)
 }
 
-/// After the device completed (or failed) the pieces of a shared write:
-/// converts what was written, gives back what was allocated and not written,
-/// advances the times, and with `dsync` commits what needs committing.
+/// The pieces a write runs with: those the plan found, or freshly mapped.
+fn pieces_for(
+    engine: &Engine,
+    ino: u64,
+    pos: u64,
+    length: u64,
+    plan: &mut WritePlan,
+) -> Result<Vec<Piece>> {
+    if plan.pure_overwrite {
+        return Ok(std::mem::take(&mut plan.pieces));
+    }
+    allocate_pieces(engine, ino, pos, length, Intent::Write)
+}
+
+/// After the device completed (or failed) the pieces of a write under the
+/// shared or exclusive lock: converts what was written, gives back what was
+/// allocated and not written, advances the times, and with `dsync` makes the
+/// write durable (a pure overwrite already is: it went out with FUA).
 fn finish_write(
     engine: &Engine,
+    io: &InodeIo,
     ino: u64,
     pieces: &[Piece],
     written: bool,
@@ -140,8 +160,8 @@ fn finish_write(
 ) -> Result<()> {
     let mut lsn = None;
     for piece in pieces.iter().filter(|piece| piece.mapping.kind == MapKind::Unwritten) {
-        // Only whole-block writes reach Unwritten space on the shared path,
-        // so a piece starts at its mapping and covers whole blocks.
+        // Only whole-block writes reach Unwritten space here, so a piece
+        // starts at its mapping and covers whole blocks.
         let piece_bytes = (piece.end - piece.start) as u64;
         let completed =
             if written { engine.align_up(piece_bytes).min(piece.mapping.length) } else { 0 };
@@ -158,10 +178,16 @@ fn finish_write(
     if !written {
         return Ok(());
     }
-    engine.touch_times(ino);
-    match (dsync, lsn) {
-        (true, Some(lsn)) => engine.meta.make_durable(lsn),
-        _ => Ok(()),
+    if io.times_due() {
+        engine.touch_times(ino);
+    }
+    if !dsync {
+        return Ok(());
+    }
+    match lsn {
+        Some(lsn) => engine.meta.make_durable(lsn),
+        // Aligned overwrites that needed no conversion, written without FUA.
+        None => engine.device.flush_if_needed().map(|_| ()).context(|| "flush".into()),
     }
 }
 
@@ -183,22 +209,29 @@ pub fn write(
     sync_cached_range(engine, ino, pos, data.len() as u64)?;
     {
         let _shared = io.shared();
-        let plan = plan_write(engine, ino, pos, data.len() as u64)?;
+        let mut plan = plan_write(engine, ino, pos, data.len() as u64)?;
         if plan.may_share(engine.options.dio_unaligned) {
-            return write_mapped(engine, ino, data, pos, dsync, plan);
+            return write_mapped(engine, io, ino, data, pos, dsync, &mut plan);
         }
     }
     let _exclusive = io.exclusive();
-    write_alone(engine, ino, data, pos, dsync)
+    write_alone(engine, io, ino, data, pos, dsync)
 }
 
-/// The write under the exclusive lock: a pure overwrite goes straight to the
-/// device; anything else zeroes partial blocks and updates the size through
-/// the simple data path.
-fn write_alone(engine: &Engine, ino: u64, data: &[u8], pos: u64, dsync: bool) -> Result<usize> {
-    let plan = plan_write(engine, ino, pos, data.len() as u64)?;
-    if plan.pure_overwrite || plan.aligned_inside_eof {
-        return write_mapped(engine, ino, data, pos, dsync, plan);
+/// The write under the exclusive lock: one that needs no zeroing goes
+/// straight to the device; anything else zeroes partial blocks and updates
+/// the size through the simple data path.
+fn write_alone(
+    engine: &Engine,
+    io: &InodeIo,
+    ino: u64,
+    data: &[u8],
+    pos: u64,
+    dsync: bool,
+) -> Result<usize> {
+    let mut plan = plan_write(engine, ino, pos, data.len() as u64)?;
+    if plan.may_skip_zeroing() {
+        return write_mapped(engine, io, ino, data, pos, dsync, &mut plan);
     }
     let written = DataPath::new(engine).write(ino, data, pos)?;
     if dsync {
@@ -211,34 +244,27 @@ fn write_alone(engine: &Engine, ino: u64, data: &[u8], pos: u64, dsync: bool) ->
 /// Writes `data` piece by piece straight from the caller's buffer.
 fn write_mapped(
     engine: &Engine,
+    io: &InodeIo,
     ino: u64,
     data: &[u8],
     pos: u64,
     dsync: bool,
-    plan: WritePlan,
+    plan: &mut WritePlan,
 ) -> Result<usize> {
-    let pieces = map_pieces(engine, ino, pos, data.len() as u64, Intent::Write)?;
+    let pieces = pieces_for(engine, ino, pos, data.len() as u64, plan)?;
     let fua = dsync && plan.pure_overwrite;
     for (index, piece) in pieces.iter().enumerate() {
         let result = engine.device.write(piece.dev_offset, &data[piece.start..piece.end], fua);
         if let Err(error) = result {
-            finish_write(engine, ino, &pieces[..index], true, false)?;
-            finish_write(engine, ino, &pieces[index..], false, false)?;
+            finish_write(engine, io, ino, &pieces[..index], true, false)?;
+            finish_write(engine, io, ino, &pieces[index..], false, false)?;
             return Err(Error::io(
                 format!("direct write at device offset {}", piece.dev_offset),
                 error,
             ));
         }
     }
-    finish_write(engine, ino, &pieces, true, dsync && !plan.pure_overwrite)?;
-    if dsync
-        && !plan.pure_overwrite
-        && !pieces.iter().any(|piece| piece.mapping.kind == MapKind::Unwritten)
-    {
-        // Aligned overwrite of a mix that needed no conversion: the data
-        // still has to reach the disk.
-        engine.device.flush_if_needed().context(|| "flush".into())?;
-    }
+    finish_write(engine, io, ino, &pieces, true, dsync && !fua)?;
     Ok(data.len())
 }
 
@@ -248,33 +274,51 @@ pub fn read(engine: &Engine, io: &InodeIo, ino: u64, buffer: &mut [u8], pos: u64
     check_alignment(engine, buffer.as_ptr() as usize, buffer.len(), pos)?;
     sync_cached_range(engine, ino, pos, buffer.len() as u64)?;
     let _shared = io.shared();
-    let Some((count, io_length)) = read_extent(engine, ino, buffer.len(), pos)? else {
-        return Ok(0);
-    };
-    for piece in map_pieces(engine, ino, pos, io_length, Intent::Read)? {
+    let Some((count, pieces)) = read_pieces(engine, ino, buffer.len(), pos)? else { return Ok(0) };
+    for piece in pieces {
         let out = &mut buffer[piece.start..piece.end];
         if piece.mapping.reads_as_zeros() {
             out.fill(0);
         } else {
+            let dev_offset = piece.dev_offset;
             engine
                 .device
-                .read(piece.dev_offset, out)
-                .context(|| format!("direct read at device offset {}", piece.dev_offset))?;
+                .read(dev_offset, out)
+                .context(|| format!("direct read at device offset {dev_offset}"))?;
         }
     }
     Ok(count)
 }
 
-/// The bytes a read of `length` at `pos` returns and the aligned length it
-/// transfers; None at or past end of file.
-fn read_extent(engine: &Engine, ino: u64, length: usize, pos: u64) -> Result<Option<(usize, u64)>> {
-    let size = engine.size_of(ino)?;
-    if pos >= size || length == 0 {
+/// The bytes a read of `length` at `pos` returns and the pieces of the
+/// sector-aligned range it transfers; None at or past end of file.
+fn read_pieces(
+    engine: &Engine,
+    ino: u64,
+    length: usize,
+    pos: u64,
+) -> Result<Option<(usize, Vec<Piece>)>> {
+    if length == 0 {
         return Ok(None);
     }
-    let count = (length as u64).min(size - pos);
+    let report = iomap::report_range(&engine.meta, ino, pos, length as u64, engine.block_bytes)?;
+    if pos >= report.size {
+        return Ok(None);
+    }
+    let count = (length as u64).min(report.size - pos);
     let align = u64::from(engine.device.logical_block_bytes());
-    Ok(Some((count as usize, count.div_ceil(align) * align)))
+    let io_length = count.div_ceil(align) * align;
+    let mut pieces = Vec::with_capacity(report.mappings.len());
+    let mut done = 0;
+    for mapping in report.mappings {
+        if done >= io_length {
+            break;
+        }
+        let piece = piece_of(mapping, pos, done, io_length);
+        done = piece.end as u64;
+        pieces.push(piece);
+    }
+    Ok(Some((count as usize, pieces)))
 }
 
 /// Asynchronous direct write of `buffer` at `pos`. Concurrent-eligible writes
@@ -289,86 +333,88 @@ pub fn write_async(
     pos: u64,
     dsync: bool,
 ) -> IoFuture<DirectResult> {
-    let prepared = (|| {
+    let submitted = (|| {
         check_alignment(engine, buffer.as_ptr() as usize, buffer.len(), pos)?;
-        sync_cached_range(engine, ino, pos, buffer.len() as u64)
-    })();
-    if let Err(error) = prepared {
-        return completion::ready((buffer, Err(error)));
-    }
-    if buffer.is_empty() {
-        return completion::ready((buffer, Ok(0)));
-    }
-    let submitted = {
-        let _shared = io.shared();
-        match plan_write(engine, ino, pos, buffer.len() as u64) {
-            Ok(plan) if plan.may_share(engine.options.dio_unaligned) => {
-                match map_pieces(engine, ino, pos, buffer.len() as u64, Intent::Write) {
-                    Ok(pieces) => {
-                        io.dio_started();
-                        Ok(Some((plan, pieces)))
-                    }
-                    Err(error) => Err(error),
-                }
-            }
-            Ok(_) => Ok(None),
-            Err(error) => Err(error),
+        if buffer.is_empty() {
+            return Ok(None);
         }
-    };
+        sync_cached_range(engine, ino, pos, buffer.len() as u64)?;
+        let _shared = io.shared();
+        let mut plan = plan_write(engine, ino, pos, buffer.len() as u64)?;
+        if !plan.may_share(engine.options.dio_unaligned) {
+            return Ok(Some((plan, None)));
+        }
+        let pieces = pieces_for(engine, ino, pos, buffer.len() as u64, &mut plan)?;
+        io.dio_started();
+        Ok(Some((plan, Some(pieces))))
+    })();
     match submitted {
         Err(error) => completion::ready((buffer, Err(error))),
-        Ok(Some((plan, pieces))) => submit_write(engine, io, ino, buffer, pieces, dsync, plan),
-        Ok(None) => {
+        Ok(None) => completion::ready((buffer, Ok(0))),
+        Ok(Some((plan, Some(pieces)))) => {
+            submit_write(engine, io, ino, buffer, pieces, dsync, plan.pure_overwrite)
+        }
+        Ok(Some((_, None))) => {
             let _exclusive = io.exclusive();
-            let result = write_alone(engine, ino, &buffer, pos, dsync);
+            let result = write_alone(engine, io, ino, &buffer, pos, dsync);
             completion::ready((buffer, result))
         }
     }
 }
 
-/// Runs once every device request of one caller's request has completed,
-/// with the buffers handed back (by request index) and the first failure.
-type GroupFinish = Box<dyn FnOnce(Vec<Option<AlignedBuf>>, Option<std::io::Error>) + Send>;
+/// Finishes one caller's request once all its device requests completed,
+/// given the buffers they handed back and the first failure.
+type Finish = Box<dyn FnOnce(Vec<Option<AlignedBuf>>, Option<std::io::Error>) + Send>;
+
+/// Submits `requests` and runs `finish` when the last one completes. A
+/// single request (the common case) needs no shared bookkeeping.
+fn submit_group(engine: &Engine, requests: Vec<DevRequest>, finish: Finish) {
+    match requests.len() {
+        0 => finish(Vec::new(), None),
+        1 => {
+            let request = requests.into_iter().next().expect("one request");
+            let callback: DevCallback = Box::new(move |response: DevResponse| {
+                finish(vec![response.buffer], response.result.err())
+            });
+            engine.device.submit(request, callback);
+        }
+        count => submit_many(engine, requests, count, finish),
+    }
+}
 
 struct GroupState {
     remaining: usize,
     failure: Option<std::io::Error>,
     returned: Vec<Option<AlignedBuf>>,
-    finish: Option<GroupFinish>,
+    finish: Option<Finish>,
 }
 
-/// Submits `requests` and calls `finish` when the last one completes.
-fn submit_group(engine: &Engine, requests: Vec<DevRequest>, finish: GroupFinish) {
-    if requests.is_empty() {
-        return finish(Vec::new(), None);
-    }
+fn submit_many(engine: &Engine, requests: Vec<DevRequest>, count: usize, finish: Finish) {
     let group = Arc::new(Mutex::new(GroupState {
-        remaining: requests.len(),
+        remaining: count,
         failure: None,
-        returned: (0..requests.len()).map(|_| None).collect(),
+        returned: (0..count).map(|_| None).collect(),
         finish: Some(finish),
     }));
     for (index, request) in requests.into_iter().enumerate() {
         let group = Arc::clone(&group);
-        engine.device.submit(
-            request,
-            Box::new(move |response: DevResponse| {
-                let mut state = group.lock();
-                if let Err(error) = response.result {
-                    state.failure.get_or_insert(error);
-                }
-                state.returned[index] = response.buffer;
-                state.remaining -= 1;
-                if state.remaining > 0 {
-                    return;
-                }
-                let finish = state.finish.take().expect("finished once");
-                let returned = std::mem::take(&mut state.returned);
-                let failure = state.failure.take();
-                drop(state);
-                finish(returned, failure);
-            }),
-        );
+        let callback: DevCallback = Box::new(move |response: DevResponse| {
+            let mut state = group.lock();
+            if let Err(error) = response.result {
+                state.failure.get_or_insert(error);
+            }
+            state.returned[index] = response.buffer;
+            state.remaining -= 1;
+            if state.remaining > 0 {
+                return;
+            }
+            let finish = state.finish.take().expect("finished once");
+            let returned = std::mem::take(&mut state.returned);
+            let failure = state.failure.take();
+            drop(state);
+            finish(returned, failure);
+        });
+        engine.device.submit(request, callback);
     }
 }
 
@@ -379,10 +425,10 @@ fn submit_write(
     buffer: AlignedBuf,
     pieces: Vec<Piece>,
     dsync: bool,
-    plan: WritePlan,
+    pure_overwrite: bool,
 ) -> IoFuture<DirectResult> {
     let (future, completer) = completion::pair();
-    let fua = dsync && plan.pure_overwrite;
+    let fua = dsync && pure_overwrite;
     let length = buffer.len();
     // One request carrying the caller's buffer, or a copy per piece.
     let (requests, kept) = if let [piece] = pieces.as_slice() {
@@ -398,12 +444,11 @@ fn submit_write(
             .collect();
         (copies, Some(buffer))
     };
-    let submitter = Arc::clone(engine);
-    let (engine, io) = (Arc::clone(engine), Arc::clone(io));
-    let finish: GroupFinish = Box::new(move |mut returned, failure| {
+    let (owned_engine, io) = (Arc::clone(engine), Arc::clone(io));
+    let finish: Finish = Box::new(move |mut returned, failure| {
         let buffer = kept.or_else(|| returned[0].take()).expect("the caller's buffer comes back");
         let finished =
-            finish_write(&engine, ino, &pieces, failure.is_none(), dsync && !plan.pure_overwrite);
+            finish_write(&owned_engine, &io, ino, &pieces, failure.is_none(), dsync && !fua);
         io.dio_finished();
         let result = match (failure, finished) {
             (Some(error), _) => Err(Error::io("direct write", error)),
@@ -412,7 +457,7 @@ fn submit_write(
         };
         completer.complete((buffer, result));
     });
-    submit_group(&submitter, requests, finish);
+    submit_group(engine, requests, finish);
     future
 }
 
@@ -428,12 +473,11 @@ pub fn read_async(
         check_alignment(engine, buffer.as_ptr() as usize, buffer.len(), pos)?;
         sync_cached_range(engine, ino, pos, buffer.len() as u64)?;
         let _shared = io.shared();
-        let Some((count, io_length)) = read_extent(engine, ino, buffer.len(), pos)? else {
-            return Ok(None);
-        };
-        let pieces = map_pieces(engine, ino, pos, io_length, Intent::Read)?;
-        io.dio_started();
-        Ok(Some((count, pieces)))
+        let found = read_pieces(engine, ino, buffer.len(), pos)?;
+        if found.is_some() {
+            io.dio_started();
+        }
+        Ok(found)
     })();
     let (count, pieces) = match prepared {
         Err(error) => return completion::ready((buffer, Err(error))),
@@ -443,15 +487,15 @@ pub fn read_async(
     for piece in pieces.iter().filter(|piece| piece.mapping.reads_as_zeros()) {
         buffer[piece.start..piece.end].fill(0);
     }
-    let written: Vec<&Piece> =
-        pieces.iter().filter(|piece| !piece.mapping.reads_as_zeros()).collect();
+    let on_disk: Vec<Piece> =
+        pieces.into_iter().filter(|piece| !piece.mapping.reads_as_zeros()).collect();
     // The caller's buffer goes to the device when one piece fills all of it.
     let whole =
-        matches!(written.as_slice(), [piece] if piece.start == 0 && piece.end == buffer.len());
+        matches!(on_disk.as_slice(), [piece] if piece.start == 0 && piece.end == buffer.len());
     let (requests, kept) = if whole {
-        (vec![DevRequest::Read { offset: written[0].dev_offset, buffer }], None)
+        (vec![DevRequest::Read { offset: on_disk[0].dev_offset, buffer }], None)
     } else {
-        let reads = written
+        let reads = on_disk
             .iter()
             .map(|piece| DevRequest::Read {
                 offset: piece.dev_offset,
@@ -460,15 +504,25 @@ pub fn read_async(
             .collect();
         (reads, Some(buffer))
     };
-    let starts: Vec<usize> = written.iter().map(|piece| piece.start).collect();
     let (future, completer) = completion::pair();
-    let io = Arc::clone(io);
-    let finish: GroupFinish = Box::new(move |mut returned, failure| {
+    let finish = read_finish(Arc::clone(io), count, on_disk, kept, completer);
+    submit_group(engine, requests, finish);
+    future
+}
+
+fn read_finish(
+    io: Arc<InodeIo>,
+    count: usize,
+    on_disk: Vec<Piece>,
+    kept: Option<AlignedBuf>,
+    completer: Completer<DirectResult>,
+) -> Finish {
+    Box::new(move |mut returned, failure| {
         let buffer = match kept {
             Some(mut buffer) => {
-                for (start, piece) in starts.iter().zip(&returned) {
-                    if let Some(piece) = piece {
-                        buffer[*start..*start + piece.len()].copy_from_slice(piece);
+                for (piece, read) in on_disk.iter().zip(&returned) {
+                    if let Some(read) = read {
+                        buffer[piece.start..piece.start + read.len()].copy_from_slice(read);
                     }
                 }
                 buffer
@@ -481,7 +535,5 @@ pub fn read_async(
             None => Ok(count),
         };
         completer.complete((buffer, result));
-    });
-    submit_group(engine, requests, finish);
-    future
+    })
 }

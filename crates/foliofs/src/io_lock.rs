@@ -7,13 +7,24 @@
 //! exclusively and then waits for the in-flight count to drain, so no direct
 //! I/O submitted earlier is still touching the blocks it changes.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Granularity of the timestamps a data write advances: like the kernel's
+/// coarse clock, a file written many times a millisecond updates its mtime
+/// once, and the metadata lock is not taken for every write.
+const TIMES_GRANULARITY_NS: u64 = 1_000_000;
 
 #[derive(Default)]
 pub struct InodeIo {
     lock: RwLock<()>,
-    dio_in_flight: Mutex<u64>,
+    dio_in_flight: AtomicU64,
+    drain_lock: Mutex<()>,
     dio_drained: Condvar,
+    /// When the file's times were last advanced, in `TIMES_GRANULARITY_NS` ticks.
+    times_tick: AtomicU64,
 }
 
 impl InodeIo {
@@ -28,30 +39,41 @@ impl InodeIo {
     /// The lock held exclusively, with no direct I/O left in flight.
     pub fn exclusive(&self) -> RwLockWriteGuard<'_, ()> {
         let guard = self.lock.write();
-        let mut in_flight = self.dio_in_flight.lock();
-        while *in_flight > 0 {
-            self.dio_drained.wait(&mut in_flight);
+        // New direct I/O starts only under the shared lock, so the count can
+        // only fall from here.
+        let mut drain = self.drain_lock.lock();
+        while self.dio_in_flight.load(Ordering::Acquire) > 0 {
+            self.dio_drained.wait(&mut drain);
         }
         guard
     }
 
     /// Counts one direct I/O as in flight; call under the shared lock.
     pub fn dio_started(&self) {
-        *self.dio_in_flight.lock() += 1;
+        self.dio_in_flight.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Ends one in-flight direct I/O (from its completion, on any thread).
     pub fn dio_finished(&self) {
-        let mut in_flight = self.dio_in_flight.lock();
-        assert!(*in_flight > 0, "direct I/O finished twice");
-        *in_flight -= 1;
-        if *in_flight == 0 {
+        let before = self.dio_in_flight.fetch_sub(1, Ordering::AcqRel);
+        assert!(before > 0, "direct I/O finished twice");
+        if before == 1 {
+            let _drain = self.drain_lock.lock();
             self.dio_drained.notify_all();
         }
     }
 
     pub fn dio_in_flight(&self) -> u64 {
-        *self.dio_in_flight.lock()
+        self.dio_in_flight.load(Ordering::Acquire)
+    }
+
+    /// Whether a write now should advance the file's times: true at most
+    /// once per granularity tick.
+    pub fn times_due(&self) -> bool {
+        let now_ns =
+            SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_nanos() as u64);
+        let tick = now_ns / TIMES_GRANULARITY_NS;
+        self.times_tick.swap(tick, Ordering::Relaxed) != tick
     }
 }
 
@@ -78,5 +100,15 @@ mod tests {
         let _exclusive = io.exclusive();
         assert_eq!(io.dio_in_flight(), 0, "exclusive returned before the drain");
         finisher.join().unwrap();
+    }
+
+    #[test]
+    fn times_advance_once_per_tick() {
+        let io = InodeIo::new();
+        assert!(io.times_due());
+        let again: Vec<bool> = (0..100).map(|_| io.times_due()).collect();
+        assert!(again.iter().filter(|due| **due).count() <= 2);
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(io.times_due());
     }
 }

@@ -225,3 +225,42 @@ pub fn end_write(
     })?;
     Ok(lsn)
 }
+
+/// A file's size and the mappings of a byte range, read under one lock and
+/// never allocating: what a direct write needs to decide how it may run.
+pub struct RangeReport {
+    pub size: u64,
+    pub mappings: Vec<Mapping>,
+}
+
+/// Reports `[pos, pos + length)` as mappings (holes included), in one pass.
+pub fn report_range(
+    meta: &MetaStore,
+    ino: u64,
+    pos: u64,
+    length: u64,
+    block_bytes: u64,
+) -> Result<RangeReport> {
+    let state = meta.read();
+    let inode = state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+    let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
+    let end_block = (pos + length).div_ceil(block_bytes);
+    let mut block = pos / block_bytes;
+    let mut mappings = Vec::new();
+    while block < end_block {
+        let wanted_blocks = end_block - block;
+        let mapping = match extents.lookup(block) {
+            Lookup::Mapped(extent) => mapped(extent, wanted_blocks, block_bytes),
+            Lookup::Hole { block_count } => Mapping {
+                kind: MapKind::Hole,
+                offset: block * block_bytes,
+                length: block_count.min(wanted_blocks) * block_bytes,
+                dev_offset: 0,
+                new: false,
+            },
+        };
+        block = mapping.end() / block_bytes;
+        mappings.push(mapping);
+    }
+    Ok(RangeReport { size: inode.size, mappings })
+}

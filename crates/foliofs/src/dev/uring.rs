@@ -1,179 +1,213 @@
-//! The `uring` engine (io_uring).
+//! The `uring` engine.
 //!
-//! Blocking calls use one small ring per calling thread: submit and wait in
-//! one `io_uring_enter`, no hand-off to another thread. Asynchronous
-//! `submit` uses one shared ring: submitters push under a lock, and a
-//! completion thread waits on the ring, finishes each request (resubmitting
-//! the rest of a short transfer) and runs its callback. FUA writes carry
-//! RWF_DSYNC in the SQE's rw_flags, as QEMU does.
+//! Blocking calls use a private ring per calling thread: one SQE, one
+//! `io_uring_enter` that submits it and waits, no locks. `submit` uses one
+//! shared ring: submitters push SQEs under a mutex, and a completion thread
+//! (the reaper) waits for CQEs, finishes short transfers and runs the
+//! callbacks.
+//!
+//! The shared ring never holds more requests than its completion queue has
+//! slots, so completions cannot overflow it; requests beyond that wait in a
+//! FIFO backlog that the reaper feeds in as completions free room. `submit`
+//! therefore never blocks, which matters because callbacks run on the
+//! reaper and may submit (FUA emulation chains a flush that way).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
 
-use io_uring::{cqueue, opcode, squeue, types, IoUring};
-use parking_lot::Mutex;
+use io_uring::{opcode, squeue, types, IoUring};
+use parking_lot::{Condvar, Mutex};
 use thread_local::ThreadLocal;
 
 use super::file::FileDev;
-use super::{DevCallback, DevOptions, DevRequest, DevResponse, RawDev};
+use super::sys::{self, Direction, MAX_IOVECS};
+use super::threads::call_completion;
+use super::{AlignedBuf, DevCallback, DevOptions, DevRequest, DevResponse, RawDev};
 
-/// Entries of each per-thread ring: blocking calls have one request in flight.
-const THREAD_RING_ENTRIES: u32 = 4;
-/// Completion queue entries of the shared ring, as a multiple of its
-/// submission entries: many submitters may each have a full queue in flight.
-const SHARED_RING_CQ_FACTOR: u32 = 16;
-/// user_data of the no-op that tells the completion thread to stop.
-const SHUTDOWN_KEY: u64 = u64::MAX;
+/// Most bytes one read or write SQE carries: the length field is 32 bits
+/// and the kernel stops a transfer short of 2 GiB anyway. A large power of
+/// two, so the continuation of a capped transfer stays block-aligned.
+const MAX_SQE_BYTES: usize = 1 << 30;
+
+/// Most submission queue entries the kernel accepts (IORING_MAX_ENTRIES).
+const MAX_RING_ENTRIES: u32 = 32768;
+
+/// Pause before retrying an `io_uring_enter` that failed while requests are
+/// in flight: they cannot be abandoned, but a persistent error must not spin.
+const ENTER_RETRY_PAUSE: Duration = Duration::from_millis(1);
 
 pub(crate) struct UringDev {
     file: Arc<FileDev>,
-    thread_rings: ThreadLocal<RefCell<IoUring>>,
+    ring_entries: u32,
+    /// Private rings of the threads that made blocking calls; `None` until a
+    /// thread's first call, and again after its ring broke.
+    thread_rings: ThreadLocal<RefCell<Option<IoUring>>>,
     shared: Arc<SharedRing>,
     reaper: Option<JoinHandle<()>>,
 }
 
-/// The ring for asynchronous requests and what is in flight on it.
-struct SharedRing {
-    ring: IoUring,
-    fd: RawFd,
-    /// Serializes pushes to the submission queue.
-    submit_lock: Mutex<()>,
-    in_flight: Mutex<HashMap<u64, InFlight>>,
-    next_key: AtomicU64,
+/// Creates a ring, saying what to do when the kernel refuses one (no
+/// io_uring, `kernel.io_uring_disabled`, a seccomp filter, memlock limits).
+fn new_ring(ring_entries: u32) -> io::Result<IoUring> {
+    IoUring::new(ring_entries).map_err(|error| {
+        io::Error::new(
+            error.kind(),
+            format!("io_uring is not available: {error}; use -o engine=threads"),
+        )
+    })
 }
 
-/// An asynchronous request on the shared ring; owns its buffer, whose heap
-/// memory stays put until the completion arrives.
-struct InFlight {
-    request: DevRequest,
-    done: DevCallback,
-    /// Bytes already transferred (short transfers are resubmitted).
-    progress: usize,
-}
-
-fn setup_error(error: io::Error) -> io::Error {
-    io::Error::new(
-        error.kind(),
-        format!("io_uring is not available: {error}; use -o engine=threads"),
-    )
+/// Maps a CQE result: a negative errno, or the bytes transferred.
+fn completion_bytes(result: i32) -> io::Result<usize> {
+    usize::try_from(result).map_err(|_| io::Error::from_raw_os_error(result.wrapping_neg()))
 }
 
 impl UringDev {
     pub(crate) fn open(path: &Path, options: &DevOptions) -> io::Result<Self> {
+        let ring_entries = options.ring_entries;
+        if !(1..=MAX_RING_ENTRIES).contains(&ring_entries) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "ring_entries must be between 1 and {MAX_RING_ENTRIES}, not {ring_entries}"
+                ),
+            ));
+        }
         let file = Arc::new(FileDev::open(path, options)?);
-        let entries = options.ring_entries.max(8).next_power_of_two();
-        let ring = IoUring::builder()
-            .setup_cqsize(entries * SHARED_RING_CQ_FACTOR)
-            .build(entries)
-            .map_err(setup_error)?;
-        let shared = Arc::new(SharedRing {
-            ring,
-            fd: file.file().as_raw_fd(),
-            submit_lock: Mutex::new(()),
-            in_flight: Mutex::new(HashMap::new()),
-            next_key: AtomicU64::new(0),
-        });
-        let reaper_ring = Arc::clone(&shared);
-        let reaper = std::thread::Builder::new()
-            .name("foliofs-uring-reaper".into())
-            .spawn(move || reaper_ring.reap())?;
-        Ok(Self { file, thread_rings: ThreadLocal::new(), shared, reaper: Some(reaper) })
+        let shared = Arc::new(SharedRing::new(new_ring(ring_entries)?, Arc::clone(&file)));
+        let reaper = thread::Builder::new().name("foliofs-uring-reaper".to_owned()).spawn({
+            let shared = Arc::clone(&shared);
+            move || shared.reap_until_closed()
+        })?;
+        Ok(Self {
+            file,
+            ring_entries,
+            thread_rings: ThreadLocal::new(),
+            shared,
+            reaper: Some(reaper),
+        })
     }
 
-    /// Runs one SQE on the calling thread's ring and returns its result.
-    fn run_on_thread_ring(&self, entry: squeue::Entry) -> io::Result<usize> {
-        let cell = self
-            .thread_rings
-            .get_or_try(|| IoUring::new(THREAD_RING_ENTRIES).map(RefCell::new))
-            .map_err(setup_error)?;
-        let mut ring = cell.borrow_mut();
-        // SAFETY: the entry's buffers are borrowed by our caller, which waits
-        // below until the kernel has completed the request.
-        unsafe { ring.submission().push(&entry) }
-            .map_err(|_| io::Error::other("io_uring submission queue full"))?;
-        loop {
-            match ring.submit_and_wait(1) {
-                Ok(_) => break,
-                Err(error) if error.raw_os_error() == Some(libc::EINTR) => {}
-                Err(error) => return Err(error),
-            }
-        }
-        let completion =
-            ring.completion().next().ok_or_else(|| io::Error::other("io_uring: no completion"))?;
-        result_bytes(completion.result())
+    fn fd(&self) -> types::Fd {
+        types::Fd(self.file.file().as_raw_fd())
+    }
+
+    /// Runs `entry` on the calling thread's ring and returns its CQE result.
+    ///
+    /// # Safety
+    ///
+    /// Every buffer (and iovec array) `entry` points to must stay valid, and
+    /// not be accessed elsewhere where the kernel writes, until this returns.
+    unsafe fn run_on_thread_ring(&self, entry: &squeue::Entry) -> io::Result<i32> {
+        let mut slot = self.thread_rings.get_or_default().borrow_mut();
+        let mut ring = match slot.take() {
+            Some(ring) => ring,
+            None => new_ring(self.ring_entries)?,
+        };
+        // SAFETY: forwarded from this function's contract.
+        let result = unsafe { complete_entry(&mut ring, entry) }?;
+        // An error above drops the ring with the entry never submitted, so it
+        // can never reach the kernel after the buffers are gone.
+        *slot = Some(ring);
+        Ok(result)
+    }
+
+    /// One readv of (at most [`MAX_IOVECS`] of) `buffers`.
+    fn readv_once(&self, buffers: &mut [IoSliceMut<'_>], offset_bytes: u64) -> io::Result<usize> {
+        let count = buffers.len().min(MAX_IOVECS);
+        let buffers = &mut buffers[..count];
+        // IoSliceMut is documented to be ABI-compatible with iovec on Unix.
+        let iovecs = buffers.as_ptr().cast::<libc::iovec>();
+        let entry = opcode::Readv::new(self.fd(), iovecs, buffers.len() as u32)
+            .offset(offset_bytes)
+            .build();
+        // SAFETY: the iovecs and the memory they describe are borrowed (the
+        // memory mutably) for this whole call, and run_on_thread_ring returns
+        // only once the kernel is done with them.
+        completion_bytes(unsafe { self.run_on_thread_ring(&entry) }?)
+    }
+
+    /// One writev of (at most [`MAX_IOVECS`] of) `buffers` with `rw_flags`.
+    fn writev_once(
+        &self,
+        buffers: &[IoSlice<'_>],
+        offset_bytes: u64,
+        rw_flags: i32,
+    ) -> io::Result<usize> {
+        let buffers = &buffers[..buffers.len().min(MAX_IOVECS)];
+        // IoSlice is documented to be ABI-compatible with iovec on Unix.
+        let iovecs = buffers.as_ptr().cast::<libc::iovec>();
+        let entry = opcode::Writev::new(self.fd(), iovecs, buffers.len() as u32)
+            .offset(offset_bytes)
+            .rw_flags(rw_flags)
+            .build();
+        // SAFETY: the iovecs and the memory they describe are borrowed for
+        // this whole call, and run_on_thread_ring returns only once the kernel
+        // is done with them.
+        completion_bytes(unsafe { self.run_on_thread_ring(&entry) }?)
     }
 }
 
-fn result_bytes(result: i32) -> io::Result<usize> {
-    if result < 0 {
-        Err(io::Error::from_raw_os_error(-result))
-    } else {
-        Ok(result as usize)
+/// Pushes `entry` to an idle private ring, submits it and waits for its CQE;
+/// returns the CQE's result.
+///
+/// An `Err` means the entry never reached the kernel but is still queued in
+/// the ring: the caller must drop the ring, not reuse it.
+///
+/// # Safety
+///
+/// As [`UringDev::run_on_thread_ring`]: this returns only after the CQE, or
+/// with the entry unsubmitted.
+unsafe fn complete_entry(ring: &mut IoUring, entry: &squeue::Entry) -> io::Result<i32> {
+    // SAFETY: the caller keeps the buffers valid until we return, and we
+    // return only once the kernel has completed the entry (or never got it).
+    unsafe { ring.submission().push(entry) }
+        .map_err(|_| io::Error::other("a private io_uring submission queue is full"))?;
+    loop {
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) if !ring.submission().is_empty() => return Err(error),
+            Err(error) => {
+                // The entry is in flight and its buffers in use: wait it out.
+                tracing::warn!(%error, "io_uring_enter failed with a request in flight; retrying");
+                thread::sleep(ENTER_RETRY_PAUSE);
+            }
+        }
+        if let Some(completion) = ring.completion().next() {
+            return Ok(completion.result());
+        }
     }
 }
 
 impl RawDev for UringDev {
-    fn read_at(&self, offset: u64, mut buffers: &mut [IoSliceMut<'_>]) -> io::Result<()> {
-        let mut offset = offset;
-        while !buffers.is_empty() {
-            let count = buffers.len().min(1024) as u32;
-            let entry =
-                opcode::Readv::new(types::Fd(self.shared.fd), buffers.as_ptr().cast(), count)
-                    .offset(offset)
-                    .build();
-            let read = self.run_on_thread_ring(entry)?;
-            if read == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("end of device at offset {offset}"),
-                ));
-            }
-            offset += read as u64;
-            IoSliceMut::advance_slices(&mut buffers, read);
-        }
-        Ok(())
+    fn read_at(&self, offset: u64, buffers: &mut [IoSliceMut<'_>]) -> io::Result<()> {
+        sys::read_exact_at(buffers, offset, |buffers, offset_bytes| {
+            self.readv_once(buffers, offset_bytes)
+        })
     }
 
     fn write_at(&self, offset: u64, buffers: &[IoSlice<'_>], fua: bool) -> io::Result<()> {
-        let mut owned: Vec<IoSlice<'_>> = buffers.to_vec();
-        let mut buffers = &mut owned[..];
-        let mut offset = offset;
-        let flags = if fua { libc::RWF_DSYNC } else { 0 };
-        while !buffers.is_empty() {
-            let count = buffers.len().min(1024) as u32;
-            let entry =
-                opcode::Writev::new(types::Fd(self.shared.fd), buffers.as_ptr().cast(), count)
-                    .offset(offset)
-                    .rw_flags(flags)
-                    .build();
-            let written = self.run_on_thread_ring(entry)?;
-            if written == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::WriteZero,
-                    format!("no progress at offset {offset}"),
-                ));
-            }
-            offset += written as u64;
-            IoSlice::advance_slices(&mut buffers, written);
-        }
-        Ok(())
+        let rw_flags = if fua { libc::RWF_DSYNC } else { 0 };
+        sys::write_all_at(buffers, offset, |buffers, offset_bytes| {
+            self.writev_once(buffers, offset_bytes, rw_flags)
+        })
     }
 
     fn flush(&self) -> io::Result<()> {
-        let entry = opcode::Fsync::new(types::Fd(self.shared.fd))
-            .flags(types::FsyncFlags::DATASYNC)
-            .build();
-        self.run_on_thread_ring(entry).map(|_| ())
+        let entry = opcode::Fsync::new(self.fd()).flags(types::FsyncFlags::DATASYNC).build();
+        // SAFETY: a datasync entry references no memory.
+        completion_bytes(unsafe { self.run_on_thread_ring(&entry) }?).map(drop)
     }
 
     fn submit(&self, request: DevRequest, done: DevCallback) {
-        self.shared.start(request, done);
+        self.shared.start(Pending::new(request, done));
     }
 
     fn size_bytes(&self) -> u64 {
@@ -185,149 +219,442 @@ impl RawDev for UringDev {
     }
 }
 
-impl SharedRing {
-    /// Registers `request` and pushes its first SQE.
-    fn start(&self, request: DevRequest, done: DevCallback) {
-        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
-        let entry = self.entry_for(&request, 0).user_data(key);
-        self.in_flight.lock().insert(key, InFlight { request, done, progress: 0 });
-        self.push(entry);
-    }
-
-    /// The SQE for the part of `request` after `progress` bytes.
-    fn entry_for(&self, request: &DevRequest, progress: usize) -> squeue::Entry {
-        let fd = types::Fd(self.fd);
-        match request {
-            DevRequest::Read { offset, buffer } => {
-                let remaining = (buffer.len() - progress) as u32;
-                // The pointer stays valid: the buffer is owned by the in-flight
-                // entry until its completion is handled.
-                let pointer = buffer.as_ptr().wrapping_add(progress).cast_mut();
-                opcode::Read::new(fd, pointer, remaining).offset(offset + progress as u64).build()
-            }
-            DevRequest::Write { offset, buffer, fua } => {
-                let remaining = (buffer.len() - progress) as u32;
-                let pointer = buffer.as_ptr().wrapping_add(progress);
-                let flags = if *fua { libc::RWF_DSYNC } else { 0 };
-                opcode::Write::new(fd, pointer, remaining)
-                    .offset(offset + progress as u64)
-                    .rw_flags(flags)
-                    .build()
-            }
-            DevRequest::Flush => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
-        }
-    }
-
-    fn push(&self, entry: squeue::Entry) {
-        let _exclusive = self.submit_lock.lock();
-        loop {
-            // SAFETY: submit_lock gives this thread exclusive use of the
-            // submission queue; the entry's buffer is kept alive by its
-            // in-flight record until the completion is handled.
-            let pushed = unsafe { self.ring.submission_shared().push(&entry) }.is_ok();
-            if pushed {
-                break;
-            }
-            // Full: hand what is queued to the kernel, then retry.
-            self.enter_submit();
-        }
-        self.enter_submit();
-    }
-
-    fn enter_submit(&self) {
-        loop {
-            match self.ring.submitter().submit() {
-                Ok(_) => return,
-                // The completion queue is full: the reaper drains it.
-                Err(error)
-                    if matches!(
-                        error.raw_os_error(),
-                        Some(libc::EBUSY | libc::EAGAIN | libc::EINTR)
-                    ) =>
-                {
-                    std::thread::yield_now()
-                }
-                Err(error) => {
-                    tracing::error!("io_uring submit failed: {error}");
-                    return;
-                }
-            }
-        }
-    }
-
-    /// The completion thread: waits for completions and finishes requests,
-    /// until told to stop and nothing is left in flight.
-    fn reap(&self) {
-        let mut stopping = false;
-        loop {
-            if stopping && self.in_flight.lock().is_empty() {
-                return;
-            }
-            match self.ring.submitter().submit_and_wait(1) {
-                Ok(_) => {}
-                Err(error)
-                    if matches!(
-                        error.raw_os_error(),
-                        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
-                    ) => {}
-                Err(error) => {
-                    tracing::error!("io_uring wait failed: {error}");
-                    return;
-                }
-            }
-            // SAFETY: only this thread reads the completion queue.
-            let completions: Vec<cqueue::Entry> =
-                unsafe { self.ring.completion_shared() }.collect();
-            for completion in completions {
-                if completion.user_data() == SHUTDOWN_KEY {
-                    stopping = true;
-                    continue;
-                }
-                self.complete(completion.user_data(), completion.result());
-            }
-        }
-    }
-
-    fn complete(&self, key: u64, result: i32) {
-        let Some(mut in_flight) = self.in_flight.lock().remove(&key) else {
-            tracing::error!("io_uring completion for unknown request {key}");
+impl Drop for UringDev {
+    fn drop(&mut self) {
+        self.shared.state.lock().closing = true;
+        self.shared.reaper_wakeup.notify_one();
+        let Some(reaper) = self.reaper.take() else { return };
+        // The last reference can go away inside a completion callback on the
+        // reaper; it cannot join itself, and exits on its own once the
+        // requests still in flight have completed.
+        if reaper.thread().id() == thread::current().id() {
             return;
-        };
-        let total = match &in_flight.request {
-            DevRequest::Read { buffer, .. } | DevRequest::Write { buffer, .. } => buffer.len(),
-            DevRequest::Flush => 0,
-        };
-        let outcome = match result_bytes(result) {
-            Err(error) => Err(error),
-            Ok(0) if total > in_flight.progress => {
-                Err(io::Error::new(io::ErrorKind::UnexpectedEof, "no progress: end of device"))
+        }
+        if reaper.join().is_err() {
+            tracing::error!("the io_uring reaper thread panicked");
+            if !self.shared.state.lock().in_flight.is_empty() {
+                // The kernel may still write into those buffers: leak them
+                // (and the ring) rather than free memory in use.
+                std::mem::forget(Arc::clone(&self.shared));
             }
-            Ok(bytes) => {
-                in_flight.progress += bytes;
-                if in_flight.progress < total {
-                    let entry =
-                        self.entry_for(&in_flight.request, in_flight.progress).user_data(key);
-                    self.in_flight.lock().insert(key, in_flight);
-                    self.push(entry);
-                    return;
-                }
-                Ok(())
-            }
-        };
-        let buffer = match in_flight.request {
-            DevRequest::Read { buffer, .. } | DevRequest::Write { buffer, .. } => Some(buffer),
-            DevRequest::Flush => None,
-        };
-        (in_flight.done)(DevResponse { buffer, result: outcome });
+        }
     }
 }
 
-impl Drop for UringDev {
-    fn drop(&mut self) {
-        let stop = opcode::Nop::new().build().user_data(SHUTDOWN_KEY);
-        self.shared.push(stop);
-        if let Some(reaper) = self.reaper.take() {
-            let _ = reaper.join();
+/// The ring `submit` uses, shared by the submitters and the reaper.
+struct SharedRing {
+    ring: IoUring,
+    /// Keeps the descriptor open while requests are in flight, even after
+    /// the [`UringDev`] is gone.
+    file: Arc<FileDev>,
+    state: Mutex<RingState>,
+    /// Wakes the reaper when requests enter an idle ring, or on close.
+    reaper_wakeup: Condvar,
+    /// Requests the ring holds at most: its completion queue's size.
+    in_flight_limit: usize,
+}
+
+#[derive(Default)]
+struct RingState {
+    /// Requests with an SQE in the ring (queued or submitted), by user_data.
+    in_flight: HashMap<u64, Pending>,
+    /// Requests waiting for room in the ring, oldest first; remainders of
+    /// short transfers go first.
+    backlog: VecDeque<Pending>,
+    next_user_data: u64,
+    /// Set by drop: the reaper exits once nothing is in flight.
+    closing: bool,
+}
+
+impl SharedRing {
+    fn new(ring: IoUring, file: Arc<FileDev>) -> Self {
+        let in_flight_limit = ring.params().cq_entries() as usize;
+        Self { ring, file, state: Mutex::default(), reaper_wakeup: Condvar::new(), in_flight_limit }
+    }
+
+    fn fd(&self) -> types::Fd {
+        types::Fd(self.file.file().as_raw_fd())
+    }
+
+    /// Queues `pending` and hands the kernel whatever fits in the ring.
+    fn start(&self, pending: Pending) {
+        let mut state = self.state.lock();
+        let reaper_idle = state.in_flight.is_empty();
+        state.backlog.push_back(pending);
+        let pushed = self.fill_ring(&mut state);
+        drop(state);
+        if pushed == 0 {
+            return; // Backlogged: the reaper feeds it in as requests complete.
         }
+        if reaper_idle {
+            self.reaper_wakeup.notify_one();
+        }
+        // Submitting outside the lock lets submitters overlap; the kernel
+        // serialises submissions itself. Should this fail, the entries stay
+        // queued and the reaper's next io_uring_enter submits them.
+        if let Err(error) = self.ring.submit() {
+            tracing::debug!(%error, "io_uring submit failed; the reaper will retry");
+        }
+    }
+
+    /// Moves backlogged requests into the submission queue while the ring
+    /// has room for their completions. Returns how many it moved.
+    fn fill_ring(&self, state: &mut RingState) -> usize {
+        // SAFETY: every SubmissionQueue of the shared ring is created here,
+        // with the state lock held (`state` borrows its guard), so this one is
+        // the only one in existence.
+        let mut queue = unsafe { self.ring.submission_shared() };
+        let mut pushed = 0;
+        while state.in_flight.len() < self.in_flight_limit && !state.backlog.is_empty() {
+            if queue.is_full() {
+                // Hand what is queued to the kernel to make room. This does
+                // not wait for completions, so holding the lock is fine.
+                queue.sync();
+                if let Err(error) = self.ring.submit() {
+                    tracing::debug!(%error, "io_uring submit failed; the reaper will retry");
+                }
+                queue.sync();
+                if queue.is_full() {
+                    break;
+                }
+            }
+            let Some(mut pending) = state.backlog.pop_front() else { break };
+            let user_data = state.next_user_data;
+            state.next_user_data = user_data.wrapping_add(1);
+            let entry = pending.entry(self.fd()).user_data(user_data);
+            // SAFETY: the entry points into `pending`'s heap buffer, which
+            // does not move when `pending` does and stays in `in_flight` until
+            // the reaper has taken this entry's CQE; the descriptor stays open
+            // through `self.file`.
+            if unsafe { queue.push(&entry) }.is_err() {
+                state.backlog.push_front(pending); // Not reached: checked above.
+                break;
+            }
+            state.in_flight.insert(user_data, pending);
+            pushed += 1;
+        }
+        pushed // Dropping `queue` publishes the new entries to the kernel.
+    }
+
+    /// The reaper thread's body.
+    fn reap_until_closed(&self) {
+        let mut completions = Vec::with_capacity(self.in_flight_limit);
+        while self.wait_for_work() {
+            match self.ring.submitter().submit_and_wait(1) {
+                Ok(_) => {}
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => {
+                    tracing::warn!(%error, "io_uring_enter failed in the reaper; retrying");
+                    thread::sleep(ENTER_RETRY_PAUSE);
+                }
+            }
+            // SAFETY: only this thread creates CompletionQueues of the shared
+            // ring. The extend below consumes it, which returns the slots.
+            let queue = unsafe { self.ring.completion_shared() };
+            completions
+                .extend(queue.map(|completion| (completion.user_data(), completion.result())));
+            for (user_data, result) in completions.drain(..) {
+                self.complete(user_data, result);
+            }
+        }
+    }
+
+    /// Feeds the backlog into the ring and waits until something is in
+    /// flight. False once closing with nothing left to do.
+    fn wait_for_work(&self) -> bool {
+        let mut state = self.state.lock();
+        loop {
+            // Entries pushed here are submitted by the reaper's next enter.
+            // With nothing in flight the ring is empty, so this moves at least
+            // one request if the backlog has any.
+            self.fill_ring(&mut state);
+            if !state.in_flight.is_empty() {
+                return true;
+            }
+            if state.closing {
+                return false;
+            }
+            self.reaper_wakeup.wait(&mut state);
+        }
+    }
+
+    /// Accounts one CQE: finishes its request, or backlogs the remainder of
+    /// a short transfer.
+    fn complete(&self, user_data: u64, result: i32) {
+        let mut state = self.state.lock();
+        let Some(mut pending) = state.in_flight.remove(&user_data) else {
+            tracing::error!(user_data, "io_uring completion for an unknown request");
+            return;
+        };
+        match pending.record(result) {
+            None => state.backlog.push_front(pending),
+            Some(outcome) => {
+                // Callbacks may submit: never run them under the lock.
+                drop(state);
+                let (done, response) = pending.finish(outcome);
+                call_completion(done, response);
+            }
+        }
+    }
+}
+
+/// An asynchronous request, owning its buffer while the kernel uses it.
+struct Pending {
+    transfer: Transfer,
+    offset_bytes: u64,
+    /// Bytes transferred by earlier SQEs (short transfers).
+    done_bytes: usize,
+    done: DevCallback,
+}
+
+enum Transfer {
+    Read(AlignedBuf),
+    Write { buffer: AlignedBuf, rw_flags: i32 },
+    Flush,
+}
+
+impl Pending {
+    fn new(request: DevRequest, done: DevCallback) -> Self {
+        let (transfer, offset_bytes) = match request {
+            DevRequest::Read { offset, buffer } => (Transfer::Read(buffer), offset),
+            DevRequest::Write { offset, buffer, fua } => {
+                let rw_flags = if fua { libc::RWF_DSYNC } else { 0 };
+                (Transfer::Write { buffer, rw_flags }, offset)
+            }
+            DevRequest::Flush => (Transfer::Flush, 0),
+        };
+        Self { transfer, offset_bytes, done_bytes: 0, done }
+    }
+
+    fn total_bytes(&self) -> usize {
+        match &self.transfer {
+            Transfer::Read(buffer) | Transfer::Write { buffer, .. } => buffer.len(),
+            Transfer::Flush => 0,
+        }
+    }
+
+    fn current_offset_bytes(&self) -> u64 {
+        // Device checked that offset + length fits.
+        self.offset_bytes + self.done_bytes as u64
+    }
+
+    /// The SQE for what is left to transfer (without user_data).
+    fn entry(&mut self, fd: types::Fd) -> squeue::Entry {
+        let offset_bytes = self.current_offset_bytes();
+        match &mut self.transfer {
+            Transfer::Read(buffer) => {
+                let rest = &mut buffer[self.done_bytes..];
+                let length = rest.len().min(MAX_SQE_BYTES) as u32;
+                opcode::Read::new(fd, rest.as_mut_ptr(), length).offset(offset_bytes).build()
+            }
+            Transfer::Write { buffer, rw_flags } => {
+                let rest = &buffer[self.done_bytes..];
+                let length = rest.len().min(MAX_SQE_BYTES) as u32;
+                opcode::Write::new(fd, rest.as_ptr(), length)
+                    .offset(offset_bytes)
+                    .rw_flags(*rw_flags)
+                    .build()
+            }
+            Transfer::Flush => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
+        }
+    }
+
+    /// Accounts a CQE result: the outcome when the request is finished,
+    /// `None` when a short transfer leaves a remainder to resubmit (with the
+    /// same rw_flags, so a FUA write stays FUA).
+    fn record(&mut self, result: i32) -> Option<io::Result<()>> {
+        let transferred_bytes = match completion_bytes(result) {
+            Ok(transferred_bytes) => transferred_bytes,
+            Err(error) => return Some(Err(error)),
+        };
+        let direction = match self.transfer {
+            Transfer::Flush => return Some(Ok(())),
+            Transfer::Read(_) => Direction::Read,
+            Transfer::Write { .. } => Direction::Write,
+        };
+        let remaining_bytes = self.total_bytes() - self.done_bytes;
+        if transferred_bytes > remaining_bytes {
+            let offset_bytes = self.current_offset_bytes();
+            return Some(Err(sys::overlong_transfer_error(
+                transferred_bytes,
+                remaining_bytes,
+                offset_bytes,
+            )));
+        }
+        if transferred_bytes == remaining_bytes {
+            return Some(Ok(()));
+        }
+        if transferred_bytes == 0 {
+            return Some(Err(sys::stalled_transfer_error(direction, self.current_offset_bytes())));
+        }
+        self.done_bytes += transferred_bytes;
+        None
+    }
+
+    fn finish(self, result: io::Result<()>) -> (DevCallback, DevResponse) {
+        let buffer = match self.transfer {
+            Transfer::Read(buffer) | Transfer::Write { buffer, .. } => Some(buffer),
+            Transfer::Flush => None,
+        };
+        (self.done, DevResponse { buffer, result })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+    use crate::dev::file::test_support::{self as support, Image, BLOCK_BYTES, IMAGE_BYTES};
+    use crate::dev::{EngineKind, FuaMode};
+
+    const ENGINE: EngineKind = EngineKind::Uring;
+
+    #[test]
+    fn vectored_round_trip() {
+        support::vectored_round_trip(ENGINE);
+    }
+
+    #[test]
+    fn many_iovecs() {
+        support::many_iovecs(ENGINE);
+    }
+
+    #[test]
+    fn fua_counts() {
+        support::fua_counts(ENGINE);
+    }
+
+    #[test]
+    fn misaligned_and_out_of_range() {
+        support::misaligned_and_out_of_range(ENGINE);
+    }
+
+    #[test]
+    fn concurrent_async() {
+        support::concurrent_async(&support::options(ENGINE, FuaMode::Native));
+    }
+
+    /// A tiny ring: the submission queue fills and most requests wait in
+    /// the backlog.
+    #[test]
+    fn concurrent_async_tiny_ring() {
+        let options = DevOptions { ring_entries: 4, ..support::options(ENGINE, FuaMode::Native) };
+        support::concurrent_async(&options);
+    }
+
+    #[test]
+    fn async_flush_and_fua() {
+        support::async_flush_and_fua(ENGINE);
+    }
+
+    #[test]
+    fn drop_finishes() {
+        support::drop_finishes(ENGINE);
+    }
+
+    fn open_raw(path: &Path) -> UringDev {
+        let options = support::options(ENGINE, FuaMode::Native);
+        UringDev::open(path, &options)
+            .or_else(|_| UringDev::open(path, &DevOptions { direct: false, ..options }))
+            .unwrap()
+    }
+
+    fn submit_raw(raw: &UringDev, request: DevRequest) -> DevResponse {
+        let (sender, receiver) = mpsc::channel();
+        raw.submit(
+            request,
+            Box::new(move |response| {
+                let _ = sender.send(response);
+            }),
+        );
+        receiver.recv_timeout(support::CALLBACK_TIMEOUT).unwrap()
+    }
+
+    /// Two blocks from the last one: a short transfer, then end of file, on
+    /// both paths.
+    #[test]
+    fn backend_read_past_end_is_unexpected_eof() {
+        let image = Image::new();
+        let raw = open_raw(&image.path);
+        let offset = IMAGE_BYTES - BLOCK_BYTES as u64;
+        let mut buffer = AlignedBuf::zeroed(2 * BLOCK_BYTES);
+        let error = raw.read_at(offset, &mut [IoSliceMut::new(&mut buffer)]).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(error.to_string().contains(&IMAGE_BYTES.to_string()), "{error}");
+
+        let response = submit_raw(&raw, DevRequest::Read { offset, buffer });
+        let error = response.result.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(error.to_string().contains(&IMAGE_BYTES.to_string()), "{error}");
+        assert_eq!(response.buffer.map(|buffer| buffer.len()), Some(2 * BLOCK_BYTES));
+    }
+
+    #[test]
+    fn reaper_is_named_and_survives_a_panicking_callback() {
+        let image = Image::new();
+        let raw = open_raw(&image.path);
+        raw.submit(
+            DevRequest::Flush,
+            Box::new(|_| panic!("callback panic (expected in this test)")),
+        );
+        let (sender, receiver) = mpsc::channel();
+        raw.submit(
+            DevRequest::Flush,
+            Box::new(move |response| {
+                let name = thread::current().name().map(str::to_owned);
+                let _ = sender.send((name, response.result));
+            }),
+        );
+        let (name, result) = receiver.recv_timeout(support::CALLBACK_TIMEOUT).unwrap();
+        assert_eq!(name.as_deref(), Some("foliofs-uring-reaper"));
+        result.unwrap();
+    }
+
+    #[test]
+    fn blocking_calls_from_many_threads() {
+        let image = Image::new();
+        let device =
+            Arc::new(support::open(&image.path, &support::options(ENGINE, FuaMode::Native)));
+        let workers: Vec<_> = (0..4)
+            .map(|thread_index| {
+                let device = Arc::clone(&device);
+                thread::spawn(move || {
+                    for block_index in (thread_index..64).step_by(4) {
+                        let offset = (block_index * BLOCK_BYTES) as u64;
+                        device
+                            .write(offset, &support::pattern(block_index), block_index % 2 == 0)
+                            .unwrap();
+                        let mut back = AlignedBuf::zeroed(BLOCK_BYTES);
+                        device.read(offset, &mut back).unwrap();
+                        assert!(back[..] == support::pattern(block_index)[..]);
+                    }
+                    device.flush().unwrap();
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn ring_entries_are_validated() {
+        let image = Image::new();
+        for ring_entries in [0, MAX_RING_ENTRIES + 1] {
+            let options = DevOptions { ring_entries, ..support::options(ENGINE, FuaMode::Native) };
+            let error = UringDev::open(&image.path, &options).err().unwrap();
+            assert_eq!(error.kind(), io::ErrorKind::InvalidInput, "{error}");
+        }
+    }
+
+    #[test]
+    fn setup_failure_names_the_fallback() {
+        // The kernel refuses a ring of zero entries, as it would refuse
+        // io_uring altogether where it is disabled.
+        let error = new_ring(0).err().unwrap();
+        let message = error.to_string();
+        assert!(message.starts_with("io_uring is not available: "), "{message}");
+        assert!(message.ends_with("use -o engine=threads"), "{message}");
     }
 }

@@ -1,0 +1,101 @@
+//! The image a benchmark runs on: by default a temporary file in the current
+//! directory (like fio's files), fully written once and removed afterwards.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Args;
+use foliofs::dev::AlignedBuf;
+use foliofs::options::parse_size;
+use foliofs::vfs::MkfsOptions;
+use foliofs::{Volume, VolumeOptions};
+
+#[derive(Args, Clone)]
+pub struct ImageArgs {
+    /// Run on this image (formatted first); default: a temporary file in the
+    /// current directory, removed afterwards.
+    #[arg(long)]
+    image: Option<PathBuf>,
+    /// Size of the image to create (default: enough for the workload).
+    #[arg(long)]
+    image_size: Option<String>,
+    #[arg(long, default_value = "4096")]
+    block_size: String,
+}
+
+impl ImageArgs {
+    /// Whether the user named an image (which a benchmark must not clobber).
+    pub fn named(&self) -> bool {
+        self.image.is_some()
+    }
+}
+
+/// A formatted image, deleted on drop unless the user named it.
+pub struct BenchImage {
+    path: PathBuf,
+    temporary: bool,
+}
+
+impl BenchImage {
+    /// Creates (or reuses) the image and formats it; `default_bytes` is the
+    /// size when the user gave none.
+    pub fn create(
+        args: &ImageArgs,
+        default_bytes: u64,
+        options: &VolumeOptions,
+    ) -> anyhow::Result<Self> {
+        let (path, temporary) = match &args.image {
+            Some(path) => (path.clone(), false),
+            // /tmp may be a tmpfs, which says nothing about a disk.
+            None => (PathBuf::from(format!("foliofs-bench-{}.img", std::process::id())), true),
+        };
+        let image = Self { path, temporary };
+        let size_bytes = match &args.image_size {
+            Some(text) => parse_size(text).context("--image-size")?,
+            None => default_bytes,
+        };
+        let block_bytes = u32::try_from(parse_size(&args.block_size).context("--block-size")?)?;
+        let mkfs = MkfsOptions { block_bytes, ..MkfsOptions::default() };
+        if image.temporary || !image.path.exists() {
+            lay_out(&image.path, size_bytes)?;
+        }
+        Volume::mkfs_path(&image.path, None, &mkfs, options)?;
+        Ok(image)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for BenchImage {
+    fn drop(&mut self) {
+        if self.temporary {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Writes the whole image once, as fio lays out its files: a sparse image
+/// would measure the host file system allocating blocks, not the disk.
+fn lay_out(path: &Path, size_bytes: u64) -> anyhow::Result<()> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const CHUNK_BYTES: usize = 4 << 20;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .with_context(|| format!("create {}", path.display()))?;
+    let zeros = AlignedBuf::zeroed(CHUNK_BYTES);
+    let mut offset = 0u64;
+    while offset < size_bytes {
+        let length = (size_bytes - offset).min(CHUNK_BYTES as u64) as usize;
+        file.write_all_at(&zeros[..length], offset)
+            .with_context(|| format!("lay out {}", path.display()))?;
+        offset += length as u64;
+    }
+    file.sync_all()?;
+    Ok(())
+}
