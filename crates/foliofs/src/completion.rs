@@ -2,10 +2,16 @@
 //! completion thread, or inline) fills the slot and wakes whatever task polls
 //! the future, so any executor can drive the asynchronous API; `block_on`
 //! drives one future on the calling thread.
+//!
+//! A thread that submitted to an io_uring ring of its own registers that ring
+//! as a [`Driver`]; `block_on` then waits for completions inside the ring and
+//! runs them on the waiting thread, as fio does, instead of sleeping until
+//! another thread hands them over.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
 use parking_lot::{Condvar, Mutex};
@@ -78,7 +84,37 @@ impl Wake for ThreadWaker {
     }
 }
 
-/// Runs `future` to completion on the calling thread.
+/// A source of completions the calling thread can wait on and run itself.
+pub trait Driver: Send + Sync {
+    /// Whether requests are in flight that `drive` would wait for.
+    fn has_work(&self) -> bool;
+    /// Waits for at least one completion and runs the callbacks of all
+    /// completions available.
+    fn drive(&self);
+}
+
+thread_local! {
+    static DRIVERS: RefCell<Vec<Weak<dyn Driver>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Makes `driver` one that `block_on` on this thread waits through.
+pub fn register_thread_driver(driver: Weak<dyn Driver>) {
+    DRIVERS.with(|drivers| {
+        let mut drivers = drivers.borrow_mut();
+        drivers.retain(|known| known.strong_count() > 0);
+        drivers.push(driver);
+    });
+}
+
+/// A driver of this thread with requests in flight, if any.
+fn busy_driver() -> Option<Arc<dyn Driver>> {
+    DRIVERS.with(|drivers| {
+        drivers.borrow().iter().filter_map(Weak::upgrade).find(|driver| driver.has_work())
+    })
+}
+
+/// Runs `future` to completion on the calling thread. While it waits, it
+/// runs this thread's rings' completions itself when it has any in flight.
 pub fn block_on<F: Future>(future: F) -> F::Output {
     let parker = Arc::new(ThreadWaker { woken: Mutex::new(false), signal: Condvar::new() });
     let waker = Waker::from(Arc::clone(&parker));
@@ -90,7 +126,14 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
         }
         let mut woken = parker.woken.lock();
         while !*woken {
-            parker.signal.wait(&mut woken);
+            match busy_driver() {
+                Some(driver) => {
+                    drop(woken);
+                    driver.drive();
+                    woken = parker.woken.lock();
+                }
+                None => parker.signal.wait(&mut woken),
+            }
         }
         *woken = false;
     }

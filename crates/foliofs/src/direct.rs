@@ -31,6 +31,43 @@ use crate::passthru::DataPath;
 /// and the bytes transferred.
 pub type DirectResult = (AlignedBuf, Result<usize>);
 
+/// An asynchronous direct read or write. Its device requests are plugged
+/// (held for a batch); polling it while it is not done unplugs them, so a
+/// thread that queues many requests and then waits hands them to the kernel
+/// in one system call, as the kernel's block plug does at schedule().
+pub struct DirectFuture {
+    inner: IoFuture<DirectResult>,
+    engine: Option<Arc<Engine>>,
+}
+
+impl DirectFuture {
+    fn ready(result: DirectResult) -> Self {
+        Self { inner: completion::ready(result), engine: None }
+    }
+
+    /// A request refused before it reached the device.
+    pub fn failed(buffer: AlignedBuf, error: Error) -> Self {
+        Self::ready((buffer, Err(error)))
+    }
+}
+
+impl std::future::Future for DirectFuture {
+    type Output = DirectResult;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<DirectResult> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll(context);
+        if polled.is_pending() {
+            if let Some(engine) = &self.engine {
+                engine.device.unplug();
+            }
+        }
+        polled
+    }
+}
+
 /// Refuses requests O_DIRECT would refuse: offset, length and buffer address
 /// must be multiples of the device's logical block.
 pub fn check_alignment(engine: &Engine, address: usize, length: usize, pos: u64) -> Result<()> {
@@ -332,7 +369,7 @@ pub fn write_async(
     buffer: AlignedBuf,
     pos: u64,
     dsync: bool,
-) -> IoFuture<DirectResult> {
+) -> DirectFuture {
     let submitted = (|| {
         check_alignment(engine, buffer.as_ptr() as usize, buffer.len(), pos)?;
         if buffer.is_empty() {
@@ -349,15 +386,15 @@ pub fn write_async(
         Ok(Some((plan, Some(pieces))))
     })();
     match submitted {
-        Err(error) => completion::ready((buffer, Err(error))),
-        Ok(None) => completion::ready((buffer, Ok(0))),
+        Err(error) => DirectFuture::ready((buffer, Err(error))),
+        Ok(None) => DirectFuture::ready((buffer, Ok(0))),
         Ok(Some((plan, Some(pieces)))) => {
             submit_write(engine, io, ino, buffer, pieces, dsync, plan.pure_overwrite)
         }
         Ok(Some((_, None))) => {
             let _exclusive = io.exclusive();
             let result = write_alone(engine, io, ino, &buffer, pos, dsync);
-            completion::ready((buffer, result))
+            DirectFuture::ready((buffer, result))
         }
     }
 }
@@ -376,7 +413,7 @@ fn submit_group(engine: &Engine, requests: Vec<DevRequest>, finish: Finish) {
             let callback: DevCallback = Box::new(move |response: DevResponse| {
                 finish(vec![response.buffer], response.result.err())
             });
-            engine.device.submit(request, callback);
+            engine.device.submit_plugged(request, callback);
         }
         count => submit_many(engine, requests, count, finish),
     }
@@ -414,7 +451,7 @@ fn submit_many(engine: &Engine, requests: Vec<DevRequest>, count: usize, finish:
             drop(state);
             finish(returned, failure);
         });
-        engine.device.submit(request, callback);
+        engine.device.submit_plugged(request, callback);
     }
 }
 
@@ -426,7 +463,7 @@ fn submit_write(
     pieces: Vec<Piece>,
     dsync: bool,
     pure_overwrite: bool,
-) -> IoFuture<DirectResult> {
+) -> DirectFuture {
     let (future, completer) = completion::pair();
     let fua = dsync && pure_overwrite;
     let length = buffer.len();
@@ -458,7 +495,7 @@ fn submit_write(
         completer.complete((buffer, result));
     });
     submit_group(engine, requests, finish);
-    future
+    DirectFuture { inner: future, engine: Some(Arc::clone(engine)) }
 }
 
 /// Asynchronous direct read into `buffer` from `pos`.
@@ -468,7 +505,7 @@ pub fn read_async(
     ino: u64,
     mut buffer: AlignedBuf,
     pos: u64,
-) -> IoFuture<DirectResult> {
+) -> DirectFuture {
     let prepared = (|| {
         check_alignment(engine, buffer.as_ptr() as usize, buffer.len(), pos)?;
         sync_cached_range(engine, ino, pos, buffer.len() as u64)?;
@@ -480,8 +517,8 @@ pub fn read_async(
         Ok(found)
     })();
     let (count, pieces) = match prepared {
-        Err(error) => return completion::ready((buffer, Err(error))),
-        Ok(None) => return completion::ready((buffer, Ok(0))),
+        Err(error) => return DirectFuture::ready((buffer, Err(error))),
+        Ok(None) => return DirectFuture::ready((buffer, Ok(0))),
         Ok(Some(found)) => found,
     };
     for piece in pieces.iter().filter(|piece| piece.mapping.reads_as_zeros()) {
@@ -507,7 +544,7 @@ pub fn read_async(
     let (future, completer) = completion::pair();
     let finish = read_finish(Arc::clone(io), count, on_disk, kept, completer);
     submit_group(engine, requests, finish);
-    future
+    DirectFuture { inner: future, engine: Some(Arc::clone(engine)) }
 }
 
 fn read_finish(

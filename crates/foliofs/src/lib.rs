@@ -10,7 +10,7 @@
 pub mod alloc;
 pub mod completion;
 pub mod dev;
-mod direct;
+pub mod direct;
 pub mod engine;
 pub mod error;
 pub mod extent;

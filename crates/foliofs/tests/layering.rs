@@ -8,7 +8,7 @@ use std::path::Path;
 /// Module -> the crate modules it may use.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("format", &[]),
-    ("dev", &[]),
+    ("dev", &["completion"]),
     ("error", &["format"]),
     ("options", &["dev", "error"]),
     ("alloc", &["format"]),

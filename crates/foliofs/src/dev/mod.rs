@@ -98,6 +98,14 @@ pub trait RawDev: Send + Sync {
     /// Starts `request`; `done` runs exactly once, possibly on another thread,
     /// possibly before `submit` returns.
     fn submit(&self, request: DevRequest, done: DevCallback);
+    /// Like `submit`, but the backend may hold the request until `unplug`
+    /// (or its own completion loop) hands a batch to the kernel: one system
+    /// call, and one device notification, for many requests.
+    fn submit_plugged(&self, request: DevRequest, done: DevCallback) {
+        self.submit(request, done)
+    }
+    /// Hands requests held by `submit_plugged` to the kernel.
+    fn unplug(&self) {}
     fn size_bytes(&self) -> u64;
     fn logical_block_bytes(&self) -> u32;
 }
@@ -370,6 +378,30 @@ impl Device {
 
     /// Asynchronous form of read/write/flush; `done` runs exactly once.
     pub fn submit(&self, request: DevRequest, done: DevCallback) {
+        self.submit_with(request, done, false)
+    }
+
+    /// Asynchronous read or write that the backend may hold for a batch
+    /// until [`Device::unplug`] (the kernel's block plug, for io_uring: one
+    /// `io_uring_enter` for many requests). Callers unplug before they wait.
+    pub fn submit_plugged(&self, request: DevRequest, done: DevCallback) {
+        self.submit_with(request, done, true)
+    }
+
+    /// Hands every plugged request to the kernel.
+    pub fn unplug(&self) {
+        self.raw.unplug()
+    }
+
+    fn raw_submit(&self, request: DevRequest, done: DevCallback, plugged: bool) {
+        if plugged {
+            self.raw.submit_plugged(request, done)
+        } else {
+            self.raw.submit(request, done)
+        }
+    }
+
+    fn submit_with(&self, request: DevRequest, done: DevCallback, plugged: bool) {
         let (offset, length) = match &request {
             DevRequest::Read { offset, buffer } | DevRequest::Write { offset, buffer, .. } => {
                 (*offset, buffer.len())
@@ -380,20 +412,20 @@ impl Device {
             return done(DevResponse { buffer: take_buffer(request), result: Err(error) });
         }
         match request {
-            DevRequest::Read { .. } => self.submit_read(request, length, done),
+            DevRequest::Read { .. } => self.submit_read(request, length, done, plugged),
             DevRequest::Write { offset, buffer, fua } => {
                 let native_fua = fua && self.fua == FuaMode::Native;
                 let request = DevRequest::Write { offset, buffer, fua: native_fua };
-                self.submit_write(request, fua && !native_fua, done)
+                self.submit_write(request, fua && !native_fua, done, plugged)
             }
             DevRequest::Flush => unreachable!("handled above"),
         }
     }
 
-    fn submit_read(&self, request: DevRequest, length: usize, done: DevCallback) {
+    fn submit_read(&self, request: DevRequest, length: usize, done: DevCallback, plugged: bool) {
         self.counters.read_requests.fetch_add(1, Ordering::Relaxed);
         let counters = Arc::clone(&self.counters);
-        self.raw.submit(
+        self.raw_submit(
             request,
             Box::new(move |response| {
                 if response.result.is_ok() {
@@ -401,10 +433,17 @@ impl Device {
                 }
                 done(response)
             }),
+            plugged,
         );
     }
 
-    fn submit_write(&self, request: DevRequest, emulate_fua: bool, done: DevCallback) {
+    fn submit_write(
+        &self,
+        request: DevRequest,
+        emulate_fua: bool,
+        done: DevCallback,
+        plugged: bool,
+    ) {
         let DevRequest::Write { buffer, fua: native_fua, .. } = &request else {
             unreachable!("submit_write takes writes")
         };
@@ -414,7 +453,7 @@ impl Device {
         let counters = Arc::clone(&self.counters);
         let flushes = Arc::clone(&self.flushes);
         let flusher = emulate_fua.then(|| self.flush_submitter());
-        self.raw.submit(
+        self.raw_submit(
             request,
             Box::new(move |response| {
                 if response.result.is_err() {
@@ -431,6 +470,7 @@ impl Device {
                     })),
                 }
             }),
+            plugged,
         );
     }
 

@@ -190,6 +190,73 @@ pub(crate) fn dio_alignment(fd: BorrowedFd<'_>) -> io::Result<Option<DioAlignmen
     }))
 }
 
+/// A non-blocking, close-on-exec eventfd: io_uring signals one when a
+/// ring posts completions.
+pub(crate) fn eventfd() -> io::Result<std::os::fd::OwnedFd> {
+    // SAFETY: eventfd takes no pointers; a non-negative result is a new
+    // descriptor that we own.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by eventfd and is owned by no one else.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
+/// Resets an eventfd's counter (ignores "nothing to read").
+pub(crate) fn eventfd_drain(fd: BorrowedFd<'_>) {
+    let mut counter = 0u64;
+    // SAFETY: reads 8 bytes into a valid u64.
+    unsafe { libc::read(fd.as_raw_fd(), (&mut counter as *mut u64).cast(), 8) };
+}
+
+/// Adds one to an eventfd's counter, waking its watchers.
+pub(crate) fn eventfd_signal(fd: BorrowedFd<'_>) {
+    let one = 1u64;
+    // SAFETY: writes 8 bytes from a valid u64.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+pub(crate) fn epoll() -> io::Result<std::os::fd::OwnedFd> {
+    // SAFETY: epoll_create1 takes no pointers; a non-negative result is a new
+    // descriptor that we own.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by epoll_create1 and is owned by no one else.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
+/// Watches `fd` for readability, reporting `token` when it is.
+pub(crate) fn epoll_add(epoll: BorrowedFd<'_>, fd: BorrowedFd<'_>, token: u64) -> io::Result<()> {
+    let mut event = libc::epoll_event { events: libc::EPOLLIN as u32, u64: token };
+    // SAFETY: both descriptors are open; the event is a valid in-pointer.
+    let result = unsafe {
+        libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd(), &mut event)
+    };
+    if result < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Waits for readiness; returns the tokens of the ready descriptors.
+pub(crate) fn epoll_wait(epoll: BorrowedFd<'_>, tokens: &mut Vec<u64>) -> io::Result<()> {
+    const EVENTS_MAX: usize = 64;
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; EVENTS_MAX];
+    // SAFETY: `events` is a valid out-array of EVENTS_MAX entries.
+    let ready = unsafe {
+        libc::epoll_wait(epoll.as_raw_fd(), events.as_mut_ptr(), EVENTS_MAX as libc::c_int, -1)
+    };
+    if ready < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    tokens.clear();
+    tokens.extend(events[..ready as usize].iter().map(|event| event.u64));
+    Ok(())
+}
+
 /// What a transfer does; names the error when it stops short.
 #[derive(Clone, Copy)]
 pub(crate) enum Direction {

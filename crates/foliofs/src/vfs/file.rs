@@ -3,9 +3,8 @@
 
 use std::sync::Arc;
 
-use crate::completion::{self, IoFuture};
 use crate::dev::AlignedBuf;
-use crate::direct::{self, DirectResult};
+use crate::direct::{self, DirectFuture};
 use crate::error::{Error, Result};
 use crate::format::{InodeKind, Record};
 use crate::io_lock::InodeIo;
@@ -163,21 +162,21 @@ impl File {
 
     /// Asynchronous read into an owned buffer (direct files only). Any
     /// executor can drive the future; many may be in flight per thread.
-    pub fn read_at_async(&self, buffer: AlignedBuf, pos: u64) -> IoFuture<DirectResult> {
+    pub fn read_at_async(&self, buffer: AlignedBuf, pos: u64) -> DirectFuture {
         match self.check_direct().and_then(|()| self.check_readable()) {
             Ok(()) => direct::read_async(&self.shared.engine, &self.io, self.ino, buffer, pos),
-            Err(error) => completion::ready((buffer, Err(error))),
+            Err(error) => DirectFuture::failed(buffer, error),
         }
     }
 
     /// Asynchronous write from an owned buffer (direct files only).
-    pub fn write_at_async(&self, buffer: AlignedBuf, pos: u64) -> IoFuture<DirectResult> {
+    pub fn write_at_async(&self, buffer: AlignedBuf, pos: u64) -> DirectFuture {
         match self.check_direct().and_then(|()| self.check_writable()) {
             Ok(()) => {
                 let engine = &self.shared.engine;
                 direct::write_async(engine, &self.io, self.ino, buffer, pos, self.flags.dsync)
             }
-            Err(error) => completion::ready((buffer, Err(error))),
+            Err(error) => DirectFuture::failed(buffer, error),
         }
     }
 
