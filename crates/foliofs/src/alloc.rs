@@ -70,7 +70,9 @@ impl Allocator {
 
     /// Free blocks not promised to a reservation.
     pub fn available_blocks(&self) -> u64 {
-        self.free_blocks - self.reserved_blocks
+        // Between an allocation that uses a reservation and the displacement
+        // of its delayed extent (one transaction) reserved may exceed free.
+        self.free_blocks.saturating_sub(self.reserved_blocks)
     }
 
     pub fn free_extent_count(&self) -> usize {
@@ -103,8 +105,10 @@ impl Allocator {
     }
 
     /// Allocates up to `count` contiguous blocks, preferably at or after `goal`.
-    /// Returns a shorter run only when no free extent is long enough. `count`
-    /// may include blocks already reserved by the caller (`from_reserved`).
+    /// Returns a shorter run only when no free extent is long enough.
+    /// `from_reserved` blocks of the caller's own reservation may be used: the
+    /// caller is replacing a delayed allocation, whose displacement then
+    /// returns the reservation (`unreserve`), so no block is counted twice.
     pub fn allocate(&mut self, goal: u64, count: u64, from_reserved: u64) -> Option<BlockRun> {
         debug_assert!(from_reserved <= count && from_reserved <= self.reserved_blocks);
         let count = count.min(from_reserved + self.available_blocks());
@@ -116,8 +120,6 @@ impl Allocator {
             self.by_start.range(..=run.start).next_back().expect("run lies in a free extent");
         self.take(free_start, free_count, run);
         self.cursor = run.start + run.count;
-        // The caller's own reservation is used up first.
-        self.reserved_blocks -= run.count.min(from_reserved);
         Some(run)
     }
 
@@ -272,9 +274,14 @@ mod tests {
         assert!(allocator.reserve(995));
         assert!(!allocator.reserve(6));
         assert_eq!(allocator.allocate(0, 10, 0).map(|run| run.count), Some(5));
+        // A delayed allocation of 100 blocks gets its space, then gives its
+        // reservation back when its extent is displaced.
         let run = allocator.allocate(0, 100, 100).unwrap();
         assert_eq!(run.count, 100);
+        assert_eq!(allocator.free_blocks(), 895);
+        allocator.unreserve(100);
         assert_eq!(allocator.reserved_blocks(), 895);
+        assert_eq!(allocator.available_blocks(), 0);
         allocator.unreserve(895);
         assert_eq!(allocator.available_blocks(), 895);
     }

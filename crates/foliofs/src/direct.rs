@@ -18,14 +18,15 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::cache::InodeCache;
 use crate::completion::{self, Completer, IoFuture};
 use crate::dev::{AlignedBuf, DevCallback, DevRequest, DevResponse};
 use crate::engine::Engine;
 use crate::error::{Error, IoContext, Result};
-use crate::io_lock::InodeIo;
 use crate::iomap::{self, Intent, MapKind, Mapping};
 use crate::options::DioUnaligned;
 use crate::passthru::DataPath;
+use crate::writeback;
 
 /// What an asynchronous read or write resolves to: the caller's buffer back,
 /// and the bytes transferred.
@@ -79,13 +80,6 @@ pub fn check_alignment(engine: &Engine, address: usize, length: usize, pos: u64)
         ))),
         None => Ok(()),
     }
-}
-
-/// Where the cache and direct I/O meet: overlapping folios are written back
-/// and dropped before a direct request (the folio cache of the buffered path
-/// hooks in here; until then nothing is cached).
-fn sync_cached_range(_engine: &Engine, _ino: u64, _pos: u64, _length: u64) -> Result<()> {
-    Ok(())
 }
 
 /// One contiguous piece of a request on the device.
@@ -189,7 +183,7 @@ fn pieces_for(
 /// write durable (a pure overwrite already is: it went out with FUA).
 fn finish_write(
     engine: &Engine,
-    io: &InodeIo,
+    inode: &InodeCache,
     ino: u64,
     pieces: &[Piece],
     written: bool,
@@ -215,7 +209,12 @@ fn finish_write(
     if !written {
         return Ok(());
     }
-    if io.times_due() {
+    if let (Some(first), Some(last), true) = (pieces.first(), pieces.last(), inode.has_folios()) {
+        // A buffered read racing with this write may have cached old bytes.
+        let start = first.mapping.offset + (first.dev_offset - first.mapping.dev_offset);
+        inode.remove_clean_range(start, start + (last.end - first.start) as u64);
+    }
+    if inode.io.times_due() {
         engine.touch_times(ino);
     }
     if !dsync {
@@ -231,7 +230,7 @@ fn finish_write(
 /// Blocking direct write of `data` (address-aligned) at `pos`.
 pub fn write(
     engine: &Engine,
-    io: &InodeIo,
+    inode: &InodeCache,
     ino: u64,
     data: &[u8],
     pos: u64,
@@ -243,16 +242,17 @@ pub fn write(
     }
     pos.checked_add(data.len() as u64)
         .ok_or_else(|| Error::FileTooLarge(format!("inode {ino}")))?;
-    sync_cached_range(engine, ino, pos, data.len() as u64)?;
     {
-        let _shared = io.shared();
+        let _shared = inode.io.shared();
+        writeback::sync_for_direct(engine, inode, pos, data.len() as u64, true)?;
         let mut plan = plan_write(engine, ino, pos, data.len() as u64)?;
         if plan.may_share(engine.options.dio_unaligned) {
-            return write_mapped(engine, io, ino, data, pos, dsync, &mut plan);
+            return write_mapped(engine, inode, ino, data, pos, dsync, &mut plan);
         }
     }
-    let _exclusive = io.exclusive();
-    write_alone(engine, io, ino, data, pos, dsync)
+    let _exclusive = inode.io.exclusive();
+    writeback::sync_for_direct(engine, inode, pos, data.len() as u64, true)?;
+    write_alone(engine, inode, ino, data, pos, dsync)
 }
 
 /// The write under the exclusive lock: one that needs no zeroing goes
@@ -260,7 +260,7 @@ pub fn write(
 /// the size through the simple data path.
 fn write_alone(
     engine: &Engine,
-    io: &InodeIo,
+    inode: &InodeCache,
     ino: u64,
     data: &[u8],
     pos: u64,
@@ -268,7 +268,7 @@ fn write_alone(
 ) -> Result<usize> {
     let mut plan = plan_write(engine, ino, pos, data.len() as u64)?;
     if plan.may_skip_zeroing() {
-        return write_mapped(engine, io, ino, data, pos, dsync, &mut plan);
+        return write_mapped(engine, inode, ino, data, pos, dsync, &mut plan);
     }
     let written = DataPath::new(engine).write(ino, data, pos)?;
     if dsync {
@@ -281,7 +281,7 @@ fn write_alone(
 /// Writes `data` piece by piece straight from the caller's buffer.
 fn write_mapped(
     engine: &Engine,
-    io: &InodeIo,
+    inode: &InodeCache,
     ino: u64,
     data: &[u8],
     pos: u64,
@@ -293,24 +293,30 @@ fn write_mapped(
     for (index, piece) in pieces.iter().enumerate() {
         let result = engine.device.write(piece.dev_offset, &data[piece.start..piece.end], fua);
         if let Err(error) = result {
-            finish_write(engine, io, ino, &pieces[..index], true, false)?;
-            finish_write(engine, io, ino, &pieces[index..], false, false)?;
+            finish_write(engine, inode, ino, &pieces[..index], true, false)?;
+            finish_write(engine, inode, ino, &pieces[index..], false, false)?;
             return Err(Error::io(
                 format!("direct write at device offset {}", piece.dev_offset),
                 error,
             ));
         }
     }
-    finish_write(engine, io, ino, &pieces, true, dsync && !fua)?;
+    finish_write(engine, inode, ino, &pieces, true, dsync && !fua)?;
     Ok(data.len())
 }
 
 /// Blocking direct read into `buffer` (address-aligned) from `pos`; returns
 /// the bytes read, fewer at end of file.
-pub fn read(engine: &Engine, io: &InodeIo, ino: u64, buffer: &mut [u8], pos: u64) -> Result<usize> {
+pub fn read(
+    engine: &Engine,
+    inode: &InodeCache,
+    ino: u64,
+    buffer: &mut [u8],
+    pos: u64,
+) -> Result<usize> {
     check_alignment(engine, buffer.as_ptr() as usize, buffer.len(), pos)?;
-    sync_cached_range(engine, ino, pos, buffer.len() as u64)?;
-    let _shared = io.shared();
+    let _shared = inode.io.shared();
+    writeback::sync_for_direct(engine, inode, pos, buffer.len() as u64, false)?;
     let Some((count, pieces)) = read_pieces(engine, ino, buffer.len(), pos)? else { return Ok(0) };
     for piece in pieces {
         let out = &mut buffer[piece.start..piece.end];
@@ -364,7 +370,7 @@ fn read_pieces(
 /// future is ready (as the kernel makes unaligned AIO synchronous).
 pub fn write_async(
     engine: &Arc<Engine>,
-    io: &Arc<InodeIo>,
+    inode: &Arc<InodeCache>,
     ino: u64,
     buffer: AlignedBuf,
     pos: u64,
@@ -375,25 +381,26 @@ pub fn write_async(
         if buffer.is_empty() {
             return Ok(None);
         }
-        sync_cached_range(engine, ino, pos, buffer.len() as u64)?;
-        let _shared = io.shared();
+        let _shared = inode.io.shared();
+        writeback::sync_for_direct(engine, inode, pos, buffer.len() as u64, true)?;
         let mut plan = plan_write(engine, ino, pos, buffer.len() as u64)?;
         if !plan.may_share(engine.options.dio_unaligned) {
             return Ok(Some((plan, None)));
         }
         let pieces = pieces_for(engine, ino, pos, buffer.len() as u64, &mut plan)?;
-        io.dio_started();
+        inode.io.dio_started();
         Ok(Some((plan, Some(pieces))))
     })();
     match submitted {
         Err(error) => DirectFuture::ready((buffer, Err(error))),
         Ok(None) => DirectFuture::ready((buffer, Ok(0))),
         Ok(Some((plan, Some(pieces)))) => {
-            submit_write(engine, io, ino, buffer, pieces, dsync, plan.pure_overwrite)
+            submit_write(engine, inode, ino, buffer, pieces, dsync, plan.pure_overwrite)
         }
         Ok(Some((_, None))) => {
-            let _exclusive = io.exclusive();
-            let result = write_alone(engine, io, ino, &buffer, pos, dsync);
+            let _exclusive = inode.io.exclusive();
+            let result = writeback::sync_for_direct(engine, inode, pos, buffer.len() as u64, true)
+                .and_then(|()| write_alone(engine, inode, ino, &buffer, pos, dsync));
             DirectFuture::ready((buffer, result))
         }
     }
@@ -457,7 +464,7 @@ fn submit_many(engine: &Engine, requests: Vec<DevRequest>, count: usize, finish:
 
 fn submit_write(
     engine: &Arc<Engine>,
-    io: &Arc<InodeIo>,
+    inode: &Arc<InodeCache>,
     ino: u64,
     buffer: AlignedBuf,
     pieces: Vec<Piece>,
@@ -481,12 +488,12 @@ fn submit_write(
             .collect();
         (copies, Some(buffer))
     };
-    let (owned_engine, io) = (Arc::clone(engine), Arc::clone(io));
+    let (owned_engine, inode) = (Arc::clone(engine), Arc::clone(inode));
     let finish: Finish = Box::new(move |mut returned, failure| {
         let buffer = kept.or_else(|| returned[0].take()).expect("the caller's buffer comes back");
         let finished =
-            finish_write(&owned_engine, &io, ino, &pieces, failure.is_none(), dsync && !fua);
-        io.dio_finished();
+            finish_write(&owned_engine, &inode, ino, &pieces, failure.is_none(), dsync && !fua);
+        inode.io.dio_finished();
         let result = match (failure, finished) {
             (Some(error), _) => Err(Error::io("direct write", error)),
             (None, Err(error)) => Err(error),
@@ -501,18 +508,18 @@ fn submit_write(
 /// Asynchronous direct read into `buffer` from `pos`.
 pub fn read_async(
     engine: &Arc<Engine>,
-    io: &Arc<InodeIo>,
+    inode: &Arc<InodeCache>,
     ino: u64,
     mut buffer: AlignedBuf,
     pos: u64,
 ) -> DirectFuture {
     let prepared = (|| {
         check_alignment(engine, buffer.as_ptr() as usize, buffer.len(), pos)?;
-        sync_cached_range(engine, ino, pos, buffer.len() as u64)?;
-        let _shared = io.shared();
+        let _shared = inode.io.shared();
+        writeback::sync_for_direct(engine, inode, pos, buffer.len() as u64, false)?;
         let found = read_pieces(engine, ino, buffer.len(), pos)?;
         if found.is_some() {
-            io.dio_started();
+            inode.io.dio_started();
         }
         Ok(found)
     })();
@@ -542,13 +549,13 @@ pub fn read_async(
         (reads, Some(buffer))
     };
     let (future, completer) = completion::pair();
-    let finish = read_finish(Arc::clone(io), count, on_disk, kept, completer);
+    let finish = read_finish(Arc::clone(inode), count, on_disk, kept, completer);
     submit_group(engine, requests, finish);
     DirectFuture { inner: future, engine: Some(Arc::clone(engine)) }
 }
 
 fn read_finish(
-    io: Arc<InodeIo>,
+    inode: Arc<InodeCache>,
     count: usize,
     on_disk: Vec<Piece>,
     kept: Option<AlignedBuf>,
@@ -566,7 +573,7 @@ fn read_finish(
             }
             None => returned[0].take().expect("the caller's buffer comes back"),
         };
-        io.dio_finished();
+        inode.io.dio_finished();
         let result = match failure {
             Some(error) => Err(Error::io("direct read", error)),
             None => Ok(count),

@@ -1,9 +1,11 @@
-//! What the data paths share: the device, the metadata store, the block size
-//! and the policies. Held in an `Arc` so asynchronous completions can finish
-//! their work (conversions, size updates) after the caller has moved on.
+//! What the data paths share: the device, the metadata store, the folio
+//! cache, the block size and the policies. Held in an `Arc` so asynchronous
+//! completions and the flusher can finish their work (conversions, size
+//! updates) after the caller has moved on.
 
 use std::sync::Arc;
 
+use crate::cache::PageCache;
 use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::Timestamp;
@@ -13,6 +15,7 @@ use crate::options::VolumeOptions;
 pub struct Engine {
     pub device: Arc<Device>,
     pub meta: MetaStore,
+    pub cache: PageCache,
     pub block_bytes: u64,
     pub options: VolumeOptions,
 }

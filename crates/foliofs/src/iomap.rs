@@ -22,10 +22,16 @@ pub enum MapKind {
     Written,
 }
 
+/// The most blocks one delayed extent is allocated as at a time (512 MiB
+/// at 4 KiB blocks): large enough for long contiguous writeback, small
+/// enough to bound one allocation's search.
+const DELALLOC_CONVERT_BLOCKS_MAX: u64 = 1 << 17;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Intent {
     Read,
-    /// Allocate Unwritten space for holes in the range.
+    /// Allocate Unwritten space for holes in the range, and real space for
+    /// delayed allocations (writeback and direct writes).
     Write,
     /// Report only (fiemap, seek): never allocates.
     Report,
@@ -74,6 +80,23 @@ pub fn begin(
     loop {
         let looked_up = lookup(meta, ino, first_block)?;
         let hole_blocks = match looked_up {
+            Lookup::Mapped(extent)
+                if intent == Intent::Write && extent.kind == ExtentKind::Delalloc =>
+            {
+                match allocate_delalloc(meta, ino, first_block)? {
+                    Some(run) => {
+                        return Ok(Mapping {
+                            kind: MapKind::Unwritten,
+                            offset: first_block * block_bytes,
+                            length: run.count.min(wanted_blocks) * block_bytes,
+                            dev_offset: run.start * block_bytes,
+                            new: false,
+                        })
+                    }
+                    // Writeback or truncate changed the extent: look again.
+                    None => continue,
+                }
+            }
             Lookup::Mapped(extent) => return Ok(mapped(extent, wanted_blocks, block_bytes)),
             Lookup::Hole { block_count } => block_count.min(wanted_blocks),
         };
@@ -168,6 +191,72 @@ fn allocate_unwritten(
         Ok(Allocation::Mapped(run))
     })?;
     Ok(allocation)
+}
+
+/// Chooses device blocks for the delayed extent starting at `file_block`,
+/// as one contiguous Unwritten run when free space allows, paid for by the
+/// extent's own reservation (returned when the Delalloc extent is displaced).
+/// None if the block is no longer Delalloc.
+fn allocate_delalloc(meta: &MetaStore, ino: u64, file_block: u64) -> Result<Option<BlockRun>> {
+    let (run, _) = meta.transact(|txn| {
+        txn.ensure_metadata_room(64)?;
+        let inode = txn
+            .state()
+            .inode(ino)
+            .ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+        let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
+        let delayed = match extents.lookup(file_block) {
+            Lookup::Mapped(extent) if extent.kind == ExtentKind::Delalloc => extent,
+            _ => return Ok(None),
+        };
+        let wanted = delayed.block_count.min(DELALLOC_CONVERT_BLOCKS_MAX);
+        let (goal, _) = allocation_goal(txn, ino, file_block)?;
+        let run = txn.state_mut().alloc.allocate(goal, wanted, wanted).ok_or_else(|| {
+            Error::NoSpace(format!("no free blocks for the reservation of inode {ino}"))
+        })?;
+        txn.apply(Record::ExtentMap {
+            ino,
+            file_block,
+            dev_block: run.start,
+            block_count: run.count,
+            state: ExtentState::Unwritten,
+        });
+        Ok(Some(run))
+    })?;
+    Ok(run)
+}
+
+/// Reserves space for a buffered write of `[pos, pos + length)`: holes
+/// become Delalloc extents. Returns how many bytes from `pos` are now backed
+/// (short when space ran out); ENOSPC when not even the first block is. This
+/// is where a full volume is reported: at write time, never at writeback.
+pub fn reserve(meta: &MetaStore, ino: u64, pos: u64, length: u64, block_bytes: u64) -> Result<u64> {
+    if let Some(refusal) = meta.refusal() {
+        return Err(refusal);
+    }
+    let first_block = pos / block_bytes;
+    let block_count = (pos + length).div_ceil(block_bytes) - first_block;
+    let metadata_bytes_max = meta.journal().geometry().slot_payload_bytes_max();
+    for attempt in 0..2 {
+        let (mapped_blocks, pending_free_blocks) = meta.update_memory(|state| {
+            // The extents writeback will record must fit the checkpoint too.
+            if state.persisted_bytes_estimate() + 128 > metadata_bytes_max {
+                return (0, 0);
+            }
+            let mapped = state.reserve_delalloc(ino, first_block, block_count);
+            (mapped, state.pending_free_blocks())
+        });
+        if mapped_blocks > 0 {
+            let mapped_end = (first_block + mapped_blocks) * block_bytes;
+            return Ok(mapped_end.min(pos + length) - pos);
+        }
+        if attempt == 0 && pending_free_blocks > 0 {
+            // Freed space becomes usable once its transaction is durable.
+            meta.commit_all()?;
+            meta.update_memory(|state| state.release_pending_frees(meta.journal().durable_lsn()));
+        }
+    }
+    Err(Error::NoSpace(format!("no free blocks for a write to inode {ino}")))
 }
 
 /// Prefers the device block right after the extent before `file_block`, so

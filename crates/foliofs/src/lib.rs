@@ -4,10 +4,13 @@
 //! path of the Linux kernel's iomap layer. See `ARCHITECTURE.md` for the map.
 //!
 //! Layers, each calling only those below it:
-//! `vfs` → `passthru` → `iomap` → `meta` → `journal` → `dev`, with `alloc`,
+//! `vfs` → `buffered` / `direct` → `writeback` → `cache`, `iomap` → `meta` →
+//! `journal` → `dev`, with `alloc`,
 //! `extent` and `format` as pure building blocks.
 
 pub mod alloc;
+pub mod buffered;
+pub mod cache;
 pub mod completion;
 pub mod dev;
 pub mod direct;
@@ -24,6 +27,7 @@ pub mod meta;
 pub mod options;
 mod passthru;
 pub mod vfs;
+pub mod writeback;
 
 pub use error::{Error, Result};
 pub use format::{InodeKind, Timestamp};

@@ -18,7 +18,46 @@ pub const OPTION_KEYS: &[(&str, &str)] = &[
     ("ro", "read-only: refuse every change (flag; also ro=on|off)"),
     ("commit_interval_ms", "background journal commit interval, 0 = only on fsync (default 5000)"),
     ("io_threads", "worker threads of the threads engine (default 8)"),
+    (
+        "dirty",
+        "dirty tracking in a folio: block (write back only dirty blocks) | folio (the whole \
+         folio, the old behaviour) (default block)",
+    ),
+    ("folio_max", "largest folio of the cache, a power of two >= the block size (default 2M)"),
+    ("cache_bytes", "memory of the folio cache (default a quarter of RAM)"),
+    (
+        "dirty_background_bytes",
+        "dirty cache above which the flusher starts writing back (default cache_bytes / 10)",
+    ),
+    (
+        "dirty_bytes",
+        "dirty cache above which writers write back themselves (default cache_bytes / 5)",
+    ),
+    ("writeback_interval_ms", "background writeback interval, 0 = only on demand (default 5000)"),
 ];
+
+/// How a folio records what is dirty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DirtyMode {
+    /// One dirty bit per block: writeback writes only the blocks written
+    /// (iomap since the seed 001 patch).
+    #[default]
+    Block,
+    /// The whole folio is dirty: writeback writes every uptodate block of it
+    /// (the behaviour before the seed 001 patch).
+    Folio,
+}
+
+impl std::str::FromStr for DirtyMode {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "block" => Ok(Self::Block),
+            "folio" => Ok(Self::Folio),
+            other => Err(format!("dirty must be block or folio, not {other:?}")),
+        }
+    }
+}
 
 /// Locking of direct writes that are not aligned to the file-system block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -53,6 +92,15 @@ pub struct VolumeOptions {
     pub read_only: bool,
     pub commit_interval_ms: u64,
     pub io_threads: usize,
+    pub dirty: DirtyMode,
+    /// Largest folio; checked against the volume's block size at open.
+    pub folio_max_bytes: u64,
+    pub cache_bytes: u64,
+    /// None: a tenth of `cache_bytes`.
+    pub dirty_background_bytes: Option<u64>,
+    /// None: a fifth of `cache_bytes`.
+    pub dirty_bytes: Option<u64>,
+    pub writeback_interval_ms: u64,
 }
 
 impl Default for VolumeOptions {
@@ -65,8 +113,23 @@ impl Default for VolumeOptions {
             read_only: false,
             commit_interval_ms: 5000,
             io_threads: 8,
+            dirty: DirtyMode::Block,
+            folio_max_bytes: 2 << 20,
+            cache_bytes: default_cache_bytes(),
+            dirty_background_bytes: None,
+            dirty_bytes: None,
+            writeback_interval_ms: 5000,
         }
     }
+}
+
+/// A quarter of physical memory, at least 64 MiB.
+fn default_cache_bytes() -> u64 {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page_bytes) =
+        unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let memory_bytes = (pages.max(0) as u64).saturating_mul(page_bytes.max(0) as u64);
+    (memory_bytes / 4).max(64 << 20)
 }
 
 impl VolumeOptions {
@@ -107,6 +170,32 @@ impl VolumeOptions {
                 }
                 self.io_threads = threads;
             }
+            "dirty" => self.dirty = value.parse().map_err(bad)?,
+            "folio_max" => {
+                let bytes = parse_size(value).map_err(|error| bad(error.to_string()))?;
+                if !bytes.is_power_of_two() || !(1024..=(64 << 20)).contains(&bytes) {
+                    return Err(bad("must be a power of two between 1k and 64M".into()));
+                }
+                self.folio_max_bytes = bytes;
+            }
+            "cache_bytes" => {
+                let bytes = parse_size(value).map_err(|error| bad(error.to_string()))?;
+                if bytes < (1 << 20) {
+                    return Err(bad("must be at least 1M".into()));
+                }
+                self.cache_bytes = bytes;
+            }
+            "dirty_background_bytes" => {
+                self.dirty_background_bytes =
+                    Some(parse_size(value).map_err(|error| bad(error.to_string()))?)
+            }
+            "dirty_bytes" => {
+                self.dirty_bytes = Some(parse_size(value).map_err(|error| bad(error.to_string()))?)
+            }
+            "writeback_interval_ms" => {
+                self.writeback_interval_ms =
+                    value.parse().map_err(|_| bad("not a number".into()))?
+            }
             _ => {
                 let known: Vec<&str> = OPTION_KEYS.iter().map(|(name, _)| *name).collect();
                 return Err(Error::invalid(format!(
@@ -116,6 +205,16 @@ impl VolumeOptions {
             }
         }
         Ok(())
+    }
+
+    /// Dirty cache above which the background flusher writes back.
+    pub fn dirty_background_limit_bytes(&self) -> u64 {
+        self.dirty_background_bytes.unwrap_or(self.cache_bytes / 10)
+    }
+
+    /// Dirty cache above which writers write back before returning.
+    pub fn dirty_limit_bytes(&self) -> u64 {
+        self.dirty_bytes.unwrap_or(self.cache_bytes / 5)
     }
 
     pub fn dev_options(&self) -> DevOptions {
@@ -175,6 +274,14 @@ mod tests {
         let error = VolumeOptions::parse("engine=sync,bogus=1").unwrap_err();
         assert!(error.to_string().contains("unknown option \"bogus\""), "{error}");
         assert!(error.to_string().contains("engine"), "lists the supported keys: {error}");
+        let cache = VolumeOptions::parse("dirty=folio,folio_max=64k,cache_bytes=256M").unwrap();
+        assert_eq!(cache.dirty, DirtyMode::Folio);
+        assert_eq!(cache.folio_max_bytes, 64 << 10);
+        assert_eq!(cache.dirty_limit_bytes(), (256 << 20) / 5);
+        let error = VolumeOptions::parse("folio_max=48k").unwrap_err();
+        assert!(error.to_string().contains("power of two"), "{error}");
+        let error = VolumeOptions::parse("dirty=page").unwrap_err();
+        assert!(error.to_string().contains("dirty=page"), "{error}");
         let error = VolumeOptions::parse("fua=sometimes").unwrap_err();
         assert!(error.to_string().contains("fua=sometimes"), "{error}");
         assert_eq!(error.errno(), libc::EINVAL);

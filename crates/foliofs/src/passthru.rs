@@ -1,7 +1,8 @@
-//! The simple data path: reads and writes go straight through the mapping to
-//! the device, one bounce buffer per piece, with read-modify-write for
-//! partial blocks. Correct and unbuffered; the buffered (folio cache) and
-//! direct paths replace it for speed, and keep its rules:
+//! The simple data path: writes go straight through the mapping to the
+//! device, one bounce buffer per piece, with read-modify-write for partial
+//! blocks. The direct path uses it for the sub-block writes that must zero
+//! the rest of their blocks (under the exclusive lock), and truncation for
+//! the size change. Its rules are the ones every data path keeps:
 //! - new space is written through Unwritten extents and converted at completion;
 //! - the size grows only in the transaction that records the completed write;
 //! - bytes past the size inside the last block are zero on disk, so growing a
@@ -37,52 +38,6 @@ impl<'a> DataPath<'a> {
 
     fn size_of(&self, ino: u64) -> Result<u64> {
         self.engine.size_of(ino)
-    }
-
-    /// Reads into `buffer` from `pos`; returns the bytes read (short at EOF).
-    pub fn read(&self, ino: u64, buffer: &mut [u8], pos: u64) -> Result<usize> {
-        let size = self.size_of(ino)?;
-        if pos >= size || buffer.is_empty() {
-            return Ok(0);
-        }
-        let total = (buffer.len() as u64).min(size - pos);
-        let mut done = 0u64;
-        while done < total {
-            let piece_pos = pos + done;
-            let piece_len = (total - done).min(PIECE_BYTES_MAX);
-            let mapping = iomap::begin(
-                &self.engine.meta,
-                ino,
-                piece_pos,
-                piece_len,
-                Intent::Read,
-                self.engine.block_bytes,
-            )?;
-            let piece_end = (piece_pos + piece_len).min(mapping.end());
-            let out = &mut buffer[done as usize..(done + piece_end - piece_pos) as usize];
-            if mapping.reads_as_zeros() {
-                out.fill(0);
-            } else {
-                self.read_mapped(&mapping, piece_pos, out)?;
-            }
-            done += piece_end - piece_pos;
-        }
-        Ok(total as usize)
-    }
-
-    /// Reads `out.len()` bytes at file position `pos` from a Written mapping.
-    fn read_mapped(&self, mapping: &Mapping, pos: u64, out: &mut [u8]) -> Result<()> {
-        let io_start = self.align_down(pos);
-        let io_end = self.align_up(pos + out.len() as u64);
-        let mut bounce = AlignedBuf::zeroed((io_end - io_start) as usize);
-        let dev_offset = mapping.dev_offset + (io_start - mapping.offset);
-        self.engine
-            .device
-            .read(dev_offset, &mut bounce)
-            .context(|| format!("read at device offset {dev_offset}"))?;
-        let skip = (pos - io_start) as usize;
-        out.copy_from_slice(&bounce[skip..skip + out.len()]);
-        Ok(())
     }
 
     /// Writes `data` at `pos`; returns the bytes written. A failure after some

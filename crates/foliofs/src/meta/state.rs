@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::alloc::{Allocator, BlockRun};
-use crate::extent::{Extent, ExtentKind, ExtentMap};
+use crate::extent::{Extent, ExtentKind, ExtentMap, Lookup};
 use crate::format::codec::Writer;
 use crate::format::record::is_valid_name;
 use crate::format::{InodeAttrs, InodeKind, Record, Region, ROOT_INO, SYMLINK_BYTES_MAX};
@@ -406,6 +406,55 @@ impl MetaState {
                 }
             }
         }
+    }
+
+    /// Delayed allocation (memory only, like XFS's in-core delalloc extents):
+    /// every hole in `[file_block, file_block + block_count)` gets a Delalloc
+    /// extent backed by a reservation, so the space is promised now and
+    /// chosen at writeback. Returns how many leading blocks of the range are
+    /// mapped afterwards (fewer than asked when space runs out; 0 means none
+    /// could be reserved). Crashes forget delayed extents: they hold no data
+    /// on disk.
+    pub fn reserve_delalloc(&mut self, ino: u64, file_block: u64, block_count: u64) -> u64 {
+        let end = file_block + block_count;
+        let Some(InodeBody::File(extents)) = self.inodes.get(&ino).map(|inode| &inode.body) else {
+            return 0;
+        };
+        let mut holes = Vec::new();
+        let mut block = file_block;
+        while block < end {
+            match extents.lookup(block) {
+                Lookup::Mapped(extent) => block = extent.file_end(),
+                Lookup::Hole { block_count } => {
+                    let hole_end = end.min(block.saturating_add(block_count));
+                    holes.push((block, hole_end - block));
+                    block = hole_end;
+                }
+            }
+        }
+        let mut mapped_end = end;
+        for (start, count) in holes {
+            let granted = count.min(self.alloc.available_blocks());
+            if granted > 0 {
+                assert!(self.alloc.reserve(granted));
+                let extent = Extent {
+                    file_block: start,
+                    block_count: granted,
+                    dev_block: 0,
+                    kind: ExtentKind::Delalloc,
+                };
+                let extents = self.file_extents_mut(ino).expect("checked above");
+                let count_before = extents.len() as u64;
+                extents.insert(extent);
+                let count_after = extents.len() as u64;
+                self.adjust_extent_estimate(count_before, count_after);
+            }
+            if granted < count {
+                mapped_end = start + granted;
+                break;
+            }
+        }
+        mapped_end - file_block
     }
 
     /// Makes blocks freed by records up to `durable_lsn` allocatable.

@@ -1,13 +1,16 @@
-//! Open files: handles that read and write data through the direct path
-//! (O_DIRECT) or the simple data path, blocking or asynchronously.
+//! Open files: handles that read and write data through the folio cache
+//! (buffered) or the direct path (O_DIRECT), blocking or asynchronously.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use crate::buffered::{self, Readahead};
+use crate::cache::InodeCache;
 use crate::dev::AlignedBuf;
 use crate::direct::{self, DirectFuture};
 use crate::error::{Error, Result};
 use crate::format::{InodeKind, Record};
-use crate::io_lock::InodeIo;
+use crate::writeback;
 
 use super::attr::Attr;
 use super::volume::{Shared, Volume};
@@ -54,8 +57,11 @@ impl OpenFlags {
 pub struct File {
     shared: Arc<Shared>,
     ino: u64,
-    io: Arc<InodeIo>,
+    inode: Arc<InodeCache>,
     flags: OpenFlags,
+    readahead: Readahead,
+    /// The file's writeback error sequence as this handle last saw it.
+    errors_seen: AtomicU64,
     released: bool,
 }
 
@@ -82,11 +88,14 @@ impl Volume {
             inode.open_handles += 1;
             Ok(())
         })?;
+        let inode = self.shared.inode_cache(ino);
         let file = File {
             shared: Arc::clone(&self.shared),
             ino,
-            io: self.shared.open_inode(ino),
+            errors_seen: AtomicU64::new(inode.error_sample()),
+            inode,
             flags,
+            readahead: Readahead::default(),
             released: false,
         };
         if flags.truncate {
@@ -131,31 +140,36 @@ impl File {
     /// Reads at `pos`; returns the bytes read, fewer than asked at end of file.
     pub fn read_at(&self, buffer: &mut [u8], pos: u64) -> Result<usize> {
         self.check_readable()?;
+        let engine = &self.shared.engine;
         if self.flags.direct {
-            return direct::read(&self.shared.engine, &self.io, self.ino, buffer, pos);
+            return direct::read(engine, &self.inode, self.ino, buffer, pos);
         }
-        let _shared = self.io.shared();
-        self.shared.data_path().read(self.ino, buffer, pos)
+        let _shared = self.inode.io.shared();
+        buffered::read(engine, &self.inode, &self.readahead, buffer, pos)
     }
 
     /// Writes at `pos` (at the end of file with `append`); returns the bytes
     /// written. With `dsync` the data is durable on return.
     pub fn write_at(&self, data: &[u8], pos: u64) -> Result<usize> {
         self.check_writable()?;
+        let engine = &self.shared.engine;
         if self.flags.direct && !self.flags.append {
-            let engine = &self.shared.engine;
-            return direct::write(engine, &self.io, self.ino, data, pos, self.flags.dsync);
+            return direct::write(engine, &self.inode, self.ino, data, pos, self.flags.dsync);
         }
         if data.is_empty() {
             return Ok(0);
         }
-        let written = {
-            let _exclusive = self.io.exclusive();
+        if let Some(refusal) = self.shared.meta.refusal() {
+            return Err(refusal);
+        }
+        let (pos, written) = {
+            let _exclusive = self.inode.io.exclusive();
             let pos = if self.flags.append { self.shared.size_of(self.ino)? } else { pos };
-            self.shared.data_path().write(self.ino, data, pos)?
+            (pos, buffered::write(engine, &self.inode, data, pos)?)
         };
+        writeback::balance_dirty(engine, &self.inode);
         if self.flags.dsync {
-            self.fdatasync()?;
+            self.sync_range(pos, pos + written as u64, true)?;
         }
         Ok(written)
     }
@@ -164,7 +178,7 @@ impl File {
     /// executor can drive the future; many may be in flight per thread.
     pub fn read_at_async(&self, buffer: AlignedBuf, pos: u64) -> DirectFuture {
         match self.check_direct().and_then(|()| self.check_readable()) {
-            Ok(()) => direct::read_async(&self.shared.engine, &self.io, self.ino, buffer, pos),
+            Ok(()) => direct::read_async(&self.shared.engine, &self.inode, self.ino, buffer, pos),
             Err(error) => DirectFuture::failed(buffer, error),
         }
     }
@@ -174,7 +188,7 @@ impl File {
         match self.check_direct().and_then(|()| self.check_writable()) {
             Ok(()) => {
                 let engine = &self.shared.engine;
-                direct::write_async(engine, &self.io, self.ino, buffer, pos, self.flags.dsync)
+                direct::write_async(engine, &self.inode, self.ino, buffer, pos, self.flags.dsync)
             }
             Err(error) => DirectFuture::failed(buffer, error),
         }
@@ -192,16 +206,32 @@ impl File {
     /// Truncates or extends to `size` bytes.
     pub fn set_len(&self, size: u64) -> Result<()> {
         self.check_writable()?;
-        let _exclusive = self.io.exclusive();
-        self.shared.data_path().set_size(self.ino, size).map(|_| ())
+        if let Some(refusal) = self.shared.meta.refusal() {
+            return Err(refusal);
+        }
+        let _exclusive = self.inode.io.exclusive();
+        buffered::set_size(&self.shared.engine, &self.inode, size)
     }
 
+    /// Makes the file's data and metadata durable. A writeback failure since
+    /// this handle last looked is reported here, once.
     pub fn fsync(&self) -> Result<()> {
-        self.shared.fsync_inode(self.ino, false)
+        self.sync_range(0, u64::MAX, false)
     }
 
+    /// As fsync, without the metadata that reading the data back does not
+    /// need (timestamps).
     pub fn fdatasync(&self) -> Result<()> {
-        self.shared.fsync_inode(self.ino, true)
+        self.sync_range(0, u64::MAX, true)
+    }
+
+    fn sync_range(&self, start: u64, end: u64, data_only: bool) -> Result<()> {
+        let written = writeback::write_back(&self.shared.engine, &self.inode, start, end);
+        if let Some(message) = self.inode.check_error(&self.errors_seen) {
+            return Err(Error::io(message, std::io::Error::from_raw_os_error(libc::EIO)));
+        }
+        written?;
+        self.shared.fsync_inode(self.ino, data_only)
     }
 
     /// Closes the handle, reporting an error freeing an unlinked file.
@@ -221,19 +251,27 @@ impl File {
         });
         if !orphaned || self.shared.meta.refusal().is_some() {
             // A read-only volume frees orphans at its next writable mount.
+            self.shared.cache.release_inode(ino, 1);
             return Ok(());
         }
-        self.shared.meta.transact(|txn| {
-            let still_orphaned = txn
-                .state()
-                .inode(ino)
-                .is_some_and(|inode| inode.open_handles == 0 && inode.attrs.nlink == 0);
-            if still_orphaned {
-                txn.apply(Record::InodeFree { ino });
-            }
-            Ok(())
-        })?;
-        Ok(())
+        // No writeback of the file may still be writing into blocks that the
+        // free hands back.
+        let freed = {
+            let _serial = self.inode.writeback_lock.lock();
+            self.inode.remove_range(0, u64::MAX);
+            self.shared.meta.transact(|txn| {
+                let still_orphaned = txn
+                    .state()
+                    .inode(ino)
+                    .is_some_and(|inode| inode.open_handles == 0 && inode.attrs.nlink == 0);
+                if still_orphaned {
+                    txn.apply(Record::InodeFree { ino });
+                }
+                Ok(())
+            })
+        };
+        self.shared.cache.release_inode(ino, 1);
+        freed.map(|_| ())
     }
 }
 

@@ -12,4 +12,4 @@ mod volume;
 pub use attr::{Attr, DirEntry, Owner, SetAttr, StatFs, TimeSet};
 pub use file::{File, OpenFlags};
 pub use namespace::RenameFlags;
-pub use volume::{FiemapExtent, MkfsOptions, Volume};
+pub use volume::{CacheStats, FiemapExtent, MkfsOptions, Volume};

@@ -1,6 +1,7 @@
 //! Namespace operations. Each validates against the current state and then
 //! applies its records in one transaction, so a failed check changes nothing.
 
+use crate::buffered;
 use crate::error::{Error, Result};
 use crate::format::record::is_valid_name;
 use crate::format::{
@@ -251,6 +252,11 @@ impl Volume {
     /// Removes a non-directory name; the inode goes when its last link and
     /// its last open handle are gone.
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        let victim = entry_of(&self.shared.meta.read(), parent, name).ok();
+        self.quiescing_victim(victim, || self.unlink_entry(parent, name))
+    }
+
+    fn unlink_entry(&self, parent: u64, name: &[u8]) -> Result<()> {
         self.shared.meta.transact(|txn| {
             let ino = entry_of(txn.state(), parent, name)?;
             if attrs_of(txn.state(), ino)?.kind == InodeKind::Dir {
@@ -294,6 +300,20 @@ impl Volume {
         if flags.exchange && flags.no_replace {
             return Err(Error::invalid("RENAME_EXCHANGE and RENAME_NOREPLACE together"));
         }
+        let victim = entry_of(&self.shared.meta.read(), new_parent, new_name).ok();
+        self.quiescing_victim(victim, || {
+            self.rename_entry(parent, name, new_parent, new_name, flags)
+        })
+    }
+
+    fn rename_entry(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
         self.shared.meta.transact(|txn| {
             let plan = plan_rename(txn.state(), parent, name, new_parent, new_name, flags)?;
             if plan.is_noop {
@@ -304,6 +324,31 @@ impl Volume {
             Ok(())
         })?;
         Ok(())
+    }
+
+    /// Runs `change`, which may free `victim`, while no writeback of the
+    /// victim is in flight (a late write would land in blocks the free hands
+    /// to another file); drops the victim's cached data if it was freed.
+    fn quiescing_victim(
+        &self,
+        victim: Option<u64>,
+        change: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let Some(cached) = victim.and_then(|ino| self.shared.cache.existing_inode(ino)) else {
+            return change();
+        };
+        let result = {
+            let _serial = cached.writeback_lock.lock();
+            let result = change();
+            if self.shared.meta.read().inode(cached.ino).is_none() {
+                cached.remove_range(0, u64::MAX);
+            }
+            result
+        };
+        let ino = cached.ino;
+        drop(cached);
+        self.shared.cache.release_inode(ino, 0);
+        result
     }
 
     /// Changes attributes; a size change truncates or extends the file.
@@ -318,9 +363,13 @@ impl Volume {
             if let Some(refusal) = self.shared.meta.refusal() {
                 return Err(refusal);
             }
-            let open = self.shared.open_inode(ino);
-            let _exclusive = open.exclusive();
-            self.shared.data_path().set_size(ino, size)?;
+            let inode = self.shared.inode_cache(ino);
+            {
+                let _exclusive = inode.io.exclusive();
+                buffered::set_size(&self.shared.engine, &inode, size)?;
+            }
+            drop(inode);
+            self.shared.cache.release_inode(ino, 0);
         }
         let (attr, _) = self.shared.meta.transact(|txn| {
             let mut attrs = attrs_of(txn.state(), ino)?;

@@ -1,7 +1,6 @@
 //! Volume lifecycle: mkfs, open (load + replay + orphan cleanup), the
 //! background committer, sync, close.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -9,19 +8,19 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::cache::{CachePolicy, InodeCache};
 use crate::dev::Device;
 use crate::engine::Engine;
 use crate::error::{Error, IoContext, Result};
 use crate::format::{
     InodeAttrs, InodeKind, Record, Superblock, Timestamp, NAME_BYTES_MAX, ROOT_INO,
 };
-use crate::io_lock::InodeIo;
 use crate::iomap::{self, Intent, MapKind};
 use crate::journal::JournalGeometry;
 use crate::layout;
 use crate::meta::{LoadReport, MetaState, MetaStore};
 use crate::options::VolumeOptions;
-use crate::passthru::DataPath;
+use crate::writeback;
 
 use super::attr::{Attr, Owner, StatFs};
 
@@ -45,8 +44,6 @@ pub(crate) struct Shared {
     pub(crate) engine: Arc<Engine>,
     pub(crate) superblock: Superblock,
     pub(crate) load_report: LoadReport,
-    /// The I/O lock of each inode with an open handle or I/O in progress.
-    open_inodes: Mutex<HashMap<u64, Weak<InodeIo>>>,
     stop: Mutex<bool>,
     stop_signal: Condvar,
 }
@@ -59,19 +56,10 @@ impl std::ops::Deref for Shared {
 }
 
 impl Shared {
-    pub(crate) fn data_path(&self) -> DataPath<'_> {
-        DataPath::new(&self.engine)
-    }
-
-    pub(crate) fn open_inode(&self, ino: u64) -> Arc<InodeIo> {
-        let mut open = self.open_inodes.lock();
-        if let Some(existing) = open.get(&ino).and_then(Weak::upgrade) {
-            return existing;
-        }
-        let fresh = Arc::new(InodeIo::new());
-        open.insert(ino, Arc::downgrade(&fresh));
-        open.retain(|_, weak| weak.strong_count() > 0);
-        fresh
+    /// The I/O lock, folios and error sequence of `ino`, shared by every
+    /// handle and operation on it.
+    pub(crate) fn inode_cache(&self, ino: u64) -> Arc<InodeCache> {
+        self.engine.cache.inode(ino)
     }
 
     pub(crate) fn attr_of(&self, state: &MetaState, ino: u64) -> Result<Attr> {
@@ -107,8 +95,10 @@ impl Shared {
         self.meta.make_durable(lsn)
     }
 
-    /// Makes everything changed so far durable: data, then metadata.
+    /// Makes everything changed so far durable: cached data is written
+    /// back, then the journal committed and the device flushed.
     pub(crate) fn sync(&self) -> Result<()> {
+        writeback::write_back_all(&self.engine)?;
         self.meta.make_durable(self.meta.journal().last_lsn())
     }
 }
@@ -118,6 +108,7 @@ impl Shared {
 pub struct Volume {
     pub(crate) shared: Arc<Shared>,
     background: Option<JoinHandle<()>>,
+    flusher: Option<JoinHandle<()>>,
     closed: bool,
 }
 
@@ -183,12 +174,18 @@ impl Volume {
         let (meta, load_report) =
             MetaStore::load(Arc::clone(&device), geometry, superblock.data, options.read_only)?;
         let block_bytes = superblock.block_bytes_u64();
-        let engine = Engine { device, meta, block_bytes, options: options.clone() };
+        if options.folio_max_bytes < block_bytes {
+            return Err(Error::invalid(format!(
+                "option folio_max={} is smaller than the volume's block size ({block_bytes})",
+                options.folio_max_bytes
+            )));
+        }
+        let cache = crate::cache::PageCache::new(CachePolicy::new(options, block_bytes));
+        let engine = Engine { device, meta, cache, block_bytes, options: options.clone() };
         let shared = Arc::new(Shared {
             engine: Arc::new(engine),
             superblock,
             load_report,
-            open_inodes: Mutex::new(HashMap::new()),
             stop: Mutex::new(false),
             stop_signal: Condvar::new(),
         });
@@ -197,7 +194,10 @@ impl Volume {
         }
         let background = (!options.read_only && options.commit_interval_ms > 0)
             .then(|| spawn_background(Arc::downgrade(&shared), options.commit_interval_ms));
-        Ok(Self { shared, background, closed: false })
+        let flusher = (!options.read_only).then(|| {
+            writeback::spawn_flusher(Arc::downgrade(&shared.engine), options.writeback_interval_ms)
+        });
+        Ok(Self { shared, background, flusher, closed: false })
     }
 
     pub fn superblock(&self) -> &Superblock {
@@ -226,6 +226,14 @@ impl Volume {
         self.shared.meta.checkpoint()
     }
 
+    /// What the folio cache holds now.
+    pub fn cache_stats(&self) -> CacheStats {
+        CacheStats {
+            cached_bytes: self.shared.cache.cached_bytes(),
+            dirty_bytes: self.shared.cache.dirty_bytes(),
+        }
+    }
+
     pub fn statfs(&self) -> StatFs {
         let durable_lsn = self.shared.meta.journal().durable_lsn();
         self.shared.meta.update_memory(|state| state.release_pending_frees(durable_lsn));
@@ -234,7 +242,8 @@ impl Volume {
             block_bytes: self.shared.superblock.block_bytes,
             data_blocks: self.shared.superblock.data.block_count,
             available_blocks: state.alloc.available_blocks(),
-            free_blocks: state.alloc.free_blocks() + state.pending_free_blocks(),
+            // Delayed allocations count as used: their space is promised.
+            free_blocks: state.alloc.available_blocks() + state.pending_free_blocks(),
             inodes: state.inode_count() as u64,
             name_bytes_max: NAME_BYTES_MAX as u32,
             metadata_bytes: state.persisted_bytes_estimate(),
@@ -290,6 +299,10 @@ impl Volume {
         if let Some(background) = self.background.take() {
             let _ = background.join();
         }
+        self.shared.cache.stop_flusher();
+        if let Some(flusher) = self.flusher.take() {
+            let _ = flusher.join();
+        }
         if self.shared.meta.refusal().is_some() {
             return match self.shared.meta.journal().failure() {
                 Some(failure) => Err(Error::ReadOnly(failure)),
@@ -307,6 +320,13 @@ impl Drop for Volume {
             tracing::error!("closing the volume: {error}");
         }
     }
+}
+
+/// Memory of the folio cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheStats {
+    pub cached_bytes: u64,
+    pub dirty_bytes: u64,
 }
 
 /// One extent as `fiemap` reports it.

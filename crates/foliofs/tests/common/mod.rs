@@ -10,8 +10,10 @@ use foliofs::{Owner, Volume, VolumeOptions};
 
 pub const ROOT: u64 = 1;
 
+/// No background threads acting on their own: tests decide when things
+/// are committed and written back.
 pub fn options() -> VolumeOptions {
-    VolumeOptions { commit_interval_ms: 0, ..VolumeOptions::default() }
+    VolumeOptions { commit_interval_ms: 0, writeback_interval_ms: 0, ..VolumeOptions::default() }
 }
 
 pub fn owner() -> Owner {
@@ -33,19 +35,35 @@ pub fn new_volume_with_journal(
     block_bytes: u32,
     journal_bytes: Option<u64>,
 ) -> (Arc<FaultDev>, Volume) {
+    new_volume_with_options(size_bytes, block_bytes, journal_bytes, &options())
+}
+
+pub fn new_volume_with_options(
+    size_bytes: u64,
+    block_bytes: u32,
+    journal_bytes: Option<u64>,
+    options: &VolumeOptions,
+) -> (Arc<FaultDev>, Volume) {
     let raw = Arc::new(FaultDev::from_image(vec![GARBAGE_BYTE; size_bytes as usize], 512));
     let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
     let mkfs = MkfsOptions { block_bytes, journal_bytes, root_owner: owner() };
     Volume::format(&device, &mkfs).expect("mkfs");
-    let volume = Volume::open_device(device, &options()).expect("open");
+    let volume = Volume::open_device(device, options).expect("open");
     (raw, volume)
 }
 
 /// Opens a volume over a copy of `image`.
 pub fn open_image(image: Vec<u8>) -> foliofs::Result<(Arc<FaultDev>, Volume)> {
+    open_image_with(image, &options())
+}
+
+pub fn open_image_with(
+    image: Vec<u8>,
+    options: &VolumeOptions,
+) -> foliofs::Result<(Arc<FaultDev>, Volume)> {
     let raw = Arc::new(FaultDev::from_image(image, 512));
     let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
-    let volume = Volume::open_device(device, &options())?;
+    let volume = Volume::open_device(device, options)?;
     Ok((raw, volume))
 }
 

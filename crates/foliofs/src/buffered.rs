@@ -1,0 +1,307 @@
+//! The buffered I/O path: reads and writes through the folio cache.
+//!
+//! - read: cached, uptodate blocks are copied out; a miss reads ahead a
+//!   window that doubles while the handle reads sequentially, into the
+//!   largest folios that fit. Holes, delayed and Unwritten blocks are zeros
+//!   without device I/O.
+//! - write (iomap's write_begin / copy / write_end): holes are reserved as
+//!   delayed allocations first (a full volume fails the write, never the
+//!   writeback); only the partially written blocks that are not uptodate are
+//!   read, never the whole folio; the copy marks blocks uptodate and dirty
+//!   (`dirty=block`) or every uptodate block of the folio dirty
+//!   (`dirty=folio`, the behaviour before seed 001); the size grows while
+//!   the folio is still locked, so writeback never sees dirty bytes past it.
+//! - truncate: writes back what the new on-disk size will cover, drops the
+//!   folios from the new end of file on, then shrinks or grows the file.
+//!
+//! Callers hold the file's I/O lock: shared to read, exclusive to write or
+//! truncate.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::cache::{Folio, FolioState, InodeCache};
+use crate::engine::Engine;
+use crate::error::{Error, IoContext, Result};
+use crate::iomap::{self, MapKind};
+use crate::options::DirtyMode;
+use crate::passthru::DataPath;
+use crate::writeback;
+
+/// First readahead window, and the most it grows to.
+const READAHEAD_MIN_BYTES: u64 = 128 << 10;
+const READAHEAD_MAX_BYTES: u64 = 4 << 20;
+
+/// A handle's readahead state (the kernel's file_ra_state): where the next
+/// sequential read would start and the current window.
+#[derive(Debug, Default)]
+pub struct Readahead {
+    next_pos: AtomicU64,
+    window_bytes: AtomicU64,
+}
+
+impl Readahead {
+    /// The window for a miss at `pos`: doubled when the handle is reading
+    /// sequentially, the minimum otherwise.
+    fn window_for(&self, pos: u64) -> u64 {
+        let previous = self.window_bytes.load(Ordering::Relaxed);
+        let window = if pos == self.next_pos.load(Ordering::Relaxed) && previous > 0 {
+            (previous * 2).min(READAHEAD_MAX_BYTES)
+        } else {
+            READAHEAD_MIN_BYTES
+        };
+        self.window_bytes.store(window, Ordering::Relaxed);
+        window
+    }
+
+    fn note_read(&self, end: u64) {
+        self.next_pos.store(end, Ordering::Relaxed);
+    }
+}
+
+/// Reads into `buffer` from `pos`; returns the bytes read (short at EOF).
+pub fn read(
+    engine: &Engine,
+    inode: &Arc<InodeCache>,
+    readahead: &Readahead,
+    buffer: &mut [u8],
+    pos: u64,
+) -> Result<usize> {
+    let size = engine.size_of(inode.ino)?;
+    if pos >= size || buffer.is_empty() {
+        return Ok(0);
+    }
+    let total = (buffer.len() as u64).min(size - pos);
+    let end = pos + total;
+    let mut at = pos;
+    while at < end {
+        let folio = match inode.folio_at(at) {
+            Some(folio) => folio,
+            None => read_ahead(engine, inode, readahead, at, end, size)?,
+        };
+        let piece_end = end.min(folio.end());
+        let out = &mut buffer[(at - pos) as usize..(piece_end - pos) as usize];
+        copy_out(engine, inode.ino, &folio, at, out, size)?;
+        at = piece_end;
+    }
+    readahead.note_read(end);
+    Ok(total as usize)
+}
+
+/// Copies `out.len()` bytes at `pos` out of `folio`, first filling any of
+/// the blocks involved that are not uptodate.
+fn copy_out(
+    engine: &Engine,
+    ino: u64,
+    folio: &Folio,
+    pos: u64,
+    out: &mut [u8],
+    size: u64,
+) -> Result<()> {
+    let start = (pos - folio.pos()) as usize;
+    let (first, count) = folio.blocks_of(pos, pos + out.len() as u64);
+    {
+        let state = folio.read();
+        if state.uptodate.all_set(first, count) {
+            out.copy_from_slice(&state.data[start..start + out.len()]);
+            return Ok(());
+        }
+    }
+    let mut state = folio.write();
+    fill_blocks(engine, ino, folio, &mut state, first, count, size)?;
+    out.copy_from_slice(&state.data[start..start + out.len()]);
+    Ok(())
+}
+
+/// Creates folios for the readahead window from `pos` (at least up to
+/// `request_end`, never past the block holding the end of file), fills them,
+/// and returns the one containing `pos`.
+fn read_ahead(
+    engine: &Engine,
+    inode: &Arc<InodeCache>,
+    readahead: &Readahead,
+    pos: u64,
+    request_end: u64,
+    size: u64,
+) -> Result<Arc<Folio>> {
+    let window = readahead.window_for(pos);
+    let end = engine.align_up(request_end.max(pos + window)).min(engine.align_up(size));
+    let mut folios: Vec<Arc<Folio>> = Vec::new();
+    let mut at = engine.align_down(pos);
+    while at < end {
+        let folio = engine.cache.folio_for(inode, at, end - at, end);
+        at = folio.end();
+        folios.push(folio);
+    }
+    for folio in &folios {
+        let mut state = folio.write();
+        fill_blocks(engine, inode.ino, folio, &mut state, 0, folio.block_count(), size)?;
+    }
+    let first = folios.swap_remove(0);
+    debug_assert!(first.pos() <= pos && pos < first.end());
+    Ok(first)
+}
+
+/// Makes blocks `[first, first + count)` of a locked folio uptodate: Written
+/// blocks are read from the device (one request per contiguous run), the
+/// rest (holes, delayed, Unwritten, past the end of file) are zeros.
+fn fill_blocks(
+    engine: &Engine,
+    ino: u64,
+    folio: &Folio,
+    state: &mut FolioState,
+    first: usize,
+    count: usize,
+    size: u64,
+) -> Result<()> {
+    if count == 0 || state.uptodate.all_set(first, count) {
+        return Ok(());
+    }
+    let block = folio.block_bytes();
+    let start = folio.pos() + (first * block) as u64;
+    let report =
+        iomap::report_range(&engine.meta, ino, start, (count * block) as u64, engine.block_bytes)?;
+    let range_end = start + (count * block) as u64;
+    for mapping in &report.mappings {
+        let map_start = mapping.offset.max(start);
+        let map_end = mapping.end().min(range_end);
+        let (map_first, map_count) = folio.blocks_of(map_start, map_end);
+        if mapping.kind != MapKind::Hole {
+            state.mapped.set_range(map_first, map_count);
+        }
+        // Contiguous runs of blocks that are not uptodate.
+        let mut block_index = map_first;
+        while block_index < map_first + map_count {
+            if state.uptodate.get(block_index) {
+                block_index += 1;
+                continue;
+            }
+            let run_first = block_index;
+            while block_index < map_first + map_count && !state.uptodate.get(block_index) {
+                block_index += 1;
+            }
+            let bytes = &mut state.data[run_first * block..block_index * block];
+            let run_pos = folio.pos() + (run_first * block) as u64;
+            if mapping.kind == MapKind::Written && run_pos < size {
+                let dev_offset = mapping.dev_offset + (run_pos - mapping.offset);
+                engine
+                    .device
+                    .read(dev_offset, bytes)
+                    .context(|| format!("read of inode {ino} at device offset {dev_offset}"))?;
+            } else {
+                bytes.fill(0);
+            }
+            state.uptodate.set_range(run_first, block_index - run_first);
+        }
+    }
+    Ok(())
+}
+
+/// Writes `data` at `pos` into the cache; returns the bytes written (short
+/// only when space ran out after some were written).
+pub fn write(engine: &Engine, inode: &Arc<InodeCache>, data: &[u8], pos: u64) -> Result<usize> {
+    let total = data.len() as u64;
+    let end = pos
+        .checked_add(total)
+        .ok_or_else(|| Error::FileTooLarge(format!("inode {}", inode.ino)))?;
+    let mut done = 0u64;
+    while done < total {
+        let at = pos + done;
+        let size = engine.size_of(inode.ino)?;
+        // Appending: the largest folio, as the file grows into it; otherwise
+        // a folio the size of the write.
+        let wanted = if at >= size { engine.cache.policy().folio_max_bytes } else { end - at };
+        let folio = engine.cache.folio_for(inode, at, wanted, u64::MAX);
+        let piece = &data[done as usize..(end.min(folio.end()) - pos) as usize];
+        match write_into_folio(engine, inode, &folio, at, piece, size) {
+            Ok(written) => {
+                done += written;
+                if written < piece.len() as u64 {
+                    break;
+                }
+            }
+            Err(error) if done == 0 => return Err(error),
+            Err(error) => {
+                tracing::debug!("short write on inode {} after {done} bytes: {error}", inode.ino);
+                break;
+            }
+        }
+    }
+    if done > 0 && inode.io.times_due() {
+        engine.touch_times(inode.ino);
+    }
+    Ok(done as usize)
+}
+
+/// write_begin, copy and write_end for one folio.
+fn write_into_folio(
+    engine: &Engine,
+    inode: &InodeCache,
+    folio: &Folio,
+    pos: u64,
+    piece: &[u8],
+    size: u64,
+) -> Result<u64> {
+    let mut state = folio.write();
+    let mut length = piece.len() as u64;
+    let (first, count) = folio.blocks_of(pos, pos + length);
+    if !state.mapped.all_set(first, count) {
+        length = iomap::reserve(&engine.meta, inode.ino, pos, length, engine.block_bytes)?;
+        let (first, count) = folio.blocks_of(pos, pos + length);
+        state.mapped.set_range(first, count);
+    }
+    let end = pos + length;
+    let (first, count) = folio.blocks_of(pos, end);
+    // Only the blocks written in part need their old bytes.
+    if !pos.is_multiple_of(engine.block_bytes) {
+        fill_blocks(engine, inode.ino, folio, &mut state, first, 1, size)?;
+    }
+    if !end.is_multiple_of(engine.block_bytes) {
+        fill_blocks(engine, inode.ino, folio, &mut state, first + count - 1, 1, size)?;
+    }
+    let start = (pos - folio.pos()) as usize;
+    state.data[start..start + length as usize].copy_from_slice(&piece[..length as usize]);
+    state.uptodate.set_range(first, count);
+    match engine.cache.policy().dirty_mode {
+        DirtyMode::Block => inode.mark_dirty(&mut state, first, count),
+        DirtyMode::Folio => {
+            let mut whole = state.uptodate.clone();
+            whole.intersect_with(&state.mapped);
+            inode.redirty(&mut state, &whole);
+        }
+    }
+    // The size grows before the folio unlocks: writeback (which locks it)
+    // then never finds dirty bytes past the size.
+    if end > size {
+        engine.meta.update_memory(|state| {
+            if let Some(inode) = state.inode_mut(inode.ino) {
+                inode.size = inode.size.max(end);
+            }
+        });
+    }
+    Ok(length)
+}
+
+/// Truncates or extends the file to `new_size`.
+pub fn set_size(engine: &Engine, inode: &InodeCache, new_size: u64) -> Result<()> {
+    let (size, disk_size) = {
+        let state = engine.meta.read();
+        let found = state
+            .inode(inode.ino)
+            .ok_or_else(|| Error::BadHandle(format!("inode {} is gone", inode.ino)))?;
+        (found.size, found.attrs.size)
+    };
+    let kept_end = new_size.min(size);
+    let dropped_from = engine.align_down(kept_end);
+    let first_dropped_folio =
+        inode.folio_at(dropped_from).map_or(dropped_from, |folio| folio.pos());
+    // The new on-disk size must not cover data still only in memory, and the
+    // folio holding the new end of file is dropped whole.
+    writeback::write_back(engine, inode, disk_size.min(first_dropped_folio), kept_end)?;
+    {
+        let _serial = inode.writeback_lock.lock();
+        inode.remove_range(dropped_from, u64::MAX);
+    }
+    DataPath::new(engine).set_size(inode.ino, new_size)?;
+    Ok(())
+}

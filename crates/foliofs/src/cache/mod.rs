@@ -1,0 +1,567 @@
+//! The folio cache: each file's cached data as folios (power-of-two runs of
+//! blocks, block size up to `folio_max`) in an ordered map, with per-block
+//! uptodate and dirty bits, a memory limit enforced by CLOCK eviction of
+//! clean folios, and dirty accounting that wakes the flusher and throttles
+//! writers. Memory only: the I/O paths (`buffered`, `writeback`) decide what
+//! to read and write; this module does no I/O.
+//!
+//! Each cached or open file has one [`InodeCache`]: its I/O lock, its folios,
+//! the writeback lock that serialises writeback with truncation, and its
+//! writeback error sequence.
+
+mod bits;
+mod folio;
+mod pool;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+
+pub use bits::BlockBits;
+pub use folio::{Folio, FolioState};
+pub use pool::BufferPool;
+
+use crate::io_lock::InodeIo;
+use crate::options::{DirtyMode, VolumeOptions};
+
+/// Freed folio memory kept for reuse.
+const POOL_BYTES_MAX: u64 = 256 << 20;
+
+/// Volume-wide counters every folio and inode reports to.
+pub struct Accounting {
+    pub(crate) cached_bytes: AtomicU64,
+    dirty_bytes: AtomicU64,
+    pub(crate) pool: BufferPool,
+}
+
+/// The cache's policies, from the volume options and the block size.
+#[derive(Debug, Clone, Copy)]
+pub struct CachePolicy {
+    pub block_bytes: u64,
+    pub folio_max_bytes: u64,
+    pub dirty_mode: DirtyMode,
+    pub cache_bytes: u64,
+    pub dirty_background_bytes: u64,
+    pub dirty_limit_bytes: u64,
+}
+
+impl CachePolicy {
+    pub fn new(options: &VolumeOptions, block_bytes: u64) -> Self {
+        Self {
+            block_bytes,
+            // A folio holds at least one block.
+            folio_max_bytes: options.folio_max_bytes.max(block_bytes),
+            dirty_mode: options.dirty,
+            cache_bytes: options.cache_bytes,
+            dirty_background_bytes: options.dirty_background_limit_bytes(),
+            dirty_limit_bytes: options.dirty_limit_bytes(),
+        }
+    }
+}
+
+/// A writeback error sequence, as the kernel's errseq_t: every failure
+/// advances it; each handle remembers the value it last saw, so its next
+/// fsync reports a failure that happened since, exactly once.
+#[derive(Default)]
+struct ErrSeq {
+    sequence: u64,
+    /// Some handle has reported the latest failure.
+    seen: bool,
+    message: String,
+}
+
+pub struct InodeCache {
+    pub ino: u64,
+    pub io: InodeIo,
+    folios: RwLock<BTreeMap<u64, Arc<Folio>>>,
+    folio_count: AtomicUsize,
+    dirty_bytes: AtomicU64,
+    /// Held by writeback of this file and by everything that drops its
+    /// folios (truncate, invalidation), so folios under writeback stay put.
+    pub writeback_lock: Mutex<()>,
+    errors: Mutex<ErrSeq>,
+    accounting: Arc<Accounting>,
+    block_bytes: u64,
+}
+
+impl InodeCache {
+    pub fn has_folios(&self) -> bool {
+        self.folio_count.load(Ordering::Acquire) > 0
+    }
+
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The folio containing file offset `pos`, if cached.
+    pub fn folio_at(&self, pos: u64) -> Option<Arc<Folio>> {
+        let folios = self.folios.read();
+        let (_, folio) = folios.range(..=pos).next_back()?;
+        (folio.end() > pos).then(|| Arc::clone(folio))
+    }
+
+    /// The folios overlapping `[start, end)`, in order.
+    pub fn folios_in(&self, start: u64, end: u64) -> Vec<Arc<Folio>> {
+        if start >= end {
+            return Vec::new();
+        }
+        let folios = self.folios.read();
+        let first_key = folios
+            .range(..=start)
+            .next_back()
+            .filter(|(_, folio)| folio.end() > start)
+            .map_or(start, |(&key, _)| key);
+        folios.range(first_key..end).map(|(_, folio)| Arc::clone(folio)).collect()
+    }
+
+    /// Marks blocks dirty (they must be uptodate and mapped).
+    pub fn mark_dirty(&self, state: &mut FolioState, first: usize, count: usize) {
+        let newly = state.dirty.set_range(first, count);
+        self.account_dirty(newly as i64);
+    }
+
+    /// Clears and returns a folio's dirty bits, for writeback.
+    pub fn take_dirty(&self, state: &mut FolioState) -> BlockBits {
+        let taken = state.dirty.take();
+        self.account_dirty(-(taken.count_set() as i64));
+        taken
+    }
+
+    /// Marks blocks dirty again after their writeback failed.
+    pub fn redirty(&self, state: &mut FolioState, blocks: &BlockBits) {
+        let newly = state.dirty.union_with(blocks);
+        self.account_dirty(newly as i64);
+    }
+
+    fn account_dirty(&self, blocks: i64) {
+        if blocks == 0 {
+            return;
+        }
+        let bytes = blocks.unsigned_abs() * self.block_bytes;
+        if blocks > 0 {
+            self.dirty_bytes.fetch_add(bytes, Ordering::Relaxed);
+            self.accounting.dirty_bytes.fetch_add(bytes, Ordering::Relaxed);
+        } else {
+            self.dirty_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            self.accounting.dirty_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Drops the folios overlapping `[start, end)`, dirty or not (the caller
+    /// wrote back what must survive, and holds `writeback_lock`). Folios
+    /// still referenced elsewhere free their memory when the last user lets go.
+    pub fn remove_range(&self, start: u64, end: u64) -> usize {
+        let removed: Vec<Arc<Folio>> = {
+            let mut folios = self.folios.write();
+            let keys: Vec<u64> = {
+                let first_key = folios
+                    .range(..=start)
+                    .next_back()
+                    .filter(|(_, folio)| folio.end() > start)
+                    .map_or(start, |(&key, _)| key);
+                folios.range(first_key..end.max(first_key)).map(|(&key, _)| key).collect()
+            };
+            keys.iter().filter_map(|key| folios.remove(key)).collect()
+        };
+        for folio in &removed {
+            let mut state = folio.write();
+            self.take_dirty(&mut state);
+        }
+        self.folio_count.fetch_sub(removed.len(), Ordering::AcqRel);
+        removed.len()
+    }
+
+    /// Drops clean folios overlapping `[start, end)` that nobody is using:
+    /// what a direct write does after completing, so a buffered read that
+    /// raced with it cannot keep stale bytes.
+    pub fn remove_clean_range(&self, start: u64, end: u64) {
+        let mut folios = self.folios.write();
+        let candidates: Vec<u64> = {
+            let first_key = folios
+                .range(..=start)
+                .next_back()
+                .filter(|(_, folio)| folio.end() > start)
+                .map_or(start, |(&key, _)| key);
+            folios.range(first_key..end.max(first_key)).map(|(&key, _)| key).collect()
+        };
+        for key in candidates {
+            let idle_and_clean = folios.get(&key).is_some_and(|folio| {
+                Arc::strong_count(folio) == 1
+                    && folio.try_read().is_some_and(|state| state.dirty.is_empty())
+            });
+            if idle_and_clean {
+                folios.remove(&key);
+                self.folio_count.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Records a failed writeback.
+    pub fn record_error(&self, message: String) {
+        let mut errors = self.errors.lock();
+        errors.sequence += 1;
+        errors.seen = false;
+        errors.message = message;
+    }
+
+    /// The value a new handle starts from: a failure nobody has reported yet
+    /// is still reported to it.
+    pub fn error_sample(&self) -> u64 {
+        let errors = self.errors.lock();
+        if errors.seen || errors.sequence == 0 {
+            errors.sequence
+        } else {
+            errors.sequence - 1
+        }
+    }
+
+    /// A failure since `seen` (which advances): its message, once per handle.
+    pub fn check_error(&self, seen: &AtomicU64) -> Option<String> {
+        let mut errors = self.errors.lock();
+        if seen.swap(errors.sequence, Ordering::AcqRel) == errors.sequence {
+            return None;
+        }
+        errors.seen = true;
+        Some(errors.message.clone())
+    }
+}
+
+struct FlusherState {
+    wake: bool,
+    stop: bool,
+}
+
+pub struct PageCache {
+    policy: CachePolicy,
+    inodes: Mutex<HashMap<u64, Arc<InodeCache>>>,
+    accounting: Arc<Accounting>,
+    /// Every inserted folio, in CLOCK order; entries of dropped folios are
+    /// discarded as the hand meets them.
+    clock: Mutex<VecDeque<(Weak<InodeCache>, Weak<Folio>)>>,
+    flusher: Mutex<FlusherState>,
+    flusher_wake: Condvar,
+    /// Signalled when writeback made progress (throttled writers wait on it).
+    progress: Condvar,
+}
+
+impl PageCache {
+    pub fn new(policy: CachePolicy) -> Self {
+        let accounting = Arc::new(Accounting {
+            cached_bytes: AtomicU64::new(0),
+            dirty_bytes: AtomicU64::new(0),
+            pool: BufferPool::new(POOL_BYTES_MAX.min(policy.cache_bytes / 4)),
+        });
+        Self {
+            policy,
+            inodes: Mutex::new(HashMap::new()),
+            accounting,
+            clock: Mutex::new(VecDeque::new()),
+            flusher: Mutex::new(FlusherState { wake: false, stop: false }),
+            flusher_wake: Condvar::new(),
+            progress: Condvar::new(),
+        }
+    }
+
+    pub fn policy(&self) -> &CachePolicy {
+        &self.policy
+    }
+
+    pub fn cached_bytes(&self) -> u64 {
+        self.accounting.cached_bytes.load(Ordering::Relaxed)
+    }
+
+    pub fn dirty_bytes(&self) -> u64 {
+        self.accounting.dirty_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The file's cache entry, created on first use. One per inode, so every
+    /// handle shares the same I/O lock and folios.
+    pub fn inode(&self, ino: u64) -> Arc<InodeCache> {
+        let mut inodes = self.inodes.lock();
+        let entry = inodes.entry(ino).or_insert_with(|| {
+            Arc::new(InodeCache {
+                ino,
+                io: InodeIo::new(),
+                folios: RwLock::new(BTreeMap::new()),
+                folio_count: AtomicUsize::new(0),
+                dirty_bytes: AtomicU64::new(0),
+                writeback_lock: Mutex::new(()),
+                errors: Mutex::new(ErrSeq::default()),
+                accounting: Arc::clone(&self.accounting),
+                block_bytes: self.policy.block_bytes,
+            })
+        });
+        Arc::clone(entry)
+    }
+
+    /// The entry of `ino` if it exists.
+    pub fn existing_inode(&self, ino: u64) -> Option<Arc<InodeCache>> {
+        self.inodes.lock().get(&ino).cloned()
+    }
+
+    /// Forgets the entry of `ino` if nothing uses it (no handle, no I/O, no
+    /// folio) but the map and the `held_by_caller` references of a caller
+    /// about to let go.
+    pub fn release_inode(&self, ino: u64, held_by_caller: usize) {
+        let mut inodes = self.inodes.lock();
+        let idle = inodes.get(&ino).is_some_and(|entry| {
+            Arc::strong_count(entry) == 1 + held_by_caller && !entry.has_folios()
+        });
+        if idle {
+            inodes.remove(&ino);
+        }
+    }
+
+    /// Drops every folio of a freed file (its data has nowhere to go).
+    pub fn discard_inode(&self, ino: u64) {
+        if let Some(entry) = self.existing_inode(ino) {
+            let _writeback = entry.writeback_lock.lock();
+            entry.remove_range(0, u64::MAX);
+        }
+        self.release_inode(ino, 0);
+    }
+
+    /// Entries with dirty data, for the flusher and syncfs.
+    pub fn dirty_inodes(&self) -> Vec<Arc<InodeCache>> {
+        self.inodes.lock().values().filter(|entry| entry.dirty_bytes() > 0).cloned().collect()
+    }
+
+    /// The folio containing `pos`, or a new one: the largest power of two up
+    /// to `bytes_wanted` (at least a block, at most `folio_max`) whose
+    /// aligned range overlaps no cached folio and ends by `end_limit` (which
+    /// the block containing `pos` may pass). Evicts first if memory is short.
+    pub fn folio_for(
+        &self,
+        inode: &Arc<InodeCache>,
+        pos: u64,
+        bytes_wanted: u64,
+        end_limit: u64,
+    ) -> Arc<Folio> {
+        if let Some(folio) = inode.folio_at(pos) {
+            return folio;
+        }
+        let block = self.policy.block_bytes;
+        let mut bytes = bytes_wanted.clamp(block, self.policy.folio_max_bytes);
+        bytes = if bytes.is_power_of_two() { bytes } else { bytes.next_power_of_two() / 2 };
+        self.make_room(bytes);
+        let folio = {
+            let mut folios = inode.folios.write();
+            if let Some((_, folio)) = folios.range(..=pos).next_back() {
+                if folio.end() > pos {
+                    return Arc::clone(folio);
+                }
+            }
+            let next_start = folios.range(pos..).next().map_or(u64::MAX, |(&key, _)| key);
+            let previous_end = folios.range(..pos).next_back().map_or(0, |(_, folio)| folio.end());
+            let end_limit = end_limit.max(pos - pos % block + block);
+            loop {
+                let start = pos - pos % bytes;
+                let end = start + bytes;
+                let fits = start >= previous_end && end <= next_start && end <= end_limit;
+                if fits || bytes == block {
+                    break;
+                }
+                bytes /= 2;
+            }
+            let start = pos - pos % bytes;
+            let data = self.accounting.pool.take(bytes as usize);
+            self.accounting.cached_bytes.fetch_add(bytes, Ordering::Relaxed);
+            let folio = Arc::new(Folio::new(
+                start,
+                bytes as usize,
+                block as usize,
+                data,
+                Arc::clone(&self.accounting),
+            ));
+            folios.insert(start, Arc::clone(&folio));
+            inode.folio_count.fetch_add(1, Ordering::AcqRel);
+            folio
+        };
+        self.clock.lock().push_back((Arc::downgrade(inode), Arc::downgrade(&folio)));
+        folio
+    }
+
+    /// Evicts clean, idle folios (CLOCK: a used folio gets a second chance)
+    /// until `bytes` more fit under `cache_bytes`, or a full sweep found
+    /// nothing more to evict. Dirty folios stay: the flusher cleans them.
+    fn make_room(&self, bytes: u64) {
+        if self.cached_bytes() + bytes <= self.policy.cache_bytes {
+            return;
+        }
+        let mut clock = self.clock.lock();
+        let mut budget = clock.len() * 2;
+        while self.cached_bytes() + bytes > self.policy.cache_bytes && budget > 0 {
+            budget -= 1;
+            let Some((inode, folio)) = clock.pop_front() else { break };
+            let (Some(inode_strong), Some(folio_strong)) = (inode.upgrade(), folio.upgrade())
+            else {
+                continue;
+            };
+            if folio_strong.take_referenced() || !self.try_evict(&inode_strong, &folio_strong) {
+                clock.push_back((inode, folio));
+                continue;
+            }
+            drop(folio_strong);
+            if !inode_strong.has_folios() {
+                drop(inode_strong);
+                self.release_inode_from_clock(&inode);
+            }
+        }
+        if self.dirty_bytes() > 0 && self.cached_bytes() + bytes > self.policy.cache_bytes {
+            self.wake_flusher();
+        }
+    }
+
+    fn release_inode_from_clock(&self, inode: &Weak<InodeCache>) {
+        if let Some(entry) = inode.upgrade() {
+            let ino = entry.ino;
+            drop(entry);
+            self.release_inode(ino, 0);
+        }
+    }
+
+    /// Removes `folio` from its file if it is clean and only the map (and
+    /// the caller) hold it.
+    fn try_evict(&self, inode: &InodeCache, folio: &Arc<Folio>) -> bool {
+        let Some(mut folios) = inode.folios.try_write() else { return false };
+        let in_map = folios.get(&folio.pos()).is_some_and(|cached| Arc::ptr_eq(cached, folio));
+        let idle = in_map && Arc::strong_count(folio) == 2;
+        if !idle || !folio.try_read().is_some_and(|state| state.dirty.is_empty()) {
+            return false;
+        }
+        folios.remove(&folio.pos());
+        inode.folio_count.fetch_sub(1, Ordering::AcqRel);
+        true
+    }
+
+    /// Dirty data passed the background threshold or memory is short: the
+    /// flusher should run now rather than at its next interval.
+    pub fn wake_flusher(&self) {
+        let mut flusher = self.flusher.lock();
+        if !flusher.wake {
+            flusher.wake = true;
+            self.flusher_wake.notify_all();
+        }
+    }
+
+    /// What the flusher does between rounds: waits for a wake-up or the
+    /// interval (None: only wake-ups). Returns false when it should stop.
+    pub fn flusher_wait(&self, interval: Option<Duration>) -> bool {
+        let mut flusher = self.flusher.lock();
+        if !flusher.wake && !flusher.stop {
+            match interval {
+                Some(interval) => {
+                    self.flusher_wake.wait_for(&mut flusher, interval);
+                }
+                None => self.flusher_wake.wait(&mut flusher),
+            }
+        }
+        flusher.wake = false;
+        !flusher.stop
+    }
+
+    pub fn stop_flusher(&self) {
+        let mut flusher = self.flusher.lock();
+        flusher.stop = true;
+        self.flusher_wake.notify_all();
+    }
+
+    pub fn over_background_threshold(&self) -> bool {
+        self.dirty_bytes() > self.policy.dirty_background_bytes
+    }
+
+    pub fn over_dirty_limit(&self) -> bool {
+        self.dirty_bytes() > self.policy.dirty_limit_bytes
+    }
+
+    /// Writeback finished a round: wake throttled writers.
+    pub fn note_progress(&self) {
+        let _flusher = self.flusher.lock();
+        self.progress.notify_all();
+    }
+
+    /// A throttled writer waits for writeback progress (bounded, so a stuck
+    /// device slows writers down instead of hanging them).
+    pub fn wait_for_progress(&self, timeout: Duration) {
+        let mut flusher: MutexGuard<'_, FlusherState> = self.flusher.lock();
+        self.progress.wait_for(&mut flusher, timeout);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(cache_bytes: u64) -> PageCache {
+        let options =
+            VolumeOptions { cache_bytes, folio_max_bytes: 64 << 10, ..Default::default() };
+        PageCache::new(CachePolicy::new(&options, 4096))
+    }
+
+    #[test]
+    fn folios_are_aligned_and_never_overlap() {
+        let cache = cache(64 << 20);
+        let inode = cache.inode(7);
+        let big = cache.folio_for(&inode, 70_000, 64 << 10, u64::MAX);
+        assert_eq!((big.pos(), big.bytes()), (65536, 65536));
+        // Just before it: a 64 KiB folio at 0 would fit exactly.
+        let before = cache.folio_for(&inode, 100, 64 << 10, u64::MAX);
+        assert_eq!((before.pos(), before.bytes()), (0, 65536));
+        let inside = cache.folio_for(&inode, 5000, 4096, u64::MAX);
+        assert!(Arc::ptr_eq(&inside, &before), "5000 is inside the folio at 0");
+        // A one-block gap between two folios gets a one-block folio.
+        inode.remove_range(0, 1);
+        let left = cache.folio_for(&inode, 0, 4096, u64::MAX);
+        let right = cache.folio_for(&inode, 8192, 4096, u64::MAX);
+        let gap = cache.folio_for(&inode, 4096, 64 << 10, u64::MAX);
+        assert_eq!((left.bytes(), right.bytes(), gap.pos(), gap.bytes()), (4096, 4096, 4096, 4096));
+        let end_limited = cache.folio_for(&inode, 1 << 20, 64 << 10, (1 << 20) + 8192);
+        assert_eq!(end_limited.bytes(), 8192);
+        drop((before, inside));
+        assert_eq!(cache.cached_bytes(), 65536 + 3 * 4096 + 8192);
+        assert_eq!(inode.folios_in(0, u64::MAX).len(), 5);
+    }
+
+    #[test]
+    fn eviction_spares_dirty_and_busy_folios() {
+        let cache = cache(128 << 10);
+        let inode = cache.inode(1);
+        let dirty = cache.folio_for(&inode, 0, 64 << 10, u64::MAX);
+        {
+            let mut state = dirty.write();
+            state.uptodate.set_range(0, 16);
+            state.mapped.set_range(0, 16);
+            inode.mark_dirty(&mut state, 0, 16);
+        }
+        assert_eq!(cache.dirty_bytes(), 64 << 10);
+        drop(dirty);
+        let busy = cache.folio_for(&inode, 65536, 64 << 10, u64::MAX);
+        // Full: the next folio can evict neither the dirty nor the busy one.
+        let _third = cache.folio_for(&inode, 131072, 64 << 10, u64::MAX);
+        assert_eq!(inode.folios_in(0, u64::MAX).len(), 3);
+        drop(busy);
+        let _fourth = cache.folio_for(&inode, 196608, 64 << 10, u64::MAX);
+        let left: Vec<u64> = inode.folios_in(0, u64::MAX).iter().map(|folio| folio.pos()).collect();
+        assert!(left.contains(&0), "the dirty folio stays");
+        assert!(!left.contains(&65536), "the idle clean folio went: {left:?}");
+        inode.remove_range(0, u64::MAX);
+        assert_eq!(cache.dirty_bytes(), 0, "dropping dirty folios un-accounts them");
+    }
+
+    #[test]
+    fn errors_reach_each_handle_once() {
+        let cache = cache(1 << 20);
+        let inode = cache.inode(3);
+        let first = AtomicU64::new(inode.error_sample());
+        inode.record_error("EIO at 4096".into());
+        let opened_later = AtomicU64::new(inode.error_sample());
+        assert_eq!(inode.check_error(&first).as_deref(), Some("EIO at 4096"));
+        assert_eq!(inode.check_error(&first), None, "once per handle");
+        assert!(inode.check_error(&opened_later).is_some(), "unseen failures reach new handles");
+        let opened_after_seen = AtomicU64::new(inode.error_sample());
+        assert_eq!(inode.check_error(&opened_after_seen), None);
+    }
+}

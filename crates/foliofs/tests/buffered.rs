@@ -1,0 +1,393 @@
+//! The buffered I/O path: the folio cache against a model, what reaches the
+//! device (partial-block reads, per-block dirty writeback, delayed
+//! allocation), coherence with direct I/O, truncation, writeback errors and
+//! a full volume.
+
+mod common;
+
+use std::sync::Arc;
+
+use foliofs::dev::fault::{FaultOp, FaultRule};
+use foliofs::dev::{AlignedBuf, FaultDev};
+use foliofs::iomap::MapKind;
+use foliofs::{OpenFlags, Volume, VolumeOptions};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use common::{new_volume_with_options, open_image_with, owner, pattern, ROOT};
+
+fn options_with(list: &str) -> VolumeOptions {
+    let mut options = common::options();
+    options.apply_list(list).expect("test options");
+    options
+}
+
+/// A device byte range covering the data region of `volume`.
+fn data_region_bytes(volume: &Volume) -> std::ops::Range<u64> {
+    let superblock = volume.superblock();
+    let block = superblock.block_bytes_u64();
+    let start = superblock.data.start_block * block;
+    start..start + superblock.data.block_count * block
+}
+
+fn create(volume: &Volume, name: &str) -> u64 {
+    volume.create(ROOT, name.as_bytes(), 0o644, owner()).expect("create").ino
+}
+
+fn read_all(volume: &Volume, ino: u64) -> Vec<u8> {
+    let size = volume.getattr(ino).expect("getattr").size as usize;
+    let mut content = vec![0; size];
+    let file = volume.open_file(ino, OpenFlags::READ).expect("open");
+    assert_eq!(file.read_at(&mut content, 0).expect("read"), size);
+    content
+}
+
+/// Random buffered writes (sub-block, across folios, appends), reads,
+/// truncates, fsyncs and direct reads and writes on one file, compared with
+/// a byte vector after every read, and again after a remount.
+fn random_ops_match_a_model(seed: u64, block_bytes: u32, list: &str) {
+    let options = options_with(list);
+    let (device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
+    let ino = create(&volume, "model");
+    let buffered = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let direct = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut model: Vec<u8> = Vec::new();
+    let file_bytes_max = 1usize << 20;
+    for step in 0..300 {
+        let context = format!("seed {seed}, block {block_bytes}, {list}, step {step}");
+        match rng.random_range(0..100) {
+            0..=39 => {
+                let pos = if rng.random_bool(0.2) {
+                    model.len()
+                } else {
+                    rng.random_range(0..file_bytes_max)
+                };
+                let length = match rng.random_range(0..4) {
+                    0 => rng.random_range(1..16),
+                    1 => rng.random_range(1..block_bytes as usize * 2),
+                    _ => rng.random_range(1..200_000),
+                };
+                let data = pattern(seed * 1000 + step, length);
+                assert_eq!(buffered.write_at(&data, pos as u64).unwrap(), length, "{context}");
+                if model.len() < pos + length {
+                    model.resize(pos + length, 0);
+                }
+                model[pos..pos + length].copy_from_slice(&data);
+            }
+            40..=59 => {
+                let pos = rng.random_range(0..file_bytes_max + 1000);
+                let length = rng.random_range(1..300_000);
+                let mut buffer = vec![0xEE; length];
+                let read = buffered.read_at(&mut buffer, pos as u64).unwrap();
+                let expected = model.get(pos..(pos + length).min(model.len())).unwrap_or(&[]);
+                assert_eq!(read, expected.len(), "{context}: read length at {pos}");
+                assert!(buffer[..read] == *expected, "{context}: buffered read at {pos}+{length}");
+            }
+            60..=67 => {
+                let size = rng.random_range(0..file_bytes_max);
+                buffered.set_len(size as u64).unwrap();
+                model.resize(size, 0);
+            }
+            68..=75 => {
+                if rng.random_bool(0.5) { buffered.fsync() } else { buffered.fdatasync() }
+                    .unwrap_or_else(|error| panic!("{context}: fsync: {error}"));
+            }
+            76..=87 => {
+                let sectors = rng.random_range(1..64);
+                let pos = rng.random_range(0..file_bytes_max / 512) * 512;
+                let data = pattern(seed * 1000 + step + 7, sectors * 512);
+                let buffer = AlignedBuf::from_slice(&data);
+                assert_eq!(direct.write_at(&buffer, pos as u64).unwrap(), data.len(), "{context}");
+                if model.len() < pos + data.len() {
+                    model.resize(pos + data.len(), 0);
+                }
+                model[pos..pos + data.len()].copy_from_slice(&data);
+            }
+            _ => {
+                let sectors = rng.random_range(1..64);
+                let pos = rng.random_range(0..file_bytes_max / 512) * 512;
+                let mut buffer = AlignedBuf::zeroed(sectors * 512);
+                let read = direct.read_at(&mut buffer, pos as u64).unwrap();
+                let expected = model.get(pos..(pos + buffer.len()).min(model.len())).unwrap_or(&[]);
+                assert_eq!(read, expected.len(), "{context}: direct read length");
+                assert!(buffer[..read] == *expected, "{context}: direct read at {pos}");
+            }
+        }
+        assert_eq!(volume.getattr(ino).unwrap().size, model.len() as u64, "{context}: size");
+    }
+    drop((buffered, direct));
+    volume.close().unwrap();
+    let (_, reopened) = open_image_with(device.image(), &options).unwrap();
+    assert!(read_all(&reopened, ino) == model, "seed {seed}: content after remount");
+    let report = foliofs::fsck::check(reopened.device().clone());
+    assert!(report.is_clean(), "fsck: {:?}", report.problems);
+}
+
+#[test]
+fn random_ops_match_a_model_4k_blocks() {
+    for seed in 0..4 {
+        random_ops_match_a_model(seed, 4096, "");
+        random_ops_match_a_model(seed + 10, 4096, "dirty=folio,folio_max=64k");
+    }
+}
+
+#[test]
+fn random_ops_match_a_model_1k_and_64k_blocks() {
+    for seed in 20..23 {
+        random_ops_match_a_model(seed, 1024, "folio_max=16k");
+        random_ops_match_a_model(seed + 10, 65536, "");
+    }
+}
+
+#[test]
+fn random_ops_match_a_model_under_memory_pressure() {
+    // A cache of 1 MiB with dirty limits far below it: eviction, the
+    // flusher and throttled writers all take part.
+    for seed in 40..43 {
+        random_ops_match_a_model(
+            seed,
+            4096,
+            "cache_bytes=1M,dirty_bytes=256k,dirty_background_bytes=64k,writeback_interval_ms=5",
+        );
+    }
+}
+
+/// A volume holding one fsynced file of `file_bytes`, remounted so that
+/// nothing of it is cached.
+fn written_file(list: &str, file_bytes: usize) -> (Arc<FaultDev>, Volume, u64) {
+    let options = options_with(list);
+    let (device, volume) = new_volume_with_options(64 << 20, 4096, None, &options);
+    let ino = create(&volume, "file");
+    let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    file.write_at(&pattern(5, file_bytes), 0).unwrap();
+    file.fsync().unwrap();
+    drop(file);
+    volume.close().unwrap();
+    let (device, volume) = open_image_with(device.image(), &options).unwrap();
+    (device, volume, ino)
+}
+
+/// As `written_file`, then read whole, so it is cached in `folio_max`
+/// folios: the seed 001 setup (overwrite=1, pre_read=1).
+fn written_and_cached(list: &str, file_bytes: usize) -> (Arc<FaultDev>, Volume, u64) {
+    let (device, volume, ino) = written_file(list, file_bytes);
+    assert!(read_all(&volume, ino) == pattern(5, file_bytes));
+    (device, volume, ino)
+}
+
+#[test]
+fn dirty_blocks_alone_are_written_back() {
+    let cases = [("dirty=block,folio_max=64k", 4096), ("dirty=folio,folio_max=64k", 65536)];
+    for (list, bytes_per_write) in cases {
+        let (_device, volume, ino) = written_and_cached(list, 1 << 20);
+        let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+        let before = volume.device().stats();
+        for index in 0..16u64 {
+            file.write_at(&[index as u8; 4096], index * 65536 + 8192).unwrap();
+            file.fdatasync().unwrap();
+        }
+        let delta = volume.device().stats().since(&before);
+        assert_eq!(delta.bytes_read, 0, "{list}: the file was cached");
+        assert_eq!(delta.bytes_written, 16 * bytes_per_write, "{list}: bytes written back");
+        assert_eq!(delta.write_requests, 16, "{list}: one request per fdatasync");
+        assert_eq!(delta.flush_requests, 16, "{list}: an overwrite needs only a flush");
+    }
+}
+
+#[test]
+fn a_partial_block_write_reads_only_that_block() {
+    let (_device, volume, ino) = written_file("", 256 << 10);
+    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let before = volume.device().stats();
+    file.write_at(b"x", 100_000).unwrap();
+    let delta = volume.device().stats().since(&before);
+    assert_eq!((delta.read_requests, delta.bytes_read), (1, 4096), "one block read, not a folio");
+    // A whole-block write reads nothing.
+    file.write_at(&[7; 8192], 16384).unwrap();
+    assert_eq!(volume.device().stats().since(&before).bytes_read, 4096);
+    let mut expected = pattern(5, 256 << 10);
+    expected[100_000] = b'x';
+    expected[16384..24576].fill(7);
+    assert!(read_all(&volume, ino) == expected);
+}
+
+#[test]
+fn sequential_reads_grow_the_readahead_window() {
+    let (_device, volume, ino) = written_file("", 8 << 20);
+    let file = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let before = volume.device().stats();
+    let mut buffer = vec![0; 4096];
+    for index in 0..2048u64 {
+        file.read_at(&mut buffer, index * 4096).unwrap();
+    }
+    let delta = volume.device().stats().since(&before);
+    assert_eq!(delta.bytes_read, 8 << 20);
+    assert!(
+        delta.read_requests <= 64,
+        "{} requests for 8 MiB read 4 KiB at a time",
+        delta.read_requests
+    );
+}
+
+#[test]
+fn buffered_and_direct_see_each_other() {
+    let (_device, volume) = new_volume_with_options(16 << 20, 4096, None, &common::options());
+    let ino = create(&volume, "shared");
+    let buffered = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let direct = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+    buffered.write_at(&pattern(1, 20_000), 0).unwrap();
+    let mut seen = AlignedBuf::zeroed(20_480);
+    assert_eq!(direct.read_at(&mut seen, 0).unwrap(), 20_000, "dirty data written back first");
+    assert!(seen[..20_000] == pattern(1, 20_000)[..]);
+    // Cached, then overwritten directly: the cache must not serve old bytes.
+    let mut cached = vec![0; 8192];
+    buffered.read_at(&mut cached, 0).unwrap();
+    direct.write_at(&AlignedBuf::from_slice(&[9; 4096]), 4096).unwrap();
+    buffered.read_at(&mut cached, 0).unwrap();
+    assert!(cached[4096..].iter().all(|&byte| byte == 9));
+    assert!(cached[..4096] == pattern(1, 4096)[..]);
+}
+
+#[test]
+fn truncation_drops_cached_bytes_past_the_end() {
+    for block_bytes in [1024u32, 4096, 65536] {
+        let options = common::options();
+        let (device, volume) = new_volume_with_options(32 << 20, block_bytes, None, &options);
+        let ino = create(&volume, "t");
+        let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+        file.write_at(&pattern(3, 100_000), 0).unwrap();
+        file.set_len(50_001).unwrap();
+        file.set_len(120_000).unwrap();
+        let mut expected = pattern(3, 50_001);
+        expected.resize(120_000, 0);
+        assert!(read_all(&volume, ino) == expected, "block {block_bytes}: cached");
+        file.fsync().unwrap();
+        drop(file);
+        volume.close().unwrap();
+        let (_, volume) = open_image_with(device.image(), &options).unwrap();
+        assert!(read_all(&volume, ino) == expected, "block {block_bytes}: after remount");
+    }
+}
+
+/// The xfs_io sequence of seed 001 (truncate 4k, mread 0 4k, pwrite 0 1,
+/// pwrite 2k 1, fsync) leaves only Written extents: no delayed allocation is
+/// left behind, on 1 KiB and 4 KiB blocks.
+#[test]
+fn seed_001_sequence_leaves_no_delalloc() {
+    for (block_bytes, written_blocks) in [(1024u32, vec![0u64, 2]), (4096, vec![0])] {
+        let (_device, volume) =
+            new_volume_with_options(16 << 20, block_bytes, None, &common::options());
+        let ino = create(&volume, "testfile");
+        let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+        file.set_len(4096).unwrap();
+        let mut mapped = vec![0; 4096];
+        assert_eq!(file.read_at(&mut mapped, 0).unwrap(), 4096);
+        file.write_at(b"a", 0).unwrap();
+        file.write_at(b"b", 2048).unwrap();
+        file.fsync().unwrap();
+        let extents = volume.fiemap(ino).unwrap();
+        assert!(extents.iter().all(|extent| extent.kind == MapKind::Written), "{extents:?}");
+        let blocks: Vec<u64> = extents
+            .iter()
+            .flat_map(|extent| {
+                let first = extent.logical / u64::from(block_bytes);
+                first..first + extent.length / u64::from(block_bytes)
+            })
+            .collect();
+        assert_eq!(blocks, written_blocks, "block size {block_bytes}");
+        let content = read_all(&volume, ino);
+        assert_eq!((content[0], content[2048], content.len()), (b'a', b'b', 4096));
+    }
+}
+
+/// Writes to holes reserve space: a full volume fails the write itself, and
+/// everything acknowledged before reaches the disk.
+#[test]
+fn a_full_volume_fails_the_write_not_the_writeback() {
+    let options = common::options();
+    let (device, volume) = new_volume_with_options(8 << 20, 4096, None, &options);
+    let mut files = Vec::new();
+    let mut acknowledged = 0u64;
+    'fill: for index in 0.. {
+        let ino = create(&volume, &format!("f{index}"));
+        let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+        let mut size = 0;
+        for chunk in 0..8u64 {
+            match file.write_at(&pattern(index * 8 + chunk, 100_000), chunk * 100_000) {
+                Ok(written) => {
+                    acknowledged += written as u64;
+                    size = chunk * 100_000 + written as u64;
+                    if written < 100_000 {
+                        files.push((ino, index, size));
+                        break 'fill;
+                    }
+                }
+                Err(error) => {
+                    assert_eq!(error.errno(), libc::ENOSPC, "{error}");
+                    files.push((ino, index, size));
+                    break 'fill;
+                }
+            }
+        }
+        files.push((ino, index, size));
+    }
+    assert!(acknowledged > 4 << 20, "most of the volume was written: {acknowledged}");
+    volume.sync().expect("writeback of reserved data cannot run out of space");
+    volume.close().unwrap();
+    let (_, volume) = open_image_with(device.image(), &options).unwrap();
+    for (ino, index, size) in files {
+        let content = read_all(&volume, ino);
+        assert_eq!(content.len() as u64, size);
+        for (chunk, piece) in content.chunks(100_000).enumerate() {
+            let expected = pattern(index * 8 + chunk as u64, 100_000);
+            assert!(piece == &expected[..piece.len()], "file {index} chunk {chunk}");
+        }
+    }
+}
+
+/// A failed writeback keeps the data dirty, is reported by the next fsync of
+/// every handle open at the time, once each, and the retry lands the data.
+#[test]
+fn writeback_errors_reach_every_handle_once_and_data_is_retried() {
+    let options = common::options();
+    let (device, volume) = new_volume_with_options(16 << 20, 4096, None, &options);
+    let ino = create(&volume, "e");
+    let first = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let second = volume.open_file(ino, OpenFlags::READ).unwrap();
+    first.write_at(&pattern(9, 50_000), 0).unwrap();
+    device.add_rule(FaultRule::next(FaultOp::Write, 1).in_range(data_region_bytes(&volume)));
+    let error = first.fsync().unwrap_err();
+    assert_eq!(error.errno(), libc::EIO, "{error}");
+    assert!(error.to_string().contains("writeback"), "names what failed: {error}");
+    first.fsync().expect("the retry succeeds and the failure was reported already");
+    let error = second.fsync().unwrap_err();
+    assert_eq!(error.errno(), libc::EIO, "the other handle hears of it too");
+    second.fsync().unwrap();
+    let third = volume.open_file(ino, OpenFlags::READ).unwrap();
+    third.fsync().expect("a handle opened after the report has nothing to hear");
+    drop((first, second, third));
+    volume.close().unwrap();
+    let (_, volume) = open_image_with(device.image(), &options).unwrap();
+    assert!(read_all(&volume, ino) == pattern(9, 50_000), "nothing was dropped");
+}
+
+/// Much more data than the cache holds, through throttling and eviction.
+#[test]
+fn writes_larger_than_the_cache_survive_remount() {
+    let list = "cache_bytes=2M,dirty_bytes=512k,dirty_background_bytes=128k,folio_max=64k";
+    let options = options_with(list);
+    let (device, volume) = new_volume_with_options(64 << 20, 4096, None, &options);
+    let ino = create(&volume, "big");
+    let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    let data = pattern(11, 24 << 20);
+    for (index, chunk) in data.chunks(100_000).enumerate() {
+        file.write_at(chunk, index as u64 * 100_000).unwrap();
+    }
+    let cached_bytes = volume.cache_stats().cached_bytes;
+    assert!(cached_bytes <= 3 << 20, "the cache stayed near its limit: {cached_bytes}");
+    drop(file);
+    volume.close().unwrap();
+    let (_, volume) = open_image_with(device.image(), &options).unwrap();
+    assert!(read_all(&volume, ino) == data);
+}
