@@ -19,11 +19,12 @@
 //! and invalidation also take before dropping folios.
 
 use std::io::IoSlice;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{Mutex, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::cache::{BlockBits, Folio, FolioState, InodeCache};
 use crate::engine::Engine;
@@ -33,9 +34,12 @@ use crate::iomap::{self, Intent, MapKind, Mapping};
 use crate::meta::Txn;
 
 /// Folios locked and written as one batch: bounds what one writeback pins.
-const BATCH_BYTES_MAX: usize = 64 << 20;
+const BATCH_BYTES_MAX: usize = 256 << 20;
 /// Buffers per vectored request (the kernel's IOV_MAX).
 const SLICES_PER_REQUEST_MAX: usize = 1024;
+/// Largest writeback request, and how many are in flight at once.
+const REQUEST_BYTES_MAX: u64 = 8 << 20;
+const WRITEBACK_THREADS: usize = 4;
 /// How long a throttled writer waits for the flusher at most, in steps.
 const THROTTLE_WAIT_STEP: Duration = Duration::from_millis(10);
 const THROTTLE_WAIT_STEPS_MAX: u32 = 100;
@@ -66,36 +70,39 @@ struct Run {
 /// and waits for it. On a write failure the blocks stay dirty, the file's
 /// error sequence advances, and the first error is returned.
 pub fn write_back(engine: &Engine, inode: &InodeCache, start: u64, end: u64) -> Result<()> {
-    if inode.dirty_bytes() == 0 {
-        return Ok(());
-    }
+    // Under the lock: a writeback in progress has already taken the dirty
+    // bits of what it is writing, and returning before it ends would let an
+    // fsync or a direct read overtake data not yet on disk.
     let _serial = inode.writeback_lock.lock();
+    let whole_file = start == 0 && end == u64::MAX;
+    if inode.dirty_bytes() == 0 {
+        return if whole_file { settle_disk_size(engine, inode) } else { Ok(()) };
+    }
     if engine.meta.read().inode(inode.ino).is_none() {
         // Freed while cached: its data has nowhere to go.
         inode.remove_range(0, u64::MAX);
         return Ok(());
     }
-    let folios = inode.folios_in(start, end);
     let mut size_may_grow = true;
     let mut result = Ok(());
-    let mut batch_start = 0;
-    let mut batch_bytes = 0;
-    for index in 0..folios.len() {
-        batch_bytes += folios[index].bytes();
-        if batch_bytes >= BATCH_BYTES_MAX || index + 1 == folios.len() {
-            let written =
-                write_batch(engine, inode, &folios[batch_start..=index], &mut size_may_grow);
-            if result.is_ok() {
-                result = written;
-            }
-            batch_start = index + 1;
-            batch_bytes = 0;
+    let mut cursor = start;
+    // Batch by batch, holding only the batch's folios: the rest stay
+    // evictable while this writeback runs.
+    while cursor < end {
+        let batch = inode.dirty_folios_from(cursor, end, BATCH_BYTES_MAX);
+        let Some(last) = batch.last() else { break };
+        cursor = last.end();
+        let written = write_batch(engine, inode, &batch, &mut size_may_grow);
+        drop(batch);
+        // Throttled writers may go on as soon as a batch is clean.
+        engine.cache.note_progress();
+        if result.is_ok() {
+            result = written;
         }
     }
-    if result.is_ok() && start == 0 && end == u64::MAX {
+    if result.is_ok() && whole_file {
         settle_disk_size(engine, inode)?;
     }
-    engine.cache.note_progress();
     result
 }
 
@@ -130,34 +137,205 @@ fn write_batch(
         held.push(Held { folio, state, dirty });
     }
     let runs = dirty_runs(&held, engine.block_bytes);
-    let mut failed: Vec<(u64, u64)> = Vec::new();
-    let mut first_error = None;
-    for run in &runs {
-        if let Err((failed_from, error)) = write_run(engine, inode.ino, run, &held, size_may_grow) {
-            *size_may_grow = false;
-            failed.push((failed_from, run.pos + run.bytes));
-            first_error.get_or_insert(error);
-        }
-    }
+    let mut failures = Failures::default();
+    let pieces = map_runs(engine, inode.ino, &runs, &mut failures);
+    let requests = split_requests(&pieces, &runs, &held);
+    let outcomes = issue_requests(engine, &requests, &runs, &held);
+    finish_pieces(
+        engine,
+        inode.ino,
+        &runs,
+        &pieces,
+        &requests,
+        outcomes,
+        size_may_grow,
+        &mut failures,
+    );
     // Unlock, then put the failed blocks back for the next writeback.
     let taken: Vec<(&Folio, BlockBits)> =
         held.into_iter().map(|held| (held.folio, held.dirty)).collect();
-    if let Some(error) = first_error {
-        for (folio, dirty) in taken {
-            let mut retry = BlockBits::new(folio.block_count());
-            for &(start, end) in &failed {
-                let (first, count) = folio.blocks_of(start, end);
-                retry.set_range(first, count);
-            }
-            retry.intersect_with(&dirty);
-            if !retry.is_empty() {
-                inode.redirty(&mut folio.write(), &retry);
+    let Some(error) = failures.first_error else { return Ok(()) };
+    for (folio, dirty) in taken {
+        let mut retry = BlockBits::new(folio.block_count());
+        for &(start, end) in &failures.ranges {
+            let (first, count) = folio.blocks_of(start, end);
+            retry.set_range(first, count);
+        }
+        retry.intersect_with(&dirty);
+        if !retry.is_empty() {
+            inode.redirty(&mut folio.write(), &retry);
+        }
+    }
+    inode.record_error(error.to_string());
+    Err(error)
+}
+
+/// What of a batch did not reach the disk.
+#[derive(Default)]
+struct Failures {
+    /// File byte ranges to re-dirty.
+    ranges: Vec<(u64, u64)>,
+    first_error: Option<Error>,
+}
+
+impl Failures {
+    fn add(&mut self, start: u64, end: u64, error: Error) {
+        self.ranges.push((start, end));
+        self.first_error.get_or_insert(error);
+    }
+}
+
+/// Part of a run inside one mapping: converted once all its requests
+/// completed.
+struct Piece {
+    run: usize,
+    /// Byte offset in the run.
+    skip: u64,
+    bytes: u64,
+    mapping: Mapping,
+}
+
+/// One device request: part of a piece, within the size and slice limits.
+struct Request {
+    piece: usize,
+    run: usize,
+    skip: u64,
+    bytes: u64,
+    dev_offset: u64,
+}
+
+/// Maps every run (allocating delayed and new space), in file order so a
+/// file written in order is laid out in order.
+fn map_runs(engine: &Engine, ino: u64, runs: &[Run], failures: &mut Failures) -> Vec<Piece> {
+    let mut pieces = Vec::new();
+    for (index, run) in runs.iter().enumerate() {
+        let mut done = 0u64;
+        while done < run.bytes {
+            let pos = run.pos + done;
+            let length = run.bytes - done;
+            match iomap::begin(&engine.meta, ino, pos, length, Intent::Write, engine.block_bytes) {
+                Ok(mapping) => {
+                    debug_assert_eq!(mapping.offset, pos);
+                    let bytes = mapping.end().min(run.pos + run.bytes) - pos;
+                    pieces.push(Piece { run: index, skip: done, bytes, mapping });
+                    done += bytes;
+                }
+                Err(error) => {
+                    failures.add(pos, run.pos + run.bytes, error);
+                    break;
+                }
             }
         }
-        inode.record_error(error.to_string());
-        return Err(error);
     }
-    Ok(())
+    pieces
+}
+
+/// Cuts pieces into requests of at most `REQUEST_BYTES_MAX` and
+/// `SLICES_PER_REQUEST_MAX` buffers.
+fn split_requests(pieces: &[Piece], runs: &[Run], held: &[Held<'_>]) -> Vec<Request> {
+    let mut requests = Vec::new();
+    for (index, piece) in pieces.iter().enumerate() {
+        let mut done = 0u64;
+        while done < piece.bytes {
+            let wanted = (piece.bytes - done).min(REQUEST_BYTES_MAX);
+            let slices = slices_of(&runs[piece.run], held, piece.skip + done, wanted);
+            let bytes: u64 = slices.iter().map(|slice| slice.len() as u64).sum();
+            requests.push(Request {
+                piece: index,
+                run: piece.run,
+                skip: piece.skip + done,
+                bytes,
+                dev_offset: piece.mapping.dev_offset + done,
+            });
+            done += bytes;
+        }
+    }
+    requests
+}
+
+/// Writes every request straight from folio memory; several at a time
+/// (the device is fastest with a few large requests in flight), each
+/// blocking on its own thread, so no folio byte is copied.
+fn issue_requests(
+    engine: &Engine,
+    requests: &[Request],
+    runs: &[Run],
+    held: &[Held<'_>],
+) -> Vec<std::io::Result<()>> {
+    let write = |request: &Request| {
+        let slices = slices_of(&runs[request.run], held, request.skip, request.bytes);
+        engine.device.write_vectored(request.dev_offset, &slices, false)
+    };
+    if requests.len() <= 1 {
+        return requests.iter().map(write).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let outcomes: Mutex<Vec<Option<std::io::Result<()>>>> =
+        Mutex::new((0..requests.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..WRITEBACK_THREADS.min(requests.len()) {
+            scope.spawn(|| loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                let Some(request) = requests.get(index) else { break };
+                let outcome = write(request);
+                outcomes.lock()[index] = Some(outcome);
+            });
+        }
+    });
+    outcomes.into_inner().into_iter().map(|outcome| outcome.expect("every request ran")).collect()
+}
+
+/// In file order: converts the pieces whose requests all completed and
+/// moves the on-disk size with each run's last piece (so a crash shows a
+/// run whole or not at all below the size), never past a failure.
+#[allow(clippy::too_many_arguments)]
+fn finish_pieces(
+    engine: &Engine,
+    ino: u64,
+    runs: &[Run],
+    pieces: &[Piece],
+    requests: &[Request],
+    outcomes: Vec<std::io::Result<()>>,
+    size_may_grow: &mut bool,
+    failures: &mut Failures,
+) {
+    let mut piece_errors: Vec<Option<std::io::Error>> = (0..pieces.len()).map(|_| None).collect();
+    for (request, outcome) in requests.iter().zip(outcomes) {
+        if let Err(error) = outcome {
+            piece_errors[request.piece].get_or_insert(error);
+        }
+    }
+    for (piece, error) in pieces.iter().zip(piece_errors) {
+        let run = &runs[piece.run];
+        let start = run.pos + piece.skip;
+        let end = start + piece.bytes;
+        if let Some(error) = error {
+            *size_may_grow = false;
+            if piece.mapping.new {
+                // Space allocated for this write goes back.
+                let _ = iomap::end_write(
+                    &engine.meta,
+                    ino,
+                    &piece.mapping,
+                    0,
+                    engine.block_bytes,
+                    |_| {},
+                );
+            }
+            let at = piece.mapping.dev_offset;
+            let message = format!("writeback of inode {ino} at device offset {at}");
+            failures.add(start, end, Error::io(message, error));
+            continue;
+        }
+        let grow = *size_may_grow && end == run.pos + run.bytes;
+        if let Err(error) = finish_piece(engine, ino, &piece.mapping, piece.bytes, grow) {
+            *size_may_grow = false;
+            failures.add(start, end, error);
+        }
+    }
+    if failures.first_error.is_some() {
+        *size_may_grow = false;
+    }
 }
 
 /// The dirty blocks of the held folios as file-contiguous runs.
@@ -179,52 +357,6 @@ fn dirty_runs(held: &[Held<'_>], block_bytes: u64) -> Vec<Run> {
         }
     }
     runs
-}
-
-/// Writes one run, piece by piece as the mapping allows. On failure returns
-/// the file offset from which the run was not written, and the error.
-fn write_run(
-    engine: &Engine,
-    ino: u64,
-    run: &Run,
-    held: &[Held<'_>],
-    size_may_grow: &mut bool,
-) -> std::result::Result<(), (u64, Error)> {
-    let mut done = 0u64;
-    while done < run.bytes {
-        let pos = run.pos + done;
-        let fail = |error| (pos, error);
-        let mapping = iomap::begin(
-            &engine.meta,
-            ino,
-            pos,
-            run.bytes - done,
-            Intent::Write,
-            engine.block_bytes,
-        )
-        .map_err(fail)?;
-        debug_assert_eq!(mapping.offset, pos);
-        let slices = slices_of(run, held, done, mapping.end().min(run.pos + run.bytes) - pos);
-        let piece_bytes: u64 = slices.iter().map(|slice| slice.len() as u64).sum();
-        if let Err(error) = engine.device.write_vectored(mapping.dev_offset, &slices, false) {
-            if mapping.new {
-                // Space allocated for this write goes back.
-                let _ =
-                    iomap::end_write(&engine.meta, ino, &mapping, 0, engine.block_bytes, |_| {});
-            }
-            let at = mapping.dev_offset;
-            return Err(fail(Error::io(
-                format!("writeback of inode {ino} at device offset {at}"),
-                error,
-            )));
-        }
-        done += piece_bytes;
-        // The size moves with the run's last piece: a crash then shows either
-        // none of the run or all of it below the size.
-        let grow = *size_may_grow && done == run.bytes;
-        finish_piece(engine, ino, &mapping, piece_bytes, grow).map_err(fail)?;
-    }
-    Ok(())
 }
 
 /// The folio memory of `[run.pos + skip, + bytes)`, capped at
@@ -333,26 +465,24 @@ pub fn sync_for_direct(
     Ok(())
 }
 
-/// After a buffered write: wake the flusher above the background threshold,
-/// and above the dirty limit write back this file before returning, then
-/// wait (boundedly) for the flusher to bring the rest under the limit.
+/// After a buffered write: wake the flusher above the background threshold;
+/// above the dirty limit wait for it to bring dirty data back under (as
+/// balance_dirty_pages sleeps while the flusher works, so copying and
+/// writeback overlap), and write this file back alone only if it does not.
 pub fn balance_dirty(engine: &Engine, inode: &InodeCache) {
     let cache = &engine.cache;
     if cache.over_background_threshold() {
         cache.wake_flusher();
     }
-    if !cache.over_dirty_limit() {
-        return;
-    }
-    if let Err(error) = write_back(engine, inode, 0, u64::MAX) {
-        tracing::warn!("writeback of inode {} while throttled: {error}", inode.ino);
-    }
     for _ in 0..THROTTLE_WAIT_STEPS_MAX {
         if !cache.over_dirty_limit() {
-            break;
+            return;
         }
         cache.wake_flusher();
         cache.wait_for_progress(THROTTLE_WAIT_STEP);
+    }
+    if let Err(error) = write_back(engine, inode, 0, u64::MAX) {
+        tracing::warn!("writeback of inode {} while throttled: {error}", inode.ino);
     }
 }
 

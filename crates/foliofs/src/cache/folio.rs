@@ -45,7 +45,9 @@ impl Folio {
         data: AlignedBuf,
         accounting: Arc<Accounting>,
     ) -> Self {
-        assert!(bytes.is_power_of_two() && bytes >= block_bytes && pos.is_multiple_of(bytes as u64));
+        assert!(
+            bytes.is_power_of_two() && bytes >= block_bytes && pos.is_multiple_of(bytes as u64)
+        );
         assert_eq!(data.len(), bytes);
         let block_count = bytes / block_bytes;
         let state = FolioState {

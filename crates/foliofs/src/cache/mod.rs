@@ -117,6 +117,31 @@ impl InodeCache {
         folios.range(first_key..end).map(|(_, folio)| Arc::clone(folio)).collect()
     }
 
+    /// Dirty folios from the one containing `start` on, in order, up to
+    /// `bytes_max` of folios (at least one) or `end`.
+    pub fn dirty_folios_from(&self, start: u64, end: u64, bytes_max: usize) -> Vec<Arc<Folio>> {
+        let folios = self.folios.read();
+        let first_key = folios
+            .range(..=start)
+            .next_back()
+            .filter(|(_, folio)| folio.end() > start)
+            .map_or(start, |(&key, _)| key);
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        for folio in folios.range(first_key..end.max(first_key)).map(|(_, folio)| folio) {
+            if bytes >= bytes_max {
+                break;
+            }
+            // Writers hold the lock only to copy in; a folio busy now is
+            // checked under the lock by the writeback anyway.
+            if folio.try_read().is_none_or(|state| !state.dirty.is_empty()) {
+                bytes += folio.bytes();
+                batch.push(Arc::clone(folio));
+            }
+        }
+        batch
+    }
+
     /// Marks blocks dirty (they must be uptodate and mapped).
     pub fn mark_dirty(&self, state: &mut FolioState, first: usize, count: usize) {
         let newly = state.dirty.set_range(first, count);
@@ -275,6 +300,11 @@ impl PageCache {
 
     pub fn dirty_bytes(&self) -> u64 {
         self.accounting.dirty_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Folio buffers reused from the pool and freshly allocated so far.
+    pub fn buffers_handed_out(&self) -> (u64, u64) {
+        self.accounting.pool.handed_out()
     }
 
     /// The file's cache entry, created on first use. One per inode, so every

@@ -228,9 +228,12 @@ impl Volume {
 
     /// What the folio cache holds now.
     pub fn cache_stats(&self) -> CacheStats {
+        let (folios_reused, folios_allocated) = self.shared.cache.buffers_handed_out();
         CacheStats {
             cached_bytes: self.shared.cache.cached_bytes(),
             dirty_bytes: self.shared.cache.dirty_bytes(),
+            folios_reused,
+            folios_allocated,
         }
     }
 
@@ -327,6 +330,9 @@ impl Drop for Volume {
 pub struct CacheStats {
     pub cached_bytes: u64,
     pub dirty_bytes: u64,
+    /// Folio memory recycled from evicted folios, and freshly allocated.
+    pub folios_reused: u64,
+    pub folios_allocated: u64,
 }
 
 /// One extent as `fiemap` reports it.

@@ -34,11 +34,11 @@ pub enum Rw {
 }
 
 impl Rw {
-    fn writes(self) -> bool {
+    pub fn writes(self) -> bool {
         matches!(self, Rw::Write | Rw::Randwrite)
     }
 
-    fn random(self) -> bool {
+    pub fn random(self) -> bool {
         matches!(self, Rw::Randread | Rw::Randwrite)
     }
 }
