@@ -184,9 +184,10 @@ impl Default for DevOptions {
 ///
 /// Every plain write bumps `dirty_generation` when it completes. A flush
 /// notes the generation when it starts; once it succeeds every write with a
-/// generation up to that is durable. `flush_if_needed` waits for a flush
-/// already in flight when that one covers it, so concurrent fsyncs share a
-/// flush, as QEMU's flush-once-per-write-generation does.
+/// generation up to that is durable. `flush_if_needed` keeps at most one
+/// flush in flight and lets the callers that arrive meanwhile share the next
+/// one, so concurrent fsyncs share flushes (the block layer's flush merging,
+/// QEMU's flush once per write generation).
 #[derive(Default)]
 struct FlushTracker {
     dirty_generation: AtomicU64,
@@ -209,8 +210,13 @@ impl FlushTracker {
         self.dirty_generation.load(Ordering::Acquire)
     }
 
-    fn finish(&self, generation: u64, succeeded: bool) {
+    /// Records a finished flush; `combined` ends the one flush in flight of
+    /// `flush_if_needed`. Wakes the callers waiting for it.
+    fn finish(&self, generation: u64, succeeded: bool, combined: bool) {
         let mut state = self.state.lock();
+        if combined {
+            state.in_flight_generation = None;
+        }
         if succeeded {
             state.durable_generation = state.durable_generation.max(generation);
         }
@@ -344,22 +350,17 @@ impl Device {
     /// when it returns Ok.
     pub fn flush(&self) -> io::Result<()> {
         let generation = self.flushes.start();
-        self.flushes.state.lock().in_flight_generation = Some(generation);
         self.counters.flush_requests.fetch_add(1, Ordering::Relaxed);
         let result = self.raw.flush();
-        {
-            let mut state = self.flushes.state.lock();
-            if state.in_flight_generation == Some(generation) {
-                state.in_flight_generation = None;
-            }
-        }
-        self.flushes.finish(generation, result.is_ok());
+        self.flushes.finish(generation, result.is_ok(), false);
         result
     }
 
     /// Makes every plain write completed before the call durable, issuing a
-    /// flush only when no completed or in-flight flush already covers them.
-    /// Returns whether this call issued one.
+    /// flush only when no completed flush already covers them. Concurrent
+    /// callers combine, as the block layer merges flushes: while one flush
+    /// is in flight the others wait, and the next flush, issued when it
+    /// ends, covers all of them. Returns whether this call issued one.
     pub fn flush_if_needed(&self) -> io::Result<bool> {
         let wanted = self.flushes.start();
         let mut state = self.flushes.state.lock();
@@ -367,13 +368,19 @@ impl Device {
             if state.durable_generation >= wanted {
                 return Ok(false);
             }
-            match state.in_flight_generation {
-                Some(in_flight) if in_flight >= wanted => self.flushes.finished.wait(&mut state),
-                _ => break,
+            if state.in_flight_generation.is_none() {
+                break;
             }
+            self.flushes.finished.wait(&mut state);
         }
+        // Cover everything completed by now, not only this caller's writes.
+        let generation = self.flushes.start();
+        state.in_flight_generation = Some(generation);
         drop(state);
-        self.flush().map(|()| true)
+        self.counters.flush_requests.fetch_add(1, Ordering::Relaxed);
+        let result = self.raw.flush();
+        self.flushes.finish(generation, result.is_ok(), true);
+        result.map(|()| true)
     }
 
     /// Asynchronous form of read/write/flush; `done` runs exactly once.
@@ -490,7 +497,7 @@ impl Device {
             raw.submit(
                 DevRequest::Flush,
                 Box::new(move |response| {
-                    flushes.finish(generation, response.result.is_ok());
+                    flushes.finish(generation, response.result.is_ok(), false);
                     done(response)
                 }),
             )
