@@ -7,13 +7,9 @@ medians. Run as root from the repository root after `cargo build --release`.
 
     scripts/bench_direct_seeds.py [--runtime 10] [--reps 3] [--size 1G] [--seeds 000,002,003]
 """
-import argparse, json, os, re, statistics, subprocess, sys, tempfile
+import argparse, os, re, sys
 
-FOLIOFS = "./target/release/foliofs"
-
-
-def sh(command, **kwargs):
-    return subprocess.run(command, check=True, capture_output=True, text=True, **kwargs).stdout
+from seedlib import FOLIOFS, Peers, fio_json, lay_out, median_of, run_rows, sh
 
 
 def foliofs(options, rw, bs, iodepth, numjobs, size, runtime, dsync=False, raw=False):
@@ -33,61 +29,26 @@ def foliofs(options, rw, bs, iodepth, numjobs, size, runtime, dsync=False, raw=F
 
 
 def fio(filename, rw, bs, iodepth, numjobs, size, runtime, dsync=False):
-    command = ["fio", "--name=seed", f"--filename={filename}", "--ioengine=io_uring", "--direct=1",
-               "--thread", "--group_reporting", f"--rw={rw}", f"--bs={bs}", f"--iodepth={iodepth}",
-               f"--numjobs={numjobs}", f"--size={size}", f"--runtime={runtime}", "--time_based",
-               "--output-format=json"]
+    args = [f"--name=seed", f"--filename={filename}", "--ioengine=io_uring", "--direct=1",
+            f"--rw={rw}", f"--bs={bs}", f"--iodepth={iodepth}", f"--numjobs={numjobs}",
+            f"--size={size}", f"--runtime={runtime}", "--time_based"]
     if dsync:
-        command.append("--sync=dsync")
-    job = json.loads(sh(command))["jobs"][0]
+        args.append("--sync=dsync")
+    job = fio_json(args)
     side = job["write"] if "write" in rw else job["read"]
     return {"iops": side["iops"], "p99_us": side["clat_ns"]["percentile"].get("99.000000", 0) / 1000}
 
 
-class Peers:
-    """Backing files and kernel file systems on loop devices, set up once."""
+class DirectPeers(Peers):
+    """The raw file, and a preallocated fio file on each kernel file system."""
 
     def __init__(self, size_bytes):
-        self.dir = tempfile.mkdtemp(dir=".", prefix="seed-peers-")
-        self.size_bytes = size_bytes
-        self.raw = os.path.join(self.dir, "raw.img")
-        self.lay_out(self.raw, size_bytes)
-        self.mounts = {}
-        for fs in ("ext4", "xfs"):
-            backing = os.path.join(self.dir, f"{fs}.img")
-            self.lay_out(backing, size_bytes + (512 << 20))
-            loop = sh(["losetup", "--direct-io=on", "-f", "--show", backing]).strip()
-            sh(["mkfs.ext4", "-q", "-F", loop] if fs == "ext4" else ["mkfs.xfs", "-q", "-f", loop])
-            mount = os.path.join(self.dir, f"mnt-{fs}")
-            os.mkdir(mount)
-            sh(["mount", loop, mount])
+        super().__init__(size_bytes)
+        self.files = {}
+        for fs, (_, mount) in self.mounts.items():
             target = os.path.join(mount, "fio")
-            self.lay_out(target, size_bytes)
-            self.mounts[fs] = (loop, mount, target)
-
-    @staticmethod
-    def lay_out(path, size_bytes):
-        sh(["dd", "if=/dev/zero", f"of={path}", "bs=4M", f"count={size_bytes >> 22}", "oflag=direct", "status=none"])
-
-    def close(self):
-        for loop, mount, _ in self.mounts.values():
-            subprocess.run(["umount", mount])
-            subprocess.run(["losetup", "-d", loop])
-        subprocess.run(["rm", "-rf", self.dir])
-
-
-def median_of(runs, key="iops"):
-    return statistics.median(run[key] for run in runs)
-
-
-def run_rows(rows, reps):
-    """rows: list of (label, thunk). Runs every row once per rep, interleaved."""
-    results = {label: [] for label, _ in rows}
-    for rep in range(reps):
-        for label, thunk in rows:
-            results[label].append(thunk())
-            print(f"  rep {rep + 1} {label}: {results[label][-1]['iops']:.0f} IOPS", file=sys.stderr)
-    return results
+            lay_out(target, size_bytes)
+            self.files[fs] = target
 
 
 def seed_000(args, peers):
@@ -97,8 +58,8 @@ def seed_000(args, peers):
         ("foliofs dio_unaligned=exclusive", lambda: foliofs("dio_unaligned=exclusive", **shape)),
         ("raw backing file (foliofs --raw)", lambda: foliofs("", raw=True, **shape)),
         ("raw backing file (fio io_uring)", lambda: fio(peers.raw, **shape)),
-        ("kernel ext4 on loop (fio)", lambda: fio(peers.mounts["ext4"][2], **shape)),
-        ("kernel XFS on loop (fio)", lambda: fio(peers.mounts["xfs"][2], **shape)),
+        ("kernel ext4 on loop (fio)", lambda: fio(peers.files["ext4"], **shape)),
+        ("kernel XFS on loop (fio)", lambda: fio(peers.files["xfs"], **shape)),
     ]
     results = run_rows(rows, args.reps)
     base = median_of(results["foliofs dio_unaligned=overwrite"])
@@ -121,8 +82,8 @@ def seed_002(args, peers):
                 ("foliofs", lambda shape=shape: foliofs("", **shape)),
                 ("raw", lambda shape=shape: foliofs("", raw=True, **shape)),
                 ("fio", lambda shape=shape: fio(peers.raw, **shape)),
-                ("ext4", lambda shape=shape: fio(peers.mounts["ext4"][2], **shape)),
-                ("xfs", lambda shape=shape: fio(peers.mounts["xfs"][2], **shape)),
+                ("ext4", lambda shape=shape: fio(peers.files["ext4"], **shape)),
+                ("xfs", lambda shape=shape: fio(peers.files["xfs"], **shape)),
             ]
             results = run_rows(rows, args.reps)
             m = {label: median_of(results[label]) for label, _ in rows}
@@ -157,7 +118,7 @@ def main():
     args = parser.parse_args()
     size_bytes = int(args.size[:-1]) << {"M": 20, "G": 30}[args.size[-1]]
     seeds = args.seeds.split(",")
-    peers = Peers(size_bytes) if {"000", "002"} & set(seeds) else None
+    peers = DirectPeers(size_bytes) if {"000", "002"} & set(seeds) else None
     try:
         for seed in seeds:
             {"000": seed_000, "002": seed_002, "003": seed_003}[seed](args, peers)

@@ -13,6 +13,12 @@ pub struct Latencies {
     histogram: Histogram<u64>,
 }
 
+impl Default for Latencies {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Latencies {
     pub fn new() -> Self {
         let histogram = Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3).expect("valid bounds");
@@ -30,6 +36,30 @@ impl Latencies {
 
     pub fn count(&self) -> u64 {
         self.histogram.len()
+    }
+
+    pub fn min_ns(&self) -> u64 {
+        if self.count() == 0 {
+            0
+        } else {
+            self.histogram.min()
+        }
+    }
+
+    pub fn max_ns(&self) -> u64 {
+        self.histogram.max()
+    }
+
+    pub fn mean_ns(&self) -> f64 {
+        self.histogram.mean()
+    }
+
+    pub fn stdev_ns(&self) -> f64 {
+        self.histogram.stdev()
+    }
+
+    pub fn percentile_ns(&self, percentile: f64) -> u64 {
+        self.histogram.value_at_percentile(percentile)
     }
 
     pub fn percentile_us(&self, percentile: f64) -> f64 {

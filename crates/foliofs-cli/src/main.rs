@@ -71,9 +71,9 @@ enum Command {
     },
     /// Show a file's extents and their states, like filefrag -v: IMAGE:/path.
     Fiemap { target: String },
-    /// Run a benchmark.
-    #[command(subcommand)]
-    Bench(commands::bench::BenchCommand),
+    /// Run fio jobs (a job file, or fio options such as --name=t --rw=randread
+    /// --bs=4k --size=1G) or a fixed benchmark, in-process on a temporary image.
+    Bench(Box<commands::bench::BenchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -111,6 +111,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rm { target, recursive } => files::rm(&target, recursive, &options),
         Command::Mkdir { target, parents } => files::mkdir(&target, parents, &options),
         Command::Fiemap { target } => files::fiemap(&target, &options),
-        Command::Bench(command) => bench::run(command, &options),
+        Command::Bench(args) => bench::run(*args, &options, &cli.options),
     }
 }

@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
+use foliofs::dev::AlignedBuf;
 use foliofs::options::parse_size;
 use foliofs::{File, OpenFlags, Owner, Volume, VolumeOptions};
 use rand::{RngExt, SeedableRng};
 
 use super::direct::{parse_duration, Rw};
 use super::image::{BenchImage, ImageArgs};
-use super::latency::Latencies;
+use foliofs_bench::latency::Latencies;
 
 #[derive(Args)]
 pub struct BufferedArgs {
@@ -185,7 +186,9 @@ fn run_jobs(workload: &Workload, files: Vec<File>) -> anyhow::Result<(Vec<JobRes
     let workload = *workload;
     run_threads(files.len(), move |job, start| {
         let file = &files[job];
-        let mut buffer = vec![(job as u8).wrapping_mul(29) | 1; workload.request_bytes];
+        // Page-aligned, as fio's buffers are: copy speed depends on it.
+        let mut buffer = AlignedBuf::zeroed(workload.request_bytes);
+        buffer.fill((job as u8).wrapping_mul(29) | 1);
         let mut next_offset = workload.offsets(job);
         let mut writes_since_sync = 0;
         run_loop(&workload, start, || {
@@ -216,13 +219,15 @@ fn run_memcpy(workload: &Workload, numjobs: usize) -> anyhow::Result<(Vec<JobRes
     let workload = *workload;
     // Each job's "file", touched once so its pages exist, as a cached file's
     // do; each job takes its own out before the clock starts.
-    let regions: Vec<Option<Vec<u8>>> =
-        (0..numjobs).map(|_| Some(vec![0x5Au8; workload.file_bytes as usize])).collect();
+    // Aligned buffers as the cache's folio memory is (huge pages where whole).
+    let regions: Vec<Option<AlignedBuf>> =
+        (0..numjobs).map(|_| Some(AlignedBuf::zeroed(workload.file_bytes as usize))).collect();
     let regions = std::sync::Mutex::new(regions);
     run_threads(numjobs, move |job, start| {
         let mut region =
             regions.lock().expect("not poisoned")[job].take().expect("one job per region");
-        let mut buffer = vec![(job as u8) | 1; workload.request_bytes];
+        let mut buffer = AlignedBuf::zeroed(workload.request_bytes);
+        buffer.fill((job as u8) | 1);
         let mut next_offset = workload.offsets(job);
         run_loop(&workload, start, || {
             let offset = next_offset() as usize;

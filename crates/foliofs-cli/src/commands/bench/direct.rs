@@ -23,7 +23,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use rand::{RngExt, SeedableRng};
 
 use super::image::{BenchImage, ImageArgs};
-use super::latency::Latencies;
+use foliofs_bench::latency::Latencies;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Rw {

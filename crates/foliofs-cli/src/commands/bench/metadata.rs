@@ -11,7 +11,7 @@ use foliofs::options::parse_size;
 use foliofs::{OpenFlags, Owner, Volume, VolumeOptions};
 
 use super::image::{BenchImage, ImageArgs};
-use super::latency::Latencies;
+use foliofs_bench::latency::Latencies;
 
 #[derive(Args)]
 pub struct MetadataArgs {

@@ -1,16 +1,26 @@
 //! `foliofs bench`: benchmarks run in-process against the engine, on a
-//! temporary image unless one is given.
+//! temporary image unless one is given: fio jobs (a job file or fio's
+//! command-line options), or one of the fixed workloads below.
 
 mod buffered;
 mod direct;
 mod image;
-mod latency;
+mod jobs;
 mod metadata;
 
 use std::process::ExitCode;
 
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use foliofs::VolumeOptions;
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: Option<BenchCommand>,
+    #[command(flatten)]
+    jobs: jobs::JobArgs,
+}
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -23,10 +33,15 @@ pub enum BenchCommand {
     Buffered(buffered::BufferedArgs),
 }
 
-pub fn run(command: BenchCommand, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
-    match command {
-        BenchCommand::Metadata(args) => metadata::run(&args, options),
-        BenchCommand::Direct(args) => direct::run(&args, options),
-        BenchCommand::Buffered(args) => buffered::run(&args, options),
+pub fn run(
+    args: BenchArgs,
+    options: &VolumeOptions,
+    options_text: &str,
+) -> anyhow::Result<ExitCode> {
+    match args.command {
+        None => jobs::run(&args.jobs, options, options_text),
+        Some(BenchCommand::Metadata(args)) => metadata::run(&args, options),
+        Some(BenchCommand::Direct(args)) => direct::run(&args, options),
+        Some(BenchCommand::Buffered(args)) => buffered::run(&args, options),
     }
 }

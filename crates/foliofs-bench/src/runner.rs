@@ -1,0 +1,475 @@
+//! Runs parsed fio jobs in-process against a volume, as fio would run them
+//! against a mounted file system: each job's `numjobs` instances on their own
+//! threads, all jobs at once; files laid out (and pre-read) first; the
+//! synchronous engines (psync, sync, pvsync2) one request at a time through
+//! the blocking API, the asynchronous ones (libaio, io_uring) with direct=1
+//! keeping `iodepth` requests in flight through the async API.
+//!
+//! With verify=crc32c every block written is remembered by its checksum and,
+//! with do_verify, read back and checked when the job ends.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use foliofs::dev::{AlignedBuf, DevStats};
+use foliofs::{Error as FsError, File, InodeKind, OpenFlags, Owner, Volume};
+use futures::stream::{FuturesUnordered, StreamExt};
+use rand::{RngExt, SeedableRng};
+
+use crate::jobfile::{JobSpec, SyncMode};
+use crate::latency::Latencies;
+
+const ROOT_INO: u64 = 1;
+/// Bytes per request when laying out or pre-reading a file.
+const LAYOUT_CHUNK_BYTES: usize = 1 << 20;
+
+/// One direction's figures, as fio reports them per job.
+pub struct SideStats {
+    pub io_bytes: u64,
+    pub ios: u64,
+    /// Completion latency of each request (submission to completion).
+    pub latencies: Latencies,
+}
+
+impl SideStats {
+    pub fn empty() -> Self {
+        Self::new()
+    }
+
+    fn new() -> Self {
+        Self { io_bytes: 0, ios: 0, latencies: Latencies::new() }
+    }
+
+    fn merge(&mut self, other: &SideStats) {
+        self.io_bytes += other.io_bytes;
+        self.ios += other.ios;
+        self.latencies.merge(&other.latencies);
+    }
+}
+
+/// What one job (its instances merged with group_reporting, else one
+/// instance) did after its ramp.
+pub struct JobReport {
+    pub name: String,
+    pub instances: u32,
+    pub read: SideStats,
+    pub write: SideStats,
+    /// Measured time: from the end of the ramp to the last instance's end.
+    pub runtime: Duration,
+    pub verified_blocks: u64,
+    pub notes: Vec<String>,
+}
+
+/// Every job's report and what reached the device during the measured run.
+pub struct RunReport {
+    pub jobs: Vec<JobReport>,
+    pub device: DevStats,
+    pub elapsed: Duration,
+}
+
+/// One instance's result.
+struct InstanceResult {
+    read: SideStats,
+    write: SideStats,
+    runtime: Duration,
+    verified_blocks: u64,
+}
+
+/// Lays out the jobs' files, runs every instance of every job at once, and
+/// reports. `progress` is called with the fraction of the planned time done.
+pub fn run(volume: &Volume, specs: &[JobSpec]) -> anyhow::Result<RunReport> {
+    let mut instances = Vec::new();
+    for (spec_index, spec) in specs.iter().enumerate() {
+        for index in 0..spec.numjobs {
+            let path = spec.file_of(index);
+            let ino = prepare_file(volume, spec, &path)
+                .with_context(|| format!("job {:?}: file {path}", spec.name))?;
+            let flags = OpenFlags {
+                read: true,
+                write: spec.pattern.writes() || spec.verify,
+                direct: spec.direct,
+                dsync: spec.sync != SyncMode::None,
+                ..OpenFlags::READ
+            };
+            let file = volume
+                .open_file(ino, flags)
+                .with_context(|| format!("job {:?}: open {path}", spec.name))?;
+            instances.push((spec_index, index, file));
+        }
+    }
+    let barrier = Arc::new(Barrier::new(instances.len() + 1));
+    let threads: Vec<_> = instances
+        .into_iter()
+        .map(|(spec_index, index, file)| {
+            let spec = specs[spec_index].clone();
+            let barrier = Arc::clone(&barrier);
+            let thread = std::thread::Builder::new()
+                .name(format!("{}.{index}", spec.name))
+                .spawn(move || {
+                    barrier.wait();
+                    run_instance(&spec, index, &file)
+                })
+                .expect("spawn a job thread");
+            (spec_index, thread)
+        })
+        .collect();
+    let before = volume.device().stats();
+    let started = Instant::now();
+    barrier.wait();
+    let mut results: Vec<(usize, InstanceResult)> = Vec::new();
+    let mut failure = None;
+    for (spec_index, thread) in threads {
+        match thread.join().map_err(|_| anyhow!("a job thread panicked")).and_then(|result| result)
+        {
+            Ok(result) => results.push((spec_index, result)),
+            Err(error) => failure = failure.or(Some(error)),
+        }
+    }
+    if let Some(error) = failure {
+        return Err(error);
+    }
+    let elapsed = started.elapsed();
+    let device = volume.device().stats().since(&before);
+    let mut jobs = Vec::new();
+    for (spec_index, spec) in specs.iter().enumerate() {
+        let mine =
+            results.iter().filter(|(index, _)| *index == spec_index).map(|(_, result)| result);
+        if spec.group_reporting {
+            jobs.push(merge(spec, mine));
+        } else {
+            for result in mine {
+                jobs.push(merge(spec, std::iter::once(result)));
+            }
+        }
+    }
+    Ok(RunReport { jobs, device, elapsed })
+}
+
+fn merge<'a>(spec: &JobSpec, results: impl Iterator<Item = &'a InstanceResult>) -> JobReport {
+    let mut report = JobReport {
+        name: spec.name.clone(),
+        instances: 0,
+        read: SideStats::new(),
+        write: SideStats::new(),
+        runtime: Duration::ZERO,
+        verified_blocks: 0,
+        notes: spec.notes.clone(),
+    };
+    for result in results {
+        report.instances += 1;
+        report.read.merge(&result.read);
+        report.write.merge(&result.write);
+        report.runtime = report.runtime.max(result.runtime);
+        report.verified_blocks += result.verified_blocks;
+    }
+    report
+}
+
+/// Opens or creates the job's file (and its directories), lays it out when
+/// the job reads it or overwrites it, and pre-reads it if asked.
+fn prepare_file(volume: &Volume, spec: &JobSpec, path: &str) -> anyhow::Result<u64> {
+    let path = format!("/{}", path.trim_start_matches("./").trim_start_matches('/'));
+    let ino = match volume.resolve(&path) {
+        Ok(ino) => ino,
+        Err(FsError::NotFound(_)) if !spec.allow_file_create => {
+            bail!("does not exist, and allow_file_create=0 forbids creating it")
+        }
+        Err(FsError::NotFound(_)) => create_with_parents(volume, &path)?,
+        Err(error) => return Err(error.into()),
+    };
+    let attr = volume.getattr(ino)?;
+    if attr.kind != InodeKind::File {
+        bail!("is not a regular file");
+    }
+    let lay_out = spec.pattern.reads() || spec.overwrite;
+    if lay_out && attr.size < spec.size_bytes {
+        let file = volume.open_file(ino, OpenFlags::WRITE)?;
+        let chunk = vec![0x5Au8; LAYOUT_CHUNK_BYTES];
+        let mut offset = attr.size;
+        while offset < spec.size_bytes {
+            let length = (spec.size_bytes - offset).min(LAYOUT_CHUNK_BYTES as u64) as usize;
+            file.write_at(&chunk[..length], offset)?;
+            offset += length as u64;
+        }
+        file.fsync()?;
+    }
+    if spec.pre_read {
+        let file = volume.open_file(ino, OpenFlags::READ)?;
+        let mut buffer = vec![0u8; LAYOUT_CHUNK_BYTES];
+        let mut offset = 0;
+        while offset < spec.size_bytes {
+            let read = file.read_at(&mut buffer, offset)?;
+            if read == 0 {
+                break;
+            }
+            offset += read as u64;
+        }
+    }
+    Ok(ino)
+}
+
+fn create_with_parents(volume: &Volume, path: &str) -> anyhow::Result<u64> {
+    let mut dir = ROOT_INO;
+    let components: Vec<&str> = path.split('/').filter(|part| !part.is_empty()).collect();
+    let (name, parents) = components.split_last().ok_or_else(|| anyhow!("empty file name"))?;
+    for part in parents {
+        dir = match volume.lookup(dir, part.as_bytes()) {
+            Ok(attr) => attr.ino,
+            Err(FsError::NotFound(_)) => {
+                volume.mkdir(dir, part.as_bytes(), 0o755, Owner::current())?.ino
+            }
+            Err(error) => return Err(error.into()),
+        };
+    }
+    Ok(volume.create(dir, name.as_bytes(), 0o644, Owner::current())?.ino)
+}
+
+/// Where an instance is and what it has done.
+struct Instance<'a> {
+    spec: &'a JobSpec,
+    rng: rand::rngs::SmallRng,
+    next_block: u64,
+    blocks: u64,
+    writes_since_sync: u64,
+    /// verify=crc32c: checksum of the last data written at each offset.
+    written: HashMap<u64, u32>,
+    sequence: u64,
+}
+
+impl Instance<'_> {
+    fn next_offset(&mut self) -> u64 {
+        let block = if self.spec.pattern.random() {
+            self.rng.random_range(0..self.blocks)
+        } else {
+            let block = self.next_block;
+            self.next_block = (self.next_block + 1) % self.blocks;
+            block
+        };
+        block * self.spec.block_bytes
+    }
+
+    fn next_is_read(&mut self) -> bool {
+        match (self.spec.pattern.reads(), self.spec.pattern.writes()) {
+            (true, true) => self.rng.random_range(0..100) < self.spec.read_mix_percent,
+            (reads, _) => reads,
+        }
+    }
+
+    /// Fills `buffer` with data for a write at `offset` and remembers its
+    /// checksum when verifying.
+    fn fill_for_write(&mut self, buffer: &mut [u8], offset: u64) {
+        if !self.spec.verify {
+            return;
+        }
+        self.sequence += 1;
+        let mut state = (offset ^ self.sequence.rotate_left(32)) | 1;
+        for chunk in buffer.chunks_mut(8) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+        }
+        self.written.insert(offset, crc32c::crc32c(buffer));
+    }
+
+    /// After a write: fsync / fdatasync every so many writes.
+    fn after_write(&mut self, file: &File) -> anyhow::Result<()> {
+        self.writes_since_sync += 1;
+        let spec = self.spec;
+        if spec.fsync_every > 0 && self.writes_since_sync.is_multiple_of(spec.fsync_every) {
+            file.fsync()?;
+        }
+        if spec.fdatasync_every > 0 && self.writes_since_sync.is_multiple_of(spec.fdatasync_every) {
+            file.fdatasync()?;
+        }
+        Ok(())
+    }
+}
+
+/// When an instance stops: after its ramp and runtime when time based, else
+/// after `size` bytes (or the runtime, if that comes first).
+struct Clock {
+    ramp_end: Instant,
+    deadline: Option<Instant>,
+    bytes_max: Option<u64>,
+}
+
+impl Clock {
+    fn new(spec: &JobSpec, start: Instant) -> Self {
+        let ramp_end = start + spec.ramp_time;
+        Self {
+            ramp_end,
+            deadline: spec.runtime.map(|runtime| ramp_end + runtime),
+            bytes_max: (!spec.time_based).then_some(spec.size_bytes),
+        }
+    }
+
+    fn done(&self, now: Instant, bytes: u64) -> bool {
+        self.deadline.is_some_and(|deadline| now >= deadline)
+            || self.bytes_max.is_some_and(|bytes_max| bytes >= bytes_max)
+    }
+}
+
+fn run_instance(spec: &JobSpec, index: u32, file: &File) -> anyhow::Result<InstanceResult> {
+    let seed = if spec.randrepeat { u64::from(index) + 1 } else { rand::random() };
+    let mut instance = Instance {
+        spec,
+        rng: rand::rngs::SmallRng::seed_from_u64(seed),
+        next_block: 0,
+        blocks: (spec.size_bytes / spec.block_bytes).max(1),
+        writes_since_sync: 0,
+        written: HashMap::new(),
+        sequence: 0,
+    };
+    let start = Instant::now();
+    let clock = Clock::new(spec, start);
+    let (mut read, mut write) = (SideStats::new(), SideStats::new());
+    if spec.direct && spec.ioengine.asynchronous() {
+        run_async(&mut instance, file, &clock, &mut read, &mut write)?;
+    } else {
+        run_sync(&mut instance, file, &clock, &mut read, &mut write)?;
+    }
+    if spec.end_fsync && spec.pattern.writes() {
+        file.fsync()?;
+    }
+    let runtime = start.elapsed().saturating_sub(spec.ramp_time);
+    let verified_blocks = if spec.verify && spec.do_verify { verify(&instance, file)? } else { 0 };
+    Ok(InstanceResult { read, write, runtime, verified_blocks })
+}
+
+fn run_sync(
+    instance: &mut Instance<'_>,
+    file: &File,
+    clock: &Clock,
+    read: &mut SideStats,
+    write: &mut SideStats,
+) -> anyhow::Result<()> {
+    let block_bytes = instance.spec.block_bytes as usize;
+    // Page-aligned, as fio's buffers are (direct I/O needs it; copies are
+    // faster with it).
+    let mut buffer = AlignedBuf::zeroed(block_bytes);
+    buffer.fill(0xA5);
+    let mut bytes_done = 0u64;
+    loop {
+        let now = Instant::now();
+        if clock.done(now, bytes_done) {
+            return Ok(());
+        }
+        let offset = instance.next_offset();
+        let is_read = instance.next_is_read();
+        if !is_read {
+            instance.fill_for_write(&mut buffer, offset);
+        }
+        let started = Instant::now();
+        let transferred = if is_read {
+            file.read_at(&mut buffer, offset)
+        } else {
+            file.write_at(&buffer, offset)
+        }
+        .with_context(|| {
+            format!("{} at offset {offset}", if is_read { "read" } else { "write" })
+        })?;
+        let latency = started.elapsed();
+        if !is_read {
+            instance.after_write(file)?;
+        }
+        bytes_done += transferred as u64;
+        if started >= clock.ramp_end {
+            let side = if is_read { &mut *read } else { &mut *write };
+            side.ios += 1;
+            side.io_bytes += transferred as u64;
+            side.latencies.record(latency);
+        }
+    }
+}
+
+type Pending =
+    Pin<Box<dyn Future<Output = (AlignedBuf, foliofs::Result<usize>, bool, Instant, u64)>>>;
+
+fn run_async(
+    instance: &mut Instance<'_>,
+    file: &File,
+    clock: &Clock,
+    read: &mut SideStats,
+    write: &mut SideStats,
+) -> anyhow::Result<()> {
+    let block_bytes = instance.spec.block_bytes as usize;
+    let mut in_flight: FuturesUnordered<Pending> = FuturesUnordered::new();
+    let submit = |instance: &mut Instance<'_>, mut buffer: AlignedBuf| -> Pending {
+        let offset = instance.next_offset();
+        let is_read = instance.next_is_read();
+        let started = Instant::now();
+        if is_read {
+            let future = file.read_at_async(buffer, offset);
+            Box::pin(async move {
+                let (buffer, result) = future.await;
+                (buffer, result, true, started, offset)
+            })
+        } else {
+            instance.fill_for_write(&mut buffer, offset);
+            let future = file.write_at_async(buffer, offset);
+            Box::pin(async move {
+                let (buffer, result) = future.await;
+                (buffer, result, false, started, offset)
+            })
+        }
+    };
+    let mut submitted_bytes = 0u64;
+    for _ in 0..instance.spec.iodepth {
+        if clock.done(Instant::now(), submitted_bytes) {
+            break;
+        }
+        let mut buffer = AlignedBuf::zeroed(block_bytes);
+        buffer.fill(0xA5);
+        in_flight.push(submit(instance, buffer));
+        submitted_bytes += block_bytes as u64;
+    }
+    // Ends when the last request in flight completes; none is resubmitted
+    // once the clock says done.
+    foliofs::completion::block_on(async {
+        while let Some((buffer, result, is_read, started, offset)) = in_flight.next().await {
+            let transferred = result.with_context(|| {
+                format!("{} at offset {offset}", if is_read { "read" } else { "write" })
+            })?;
+            let latency = started.elapsed();
+            if !is_read {
+                instance.after_write(file)?;
+            }
+            if started >= clock.ramp_end {
+                let side = if is_read { &mut *read } else { &mut *write };
+                side.ios += 1;
+                side.io_bytes += transferred as u64;
+                side.latencies.record(latency);
+            }
+            if !clock.done(Instant::now(), submitted_bytes) {
+                in_flight.push(submit(instance, buffer));
+                submitted_bytes += block_bytes as u64;
+            }
+        }
+        anyhow::Ok(())
+    })
+}
+
+/// Reads back every block the instance wrote and checks its crc32c.
+fn verify(instance: &Instance<'_>, file: &File) -> anyhow::Result<u64> {
+    let mut buffer = AlignedBuf::zeroed(instance.spec.block_bytes as usize);
+    let mut offsets: Vec<(&u64, &u32)> = instance.written.iter().collect();
+    offsets.sort_unstable();
+    for (&offset, &expected) in offsets {
+        let read = file
+            .read_at(&mut buffer, offset)
+            .with_context(|| format!("verify read at {offset}"))?;
+        let found = crc32c::crc32c(&buffer[..read]);
+        if read != buffer.len() || found != expected {
+            bail!(
+                "verify: crc32c mismatch in the block at offset {offset}: expected {expected:#010x}, \
+                 read {found:#010x} ({read} bytes)"
+            );
+        }
+    }
+    Ok(instance.written.len() as u64)
+}
