@@ -1,8 +1,14 @@
 //! The foliofs laboratory: fio job files and command lines parsed
-//! (`jobfile`), run in-process against the engine (`runner`), reported as
-//! fio does, in text or fio's JSON shape (`report`).
+//! (`jobfile`), run in-process against the engine (`runner`) or its limits
+//! (`targets`: the raw device, memory), reported as fio does, in text or
+//! fio's JSON shape (`report`); and the seed experiments (`seeds`) beside the
+//! kernel's ext4 and XFS (`peers`), with tables, JSON and charts (`chart`).
 
+pub mod chart;
 pub mod jobfile;
 pub mod latency;
+pub mod peers;
 pub mod report;
 pub mod runner;
+pub mod seeds;
+pub mod targets;

@@ -27,6 +27,47 @@ const ROOT_INO: u64 = 1;
 /// Bytes per request when laying out or pre-reading a file.
 const LAYOUT_CHUNK_BYTES: usize = 1 << 20;
 
+/// An asynchronous request's outcome: the buffer back and the bytes moved.
+pub type Submitted = Pin<Box<dyn Future<Output = (AlignedBuf, foliofs::Result<usize>)> + Send>>;
+
+/// What a job instance reads and writes: a file of the engine, a region of
+/// the raw device (the engine's limit), or memory (the cache's limit). One
+/// loop measures all three the same way.
+pub trait Target: Send + Sync {
+    fn read_at(&self, buffer: &mut [u8], offset: u64) -> foliofs::Result<usize>;
+    fn write_at(&self, data: &[u8], offset: u64) -> foliofs::Result<usize>;
+    fn read_async(&self, buffer: AlignedBuf, offset: u64) -> Submitted;
+    fn write_async(&self, buffer: AlignedBuf, offset: u64) -> Submitted;
+    fn fsync(&self) -> foliofs::Result<()>;
+    fn fdatasync(&self) -> foliofs::Result<()>;
+}
+
+impl Target for File {
+    fn read_at(&self, buffer: &mut [u8], offset: u64) -> foliofs::Result<usize> {
+        File::read_at(self, buffer, offset)
+    }
+
+    fn write_at(&self, data: &[u8], offset: u64) -> foliofs::Result<usize> {
+        File::write_at(self, data, offset)
+    }
+
+    fn read_async(&self, buffer: AlignedBuf, offset: u64) -> Submitted {
+        Box::pin(self.read_at_async(buffer, offset))
+    }
+
+    fn write_async(&self, buffer: AlignedBuf, offset: u64) -> Submitted {
+        Box::pin(self.write_at_async(buffer, offset))
+    }
+
+    fn fsync(&self) -> foliofs::Result<()> {
+        File::fsync(self)
+    }
+
+    fn fdatasync(&self) -> foliofs::Result<()> {
+        File::fdatasync(self)
+    }
+}
+
 /// One direction's figures, as fio reports them per job.
 pub struct SideStats {
     pub io_bytes: u64,
@@ -80,9 +121,9 @@ struct InstanceResult {
 }
 
 /// Lays out the jobs' files, runs every instance of every job at once, and
-/// reports. `progress` is called with the fraction of the planned time done.
+/// reports.
 pub fn run(volume: &Volume, specs: &[JobSpec]) -> anyhow::Result<RunReport> {
-    let mut instances = Vec::new();
+    let mut targets: Vec<(usize, u32, Box<dyn Target>)> = Vec::new();
     for (spec_index, spec) in specs.iter().enumerate() {
         for index in 0..spec.numjobs {
             let path = spec.file_of(index);
@@ -98,26 +139,36 @@ pub fn run(volume: &Volume, specs: &[JobSpec]) -> anyhow::Result<RunReport> {
             let file = volume
                 .open_file(ino, flags)
                 .with_context(|| format!("job {:?}: open {path}", spec.name))?;
-            instances.push((spec_index, index, file));
+            targets.push((spec_index, index, Box::new(file)));
         }
     }
-    let barrier = Arc::new(Barrier::new(instances.len() + 1));
-    let threads: Vec<_> = instances
+    run_targets(specs, targets, &|| volume.device().stats())
+}
+
+/// Runs every target's instance on its own thread, released together, and
+/// reports what they did and what `device_stats` counted meanwhile.
+pub fn run_targets(
+    specs: &[JobSpec],
+    targets: Vec<(usize, u32, Box<dyn Target>)>,
+    device_stats: &dyn Fn() -> DevStats,
+) -> anyhow::Result<RunReport> {
+    let barrier = Arc::new(Barrier::new(targets.len() + 1));
+    let threads: Vec<_> = targets
         .into_iter()
-        .map(|(spec_index, index, file)| {
+        .map(|(spec_index, index, target)| {
             let spec = specs[spec_index].clone();
             let barrier = Arc::clone(&barrier);
             let thread = std::thread::Builder::new()
                 .name(format!("{}.{index}", spec.name))
                 .spawn(move || {
                     barrier.wait();
-                    run_instance(&spec, index, &file)
+                    run_instance(&spec, index, target.as_ref())
                 })
                 .expect("spawn a job thread");
             (spec_index, thread)
         })
         .collect();
-    let before = volume.device().stats();
+    let before = device_stats();
     let started = Instant::now();
     barrier.wait();
     let mut results: Vec<(usize, InstanceResult)> = Vec::new();
@@ -133,7 +184,7 @@ pub fn run(volume: &Volume, specs: &[JobSpec]) -> anyhow::Result<RunReport> {
         return Err(error);
     }
     let elapsed = started.elapsed();
-    let device = volume.device().stats().since(&before);
+    let device = device_stats().since(&before);
     let mut jobs = Vec::new();
     for (spec_index, spec) in specs.iter().enumerate() {
         let mine =
@@ -277,7 +328,7 @@ impl Instance<'_> {
     }
 
     /// After a write: fsync / fdatasync every so many writes.
-    fn after_write(&mut self, file: &File) -> anyhow::Result<()> {
+    fn after_write(&mut self, file: &dyn Target) -> anyhow::Result<()> {
         self.writes_since_sync += 1;
         let spec = self.spec;
         if spec.fsync_every > 0 && self.writes_since_sync.is_multiple_of(spec.fsync_every) {
@@ -314,7 +365,7 @@ impl Clock {
     }
 }
 
-fn run_instance(spec: &JobSpec, index: u32, file: &File) -> anyhow::Result<InstanceResult> {
+fn run_instance(spec: &JobSpec, index: u32, file: &dyn Target) -> anyhow::Result<InstanceResult> {
     let seed = if spec.randrepeat { u64::from(index) + 1 } else { rand::random() };
     let mut instance = Instance {
         spec,
@@ -343,7 +394,7 @@ fn run_instance(spec: &JobSpec, index: u32, file: &File) -> anyhow::Result<Insta
 
 fn run_sync(
     instance: &mut Instance<'_>,
-    file: &File,
+    file: &dyn Target,
     clock: &Clock,
     read: &mut SideStats,
     write: &mut SideStats,
@@ -392,7 +443,7 @@ type Pending =
 
 fn run_async(
     instance: &mut Instance<'_>,
-    file: &File,
+    file: &dyn Target,
     clock: &Clock,
     read: &mut SideStats,
     write: &mut SideStats,
@@ -404,14 +455,14 @@ fn run_async(
         let is_read = instance.next_is_read();
         let started = Instant::now();
         if is_read {
-            let future = file.read_at_async(buffer, offset);
+            let future = file.read_async(buffer, offset);
             Box::pin(async move {
                 let (buffer, result) = future.await;
                 (buffer, result, true, started, offset)
             })
         } else {
             instance.fill_for_write(&mut buffer, offset);
-            let future = file.write_at_async(buffer, offset);
+            let future = file.write_async(buffer, offset);
             Box::pin(async move {
                 let (buffer, result) = future.await;
                 (buffer, result, false, started, offset)
@@ -455,7 +506,7 @@ fn run_async(
 }
 
 /// Reads back every block the instance wrote and checks its crc32c.
-fn verify(instance: &Instance<'_>, file: &File) -> anyhow::Result<u64> {
+fn verify(instance: &Instance<'_>, file: &dyn Target) -> anyhow::Result<u64> {
     let mut buffer = AlignedBuf::zeroed(instance.spec.block_bytes as usize);
     let mut offsets: Vec<(&u64, &u32)> = instance.written.iter().collect();
     offsets.sort_unstable();

@@ -152,3 +152,85 @@ fn fsck_reports_a_damaged_superblock_and_the_volume_still_opens() {
     assert!(String::from_utf8_lossy(&fsck.stdout).contains("superblock copy A"));
     assert!(ok(&["info", image_str]).contains("block size:       4096"));
 }
+
+/// `foliofs bench` with fio's own options: the JSON output is fio's shape.
+#[test]
+fn bench_runs_fio_options_and_prints_fio_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("bench.img");
+    let image = image.to_str().unwrap();
+    let output = ok(&[
+        "-o",
+        "engine=sync",
+        "bench",
+        "--output-format",
+        "json",
+        "--image",
+        image,
+        "--image-size",
+        "128M",
+        "--name=mix",
+        "--rw=randrw",
+        "--bs=4k",
+        "--size=8M",
+        "--ioengine=io_uring",
+        "--direct=1",
+        "--iodepth=8",
+        "--verify=crc32c",
+    ]);
+    let json: serde_json::Value = serde_json::from_str(&output).expect("valid JSON");
+    let job = &json["jobs"][0];
+    assert_eq!(job["jobname"], "mix");
+    let bytes =
+        job["read"]["io_bytes"].as_u64().unwrap() + job["write"]["io_bytes"].as_u64().unwrap();
+    assert_eq!(bytes, 8 << 20);
+    assert!(job["verified_blocks"].as_u64().unwrap() > 0);
+    assert!(job["write"]["clat_ns"]["percentile"]["99.000000"].as_u64().unwrap() > 0);
+    let error =
+        fails(&["bench", "--image", image, "--name=x", "--size=1M", "--rw=read", "--bogus=1"]);
+    assert!(
+        error.contains("unknown fio option \"bogus\"") && error.contains("supported:"),
+        "{error}"
+    );
+    let error = fails(&["bench", "/nonexistent/job.fio"]);
+    assert!(error.contains("read job file /nonexistent/job.fio"), "{error}");
+}
+
+/// A quick seed run without peers writes its table, JSON and goals.
+#[test]
+fn bench_seeds_quick_writes_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("results");
+    let output = Command::new(env!("CARGO_BIN_EXE_foliofs"))
+        .args(["bench", "seeds", "--quick", "--peers", "none", "--only", "001", "--out"])
+        .arg(&out)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(stdout.contains("### Seed 001") && stdout.contains("| dirty=folio |"), "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("seed-001.json")).unwrap()).unwrap();
+    let rows = &json["groups"][0]["rows"];
+    let amplification = |index: usize| rows[index]["write_amplification"].as_f64().unwrap();
+    assert!(amplification(0) < 1.1, "dirty=block writes what was written: {}", amplification(0));
+    assert!(
+        amplification(1) > 15.0,
+        "dirty=folio writes whole 64 KiB folios: {}",
+        amplification(1)
+    );
+    assert!(json["goals"].as_array().unwrap().iter().all(|goal| goal["met"] == true), "{json}");
+    if Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists() {
+        let png = std::fs::read(out.join("seed-001.png")).expect("a chart when a font exists");
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .filter(|name| name.to_string_lossy().ends_with(".img"))
+        .collect();
+    assert!(leftovers.is_empty(), "scratch images removed: {leftovers:?}");
+    let error = fails(&["bench", "seeds", "--only", "007"]);
+    assert!(error.contains("the seeds are 000, 001, 002, 003, 004"), "{error}");
+}

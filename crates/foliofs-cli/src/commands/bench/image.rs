@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
-use foliofs::dev::AlignedBuf;
 use foliofs::options::parse_size;
 use foliofs::vfs::MkfsOptions;
 use foliofs::{Volume, VolumeOptions};
@@ -77,25 +76,8 @@ impl Drop for BenchImage {
 }
 
 /// Writes the whole image once, as fio lays out its files: a sparse image
-/// would measure the host file system allocating blocks, not the disk.
+/// would measure the host file system allocating blocks, not the disk (and
+/// see `foliofs_bench::peers::lay_out` on why the data is not zeros).
 fn lay_out(path: &Path, size_bytes: u64) -> anyhow::Result<()> {
-    use std::os::unix::fs::{FileExt, OpenOptionsExt};
-    const CHUNK_BYTES: usize = 4 << 20;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-        .with_context(|| format!("create {}", path.display()))?;
-    let zeros = AlignedBuf::zeroed(CHUNK_BYTES);
-    let mut offset = 0u64;
-    while offset < size_bytes {
-        let length = (size_bytes - offset).min(CHUNK_BYTES as u64) as usize;
-        file.write_all_at(&zeros[..length], offset)
-            .with_context(|| format!("lay out {}", path.display()))?;
-        offset += length as u64;
-    }
-    file.sync_all()?;
-    Ok(())
+    foliofs_bench::peers::lay_out(path, size_bytes)
 }

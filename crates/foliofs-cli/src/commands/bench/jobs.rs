@@ -70,7 +70,11 @@ fn parse(job: &[String]) -> anyhow::Result<Vec<JobSpec>> {
         return Ok(jobfile::parse_command_line(job)?);
     }
     if job.len() > 1 {
-        bail!("after the job file {first:?} nothing else is read; got {:?}", &job[1..]);
+        bail!(
+            "unexpected {:?} after the job file {first:?}: put foliofs bench options \
+             (--output-format, --image, ...) before the job file",
+            &job[1..]
+        );
     }
     let text = std::fs::read_to_string(first).with_context(|| format!("read job file {first}"))?;
     Ok(jobfile::parse_job_file(&text, first)?)

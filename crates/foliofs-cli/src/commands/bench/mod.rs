@@ -7,6 +7,7 @@ mod direct;
 mod image;
 mod jobs;
 mod metadata;
+mod seeds;
 
 use std::process::ExitCode;
 
@@ -31,6 +32,9 @@ pub enum BenchCommand {
     /// One buffered workload, fio psync style: each job its own file, one
     /// request at a time through the folio cache (or --memcpy, the limit).
     Buffered(buffered::BufferedArgs),
+    /// The five seed experiments, old policy against new, against the
+    /// engine's limits and the kernel's ext4 and XFS (as root, with fio).
+    Seeds(seeds::SeedsArgs),
 }
 
 pub fn run(
@@ -43,5 +47,6 @@ pub fn run(
         Some(BenchCommand::Metadata(args)) => metadata::run(&args, options),
         Some(BenchCommand::Direct(args)) => direct::run(&args, options),
         Some(BenchCommand::Buffered(args)) => buffered::run(&args, options),
+        Some(BenchCommand::Seeds(args)) => seeds::run(&args, options),
     }
 }

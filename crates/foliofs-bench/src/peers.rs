@@ -1,0 +1,213 @@
+//! The kernel's own file systems as peers: ext4 and XFS on loop devices
+//! (`losetup --direct-io=on`) over files on the same disk as the engine's
+//! image, driven by real fio. Everything set up here (mounts, loop devices,
+//! files, sysctl changes) is registered for cleanup, which runs on drop and
+//! on SIGINT/SIGTERM, so an interrupted run leaves nothing mounted.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Once;
+
+use anyhow::{bail, Context};
+use parking_lot::Mutex;
+use serde_json::Value;
+
+/// Undo actions, most recent last.
+static CLEANUP: Mutex<Vec<Undo>> = Mutex::new(Vec::new());
+static HANDLER: Once = Once::new();
+
+enum Undo {
+    Unmount(PathBuf),
+    DetachLoop(String),
+    Remove(PathBuf),
+    Sysctl(String, String),
+}
+
+fn register(undo: Undo) {
+    HANDLER.call_once(|| {
+        let installed = ctrlc::set_handler(|| {
+            eprintln!("\ninterrupted: unmounting and detaching the kernel peers");
+            clean_up_all();
+            std::process::exit(130);
+        });
+        if let Err(error) = installed {
+            eprintln!("warning: no cleanup on interrupt ({error})");
+        }
+    });
+    CLEANUP.lock().push(undo);
+}
+
+/// Runs every registered undo action, newest first.
+pub fn clean_up_all() {
+    let actions: Vec<Undo> = std::mem::take(&mut *CLEANUP.lock());
+    for action in actions.into_iter().rev() {
+        match action {
+            Undo::Unmount(path) => {
+                let _ = Command::new("umount").arg(&path).status();
+            }
+            Undo::DetachLoop(device) => {
+                let _ = Command::new("losetup").args(["-d", &device]).status();
+            }
+            Undo::Remove(path) => {
+                let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+            }
+            Undo::Sysctl(key, value) => {
+                let _ = std::fs::write(format!("/proc/sys/vm/{key}"), value);
+            }
+        }
+    }
+}
+
+fn run(command: &mut Command) -> anyhow::Result<String> {
+    let output = command.output().with_context(|| format!("run {command:?}"))?;
+    if !output.status.success() {
+        bail!("{command:?} failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Why peers cannot run here, if they cannot.
+pub fn unavailable() -> Option<String> {
+    // SAFETY: geteuid only reads the process's credentials.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not running as root (loop devices and mounts need it)".into());
+    }
+    for tool in ["fio", "losetup", "mkfs.ext4", "mkfs.xfs", "mount"] {
+        let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output();
+        if !found.is_ok_and(|output| output.status.success()) {
+            return Some(format!("{tool} is not installed"));
+        }
+    }
+    None
+}
+
+/// Writes `path` whole, with O_DIRECT, in pseudo-random data. Every backing
+/// file of a comparison (the engine's image, the kernel peers' loop files)
+/// is laid out the same way: on a virtual disk, how fast a block is
+/// rewritten depends on what the host holds under it (a block never written,
+/// or written with zeros, can be several times faster to write than one
+/// holding data), so files laid out differently are not comparable.
+pub fn lay_out(path: &Path, size_bytes: u64) -> anyhow::Result<()> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const CHUNK_BYTES: usize = 4 << 20;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .with_context(|| format!("create {}", path.display()))?;
+    let mut chunk = foliofs::dev::AlignedBuf::zeroed(CHUNK_BYTES);
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut offset = 0u64;
+    while offset < size_bytes {
+        for word in chunk.chunks_mut(8) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            word.copy_from_slice(&state.to_le_bytes());
+        }
+        let length = (size_bytes - offset).min(CHUNK_BYTES as u64) as usize;
+        let length = length.div_ceil(4096) * 4096;
+        file.write_all_at(&chunk[..length], offset)
+            .with_context(|| format!("lay out {}", path.display()))?;
+        offset += length as u64;
+    }
+    file.sync_all().with_context(|| format!("sync {}", path.display()))?;
+    Ok(())
+}
+
+pub struct KernelFs {
+    pub name: &'static str,
+    pub mount: PathBuf,
+    loop_device: String,
+}
+
+impl KernelFs {
+    /// Bytes the loop device has written so far (its sectors written).
+    pub fn bytes_written(&self) -> u64 {
+        let name = self.loop_device.trim_start_matches("/dev/");
+        std::fs::read_to_string(format!("/sys/block/{name}/stat"))
+            .ok()
+            .and_then(|stat| stat.split_whitespace().nth(6).and_then(|field| field.parse().ok()))
+            .map_or(0, |sectors: u64| sectors * 512)
+    }
+}
+
+/// ext4 and XFS, each on a loop device over a file in `dir`.
+pub struct Peers {
+    pub file_systems: Vec<KernelFs>,
+}
+
+impl Peers {
+    pub fn start(dir: &Path, size_bytes: u64) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        register(Undo::Remove(dir.to_path_buf()));
+        let mut file_systems = Vec::new();
+        for name in ["ext4", "xfs"] {
+            let backing = dir.join(format!("{name}.img"));
+            lay_out(&backing, size_bytes)?;
+            let loop_device = run(Command::new("losetup")
+                .args(["--direct-io=on", "-f", "--show"])
+                .arg(&backing))?
+            .trim()
+            .to_string();
+            register(Undo::DetachLoop(loop_device.clone()));
+            if name == "ext4" {
+                run(Command::new("mkfs.ext4").args(["-q", "-F", &loop_device]))?;
+            } else {
+                run(Command::new("mkfs.xfs").args(["-q", "-f", &loop_device]))?;
+            }
+            let mount = dir.join(format!("mnt-{name}"));
+            std::fs::create_dir_all(&mount)?;
+            run(Command::new("mount").arg(&loop_device).arg(&mount))?;
+            register(Undo::Unmount(mount.clone()));
+            file_systems.push(KernelFs { name, mount, loop_device });
+        }
+        Ok(Self { file_systems })
+    }
+}
+
+impl Drop for Peers {
+    fn drop(&mut self) {
+        clean_up_all();
+    }
+}
+
+/// Sets /proc/sys/vm values until the guard drops (or the run is
+/// interrupted).
+pub struct SysctlGuard {
+    saved: Vec<(String, String)>,
+}
+
+impl SysctlGuard {
+    pub fn set(values: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let mut saved = Vec::new();
+        for (key, value) in values {
+            let path = format!("/proc/sys/vm/{key}");
+            let old = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
+            register(Undo::Sysctl(key.to_string(), old.trim().to_string()));
+            saved.push((key.to_string(), old.trim().to_string()));
+            std::fs::write(&path, value).with_context(|| format!("write {path}"))?;
+        }
+        Ok(Self { saved })
+    }
+}
+
+impl Drop for SysctlGuard {
+    fn drop(&mut self) {
+        for (key, value) in &self.saved {
+            let _ = std::fs::write(format!("/proc/sys/vm/{key}"), value);
+        }
+    }
+}
+
+/// Runs fio with `arguments` (fio's own options) plus JSON output; returns
+/// the first job.
+pub fn fio(arguments: &[String]) -> anyhow::Result<Value> {
+    let output = run(Command::new("fio").args(arguments).arg("--output-format=json"))?;
+    // fio may print notes before the JSON.
+    let start = output.find('{').context("fio printed no JSON")?;
+    let json: Value = serde_json::from_str(&output[start..]).context("parse fio's JSON")?;
+    Ok(json["jobs"][0].clone())
+}

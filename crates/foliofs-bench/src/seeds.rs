@@ -1,0 +1,755 @@
+//! `foliofs bench seeds`: the five seed experiments of DESIGN.md, each in its
+//! old and new policy, against its limit (the raw device for direct I/O, a
+//! memcpy for cached I/O) and, as root with fio installed, against the
+//! kernel's ext4 and XFS on loop devices over the same disk. Every shape is
+//! a literal fio command line: the engine runs it in-process, the kernel
+//! peers run it with real fio, so both sides run the same job.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use foliofs::dev::{DevStats, Device};
+use foliofs::vfs::MkfsOptions;
+use foliofs::{Volume, VolumeOptions};
+use serde_json::{json, Value};
+
+use crate::jobfile::{parse_command_line, JobSpec};
+use crate::peers::{self, KernelFs, Peers, SysctlGuard};
+use crate::runner::{self, RunReport, Target};
+use crate::targets;
+
+/// How a run is done: quick (under three minutes on two cores) or full.
+#[derive(Debug, Clone)]
+pub struct SeedOptions {
+    pub quick: bool,
+    /// Run the kernel peers (needs root and fio).
+    pub peers: bool,
+    /// Where tables, JSON and charts go.
+    pub out_dir: PathBuf,
+    /// Where scratch images and the peers' loop files go (the disk measured).
+    pub work_dir: PathBuf,
+    pub volume_options: VolumeOptions,
+    pub only: Vec<String>,
+    /// Repetitions of every row; the median is reported.
+    pub reps: usize,
+}
+
+/// One measured row.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub label: String,
+    pub iops: f64,
+    pub mib_per_second: f64,
+    pub p99_us: f64,
+    /// Device bytes written per byte the job wrote (engine and kernel rows).
+    pub write_amplification: Option<f64>,
+    /// Device requests per I/O (engine rows).
+    pub requests_per_io: Option<f64>,
+}
+
+/// Rows measured on one shape.
+pub struct Group {
+    pub name: String,
+    pub command: String,
+    pub rows: Vec<Row>,
+}
+
+impl Group {
+    fn row(&self, label: &str) -> Option<&Row> {
+        self.rows.iter().find(|row| row.label == label)
+    }
+}
+
+/// A performance goal of DESIGN.md and whether this run met it.
+pub struct Goal {
+    pub text: String,
+    pub value: f64,
+    pub target: f64,
+    pub met: bool,
+}
+
+pub struct SeedResult {
+    pub id: &'static str,
+    pub title: String,
+    /// Which figure the table's ratio column and the chart use.
+    pub metric: Metric,
+    pub groups: Vec<Group>,
+    pub goals: Vec<Goal>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metric {
+    Iops,
+    MibPerSecond,
+}
+
+impl Metric {
+    pub fn of(self, row: &Row) -> f64 {
+        match self {
+            Metric::Iops => row.iops,
+            Metric::MibPerSecond => row.mib_per_second,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::Iops => "IOPS",
+            Metric::MibPerSecond => "MiB/s",
+        }
+    }
+}
+
+/// Sizes and times of a run.
+struct Scale {
+    runtime: &'static str,
+    ramp: &'static str,
+    seed_000_size: &'static str,
+    seed_000_iodepth: u32,
+    seed_001_size: &'static str,
+    seed_002_size: &'static str,
+    seed_003_size: &'static str,
+    seed_004_size: &'static str,
+    writeback_size: &'static str,
+    writeback_cache: &'static str,
+}
+
+const QUICK: Scale = Scale {
+    runtime: "1s",
+    ramp: "0s",
+    seed_000_size: "256M",
+    seed_000_iodepth: 64,
+    seed_001_size: "32M",
+    seed_002_size: "256M",
+    seed_003_size: "64M",
+    seed_004_size: "128M",
+    writeback_size: "1G",
+    writeback_cache: "256M",
+};
+
+const FULL: Scale = Scale {
+    runtime: "5s",
+    ramp: "1s",
+    seed_000_size: "1G",
+    seed_000_iodepth: 256,
+    seed_001_size: "256M",
+    seed_002_size: "1G",
+    seed_003_size: "1G",
+    seed_004_size: "1G",
+    writeback_size: "4G",
+    writeback_cache: "1G",
+};
+
+/// The seed 004 author's setting for the cache tests: no writeback at all.
+const NO_WRITEBACK_SYSCTL: &[(&str, &str)] = &[
+    ("dirty_writeback_centisecs", "0"),
+    ("dirty_background_ratio", "100"),
+    ("dirty_ratio", "100"),
+];
+const NO_WRITEBACK_OPTIONS: &str =
+    "dirty_background_bytes=64G,dirty_bytes=64G,writeback_interval_ms=0";
+
+/// Where rows run: a scratch image for the engine and the raw device, and
+/// the kernel peers.
+struct Lab<'a> {
+    options: &'a SeedOptions,
+    image: PathBuf,
+    peers: Option<Peers>,
+    progress: &'a dyn Fn(&str),
+}
+
+impl Lab<'_> {
+    fn volume_options(&self, extra: &str) -> anyhow::Result<VolumeOptions> {
+        let mut options = self.options.volume_options.clone();
+        options.apply_list(extra)?;
+        Ok(options)
+    }
+
+    /// The engine: a fresh volume on the scratch image, the job in-process.
+    fn engine(&self, label: &str, command: &str, extra_options: &str) -> anyhow::Result<Row> {
+        let spec = spec(command)?;
+        let options = self.volume_options(extra_options)?;
+        self.repeat(label, || {
+            let mkfs = MkfsOptions { block_bytes: 4096, ..MkfsOptions::default() };
+            Volume::mkfs_path(&self.image, None, &mkfs, &options)?;
+            let volume = Volume::open(&self.image, &options)?;
+            let report = runner::run(&volume, std::slice::from_ref(&spec))?;
+            volume.close()?;
+            Ok(row_of(label, &report))
+        })
+    }
+
+    /// The raw device under the engine: the same job on the image file with
+    /// no file system (direct jobs only).
+    fn raw(&self, label: &str, command: &str) -> anyhow::Result<Row> {
+        let spec = spec(command)?;
+        let options = self.options.volume_options.clone();
+        self.repeat(label, || {
+            let device = Arc::new(Device::open(&self.image, &options.dev_options())?);
+            let targets = targets::raw_regions(&device, &spec)
+                .into_iter()
+                .enumerate()
+                .map(|(index, region)| (0, index as u32, Box::new(region) as Box<dyn Target>))
+                .collect();
+            let report =
+                runner::run_targets(std::slice::from_ref(&spec), targets, &|| device.stats())?;
+            Ok(row_of(label, &report))
+        })
+    }
+
+    /// Plain copies between memory and the request buffer: the limit for
+    /// cached I/O.
+    fn memcpy(&self, label: &str, command: &str) -> anyhow::Result<Row> {
+        let spec = spec(command)?;
+        self.repeat(label, || {
+            let targets = targets::memory_regions(&spec)
+                .into_iter()
+                .enumerate()
+                .map(|(index, region)| (0, index as u32, Box::new(region) as Box<dyn Target>))
+                .collect();
+            let report =
+                runner::run_targets(std::slice::from_ref(&spec), targets, &DevStats::default)?;
+            Ok(row_of(label, &report))
+        })
+    }
+
+    /// The same fio command with real fio on each kernel peer.
+    fn kernel(&self, command: &str, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+        let Some(peers) = &self.peers else { return Ok(()) };
+        for fs in &peers.file_systems {
+            let label = format!("kernel {}", fs.name);
+            rows.push(self.repeat(&label, || fio_row(&label, fs, command))?);
+        }
+        Ok(())
+    }
+
+    fn repeat(
+        &self,
+        label: &str,
+        mut once: impl FnMut() -> anyhow::Result<Row>,
+    ) -> anyhow::Result<Row> {
+        let mut runs = Vec::new();
+        for _ in 0..self.options.reps.max(1) {
+            (self.progress)(label);
+            runs.push(once().with_context(|| format!("row {label:?}"))?);
+        }
+        Ok(median_row(runs))
+    }
+}
+
+fn spec(command: &str) -> anyhow::Result<JobSpec> {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let mut jobs = parse_command_line(&words)?;
+    Ok(jobs.remove(0))
+}
+
+fn median_row(mut runs: Vec<Row>) -> Row {
+    runs.sort_by(|a, b| a.iops.total_cmp(&b.iops));
+    runs.swap_remove(runs.len() / 2)
+}
+
+fn row_of(label: &str, report: &RunReport) -> Row {
+    let (mut ios, mut bytes, mut written, mut p99_us) = (0, 0, 0, 0f64);
+    let mut seconds = 0f64;
+    for job in &report.jobs {
+        ios += job.read.ios + job.write.ios;
+        bytes += job.read.io_bytes + job.write.io_bytes;
+        written += job.write.io_bytes;
+        seconds = seconds.max(job.runtime.as_secs_f64());
+        for side in [&job.read, &job.write] {
+            if side.ios > 0 {
+                p99_us = p99_us.max(side.latencies.percentile_ns(99.0) as f64 / 1e3);
+            }
+        }
+    }
+    let seconds = seconds.max(1e-9);
+    let device = &report.device;
+    Row {
+        label: label.to_string(),
+        iops: ios as f64 / seconds,
+        mib_per_second: bytes as f64 / seconds / (1 << 20) as f64,
+        p99_us,
+        write_amplification: (written > 0 && device.requests() > 0)
+            .then(|| device.bytes_written as f64 / written as f64),
+        requests_per_io: (device.requests() > 0)
+            .then(|| device.requests() as f64 / ios.max(1) as f64),
+    }
+}
+
+fn fio_row(label: &str, fs: &KernelFs, command: &str) -> anyhow::Result<Row> {
+    let dir = fs.mount.join("seed");
+    std::fs::create_dir_all(&dir)?;
+    let mut arguments: Vec<String> = command
+        .split_whitespace()
+        .map(|word| match word.strip_prefix("--filename=") {
+            Some(name) => format!("--filename={}/{}", dir.display(), name.trim_start_matches('/')),
+            None => word.to_string(),
+        })
+        .collect();
+    if !command.contains("--filename=") {
+        arguments.push(format!("--directory={}", dir.display()));
+    }
+    // Files are laid out by writing, as the engine's are.
+    arguments.push("--fallocate=none".into());
+    let written_before = fs.bytes_written();
+    let job = peers::fio(&arguments)?;
+    let device_written = fs.bytes_written() - written_before;
+    let _ = std::fs::remove_dir_all(&dir);
+    let side = |name: &str| &job[name];
+    let (read, write) = (side("read"), side("write"));
+    let number = |value: &Value| value.as_f64().unwrap_or(0.0);
+    let runtime_seconds = number(&read["runtime"]).max(number(&write["runtime"])) / 1e3;
+    let bytes = number(&read["io_bytes"]) + number(&write["io_bytes"]);
+    let written = number(&write["io_bytes"]);
+    let p99 = |side: &Value| number(&side["clat_ns"]["percentile"]["99.000000"]) / 1e3;
+    Ok(Row {
+        label: label.to_string(),
+        iops: number(&read["iops"]) + number(&write["iops"]),
+        mib_per_second: if runtime_seconds > 0.0 {
+            bytes / runtime_seconds / (1 << 20) as f64
+        } else {
+            0.0
+        },
+        p99_us: p99(read).max(p99(write)),
+        write_amplification: (written > 0.0).then(|| device_written as f64 / written),
+        requests_per_io: None,
+    })
+}
+
+fn goal(text: impl Into<String>, value: f64, target: f64) -> Goal {
+    Goal { text: text.into(), value, target, met: value >= target }
+}
+
+fn ratio(group: &Group, metric: Metric, numerator: &str, denominator: &str) -> Option<f64> {
+    let top = metric.of(group.row(numerator)?);
+    let bottom = metric.of(group.row(denominator)?);
+    (bottom > 0.0).then(|| top / bottom)
+}
+
+fn seed_000(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
+    let command = format!(
+        "--name=seed000 --ioengine=libaio --direct=1 --group_reporting --overwrite=1 --thread \
+         --size={} --filename=/fio --readwrite=write --ramp_time={} --runtime={} --time_based \
+         --numjobs=8 --blocksize=2k --iodepth={}",
+        scale.seed_000_size, scale.ramp, scale.runtime, scale.seed_000_iodepth
+    );
+    let mut rows = vec![
+        lab.engine("dio_unaligned=overwrite", &command, "dio_unaligned=overwrite")?,
+        lab.engine("dio_unaligned=exclusive", &command, "dio_unaligned=exclusive")?,
+        lab.raw("raw device", &command)?,
+    ];
+    lab.kernel(&command, &mut rows)?;
+    let group = Group { name: "2 KiB direct writes, 8 jobs".into(), command, rows };
+    let mut goals = Vec::new();
+    if let Some(value) =
+        ratio(&group, Metric::Iops, "dio_unaligned=overwrite", "dio_unaligned=exclusive")
+    {
+        goals.push(goal("overwrite / exclusive >= 10", value, 10.0));
+    }
+    if let Some(value) = ratio(&group, Metric::Iops, "dio_unaligned=overwrite", "raw device") {
+        goals.push(goal("overwrite / raw device >= 0.9", value, 0.9));
+    }
+    Ok(SeedResult {
+        id: "000",
+        title: "Seed 000: concurrent sub-block direct overwrites".into(),
+        metric: Metric::Iops,
+        groups: vec![group],
+        goals,
+    })
+}
+
+fn seed_001(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
+    let command = format!(
+        "--name=seed001 --ioengine=psync --rw=randwrite --overwrite=1 --pre_read=1 --direct=0 \
+         --bs=4k --size={} --numjobs=8 --fdatasync=1 --runtime={} --time_based --group_reporting",
+        scale.seed_001_size, scale.runtime
+    );
+    let mut rows = vec![
+        lab.engine("dirty=block", &command, "dirty=block,folio_max=64k")?,
+        lab.engine("dirty=folio", &command, "dirty=folio,folio_max=64k")?,
+    ];
+    lab.kernel(&command, &mut rows)?;
+    let group =
+        Group { name: "4 KiB random overwrites + fdatasync, 64 KiB folios".into(), command, rows };
+    let mut goals = Vec::new();
+    if let Some(row) = group.row("dirty=block") {
+        // At most the data plus a little journal: 1.0 is the goal.
+        let amplification = row.write_amplification.unwrap_or(f64::INFINITY);
+        goals.push(Goal {
+            text: "dirty=block writes <= 1.05 device bytes per user byte".into(),
+            value: amplification,
+            target: 1.05,
+            met: amplification <= 1.05,
+        });
+    }
+    if let Some(row) = group.row("dirty=folio") {
+        goals.push(goal(
+            "dirty=folio writes the whole 64 KiB folio (16x)",
+            row.write_amplification.unwrap_or(0.0),
+            15.5,
+        ));
+    }
+    Ok(SeedResult {
+        id: "001",
+        title: "Seed 001: per-block dirty tracking in large folios".into(),
+        metric: Metric::Iops,
+        groups: vec![group],
+        goals,
+    })
+}
+
+fn seed_002(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
+    let mut groups = Vec::new();
+    let mut goals = Vec::new();
+    for rw in ["randread", "randwrite"] {
+        for bs in ["4k", "16k"] {
+            let command = format!(
+                "--name=seed002 --ioengine=libaio --size={} --direct=1 --iodepth=64 --time_based=1 \
+                 --thread=1 --overwrite=1 --runtime={} --rw={rw} --bs={bs} --filename=/fio",
+                scale.seed_002_size, scale.runtime
+            );
+            let mut rows =
+                vec![lab.engine("foliofs", &command, "")?, lab.raw("raw device", &command)?];
+            lab.kernel(&command, &mut rows)?;
+            let group = Group { name: format!("{rw} {bs}, iodepth 64"), command, rows };
+            if let Some(value) = ratio(&group, Metric::Iops, "foliofs", "raw device") {
+                goals.push(goal(format!("{rw} {bs}: foliofs / raw device >= 0.9"), value, 0.9));
+            }
+            for kernel in ["kernel ext4", "kernel xfs"] {
+                if let Some(value) = ratio(&group, Metric::Iops, "foliofs", kernel) {
+                    goals.push(goal(format!("{rw} {bs}: foliofs / {kernel} >= 1"), value, 1.0));
+                }
+            }
+            groups.push(group);
+        }
+    }
+    Ok(SeedResult {
+        id: "002",
+        title: "Seed 002: the cost of the direct I/O path".into(),
+        metric: Metric::Iops,
+        groups,
+        goals,
+    })
+}
+
+fn seed_003(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
+    let mut groups = Vec::new();
+    let mut goals = Vec::new();
+    for (iodepth, numjobs) in [(1, 1), (1, 16), (16, 1)] {
+        let command = format!(
+            "--name=seed003 --ioengine=libaio --direct=1 --sync=1 --bs=4k --iodepth={iodepth} \
+             --numjobs={numjobs} --rw=randwrite --size={} --runtime={} --time_based --overwrite=1 \
+             --filename=/fio --group_reporting",
+            scale.seed_003_size, scale.runtime
+        );
+        let rows = vec![
+            lab.engine("fua=native", &command, "fua=native")?,
+            lab.engine("fua=emulate", &command, "fua=emulate")?,
+        ];
+        let group = Group {
+            name: format!("4 KiB O_DSYNC writes, iodepth {iodepth}, {numjobs} jobs"),
+            command,
+            rows,
+        };
+        if let Some(native) = group.row("fua=native") {
+            let requests = native.requests_per_io.unwrap_or(f64::INFINITY);
+            goals.push(Goal {
+                text: format!("qd{iodepth}/j{numjobs}: fua=native issues one request per write"),
+                value: requests,
+                target: 1.0,
+                met: requests <= 1.001,
+            });
+        }
+        if let Some(value) = ratio(&group, Metric::Iops, "fua=native", "fua=emulate") {
+            goals.push(goal(
+                format!("qd{iodepth}/j{numjobs}: native / emulate >= 0.95 (never slower)"),
+                value,
+                0.95,
+            ));
+        }
+        groups.push(group);
+    }
+    Ok(SeedResult {
+        id: "003",
+        title: "Seed 003: FUA for O_DSYNC writes".into(),
+        metric: Metric::Iops,
+        groups,
+        goals,
+    })
+}
+
+fn seed_004(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
+    let mut groups = Vec::new();
+    let mut goals = Vec::new();
+    for rw in ["write", "read"] {
+        for bs in ["4k", "64k", "1M"] {
+            let command = format!(
+                "--name=seed004 --ioengine=psync --direct=0 --rw={rw} --bs={bs} --size={} \
+                 --runtime={} --time_based --overwrite=1 --pre_read=1",
+                scale.seed_004_size, scale.runtime
+            );
+            let mut rows = vec![
+                lab.engine("foliofs", &command, NO_WRITEBACK_OPTIONS)?,
+                lab.engine(
+                    "folio_max=4k",
+                    &command,
+                    &format!("{NO_WRITEBACK_OPTIONS},folio_max=4k"),
+                )?,
+                lab.memcpy("memcpy", &command)?,
+            ];
+            if lab.peers.is_some() {
+                let _no_writeback = SysctlGuard::set(NO_WRITEBACK_SYSCTL)?;
+                lab.kernel(&command, &mut rows)?;
+            }
+            let group = Group { name: format!("buffered {rw} {bs}"), command, rows };
+            let kernel_goal = match (rw, bs) {
+                ("write", "4k") => Some(4.0),
+                ("write", "1M") => Some(2.5),
+                ("read", _) => Some(1.5),
+                _ => None,
+            };
+            if let Some(target) = kernel_goal {
+                for kernel in ["kernel ext4", "kernel xfs"] {
+                    if let Some(value) = ratio(&group, Metric::MibPerSecond, "foliofs", kernel) {
+                        goals.push(goal(
+                            format!("{rw} {bs}: foliofs / {kernel} >= {target}"),
+                            value,
+                            target,
+                        ));
+                    }
+                }
+            }
+            if (rw, bs) == ("read", "1M") {
+                if let Some(value) = ratio(&group, Metric::MibPerSecond, "foliofs", "memcpy") {
+                    goals.push(goal("read 1M: foliofs / memcpy >= 0.7", value, 0.7));
+                }
+            }
+            if bs != "4k" {
+                if let Some(value) = ratio(&group, Metric::MibPerSecond, "foliofs", "folio_max=4k")
+                {
+                    goals.push(goal(
+                        format!("{rw} {bs}: large folios / 4 KiB folios > 1"),
+                        value,
+                        1.0,
+                    ));
+                }
+            }
+            groups.push(group);
+        }
+    }
+    // Writeback throughput: a stream of 1 MiB writes through a cache much
+    // smaller than the file, fsynced at the end, against the raw device
+    // written directly in large requests.
+    let command = format!(
+        "--name=writeback --ioengine=psync --direct=0 --rw=write --bs=1M --size={} --end_fsync=1 \
+         --ramp_time={} --runtime={} --time_based",
+        scale.writeback_size,
+        if scale.ramp == "0s" { "1s" } else { scale.ramp },
+        scale.runtime
+    );
+    let raw_command = format!(
+        "--name=raw --ioengine=libaio --direct=1 --rw=write --bs=8M --iodepth=4 --size={} \
+         --runtime={} --time_based",
+        scale.writeback_size, scale.runtime
+    );
+    let rows = vec![
+        lab.engine(
+            "foliofs writeback",
+            &command,
+            &format!("cache_bytes={}", scale.writeback_cache),
+        )?,
+        lab.raw("raw device, 8 MiB x 4", &raw_command)?,
+    ];
+    let group = Group { name: "sequential buffered writes + writeback".into(), command, rows };
+    if let Some(value) =
+        ratio(&group, Metric::MibPerSecond, "foliofs writeback", "raw device, 8 MiB x 4")
+    {
+        goals.push(goal("writeback / raw device >= 0.8", value, 0.8));
+    }
+    groups.push(group);
+    Ok(SeedResult {
+        id: "004",
+        title: "Seed 004: the buffered path with large folios".into(),
+        metric: Metric::MibPerSecond,
+        groups,
+        goals,
+    })
+}
+
+/// The seeds in order, with the bytes of scratch image each needs.
+type SeedFn = fn(&Lab<'_>, &Scale) -> anyhow::Result<SeedResult>;
+
+fn seeds(scale: &Scale) -> anyhow::Result<Vec<(&'static str, SeedFn, u64)>> {
+    let bytes = |text: &str| crate::jobfile::parse_size(text).map_err(anyhow::Error::msg);
+    Ok(vec![
+        ("000", seed_000 as SeedFn, bytes(scale.seed_000_size)?),
+        ("001", seed_001 as SeedFn, 8 * bytes(scale.seed_001_size)?),
+        ("002", seed_002 as SeedFn, bytes(scale.seed_002_size)?),
+        ("003", seed_003 as SeedFn, bytes(scale.seed_003_size)?),
+        ("004", seed_004 as SeedFn, bytes(scale.seed_004_size)?.max(bytes(scale.writeback_size)?)),
+    ])
+}
+
+/// How many rows a run measures (for the progress bar).
+pub fn planned_rows(options: &SeedOptions) -> usize {
+    let selected = |id: &str| options.only.is_empty() || options.only.iter().any(|only| only == id);
+    let peers = if options.peers { 2 } else { 0 };
+    let rows = [
+        ("000", 3 + peers),
+        ("001", 2 + peers),
+        ("002", 4 * (2 + peers)),
+        ("003", 6),
+        ("004", 6 * (3 + peers) + 2),
+    ];
+    rows.iter().filter(|(id, _)| selected(id)).map(|(_, count)| count * options.reps.max(1)).sum()
+}
+
+/// Runs the selected seeds; `progress` hears of every row started.
+pub fn run(options: &SeedOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Vec<SeedResult>> {
+    let scale = if options.quick { &QUICK } else { &FULL };
+    let plan: Vec<_> = seeds(scale)?
+        .into_iter()
+        .filter(|(id, _, _)| options.only.is_empty() || options.only.iter().any(|only| only == id))
+        .collect();
+    let largest = plan.iter().map(|(_, _, bytes)| *bytes).max().unwrap_or(0);
+    let image_bytes = largest + largest / 8 + (256 << 20);
+    std::fs::create_dir_all(&options.work_dir)?;
+    let image = options.work_dir.join(format!("foliofs-seeds-{}.img", std::process::id()));
+    let _remove_image = RemoveOnDrop(image.clone());
+    peers::lay_out(&image, image_bytes).context("lay out the scratch image")?;
+    let peers = if options.peers {
+        let dir = options.work_dir.join(format!("foliofs-peers-{}", std::process::id()));
+        Some(Peers::start(&dir, image_bytes).context("set up the kernel peers")?)
+    } else {
+        None
+    };
+    let lab = Lab { options, image, peers, progress };
+    let mut results = Vec::new();
+    for (_, seed, _) in plan {
+        results.push(seed(&lab, scale)?);
+    }
+    Ok(results)
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn format_number(value: f64) -> String {
+    if value >= 100.0 {
+        let whole = value.round() as u64;
+        let digits = whole.to_string();
+        let mut out = String::new();
+        for (index, digit) in digits.chars().enumerate() {
+            if index > 0 && (digits.len() - index).is_multiple_of(3) {
+                out.push(',');
+            }
+            out.push(digit);
+        }
+        out
+    } else {
+        format!("{value:.2}")
+    }
+}
+
+/// The seed's tables in markdown, with ratios to the first row of each
+/// group and the goals.
+pub fn to_markdown(result: &SeedResult) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "### {}\n", result.title);
+    for group in &result.groups {
+        let _ = writeln!(out, "{}: `fio {}`\n", group.name, group.command);
+        let reference = group.rows.first().map_or(0.0, |row| result.metric.of(row));
+        let _ = writeln!(
+            out,
+            "| configuration | IOPS | MiB/s | p99 (us) | device bytes / user byte | requests / IO | {} of {} / this |",
+            result.metric.name(),
+            group.rows.first().map_or("", |row| row.label.as_str())
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+        for row in &group.rows {
+            let optional =
+                |value: Option<f64>| value.map_or("".to_string(), |value| format!("{value:.2}"));
+            let value = result.metric.of(row);
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                row.label,
+                format_number(row.iops),
+                format_number(row.mib_per_second),
+                format_number(row.p99_us),
+                optional(row.write_amplification),
+                optional(row.requests_per_io),
+                if value > 0.0 { format!("{:.2}", reference / value) } else { "-".into() }
+            );
+        }
+        let _ = writeln!(out);
+    }
+    if !result.goals.is_empty() {
+        let _ = writeln!(out, "Goals:\n");
+        for goal in &result.goals {
+            let _ = writeln!(
+                out,
+                "- {} {}: {:.2}",
+                if goal.met { "met" } else { "MISSED" },
+                goal.text,
+                goal.value
+            );
+        }
+        let _ = writeln!(out);
+    }
+    out
+}
+
+pub fn to_json(result: &SeedResult) -> Value {
+    let groups: Vec<Value> = result
+        .groups
+        .iter()
+        .map(|group| {
+            let rows: Vec<Value> = group
+                .rows
+                .iter()
+                .map(|row| {
+                    json!({
+                        "label": row.label,
+                        "iops": row.iops,
+                        "mib_per_second": row.mib_per_second,
+                        "p99_us": row.p99_us,
+                        "write_amplification": row.write_amplification,
+                        "requests_per_io": row.requests_per_io,
+                    })
+                })
+                .collect();
+            json!({"name": group.name, "fio_command": group.command, "rows": rows})
+        })
+        .collect();
+    let goals: Vec<Value> = result
+        .goals
+        .iter()
+        .map(|goal| json!({"goal": goal.text, "value": goal.value, "target": goal.target, "met": goal.met}))
+        .collect();
+    json!({"seed": result.id, "title": result.title, "metric": result.metric.name(), "groups": groups, "goals": goals})
+}
+
+/// Writes `seed-ID.json`, `seed-ID.md` and (when a font is found)
+/// `seed-ID.png` into `dir`; returns the files written.
+pub fn write_outputs(dir: &Path, result: &SeedResult) -> anyhow::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let mut written = Vec::new();
+    let json_path = dir.join(format!("seed-{}.json", result.id));
+    std::fs::write(&json_path, serde_json::to_string_pretty(&to_json(result))?)?;
+    written.push(json_path);
+    let markdown_path = dir.join(format!("seed-{}.md", result.id));
+    std::fs::write(&markdown_path, to_markdown(result))?;
+    written.push(markdown_path);
+    let chart_path = dir.join(format!("seed-{}.png", result.id));
+    if crate::chart::draw(&chart_path, result)? {
+        written.push(chart_path);
+    }
+    Ok(written)
+}
