@@ -168,9 +168,12 @@ pub fn run_targets(
             (spec_index, thread)
         })
         .collect();
+    barrier.wait();
+    // The device counters, like the latencies, cover the measured time only.
+    let ramp = specs.iter().map(|spec| spec.ramp_time).max().unwrap_or_default();
+    std::thread::sleep(ramp);
     let before = device_stats();
     let started = Instant::now();
-    barrier.wait();
     let mut results: Vec<(usize, InstanceResult)> = Vec::new();
     let mut failure = None;
     for (spec_index, thread) in threads {

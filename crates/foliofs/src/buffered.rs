@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::cache::{Folio, FolioState, InodeCache};
-use crate::engine::Engine;
+use crate::engine::{Engine, FILE_BYTES_MAX};
 use crate::error::{Error, IoContext, Result};
 use crate::iomap::{self, MapKind};
 use crate::options::DirtyMode;
@@ -81,7 +81,7 @@ pub fn read(
         };
         let piece_end = end.min(folio.end());
         let out = &mut buffer[(at - pos) as usize..(piece_end - pos) as usize];
-        copy_out(engine, inode.ino, &folio, at, out, size)?;
+        copy_out(engine, inode, &folio, at, out, size)?;
         at = piece_end;
     }
     readahead.note_read(end);
@@ -92,7 +92,7 @@ pub fn read(
 /// the blocks involved that are not uptodate.
 fn copy_out(
     engine: &Engine,
-    ino: u64,
+    inode: &InodeCache,
     folio: &Folio,
     pos: u64,
     out: &mut [u8],
@@ -108,7 +108,7 @@ fn copy_out(
         }
     }
     let mut state = folio.write();
-    fill_blocks(engine, ino, folio, &mut state, first, count, size)?;
+    fill_blocks(engine, inode, folio, &mut state, first, count, size)?;
     out.copy_from_slice(&state.data[start..start + out.len()]);
     Ok(())
 }
@@ -135,7 +135,7 @@ fn read_ahead(
     }
     for folio in &folios {
         let mut state = folio.write();
-        fill_blocks(engine, inode.ino, folio, &mut state, 0, folio.block_count(), size)?;
+        fill_blocks(engine, inode, folio, &mut state, 0, folio.block_count(), size)?;
     }
     let first = folios.swap_remove(0);
     debug_assert!(first.pos() <= pos && pos < first.end());
@@ -144,10 +144,12 @@ fn read_ahead(
 
 /// Makes blocks `[first, first + count)` of a locked folio uptodate: Written
 /// blocks are read from the device (one request per contiguous run), the
-/// rest (holes, delayed, Unwritten, past the end of file) are zeros.
+/// rest (holes, delayed, Unwritten, past the end of file) are zeros. If a
+/// direct write ran meanwhile (it runs beside readers), the bytes are left
+/// in the folio for this caller but not marked uptodate: they may predate it.
 fn fill_blocks(
     engine: &Engine,
-    ino: u64,
+    inode: &InodeCache,
     folio: &Folio,
     state: &mut FolioState,
     first: usize,
@@ -157,11 +159,14 @@ fn fill_blocks(
     if count == 0 || state.uptodate.all_set(first, count) {
         return Ok(());
     }
+    let ino = inode.ino;
+    let generation = inode.direct_write_generation();
     let block = folio.block_bytes();
     let start = folio.pos() + (first * block) as u64;
     let report =
         iomap::report_range(&engine.meta, ino, start, (count * block) as u64, engine.block_bytes)?;
     let range_end = start + (count * block) as u64;
+    let mut filled: Vec<(usize, usize)> = Vec::new();
     for mapping in &report.mappings {
         let map_start = mapping.offset.max(start);
         let map_end = mapping.end().min(range_end);
@@ -191,7 +196,14 @@ fn fill_blocks(
             } else {
                 bytes.fill(0);
             }
-            state.uptodate.set_range(run_first, block_index - run_first);
+            filled.push((run_first, block_index - run_first));
+        }
+    }
+    let undisturbed =
+        inode.direct_write_generation() == generation && inode.io.dio_in_flight() == 0;
+    if undisturbed {
+        for (run_first, run_count) in filled {
+            state.uptodate.set_range(run_first, run_count);
         }
     }
     Ok(())
@@ -244,7 +256,15 @@ fn write_into_folio(
 ) -> Result<u64> {
     let mut state = folio.write();
     let mut length = piece.len() as u64;
+    // Only the blocks written in part need their old bytes; read them before
+    // reserving space, so a failed read leaves no reservation behind.
     let (first, count) = folio.blocks_of(pos, pos + length);
+    if !pos.is_multiple_of(engine.block_bytes) {
+        fill_blocks(engine, inode, folio, &mut state, first, 1, size)?;
+    }
+    if !(pos + length).is_multiple_of(engine.block_bytes) {
+        fill_blocks(engine, inode, folio, &mut state, first + count - 1, 1, size)?;
+    }
     if !state.mapped.all_set(first, count) {
         length = iomap::reserve(&engine.meta, inode.ino, pos, length, engine.block_bytes)?;
         let (first, count) = folio.blocks_of(pos, pos + length);
@@ -252,13 +272,6 @@ fn write_into_folio(
     }
     let end = pos + length;
     let (first, count) = folio.blocks_of(pos, end);
-    // Only the blocks written in part need their old bytes.
-    if !pos.is_multiple_of(engine.block_bytes) {
-        fill_blocks(engine, inode.ino, folio, &mut state, first, 1, size)?;
-    }
-    if !end.is_multiple_of(engine.block_bytes) {
-        fill_blocks(engine, inode.ino, folio, &mut state, first + count - 1, 1, size)?;
-    }
     let start = (pos - folio.pos()) as usize;
     state.data[start..start + length as usize].copy_from_slice(&piece[..length as usize]);
     state.uptodate.set_range(first, count);
@@ -284,6 +297,9 @@ fn write_into_folio(
 
 /// Truncates or extends the file to `new_size`.
 pub fn set_size(engine: &Engine, inode: &InodeCache, new_size: u64) -> Result<()> {
+    if new_size > FILE_BYTES_MAX {
+        return Err(Error::FileTooLarge(format!("inode {}: size {new_size}", inode.ino)));
+    }
     let (size, disk_size) = {
         let state = engine.meta.read();
         let found = state

@@ -209,6 +209,7 @@ fn finish_write(
     if !written {
         return Ok(());
     }
+    inode.note_direct_write();
     if let (Some(first), Some(last), true) = (pieces.first(), pieces.last(), inode.has_folios()) {
         // A buffered read racing with this write may have cached old bytes.
         let start = first.mapping.offset + (first.dev_offset - first.mapping.dev_offset);

@@ -12,6 +12,10 @@ use crate::format::Timestamp;
 use crate::meta::MetaStore;
 use crate::options::VolumeOptions;
 
+/// Largest file size, as the kernel's MAX_LFS_FILESIZE on 64-bit: offsets
+/// past it are EFBIG, and byte arithmetic on file offsets never overflows.
+pub const FILE_BYTES_MAX: u64 = i64::MAX as u64;
+
 pub struct Engine {
     pub device: Arc<Device>,
     pub meta: MetaStore,

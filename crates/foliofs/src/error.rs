@@ -35,6 +35,8 @@ pub enum Error {
     ReadOnly(String),
     #[error("corrupt volume: {0}")]
     Corrupt(String),
+    #[error("{0}: past the end of file")]
+    PastEnd(String),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -60,6 +62,7 @@ impl Error {
             Error::BadHandle(_) => libc::EBADF,
             Error::ReadOnly(_) => libc::EROFS,
             Error::Corrupt(_) => libc::EUCLEAN,
+            Error::PastEnd(_) => libc::ENXIO,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
         }
     }

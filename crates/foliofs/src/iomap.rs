@@ -266,9 +266,11 @@ fn allocation_goal(txn: &Txn<'_>, ino: u64, file_block: u64) -> Result<(u64, u64
     let inode =
         txn.state().inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
     let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
-    let Lookup::Hole { block_count: hole_blocks } = extents.lookup(file_block) else {
-        return Ok((0, 0));
+    let hole_blocks = match extents.lookup(file_block) {
+        Lookup::Hole { block_count } => block_count,
+        Lookup::Mapped(_) => 0,
     };
+    // Delayed extents have no device blocks to continue from.
     let previous =
         extents.range(0, file_block).filter(|extent| extent.kind != ExtentKind::Delalloc).last();
     let goal = match previous {

@@ -26,6 +26,7 @@ pub mod layout;
 pub mod meta;
 pub mod options;
 mod passthru;
+pub mod space;
 pub mod vfs;
 pub mod writeback;
 

@@ -136,7 +136,17 @@ impl<'a> DataPath<'a> {
     /// Zeroes bytes `[from, block end)` of the block containing `from` on
     /// disk, if that block is Written; keeps the "zeros past EOF" rule.
     pub fn zero_block_tail(&self, ino: u64, from: u64) -> Result<()> {
-        if from.is_multiple_of(self.engine.block_bytes) {
+        let block_end = self.align_down(from) + self.engine.block_bytes;
+        self.zero_in_block(ino, from, block_end)
+    }
+
+    /// Zeroes bytes `[from, to)`, which lie in one block, on disk if that
+    /// block is Written (holes and Unwritten blocks read as zeros already).
+    /// A whole block is left alone: callers unmap or convert those.
+    pub fn zero_in_block(&self, ino: u64, from: u64, to: u64) -> Result<()> {
+        let block_start = self.align_down(from);
+        debug_assert!(to <= block_start + self.engine.block_bytes);
+        if from >= to || (from == block_start && to == block_start + self.engine.block_bytes) {
             return Ok(());
         }
         let mapping =
@@ -144,14 +154,13 @@ impl<'a> DataPath<'a> {
         if mapping.kind != MapKind::Written {
             return Ok(());
         }
-        let block_start = self.align_down(from);
         let dev_offset = mapping.dev_offset + (block_start - mapping.offset);
         let mut block = AlignedBuf::zeroed(self.engine.block_bytes as usize);
         self.engine
             .device
             .read(dev_offset, &mut block)
             .context(|| format!("read at device offset {dev_offset}"))?;
-        block[(from - block_start) as usize..].fill(0);
+        block[(from - block_start) as usize..(to - block_start) as usize].fill(0);
         self.engine
             .device
             .write(dev_offset, &block, false)

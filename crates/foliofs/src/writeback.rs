@@ -83,6 +83,10 @@ pub fn write_back(engine: &Engine, inode: &InodeCache, start: u64, end: u64) -> 
         inode.remove_range(0, u64::MAX);
         return Ok(());
     }
+    // A writeback that moves the on-disk size must not leave dirty data
+    // below the new size behind it: it starts at the current on-disk size.
+    let disk_size = engine.meta.read().inode(inode.ino).map_or(0, |found| found.attrs.size);
+    let start = if end > disk_size { start.min(disk_size) } else { start };
     let mut size_may_grow = true;
     let mut result = Ok(());
     let mut cursor = start;
@@ -139,6 +143,10 @@ fn write_batch(
     let runs = dirty_runs(&held, engine.block_bytes);
     let mut failures = Failures::default();
     let pieces = map_runs(engine, inode.ino, &runs, &mut failures);
+    if failures.first_error.is_some() {
+        // A run left unwritten: no later run may move the size past it.
+        *size_may_grow = false;
+    }
     let requests = split_requests(&pieces, &runs, &held);
     let outcomes = issue_requests(engine, &requests, &runs, &held);
     finish_pieces(

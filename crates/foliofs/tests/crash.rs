@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use foliofs::dev::fault::Keep;
 use foliofs::dev::FaultDev;
+use foliofs::space::FallocateMode;
 use foliofs::{InodeKind, OpenFlags, RenameFlags, Volume};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -158,7 +159,8 @@ impl Workload {
         match (choice, self.pick_file()) {
             (0..=14, _) | (_, None) => self.create(),
             (15..=19, _) => self.mkdir(),
-            (20..=49, Some((path, ino))) => self.write(path, ino),
+            (20..=43, Some((path, ino))) => self.write(path, ino),
+            (44..=49, Some((path, ino))) => self.fallocate(path, ino),
             (50..=56, Some((path, ino))) => self.truncate(path, ino),
             (57..=62, Some((path, ino))) => self.unlink(path, ino),
             (63..=69, Some((path, ino))) => self.rename(path, ino),
@@ -209,6 +211,40 @@ impl Workload {
         content[pos..pos + written].copy_from_slice(data);
         self.sizes_seen.get_mut(&ino).expect("known").insert(content.len() as u64);
         (format!("write {path} {pos}+{length} wrote {written}"), vec![ino], SpanKind::Other)
+    }
+
+    fn fallocate(&mut self, path: String, ino: u64) -> (String, Vec<u64>, SpanKind) {
+        let length_now = self.contents[&ino].len() as u64;
+        let block = self.block_bytes;
+        let mode = match self.rng.random_range(0..6) {
+            0 => FallocateMode::Allocate { keep_size: self.rng.random_bool(0.5) },
+            1 | 2 => FallocateMode::PunchHole,
+            3 => FallocateMode::ZeroRange { keep_size: self.rng.random_bool(0.5) },
+            4 => FallocateMode::CollapseRange,
+            _ => FallocateMode::InsertRange,
+        };
+        let (offset, length) = match mode {
+            FallocateMode::CollapseRange | FallocateMode::InsertRange => {
+                let blocks = (length_now / block).max(1);
+                (self.rng.random_range(0..blocks) * block, self.rng.random_range(1..=3) * block)
+            }
+            _ => (self.rng.random_range(0..FILE_BYTES_MAX), self.rng.random_range(1..16_384)),
+        };
+        let file = self.volume.open_file(ino, OpenFlags::WRITE).expect("open");
+        let description = format!("fallocate {path} {mode:?} {offset}+{length}");
+        match file.fallocate(mode, offset, length) {
+            Ok(()) => {}
+            Err(error) if matches!(error.errno(), libc::EINVAL | libc::ENOSPC | libc::EFBIG) => {
+                return (format!("{description}: {error}"), vec![], SpanKind::Other);
+            }
+            Err(error) => panic!("{description}: {error}"),
+        }
+        let content = self.contents.get_mut(&ino).expect("known file");
+        common::apply_fallocate_to_model(content, mode, offset as usize, length as usize);
+        // Shifted bytes were given at their new offsets too.
+        self.history.get_mut(&ino).expect("known").record(0, content);
+        self.sizes_seen.get_mut(&ino).expect("known").insert(content.len() as u64);
+        (description, vec![ino], SpanKind::Other)
     }
 
     fn truncate(&mut self, path: String, ino: u64) -> (String, Vec<u64>, SpanKind) {

@@ -26,6 +26,21 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("writeback", &["cache", "engine", "error", "format", "iomap", "meta"]),
     ("buffered", &["cache", "engine", "error", "iomap", "options", "passthru", "writeback"]),
     (
+        "space",
+        &[
+            "alloc",
+            "cache",
+            "engine",
+            "error",
+            "extent",
+            "format",
+            "iomap",
+            "meta",
+            "passthru",
+            "writeback",
+        ],
+    ),
+    (
         "direct",
         &[
             "cache",
@@ -56,6 +71,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "layout",
             "meta",
             "options",
+            "space",
             "writeback",
         ],
     ),

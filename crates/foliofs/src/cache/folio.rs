@@ -50,6 +50,7 @@ impl Folio {
         );
         assert_eq!(data.len(), bytes);
         let block_count = bytes / block_bytes;
+        accounting.live_folios.fetch_add(1, Ordering::Relaxed);
         let state = FolioState {
             data,
             uptodate: BlockBits::new(block_count),
@@ -123,6 +124,7 @@ impl Folio {
 impl Drop for Folio {
     fn drop(&mut self) {
         self.accounting.cached_bytes.fetch_sub(self.bytes as u64, Ordering::Relaxed);
+        self.accounting.live_folios.fetch_sub(1, Ordering::Relaxed);
         let empty = AlignedBuf::zeroed(0);
         let data = std::mem::replace(&mut self.state.get_mut().data, empty);
         self.accounting.pool.give(data);

@@ -33,6 +33,8 @@ const POOL_BYTES_MAX: u64 = 256 << 20;
 /// Volume-wide counters every folio and inode reports to.
 pub struct Accounting {
     pub(crate) cached_bytes: AtomicU64,
+    /// Folios alive (in a map or still referenced).
+    pub(crate) live_folios: AtomicUsize,
     dirty_bytes: AtomicU64,
     pub(crate) pool: BufferPool,
 }
@@ -83,11 +85,22 @@ pub struct InodeCache {
     /// folios (truncate, invalidation), so folios under writeback stay put.
     pub writeback_lock: Mutex<()>,
     errors: Mutex<ErrSeq>,
+    /// Direct writes completed so far: a buffered fill that sees it change
+    /// does not trust what it read.
+    direct_writes: AtomicU64,
     accounting: Arc<Accounting>,
     block_bytes: u64,
 }
 
 impl InodeCache {
+    pub fn note_direct_write(&self) {
+        self.direct_writes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn direct_write_generation(&self) -> u64 {
+        self.direct_writes.load(Ordering::Acquire)
+    }
+
     pub fn has_folios(&self) -> bool {
         self.folio_count.load(Ordering::Acquire) > 0
     }
@@ -276,6 +289,7 @@ impl PageCache {
     pub fn new(policy: CachePolicy) -> Self {
         let accounting = Arc::new(Accounting {
             cached_bytes: AtomicU64::new(0),
+            live_folios: AtomicUsize::new(0),
             dirty_bytes: AtomicU64::new(0),
             pool: BufferPool::new(POOL_BYTES_MAX.min(policy.cache_bytes / 4)),
         });
@@ -320,6 +334,7 @@ impl PageCache {
                 dirty_bytes: AtomicU64::new(0),
                 writeback_lock: Mutex::new(()),
                 errors: Mutex::new(ErrSeq::default()),
+                direct_writes: AtomicU64::new(0),
                 accounting: Arc::clone(&self.accounting),
                 block_bytes: self.policy.block_bytes,
             })
@@ -410,7 +425,14 @@ impl PageCache {
             inode.folio_count.fetch_add(1, Ordering::AcqRel);
             folio
         };
-        self.clock.lock().push_back((Arc::downgrade(inode), Arc::downgrade(&folio)));
+        let mut clock = self.clock.lock();
+        clock.push_back((Arc::downgrade(inode), Arc::downgrade(&folio)));
+        // Entries of dropped folios go when the hand meets them, which only
+        // happens under memory pressure: compact now and then instead.
+        if clock.len() > 2 * self.accounting.live_folios.load(Ordering::Relaxed) + 1024 {
+            clock.retain(|(_, folio)| folio.strong_count() > 0);
+        }
+        drop(clock);
         folio
     }
 

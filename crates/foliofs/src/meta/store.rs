@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
+use crate::alloc::BlockRun;
 use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::extent::Extent;
@@ -17,6 +18,41 @@ use crate::format::{InodeAttrs, Record, Superblock, ROOT_INO};
 use crate::journal::{self, CommitError, Journal, JournalGeometry};
 
 use super::state::MetaState;
+
+/// The parts of `displaced` whose device blocks no run of `remapped` covers
+/// (delayed extents, which hold no device blocks, pass unchanged).
+fn not_remapped(displaced: Vec<Extent>, remapped: &[BlockRun]) -> Vec<Extent> {
+    if remapped.is_empty() {
+        return displaced;
+    }
+    let mut pieces = displaced;
+    for run in remapped {
+        let run_end = run.start + run.count;
+        let mut kept = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            let piece_end = piece.dev_block + piece.block_count;
+            let delayed = piece.kind == crate::extent::ExtentKind::Delalloc;
+            if delayed || piece_end <= run.start || run_end <= piece.dev_block {
+                kept.push(piece);
+                continue;
+            }
+            if piece.dev_block < run.start {
+                kept.push(Extent { block_count: run.start - piece.dev_block, ..piece });
+            }
+            if run_end < piece_end {
+                let skipped = run_end - piece.dev_block;
+                kept.push(Extent {
+                    file_block: piece.file_block + skipped,
+                    dev_block: run_end,
+                    block_count: piece_end - run_end,
+                    kind: piece.kind,
+                });
+            }
+        }
+        pieces = kept;
+    }
+    pieces
+}
 
 /// Start a checkpoint when this much of the journal is live.
 const CHECKPOINT_USED_FRACTION: f64 = 0.5;
@@ -44,6 +80,10 @@ pub struct Txn<'a> {
     state: &'a mut MetaState,
     records: Vec<Record>,
     displaced: Vec<Extent>,
+    /// Device blocks mapped by this transaction's records: a block that one
+    /// record unmaps and a later one maps again (extents shifted by
+    /// COLLAPSE_RANGE / INSERT_RANGE) is not freed.
+    remapped: Vec<BlockRun>,
     /// Inodes the records changed, and whether the change matters to
     /// reading data back (for the per-inode lsns fsync and fdatasync use).
     touched: Vec<(u64, bool)>,
@@ -64,6 +104,9 @@ impl Txn<'_> {
     /// Applies `record` now and logs it at the end of the transaction.
     pub fn apply(&mut self, record: Record) {
         self.note_touched(&record);
+        if let Record::ExtentMap { dev_block, block_count, .. } = record {
+            self.remapped.push(BlockRun { start: dev_block, count: block_count });
+        }
         match self.state.apply(&record) {
             Ok(displaced) => self.displaced.extend(displaced),
             Err(error) => panic!("live metadata change does not apply: {error} ({record:?})"),
@@ -189,6 +232,7 @@ impl MetaStore {
             state: &mut state,
             records: Vec::new(),
             displaced: Vec::new(),
+            remapped: Vec::new(),
             touched: Vec::new(),
             metadata_bytes_max,
         };
@@ -202,9 +246,9 @@ impl MetaStore {
                 return Err(error);
             }
         };
-        let Txn { records, displaced, touched, .. } = txn;
+        let Txn { records, displaced, remapped, touched, .. } = txn;
         let lsn = self.journal.append(&records);
-        state.release_displaced(&displaced, lsn);
+        state.release_displaced(&not_remapped(displaced, &remapped), lsn);
         for (ino, data) in touched {
             if let Some(inode) = state.inode_mut(ino) {
                 inode.meta_lsn = lsn;

@@ -10,6 +10,7 @@ use crate::dev::AlignedBuf;
 use crate::direct::{self, DirectFuture};
 use crate::error::{Error, Result};
 use crate::format::{InodeKind, Record};
+use crate::space::{self, FallocateMode, Whence};
 use crate::writeback;
 
 use super::attr::Attr;
@@ -213,6 +214,30 @@ impl File {
         buffered::set_size(&self.shared.engine, &self.inode, size)
     }
 
+    /// fallocate(2): preallocate, punch a hole, zero, collapse or insert a
+    /// range (see [`FallocateMode`]).
+    pub fn fallocate(&self, mode: FallocateMode, offset: u64, length: u64) -> Result<()> {
+        self.check_writable()?;
+        if let Some(refusal) = self.shared.meta.refusal() {
+            return Err(refusal);
+        }
+        let _exclusive = self.inode.io.exclusive();
+        space::fallocate(&self.shared.engine, &self.inode, mode, offset, length)
+    }
+
+    /// lseek(SEEK_DATA): the first data at or after `pos`; ENXIO past it.
+    pub fn seek_data(&self, pos: u64) -> Result<u64> {
+        let _shared = self.inode.io.shared();
+        space::seek(&self.shared.engine, &self.inode, pos, Whence::Data)
+    }
+
+    /// lseek(SEEK_HOLE): the first hole at or after `pos` (the end of file
+    /// at the latest); ENXIO at or past the end of file.
+    pub fn seek_hole(&self, pos: u64) -> Result<u64> {
+        let _shared = self.inode.io.shared();
+        space::seek(&self.shared.engine, &self.inode, pos, Whence::Hole)
+    }
+
     /// Makes the file's data and metadata durable. A writeback failure since
     /// this handle last looked is reported here, once.
     pub fn fsync(&self) -> Result<()> {
@@ -257,9 +282,12 @@ impl File {
         // No writeback of the file may still be writing into blocks that the
         // free hands back.
         let freed = {
+            // Nothing may still write into the blocks the free hands back:
+            // in-flight direct I/O drains under the exclusive lock, writeback
+            // under its own lock.
+            let _exclusive = self.inode.io.exclusive();
             let _serial = self.inode.writeback_lock.lock();
-            self.inode.remove_range(0, u64::MAX);
-            self.shared.meta.transact(|txn| {
+            let freed = self.shared.meta.transact(|txn| {
                 let still_orphaned = txn
                     .state()
                     .inode(ino)
@@ -267,8 +295,14 @@ impl File {
                 if still_orphaned {
                     txn.apply(Record::InodeFree { ino });
                 }
-                Ok(())
-            })
+                Ok(still_orphaned)
+            });
+            // Cached data goes only with the inode (someone may have opened
+            // it by number meanwhile).
+            if matches!(freed, Ok((true, _))) {
+                self.inode.remove_range(0, u64::MAX);
+            }
+            freed
         };
         self.shared.cache.release_inode(ino, 1);
         freed.map(|_| ())

@@ -252,13 +252,16 @@ impl Volume {
     /// Removes a non-directory name; the inode goes when its last link and
     /// its last open handle are gone.
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
-        let victim = entry_of(&self.shared.meta.read(), parent, name).ok();
-        self.quiescing_victim(victim, || self.unlink_entry(parent, name))
+        self.with_quiesced_victim(parent, name, |victim| self.unlink_entry(parent, name, victim))
     }
 
-    fn unlink_entry(&self, parent: u64, name: &[u8]) -> Result<()> {
-        self.shared.meta.transact(|txn| {
+    /// Returns false, changing nothing, if `name` no longer names `victim`.
+    fn unlink_entry(&self, parent: u64, name: &[u8], victim: Option<u64>) -> Result<bool> {
+        let (done, _) = self.shared.meta.transact(|txn| {
             let ino = entry_of(txn.state(), parent, name)?;
+            if Some(ino) != victim {
+                return Ok(false);
+            }
             if attrs_of(txn.state(), ino)?.kind == InodeKind::Dir {
                 return Err(Error::IsDir(display(name)));
             }
@@ -266,9 +269,9 @@ impl Volume {
             txn.apply(Record::DirRemove { dir: parent, name: name.to_vec() });
             drop_link(txn, ino, now);
             touch_dir(txn, parent, 0, now);
-            Ok(())
+            Ok(true)
         })?;
-        Ok(())
+        Ok(done)
     }
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
@@ -300,12 +303,12 @@ impl Volume {
         if flags.exchange && flags.no_replace {
             return Err(Error::invalid("RENAME_EXCHANGE and RENAME_NOREPLACE together"));
         }
-        let victim = entry_of(&self.shared.meta.read(), new_parent, new_name).ok();
-        self.quiescing_victim(victim, || {
-            self.rename_entry(parent, name, new_parent, new_name, flags)
+        self.with_quiesced_victim(new_parent, new_name, |victim| {
+            self.rename_entry(parent, name, new_parent, new_name, flags, victim)
         })
     }
 
+    /// Returns false, changing nothing, if the target no longer names `victim`.
     fn rename_entry(
         &self,
         parent: u64,
@@ -313,42 +316,63 @@ impl Volume {
         new_parent: u64,
         new_name: &[u8],
         flags: RenameFlags,
-    ) -> Result<()> {
-        self.shared.meta.transact(|txn| {
+        victim: Option<u64>,
+    ) -> Result<bool> {
+        let (done, _) = self.shared.meta.transact(|txn| {
+            if entry_of(txn.state(), new_parent, new_name).ok() != victim {
+                return Ok(false);
+            }
             let plan = plan_rename(txn.state(), parent, name, new_parent, new_name, flags)?;
             if plan.is_noop {
-                return Ok(());
+                return Ok(true);
             }
             txn.ensure_metadata_room(300 + new_name.len() as u64)?;
             apply_rename(txn, &plan, parent, name, new_parent, new_name, flags.exchange);
-            Ok(())
+            Ok(true)
         })?;
-        Ok(())
+        Ok(done)
     }
 
-    /// Runs `change`, which may free `victim`, while no writeback of the
-    /// victim is in flight (a late write would land in blocks the free hands
-    /// to another file); drops the victim's cached data if it was freed.
-    fn quiescing_victim(
+    /// Runs `change` with the inode that `dir`/`name` names now (which the
+    /// change may free) quiesced: no direct I/O in flight and no writeback
+    /// running, since a late write would land in blocks the free hands to
+    /// another file. `change` returns false when the name moved to another
+    /// inode meanwhile; then it runs again with that one.
+    fn with_quiesced_victim(
         &self,
-        victim: Option<u64>,
-        change: impl FnOnce() -> Result<()>,
+        dir: u64,
+        name: &[u8],
+        mut change: impl FnMut(Option<u64>) -> Result<bool>,
     ) -> Result<()> {
-        let Some(cached) = victim.and_then(|ino| self.shared.cache.existing_inode(ino)) else {
-            return change();
-        };
-        let result = {
-            let _serial = cached.writeback_lock.lock();
-            let result = change();
-            if self.shared.meta.read().inode(cached.ino).is_none() {
-                cached.remove_range(0, u64::MAX);
+        const ATTEMPTS_MAX: usize = 16;
+        for _ in 0..ATTEMPTS_MAX {
+            let victim = entry_of(&self.shared.meta.read(), dir, name).ok();
+            let Some(cached) = victim.and_then(|ino| self.shared.cache.existing_inode(ino)) else {
+                if change(victim)? {
+                    return Ok(());
+                }
+                continue;
+            };
+            let done = {
+                let _exclusive = cached.io.exclusive();
+                let _serial = cached.writeback_lock.lock();
+                let done = change(victim);
+                if self.shared.meta.read().inode(cached.ino).is_none() {
+                    cached.remove_range(0, u64::MAX);
+                }
+                done
+            };
+            let ino = cached.ino;
+            drop(cached);
+            self.shared.cache.release_inode(ino, 0);
+            if done? {
+                return Ok(());
             }
-            result
-        };
-        let ino = cached.ino;
-        drop(cached);
-        self.shared.cache.release_inode(ino, 0);
-        result
+        }
+        Err(Error::invalid(format!(
+            "{}: renamed or replaced concurrently too often",
+            display(name)
+        )))
     }
 
     /// Changes attributes; a size change truncates or extends the file.

@@ -80,3 +80,42 @@ pub fn pattern(seed: u64, length: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Applies a fallocate to a byte-vector model of a file, as the kernel would.
+pub fn apply_fallocate_to_model(
+    model: &mut Vec<u8>,
+    mode: foliofs::space::FallocateMode,
+    offset: usize,
+    length: usize,
+) {
+    use foliofs::space::FallocateMode;
+    let end = offset + length;
+    let zero = |model: &mut Vec<u8>| {
+        let stop = end.min(model.len());
+        if offset < stop {
+            model[offset..stop].fill(0);
+        }
+    };
+    match mode {
+        FallocateMode::Allocate { keep_size } => {
+            if !keep_size && end > model.len() {
+                model.resize(end, 0);
+            }
+        }
+        FallocateMode::PunchHole => zero(model),
+        FallocateMode::ZeroRange { keep_size } => {
+            zero(model);
+            if !keep_size && end > model.len() {
+                model.resize(end, 0);
+            }
+        }
+        FallocateMode::CollapseRange => {
+            model.drain(offset..end);
+        }
+        FallocateMode::InsertRange => {
+            let tail = model.split_off(offset);
+            model.resize(offset + length, 0);
+            model.extend_from_slice(&tail);
+        }
+    }
+}

@@ -1,0 +1,410 @@
+//! Space management: fallocate's modes and SEEK_DATA / SEEK_HOLE.
+//!
+//! Every fallocate mode first writes back (and, where data moves or goes
+//! away, drops) the cached range it touches, then changes the extent map in
+//! one transaction with the size and times:
+//! - allocate (KEEP_SIZE or not): holes become Unwritten space, read as zeros;
+//! - PUNCH_HOLE: whole blocks are unmapped, the partial blocks at the edges
+//!   zeroed on disk;
+//! - ZERO_RANGE: whole blocks become Unwritten (Written ones in place, holes
+//!   allocated), the edges zeroed;
+//! - COLLAPSE_RANGE / INSERT_RANGE: block-aligned; the extents after the
+//!   range move down or up, which the transaction writes as an unmap and the
+//!   shifted maps (absolute, so replaying it is idempotent, and blocks that
+//!   move are not freed).
+//!
+//! Callers hold the file's I/O lock exclusively.
+
+use crate::alloc::BlockRun;
+use crate::cache::InodeCache;
+use crate::engine::{Engine, FILE_BYTES_MAX};
+use crate::error::{Error, Result};
+use crate::extent::{ExtentKind, Lookup};
+use crate::format::{ExtentState, Record, Timestamp};
+use crate::iomap::{self, MapKind};
+use crate::meta::Txn;
+use crate::passthru::DataPath;
+use crate::writeback;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallocateMode {
+    /// Preallocate as Unwritten; grows the size unless `keep_size`.
+    Allocate { keep_size: bool },
+    /// Free the range (the size never changes).
+    PunchHole,
+    /// Make the range read as zeros, keeping (or allocating) its space.
+    ZeroRange { keep_size: bool },
+    /// Remove the range; what follows moves down.
+    CollapseRange,
+    /// Insert a hole; what follows moves up.
+    InsertRange,
+}
+
+impl FallocateMode {
+    /// From fallocate(2)'s flags; EOPNOTSUPP-like combinations are EINVAL
+    /// here with a message naming them.
+    pub fn from_flags(flags: i32) -> Result<Self> {
+        let keep_size = flags & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let rest = flags & !libc::FALLOC_FL_KEEP_SIZE;
+        match rest {
+            0 => Ok(Self::Allocate { keep_size }),
+            libc::FALLOC_FL_PUNCH_HOLE if keep_size => Ok(Self::PunchHole),
+            libc::FALLOC_FL_PUNCH_HOLE => {
+                Err(Error::invalid("FALLOC_FL_PUNCH_HOLE needs FALLOC_FL_KEEP_SIZE"))
+            }
+            libc::FALLOC_FL_ZERO_RANGE => Ok(Self::ZeroRange { keep_size }),
+            libc::FALLOC_FL_COLLAPSE_RANGE if !keep_size => Ok(Self::CollapseRange),
+            libc::FALLOC_FL_INSERT_RANGE if !keep_size => Ok(Self::InsertRange),
+            _ => Err(Error::invalid(format!("unsupported fallocate flags {flags:#x}"))),
+        }
+    }
+}
+
+fn sizes(engine: &Engine, ino: u64) -> Result<(u64, u64)> {
+    let state = engine.meta.read();
+    let inode = state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+    Ok((inode.size, inode.attrs.size))
+}
+
+/// Writes back the cached folios overlapping `[start, end)` and drops them.
+fn flush_and_drop(engine: &Engine, inode: &InodeCache, start: u64, end: u64) -> Result<()> {
+    writeback::write_back(engine, inode, start, end)?;
+    let _serial = inode.writeback_lock.lock();
+    inode.remove_range(start, end);
+    Ok(())
+}
+
+pub fn fallocate(
+    engine: &Engine,
+    inode: &InodeCache,
+    mode: FallocateMode,
+    offset: u64,
+    length: u64,
+) -> Result<()> {
+    let ino = inode.ino;
+    if length == 0 {
+        return Err(Error::invalid("fallocate of length 0"));
+    }
+    let end = offset.checked_add(length).filter(|&end| end <= FILE_BYTES_MAX).ok_or_else(|| {
+        Error::FileTooLarge(format!("inode {ino}: fallocate to {offset}+{length}"))
+    })?;
+    let block = engine.block_bytes;
+    let (size, _) = sizes(engine, ino)?;
+    let grows = matches!(
+        mode,
+        FallocateMode::Allocate { keep_size: false }
+            | FallocateMode::ZeroRange { keep_size: false }
+    ) && end > size;
+    if grows || matches!(mode, FallocateMode::CollapseRange | FallocateMode::InsertRange) {
+        // The on-disk size is about to move: it must not come to cover data
+        // still only in the cache (see writeback's size rule).
+        writeback::write_back(engine, inode, 0, u64::MAX)?;
+    }
+    match mode {
+        FallocateMode::Allocate { keep_size } => {
+            // Delayed extents get their real (Unwritten) space from writeback.
+            writeback::write_back(engine, inode, offset, end)?;
+            let new_size = (!keep_size && end > size).then_some(end);
+            allocate(engine, ino, offset / block, end.div_ceil(block), false, new_size)
+        }
+        FallocateMode::ZeroRange { keep_size } => {
+            flush_and_drop(engine, inode, offset, end)?;
+            zero_edges(engine, ino, offset, end)?;
+            let new_size = (!keep_size && end > size).then_some(end);
+            allocate(engine, ino, offset.div_ceil(block), end / block, true, new_size)
+        }
+        FallocateMode::PunchHole => {
+            flush_and_drop(engine, inode, offset, end)?;
+            zero_edges(engine, ino, offset, end)?;
+            let (first, last) = (offset.div_ceil(block), end / block);
+            engine.meta.transact(|txn| {
+                if last > first {
+                    txn.apply(Record::ExtentUnmap {
+                        ino,
+                        file_block: first,
+                        block_count: last - first,
+                    });
+                }
+                touch(txn, ino, None);
+                Ok(())
+            })?;
+            Ok(())
+        }
+        FallocateMode::CollapseRange | FallocateMode::InsertRange => {
+            if !offset.is_multiple_of(block) || !length.is_multiple_of(block) {
+                return Err(Error::invalid(format!(
+                    "collapse and insert ranges must be multiples of the block size ({block} B)"
+                )));
+            }
+            let collapse = mode == FallocateMode::CollapseRange;
+            if collapse && end >= size {
+                return Err(Error::invalid("COLLAPSE_RANGE must end before the end of file"));
+            }
+            if !collapse && offset >= size {
+                return Err(Error::invalid("INSERT_RANGE must start before the end of file"));
+            }
+            if !collapse && size.checked_add(length).is_none_or(|grown| grown > FILE_BYTES_MAX) {
+                return Err(Error::FileTooLarge(format!("inode {ino}: insert of {length} bytes")));
+            }
+            flush_and_drop(engine, inode, offset, u64::MAX)?;
+            shift(engine, ino, offset / block, length / block, collapse, size)
+        }
+    }
+}
+
+/// Zeroes on disk the parts of the first and last blocks of `[start, end)`
+/// that the range covers only partly.
+fn zero_edges(engine: &Engine, ino: u64, start: u64, end: u64) -> Result<()> {
+    let data = DataPath::new(engine);
+    let first_block_end = engine.align_down(start) + engine.block_bytes;
+    data.zero_in_block(ino, start, end.min(first_block_end))?;
+    if end > first_block_end {
+        data.zero_in_block(ino, engine.align_down(end).max(start), end)?;
+    }
+    Ok(())
+}
+
+/// Sets the size (if given) and advances mtime/ctime.
+fn touch(txn: &mut Txn<'_>, ino: u64, new_size: Option<u64>) {
+    let Some(inode) = txn.state().inode(ino) else { return };
+    let now = Timestamp::now();
+    let mut attrs = inode.attrs;
+    attrs.mtime = now;
+    attrs.ctime = now;
+    if let Some(size) = new_size {
+        attrs.size = size;
+    }
+    txn.apply(Record::InodeSet { ino, attrs });
+    if let Some(size) = new_size {
+        txn.state_mut().inode_mut(ino).expect("exists").size = size;
+    }
+}
+
+/// Holes in blocks `[first, last)` become Unwritten space (and with
+/// `zero_written`, Written blocks become Unwritten in place), with the size
+/// change, in one transaction; nothing changes when space is short.
+fn allocate(
+    engine: &Engine,
+    ino: u64,
+    first: u64,
+    last: u64,
+    zero_written: bool,
+    new_size: Option<u64>,
+) -> Result<()> {
+    let records_max = (engine.meta.journal().geometry().group_bytes_max() / 2 / 48) as usize;
+    engine.meta.transact(|txn| {
+        let state = txn.state();
+        let inode =
+            state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+        let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
+        let mut holes: Vec<(u64, u64)> = Vec::new();
+        let mut written: Vec<(u64, u64, u64)> = Vec::new();
+        let mut block = first;
+        while block < last {
+            match extents.lookup(block) {
+                Lookup::Mapped(extent) => {
+                    let count = extent.block_count.min(last - block);
+                    if zero_written && extent.kind == ExtentKind::Written {
+                        written.push((block, extent.dev_block, count));
+                    }
+                    block += count;
+                }
+                Lookup::Hole { block_count } => {
+                    let count = block_count.min(last - block);
+                    holes.push((block, count));
+                    block += count;
+                }
+            }
+        }
+        let hole_blocks: u64 = holes.iter().map(|(_, count)| count).sum();
+        if hole_blocks > state.alloc.available_blocks() {
+            return Err(Error::NoSpace(format!(
+                "fallocate of inode {ino} needs {hole_blocks} blocks, {} are free",
+                state.alloc.available_blocks()
+            )));
+        }
+        if holes.len() + written.len() > records_max {
+            return Err(Error::NoSpace(format!(
+                "fallocate of inode {ino} spans more pieces than one journal transaction holds"
+            )));
+        }
+        txn.ensure_metadata_room(48 * (holes.len() + written.len()) as u64 + 128)?;
+        // Allocate every run before the first record, so a shortage (free
+        // space in pieces smaller than promised cannot happen, but the check
+        // costs nothing) fails with nothing applied.
+        let mut runs: Vec<(u64, BlockRun)> = Vec::new();
+        for &(hole_start, count) in &holes {
+            let mut done = 0;
+            while done < count {
+                let goal = runs
+                    .last()
+                    .map_or(txn.state().alloc.cursor(), |(_, run)| run.start + run.count);
+                let Some(run) = txn.state_mut().alloc.allocate(goal, count - done, 0) else {
+                    for (_, run) in runs.drain(..) {
+                        txn.state_mut().alloc.free(run);
+                    }
+                    return Err(Error::NoSpace(format!(
+                        "no free blocks for fallocate of inode {ino}"
+                    )));
+                };
+                runs.push((hole_start + done, run));
+                done += run.count;
+            }
+        }
+        if runs.len() + written.len() > records_max {
+            for (_, run) in runs.drain(..) {
+                txn.state_mut().alloc.free(run);
+            }
+            return Err(Error::NoSpace(format!(
+                "fallocate of inode {ino} needs more extents than one journal transaction holds"
+            )));
+        }
+        for (file_block, run) in runs {
+            txn.apply(Record::ExtentMap {
+                ino,
+                file_block,
+                dev_block: run.start,
+                block_count: run.count,
+                state: ExtentState::Unwritten,
+            });
+        }
+        for (file_block, dev_block, block_count) in written {
+            txn.apply(Record::ExtentMap {
+                ino,
+                file_block,
+                dev_block,
+                block_count,
+                state: ExtentState::Unwritten,
+            });
+        }
+        touch(txn, ino, new_size);
+        Ok(())
+    })?;
+    Ok(())
+}
+
+/// COLLAPSE_RANGE (`collapse`) or INSERT_RANGE of `count` blocks at block
+/// `first`: one transaction unmaps everything from `first` on and maps the
+/// extents that stay at their new places, with the new size.
+fn shift(
+    engine: &Engine,
+    ino: u64,
+    first: u64,
+    count: u64,
+    collapse: bool,
+    size: u64,
+) -> Result<()> {
+    let records_max = (engine.meta.journal().geometry().group_bytes_max() / 2 / 48) as usize;
+    let block = engine.block_bytes;
+    engine.meta.transact(|txn| {
+        let state = txn.state();
+        let inode =
+            state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+        let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
+        let kept_from = if collapse { first + count } else { first };
+        let moved: Vec<_> = extents
+            .range(kept_from, u64::MAX)
+            .filter_map(|extent| extent.kind.persisted().map(|state| (extent, state)))
+            .collect();
+        if moved.len() + 2 > records_max {
+            return Err(Error::NoSpace(format!(
+                "shifting {} extents of inode {ino} does not fit one journal transaction",
+                moved.len()
+            )));
+        }
+        txn.ensure_metadata_room(48 * moved.len() as u64 + 128)?;
+        let mapped_end = extents.end_block();
+        if mapped_end > first {
+            txn.apply(Record::ExtentUnmap {
+                ino,
+                file_block: first,
+                block_count: mapped_end - first,
+            });
+        }
+        for (extent, state) in moved {
+            let file_block =
+                if collapse { extent.file_block - count } else { extent.file_block + count };
+            txn.apply(Record::ExtentMap {
+                ino,
+                file_block,
+                dev_block: extent.dev_block,
+                block_count: extent.block_count,
+                state,
+            });
+        }
+        let new_size = if collapse { size - count * block } else { size + count * block };
+        touch(txn, ino, Some(new_size));
+        Ok(())
+    })?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whence {
+    Data,
+    Hole,
+}
+
+/// lseek's SEEK_DATA and SEEK_HOLE from `pos`. Data is Written or delayed
+/// space, or Unwritten space under dirty cached blocks (written, not yet
+/// written back); everything else, and the end of file, is a hole. SEEK_DATA
+/// past the last data, and either at or past the end of file, is ENXIO.
+pub fn seek(engine: &Engine, inode: &InodeCache, pos: u64, whence: Whence) -> Result<u64> {
+    let ino = inode.ino;
+    let (size, _) = sizes(engine, ino)?;
+    if pos >= size {
+        return Err(Error::PastEnd(format!("seek from {pos} in inode {ino} of {size} bytes")));
+    }
+    // Writeback takes dirty bits before it converts the blocks under them:
+    // between the two, data would look like a hole.
+    let _serial = inode.writeback_lock.lock();
+    let want_data = whence == Whence::Data;
+    let report = iomap::report_range(&engine.meta, ino, pos, size - pos, engine.block_bytes)?;
+    for mapping in &report.mappings {
+        let start = mapping.offset.max(engine.align_down(pos));
+        let found = match mapping.kind {
+            MapKind::Written | MapKind::Delalloc => want_data.then_some(start),
+            MapKind::Hole => (!want_data).then_some(start),
+            MapKind::Unwritten => {
+                first_block_with_dirty(inode, start, mapping.end(), engine.block_bytes, want_data)
+            }
+        };
+        if let Some(at) = found {
+            return Ok(at.max(pos).min(size));
+        }
+    }
+    match whence {
+        Whence::Hole => Ok(size),
+        Whence::Data => Err(Error::PastEnd(format!("no data after {pos} in inode {ino}"))),
+    }
+}
+
+/// The first block in `[start, end)` (block-aligned) whose cached dirty bit
+/// is `dirty` (blocks with no folio are clean), going folio by folio.
+fn first_block_with_dirty(
+    inode: &InodeCache,
+    start: u64,
+    end: u64,
+    block: u64,
+    dirty: bool,
+) -> Option<u64> {
+    let mut at = start;
+    for folio in inode.folios_in(start, end) {
+        if folio.pos() > at {
+            // A gap with no folio: clean blocks.
+            if !dirty {
+                return Some(at);
+            }
+            at = folio.pos();
+        }
+        let state = folio.read();
+        while at < folio.end().min(end) {
+            let (index, _) = folio.blocks_of(at, at + 1);
+            if state.dirty.get(index) == dirty {
+                return Some(at);
+            }
+            at += block;
+        }
+    }
+    (at < end && !dirty).then_some(at)
+}
