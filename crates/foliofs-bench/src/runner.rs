@@ -428,17 +428,35 @@ fn run_sync(
             format!("{} at offset {offset}", if is_read { "read" } else { "write" })
         })?;
         let latency = started.elapsed();
-        if !is_read {
-            instance.after_write(file)?;
-        }
         bytes_done += transferred as u64;
-        if started >= clock.ramp_end {
-            let side = if is_read { &mut *read } else { &mut *write };
-            side.ios += 1;
-            side.io_bytes += transferred as u64;
-            side.latencies.record(latency);
-        }
+        let sides = (&mut *read, &mut *write);
+        completed(instance, file, clock, sides, is_read, started, latency, transferred)?;
     }
+}
+
+/// After a request: the fsync cadence, and its figures if it started after
+/// the ramp.
+#[allow(clippy::too_many_arguments)]
+fn completed(
+    instance: &mut Instance<'_>,
+    file: &dyn Target,
+    clock: &Clock,
+    (read, write): (&mut SideStats, &mut SideStats),
+    is_read: bool,
+    started: Instant,
+    latency: Duration,
+    transferred: usize,
+) -> anyhow::Result<()> {
+    if !is_read {
+        instance.after_write(file)?;
+    }
+    if started >= clock.ramp_end {
+        let side = if is_read { read } else { write };
+        side.ios += 1;
+        side.io_bytes += transferred as u64;
+        side.latencies.record(latency);
+    }
+    Ok(())
 }
 
 type Pending =
@@ -490,15 +508,8 @@ fn run_async(
                 format!("{} at offset {offset}", if is_read { "read" } else { "write" })
             })?;
             let latency = started.elapsed();
-            if !is_read {
-                instance.after_write(file)?;
-            }
-            if started >= clock.ramp_end {
-                let side = if is_read { &mut *read } else { &mut *write };
-                side.ios += 1;
-                side.io_bytes += transferred as u64;
-                side.latencies.record(latency);
-            }
+            let sides = (&mut *read, &mut *write);
+            completed(instance, file, clock, sides, is_read, started, latency, transferred)?;
             if !clock.done(Instant::now(), submitted_bytes) {
                 in_flight.push(submit(instance, buffer));
                 submitted_bytes += block_bytes as u64;

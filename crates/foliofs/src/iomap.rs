@@ -10,9 +10,9 @@
 
 use crate::alloc::BlockRun;
 use crate::error::{Error, Result};
-use crate::extent::{ExtentKind, Lookup};
+use crate::extent::{ExtentKind, ExtentMap, Lookup};
 use crate::format::{ExtentState, Record};
-use crate::meta::{MetaStore, Txn};
+use crate::meta::{MetaState, MetaStore, Txn};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MapKind {
@@ -129,11 +129,15 @@ pub fn begin(
     }
 }
 
+/// The extent map of regular file `ino`, or the error a data path reports.
+pub fn file_extents(state: &MetaState, ino: u64) -> Result<&ExtentMap> {
+    let inode = state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+    inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))
+}
+
 fn lookup(meta: &MetaStore, ino: u64, file_block: u64) -> Result<Lookup> {
     let state = meta.read();
-    let inode = state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
-    let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
-    Ok(extents.lookup(file_block))
+    Ok(file_extents(&state, ino)?.lookup(file_block))
 }
 
 fn mapped(extent: crate::extent::Extent, wanted_blocks: u64, block_bytes: u64) -> Mapping {
@@ -200,12 +204,7 @@ fn allocate_unwritten(
 fn allocate_delalloc(meta: &MetaStore, ino: u64, file_block: u64) -> Result<Option<BlockRun>> {
     let (run, _) = meta.transact(|txn| {
         txn.ensure_metadata_room(64)?;
-        let inode = txn
-            .state()
-            .inode(ino)
-            .ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
-        let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
-        let delayed = match extents.lookup(file_block) {
+        let delayed = match file_extents(txn.state(), ino)?.lookup(file_block) {
             Lookup::Mapped(extent) if extent.kind == ExtentKind::Delalloc => extent,
             _ => return Ok(None),
         };
@@ -263,9 +262,7 @@ pub fn reserve(meta: &MetaStore, ino: u64, pos: u64, length: u64, block_bytes: u
 /// a file written in order is laid out in order. Returns the goal and the
 /// length of the hole at `file_block`.
 fn allocation_goal(txn: &Txn<'_>, ino: u64, file_block: u64) -> Result<(u64, u64)> {
-    let inode =
-        txn.state().inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
-    let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
+    let extents = file_extents(txn.state(), ino)?;
     let hole_blocks = match extents.lookup(file_block) {
         Lookup::Hole { block_count } => block_count,
         Lookup::Mapped(_) => 0,
@@ -334,7 +331,7 @@ pub fn report_range(
 ) -> Result<RangeReport> {
     let state = meta.read();
     let inode = state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
-    let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
+    let extents = file_extents(&state, ino)?;
     let end_block = (pos + length).div_ceil(block_bytes);
     let mut block = pos / block_bytes;
     let mut mappings = Vec::new();

@@ -194,9 +194,7 @@ fn allocate(
     let records_max = (engine.meta.journal().geometry().group_bytes_max() / 2 / 48) as usize;
     engine.meta.transact(|txn| {
         let state = txn.state();
-        let inode =
-            state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
-        let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
+        let extents = iomap::file_extents(state, ino)?;
         let mut holes: Vec<(u64, u64)> = Vec::new();
         let mut written: Vec<(u64, u64, u64)> = Vec::new();
         let mut block = first;
@@ -298,9 +296,7 @@ fn shift(
     let block = engine.block_bytes;
     engine.meta.transact(|txn| {
         let state = txn.state();
-        let inode =
-            state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
-        let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
+        let extents = iomap::file_extents(state, ino)?;
         let kept_from = if collapse { first + count } else { first };
         let moved: Vec<_> = extents
             .range(kept_from, u64::MAX)

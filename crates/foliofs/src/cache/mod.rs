@@ -92,6 +92,22 @@ pub struct InodeCache {
     block_bytes: u64,
 }
 
+/// The key of the first folio overlapping `[start, ..)`: the one containing
+/// `start` if any, else `start` itself.
+fn first_key_overlapping(folios: &BTreeMap<u64, Arc<Folio>>, start: u64) -> u64 {
+    folios
+        .range(..=start)
+        .next_back()
+        .filter(|(_, folio)| folio.end() > start)
+        .map_or(start, |(&key, _)| key)
+}
+
+/// The keys of the folios overlapping `[start, end)`.
+fn keys_overlapping(folios: &BTreeMap<u64, Arc<Folio>>, start: u64, end: u64) -> Vec<u64> {
+    let first_key = first_key_overlapping(folios, start);
+    folios.range(first_key..end.max(first_key)).map(|(&key, _)| key).collect()
+}
+
 impl InodeCache {
     pub fn note_direct_write(&self) {
         self.direct_writes.fetch_add(1, Ordering::AcqRel);
@@ -122,11 +138,7 @@ impl InodeCache {
             return Vec::new();
         }
         let folios = self.folios.read();
-        let first_key = folios
-            .range(..=start)
-            .next_back()
-            .filter(|(_, folio)| folio.end() > start)
-            .map_or(start, |(&key, _)| key);
+        let first_key = first_key_overlapping(&folios, start);
         folios.range(first_key..end).map(|(_, folio)| Arc::clone(folio)).collect()
     }
 
@@ -134,11 +146,7 @@ impl InodeCache {
     /// `bytes_max` of folios (at least one) or `end`.
     pub fn dirty_folios_from(&self, start: u64, end: u64, bytes_max: usize) -> Vec<Arc<Folio>> {
         let folios = self.folios.read();
-        let first_key = folios
-            .range(..=start)
-            .next_back()
-            .filter(|(_, folio)| folio.end() > start)
-            .map_or(start, |(&key, _)| key);
+        let first_key = first_key_overlapping(&folios, start);
         let mut batch = Vec::new();
         let mut bytes = 0;
         for folio in folios.range(first_key..end.max(first_key)).map(|(_, folio)| folio) {
@@ -194,14 +202,7 @@ impl InodeCache {
     pub fn remove_range(&self, start: u64, end: u64) -> usize {
         let removed: Vec<Arc<Folio>> = {
             let mut folios = self.folios.write();
-            let keys: Vec<u64> = {
-                let first_key = folios
-                    .range(..=start)
-                    .next_back()
-                    .filter(|(_, folio)| folio.end() > start)
-                    .map_or(start, |(&key, _)| key);
-                folios.range(first_key..end.max(first_key)).map(|(&key, _)| key).collect()
-            };
+            let keys = keys_overlapping(&folios, start, end);
             keys.iter().filter_map(|key| folios.remove(key)).collect()
         };
         for folio in &removed {
@@ -217,15 +218,7 @@ impl InodeCache {
     /// raced with it cannot keep stale bytes.
     pub fn remove_clean_range(&self, start: u64, end: u64) {
         let mut folios = self.folios.write();
-        let candidates: Vec<u64> = {
-            let first_key = folios
-                .range(..=start)
-                .next_back()
-                .filter(|(_, folio)| folio.end() > start)
-                .map_or(start, |(&key, _)| key);
-            folios.range(first_key..end.max(first_key)).map(|(&key, _)| key).collect()
-        };
-        for key in candidates {
+        for key in keys_overlapping(&folios, start, end) {
             let idle_and_clean = folios.get(&key).is_some_and(|folio| {
                 Arc::strong_count(folio) == 1
                     && folio.try_read().is_some_and(|state| state.dirty.is_empty())

@@ -1,14 +1,20 @@
 //! `foliofs bench JOBFILE` / `foliofs bench --name=... --rw=...`: fio jobs
-//! run in-process against the engine on a temporary image, reported as fio
-//! reports them (text, or fio's JSON shape with `--output-format json`).
+//! run in-process on a temporary image, reported as fio reports them (text,
+//! or fio's JSON shape with `--output-format json`): against the engine, or
+//! against its limits with `--target raw` (the same requests straight on the
+//! image, no file system) and `--target memory` (plain copies).
 
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
+use std::sync::Arc;
+
+use foliofs::dev::{DevStats, Device};
 use foliofs::{Volume, VolumeOptions};
 use foliofs_bench::jobfile::{self, JobSpec};
-use foliofs_bench::{report, runner};
+use foliofs_bench::runner::Target;
+use foliofs_bench::{report, runner, targets};
 
 use super::image::{BenchImage, ImageArgs};
 
@@ -18,8 +24,21 @@ pub enum OutputFormat {
     Json,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TargetKind {
+    /// The engine: files of a fresh volume on the image.
+    Engine,
+    /// The image itself, no file system: the engine's limit for direct I/O.
+    Raw,
+    /// Memory: plain copies, the limit for cached I/O.
+    Memory,
+}
+
 #[derive(Args)]
 pub struct JobArgs {
+    /// What the jobs run against.
+    #[arg(long, value_enum, default_value = "engine")]
+    target: TargetKind,
     /// normal (fio's human output) or json (fio's JSON shape).
     #[arg(long, value_enum, default_value = "normal")]
     output_format: OutputFormat,
@@ -49,10 +68,40 @@ pub fn run(
         })
         .sum();
     let image_bytes = data_bytes + data_bytes / 8 + (256 << 20);
-    let image = BenchImage::create(&args.image, image_bytes, options)?;
-    let volume = Volume::open(image.path(), options)?;
-    let report = runner::run(&volume, &specs)?;
-    volume.close()?;
+    let report = match args.target {
+        TargetKind::Engine => {
+            let image = BenchImage::create(&args.image, image_bytes, options)?;
+            let volume = Volume::open(image.path(), options)?;
+            let report = runner::run(&volume, &specs)?;
+            volume.close()?;
+            report
+        }
+        TargetKind::Raw => {
+            if args.image.named() {
+                bail!(
+                    "--target raw writes over the whole image; it runs only on a temporary image"
+                );
+            }
+            let image = BenchImage::create(&args.image, image_bytes, options)?;
+            let device = Arc::new(Device::open(image.path(), &options.dev_options())?);
+            let targets = per_instance(&specs, |spec| {
+                targets::raw_regions(&device, spec)
+                    .into_iter()
+                    .map(|region| Box::new(region) as Box<dyn Target>)
+                    .collect()
+            });
+            runner::run_targets(&specs, targets, &|| device.stats())?
+        }
+        TargetKind::Memory => {
+            let targets = per_instance(&specs, |spec| {
+                targets::memory_regions(spec)
+                    .into_iter()
+                    .map(|region| Box::new(region) as Box<dyn Target>)
+                    .collect()
+            });
+            runner::run_targets(&specs, targets, &DevStats::default)?
+        }
+    };
     match args.output_format {
         OutputFormat::Normal => print!("{}", report::to_text(&report)),
         OutputFormat::Json => {
@@ -60,6 +109,23 @@ pub fn run(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every instance of every job with its target, as `run_targets` takes them.
+fn per_instance(
+    specs: &[JobSpec],
+    targets_of: impl Fn(&JobSpec) -> Vec<Box<dyn Target>>,
+) -> Vec<(usize, u32, Box<dyn Target>)> {
+    specs
+        .iter()
+        .enumerate()
+        .flat_map(|(spec_index, spec)| {
+            targets_of(spec)
+                .into_iter()
+                .enumerate()
+                .map(move |(index, target)| (spec_index, index as u32, target))
+        })
+        .collect()
 }
 
 fn parse(job: &[String]) -> anyhow::Result<Vec<JobSpec>> {

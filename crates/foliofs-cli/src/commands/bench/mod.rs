@@ -2,8 +2,6 @@
 //! temporary image unless one is given: fio jobs (a job file or fio's
 //! command-line options), or one of the fixed workloads below.
 
-mod buffered;
-mod direct;
 mod image;
 mod jobs;
 mod metadata;
@@ -27,11 +25,6 @@ pub struct BenchArgs {
 pub enum BenchCommand {
     /// Metadata operations: create a file, write 4 KiB, fsync, close.
     Metadata(metadata::MetadataArgs),
-    /// One direct-I/O workload, fio style: rw, bs, iodepth, numjobs, size, runtime.
-    Direct(direct::DirectArgs),
-    /// One buffered workload, fio psync style: each job its own file, one
-    /// request at a time through the folio cache (or --memcpy, the limit).
-    Buffered(buffered::BufferedArgs),
     /// The five seed experiments, old policy against new, against the
     /// engine's limits and the kernel's ext4 and XFS (as root, with fio).
     Seeds(seeds::SeedsArgs),
@@ -45,8 +38,6 @@ pub fn run(
     match args.command {
         None => jobs::run(&args.jobs, options, options_text),
         Some(BenchCommand::Metadata(args)) => metadata::run(&args, options),
-        Some(BenchCommand::Direct(args)) => direct::run(&args, options),
-        Some(BenchCommand::Buffered(args)) => buffered::run(&args, options),
         Some(BenchCommand::Seeds(args)) => seeds::run(&args, options),
     }
 }
