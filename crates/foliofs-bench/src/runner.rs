@@ -168,12 +168,16 @@ pub fn run_targets(
             (spec_index, thread)
         })
         .collect();
+    let mut before = device_stats();
+    let mut started = Instant::now();
     barrier.wait();
     // The device counters, like the latencies, cover the measured time only.
     let ramp = specs.iter().map(|spec| spec.ramp_time).max().unwrap_or_default();
-    std::thread::sleep(ramp);
-    let before = device_stats();
-    let started = Instant::now();
+    if !ramp.is_zero() {
+        std::thread::sleep(ramp);
+        before = device_stats();
+        started = Instant::now();
+    }
     let mut results: Vec<(usize, InstanceResult)> = Vec::new();
     let mut failure = None;
     for (spec_index, thread) in threads {

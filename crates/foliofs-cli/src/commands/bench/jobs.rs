@@ -8,13 +8,16 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use foliofs::dev::{DevStats, Device};
 use foliofs::{Volume, VolumeOptions};
 use foliofs_bench::jobfile::{self, JobSpec};
 use foliofs_bench::runner::Target;
 use foliofs_bench::{report, runner, targets};
+use indicatif::{ProgressBar, ProgressStyle};
 
 use super::image::{BenchImage, ImageArgs};
 
@@ -68,6 +71,7 @@ pub fn run(
         })
         .sum();
     let image_bytes = data_bytes + data_bytes / 8 + (256 << 20);
+    let progress = Progress::start(&specs);
     let report = match args.target {
         TargetKind::Engine => {
             let image = BenchImage::create(&args.image, image_bytes, options)?;
@@ -102,6 +106,7 @@ pub fn run(
             runner::run_targets(&specs, targets, &DevStats::default)?
         }
     };
+    drop(progress);
     match args.output_format {
         OutputFormat::Normal => print!("{}", report::to_text(&report)),
         OutputFormat::Json => {
@@ -109,6 +114,62 @@ pub fn run(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A progress bar on a terminal (indicatif draws nothing otherwise): the
+/// planned time when every job is time based, else a spinner.
+struct Progress {
+    bar: ProgressBar,
+    ticker: Option<std::thread::JoinHandle<()>>,
+    done: Arc<AtomicBool>,
+}
+
+impl Progress {
+    fn start(specs: &[JobSpec]) -> Self {
+        let planned = specs
+            .iter()
+            .map(|spec| spec.time_based.then(|| spec.ramp_time + spec.runtime.unwrap_or_default()))
+            .collect::<Option<Vec<_>>>()
+            .and_then(|times| times.into_iter().max());
+        let bar = match planned {
+            Some(planned) => {
+                let bar = ProgressBar::new(planned.as_millis() as u64);
+                bar.set_style(
+                    ProgressStyle::with_template("{bar:40} {elapsed}/{msg}")
+                        .expect("valid template"),
+                );
+                bar.set_message(format!("{:.0?}", planned));
+                bar
+            }
+            None => ProgressBar::new_spinner(),
+        };
+        let done = Arc::new(AtomicBool::new(false));
+        let ticker = {
+            let (bar, done) = (bar.clone(), Arc::clone(&done));
+            let started = Instant::now();
+            std::thread::Builder::new()
+                .name("bench-progress".into())
+                .spawn(move || {
+                    while !done.load(Ordering::Relaxed) {
+                        bar.set_position(started.elapsed().as_millis() as u64);
+                        bar.tick();
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                })
+                .ok()
+        };
+        Self { bar, ticker, done }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::Relaxed);
+        if let Some(ticker) = self.ticker.take() {
+            let _ = ticker.join();
+        }
+        self.bar.finish_and_clear();
+    }
 }
 
 /// Every instance of every job with its target, as `run_targets` takes them.
