@@ -185,13 +185,7 @@ fn allocate_unwritten(
             }
             return Err(Error::NoSpace(format!("no free blocks for inode {ino}")));
         };
-        txn.apply(Record::ExtentMap {
-            ino,
-            file_block,
-            dev_block: run.start,
-            block_count: run.count,
-            state: ExtentState::Unwritten,
-        });
+        map_unwritten(txn, ino, file_block, run.start, run.count);
         Ok(Allocation::Mapped(run))
     })?;
     Ok(allocation)
@@ -213,16 +207,28 @@ fn allocate_delalloc(meta: &MetaStore, ino: u64, file_block: u64) -> Result<Opti
         let run = txn.state_mut().alloc.allocate(goal, wanted, wanted).ok_or_else(|| {
             Error::NoSpace(format!("no free blocks for the reservation of inode {ino}"))
         })?;
-        txn.apply(Record::ExtentMap {
-            ino,
-            file_block,
-            dev_block: run.start,
-            block_count: run.count,
-            state: ExtentState::Unwritten,
-        });
+        map_unwritten(txn, ino, file_block, run.start, run.count);
         Ok(Some(run))
     })?;
     Ok(run)
+}
+
+/// Maps `block_count` device blocks from `dev_block` at `file_block` as
+/// Unwritten: new space that reads as zeros until its data is written.
+pub fn map_unwritten(
+    txn: &mut Txn<'_>,
+    ino: u64,
+    file_block: u64,
+    dev_block: u64,
+    block_count: u64,
+) {
+    txn.apply(Record::ExtentMap {
+        ino,
+        file_block,
+        dev_block,
+        block_count,
+        state: ExtentState::Unwritten,
+    });
 }
 
 /// Reserves space for a buffered write of `[pos, pos + length)`: holes

@@ -20,7 +20,7 @@ use crate::cache::InodeCache;
 use crate::engine::{Engine, FILE_BYTES_MAX};
 use crate::error::{Error, Result};
 use crate::extent::{ExtentKind, Lookup};
-use crate::format::{ExtentState, Record, Timestamp};
+use crate::format::{Record, Timestamp};
 use crate::iomap::{self, MapKind};
 use crate::meta::Txn;
 use crate::passthru::DataPath;
@@ -258,22 +258,11 @@ fn allocate(
             )));
         }
         for (file_block, run) in runs {
-            txn.apply(Record::ExtentMap {
-                ino,
-                file_block,
-                dev_block: run.start,
-                block_count: run.count,
-                state: ExtentState::Unwritten,
-            });
+            iomap::map_unwritten(txn, ino, file_block, run.start, run.count);
         }
+        // Written blocks become Unwritten in place: they read as zeros.
         for (file_block, dev_block, block_count) in written {
-            txn.apply(Record::ExtentMap {
-                ino,
-                file_block,
-                dev_block,
-                block_count,
-                state: ExtentState::Unwritten,
-            });
+            iomap::map_unwritten(txn, ino, file_block, dev_block, block_count);
         }
         touch(txn, ino, new_size);
         Ok(())
