@@ -1,7 +1,10 @@
 //! The direct I/O path: alignment rules, concurrent sub-block writes checked
 //! against a model, coherence with the simple path, O_DSYNC request counts,
-//! and deep asynchronous queues.
+//! and deep asynchronous queues, each on 1 KiB, 4 KiB and 64 KiB blocks.
+//! Sub-block writes are 512-byte sectors below 64 KiB blocks and 4 KiB
+//! pieces on 64 KiB blocks (`common::direct_unit`).
 
+#[macro_use]
 mod common;
 
 use std::sync::Arc;
@@ -12,7 +15,7 @@ use foliofs::options::DioUnaligned;
 use foliofs::vfs::MkfsOptions;
 use foliofs::{OpenFlags, Volume, VolumeOptions};
 
-use common::{new_volume, open_image, owner, pattern, ROOT};
+use common::{direct_unit, new_volume, open_image, owner, pattern, ROOT};
 
 const SECTOR: usize = 512;
 const DIRECT_RW: OpenFlags = OpenFlags {
@@ -36,8 +39,25 @@ fn read_all(volume: &Volume, ino: u64) -> Vec<u8> {
     buffer[..size].to_vec()
 }
 
+block_size_tests!(
+    misaligned_direct_io_is_einval_and_changes_nothing,
+    concurrent_sub_block_overwrites_of_one_block_lose_nothing,
+    concurrent_sub_block_writes_into_holes_zero_the_rest_once,
+    concurrent_extending_sub_block_writes_lose_nothing,
+    direct_and_simple_paths_see_each_others_writes,
+    dsync_overwrite_is_one_fua_write_native_and_write_plus_flush_emulated,
+    dsync_write_into_a_hole_survives_a_crash_right_after_it,
+    hundreds_of_async_requests_in_flight_from_one_thread,
+    async_writes_into_holes_and_past_eof_complete_and_persist,
+);
+
 /// A volume on a real image file, so the engine's own threads complete I/O.
-fn file_volume(dir: &tempfile::TempDir, engine: &str, dio_unaligned: DioUnaligned) -> Volume {
+fn file_volume(
+    dir: &tempfile::TempDir,
+    engine: &str,
+    dio_unaligned: DioUnaligned,
+    block_bytes: u32,
+) -> Volume {
     let path = dir.path().join("vol.img");
     let options = VolumeOptions {
         commit_interval_ms: 0,
@@ -47,15 +67,15 @@ fn file_volume(dir: &tempfile::TempDir, engine: &str, dio_unaligned: DioUnaligne
     if !path.exists() {
         // Garbage, not zeros: a block whose zeroing was skipped shows it.
         std::fs::write(&path, vec![common::GARBAGE_BYTE; 64 << 20]).unwrap();
-        let mkfs = MkfsOptions { block_bytes: 4096, ..MkfsOptions::default() };
+        let mkfs = MkfsOptions { block_bytes, ..MkfsOptions::default() };
         Volume::mkfs_path(&path, None, &mkfs, &options).unwrap();
     }
     Volume::open(&path, &options).unwrap()
 }
 
-#[test]
-fn misaligned_direct_io_is_einval_and_changes_nothing() {
-    let (_, volume) = new_volume(32 << 20, 4096);
+/// The rule is the device's sector, whatever the block size.
+fn misaligned_direct_io_is_einval_and_changes_nothing(block_bytes: u32) {
+    let (_, volume) = new_volume(32 << 20, block_bytes);
     let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
     let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
     let buffer = AlignedBuf::zeroed(8192);
@@ -71,12 +91,13 @@ fn misaligned_direct_io_is_einval_and_changes_nothing() {
     assert_eq!(volume.getattr(attr.ino).unwrap().size, 0, "nothing was written");
 }
 
-/// Threads that each own some sectors write them over and over; at the end
-/// every sector holds its owner's last write and nothing else was lost.
-fn concurrent_sector_writers(
+/// Threads that each own some `unit`-sized pieces write them over and over;
+/// at the end every piece holds its owner's last write and nothing else was
+/// lost.
+fn concurrent_piece_writers(
     volume: &Arc<Volume>,
     ino: u64,
-    sectors: usize,
+    (unit, pieces): (usize, usize),
     threads: usize,
     rounds: usize,
 ) -> Vec<u8> {
@@ -86,9 +107,9 @@ fn concurrent_sector_writers(
             std::thread::spawn(move || {
                 let file = volume.open_file(ino, DIRECT_RW).unwrap();
                 for round in 0..rounds {
-                    for sector in (thread..sectors).step_by(threads) {
-                        let data = aligned(&pattern((sector * 1000 + round) as u64, SECTOR));
-                        assert_eq!(file.write_at(&data, (sector * SECTOR) as u64).unwrap(), SECTOR);
+                    for piece in (thread..pieces).step_by(threads) {
+                        let data = aligned(&pattern((piece * 1000 + round) as u64, unit));
+                        assert_eq!(file.write_at(&data, (piece * unit) as u64).unwrap(), unit);
                     }
                 }
             })
@@ -97,39 +118,43 @@ fn concurrent_sector_writers(
     for worker in workers {
         worker.join().unwrap();
     }
-    (0..sectors).flat_map(|sector| pattern((sector * 1000 + rounds - 1) as u64, SECTOR)).collect()
+    (0..pieces).flat_map(|piece| pattern((piece * 1000 + rounds - 1) as u64, unit)).collect()
 }
 
-#[test]
-fn concurrent_sub_block_overwrites_of_one_block_lose_nothing() {
+/// Eight threads over the pieces of one block (at least eight pieces: four
+/// blocks of two sectors each on 1 KiB blocks).
+fn concurrent_sub_block_overwrites_of_one_block_lose_nothing(block_bytes: u32) {
+    let unit = direct_unit(block_bytes);
+    let pieces = (block_bytes as usize / unit).max(8);
     for policy in [DioUnaligned::Overwrite, DioUnaligned::Exclusive] {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-        let volume = Arc::new(file_volume(&dir, "uring", policy));
+        let volume = Arc::new(file_volume(&dir, "uring", policy, block_bytes));
         let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
         let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
-        file.write_at(&AlignedBuf::zeroed(8192), 0).unwrap();
-        let expected = concurrent_sector_writers(&volume, attr.ino, 8, 8, 50);
-        assert_eq!(read_all(&volume, attr.ino)[..4096], expected[..], "{policy:?}");
+        file.write_at(&AlignedBuf::zeroed(2 * pieces * unit), 0).unwrap();
+        let expected = concurrent_piece_writers(&volume, attr.ino, (unit, pieces), 8, 50);
+        assert_eq!(read_all(&volume, attr.ino)[..pieces * unit], expected[..], "{policy:?}");
     }
 }
 
-#[test]
-fn concurrent_sub_block_writes_into_holes_zero_the_rest_once() {
+fn concurrent_sub_block_writes_into_holes_zero_the_rest_once(block_bytes: u32) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let volume = Arc::new(file_volume(&dir, "uring", DioUnaligned::Overwrite));
+    let volume = Arc::new(file_volume(&dir, "uring", DioUnaligned::Overwrite, block_bytes));
     let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-    volume.open_file(attr.ino, DIRECT_RW).unwrap().set_len(64 << 10).unwrap();
-    // 16 blocks of holes inside EOF; threads write every other sector, so the
+    let block = block_bytes as usize;
+    volume.open_file(attr.ino, DIRECT_RW).unwrap().set_len(16 * block as u64).unwrap();
+    // 16 blocks of holes inside EOF; threads write every other piece, so the
     // zeroing of the first write into each block must not eat a neighbour's.
-    let sectors = 128;
+    let unit = direct_unit(block_bytes);
+    let pieces = 16 * block / unit;
     let workers: Vec<_> = (0..8)
         .map(|thread| {
             let volume = Arc::clone(&volume);
             std::thread::spawn(move || {
                 let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
-                for sector in (thread * 2..sectors).step_by(16) {
-                    let data = aligned(&pattern(sector as u64, SECTOR));
-                    file.write_at(&data, (sector * SECTOR) as u64).unwrap();
+                for piece in (thread * 2..pieces).step_by(16) {
+                    let data = aligned(&pattern(piece as u64, unit));
+                    file.write_at(&data, (piece * unit) as u64).unwrap();
                 }
             })
         })
@@ -138,23 +163,23 @@ fn concurrent_sub_block_writes_into_holes_zero_the_rest_once() {
         worker.join().unwrap();
     }
     let content = read_all(&volume, attr.ino);
-    for sector in 0..sectors {
-        let got = &content[sector * SECTOR..(sector + 1) * SECTOR];
-        if sector % 2 == 0 {
-            assert_eq!(got, &pattern(sector as u64, SECTOR)[..], "sector {sector} lost its data");
+    for piece in 0..pieces {
+        let got = &content[piece * unit..(piece + 1) * unit];
+        if piece % 2 == 0 {
+            assert_eq!(got, &pattern(piece as u64, unit)[..], "piece {piece} lost its data");
         } else {
-            assert!(got.iter().all(|&byte| byte == 0), "sector {sector} is not zero");
+            assert!(got.iter().all(|&byte| byte == 0), "piece {piece} is not zero");
         }
     }
 }
 
-#[test]
-fn concurrent_extending_sub_block_writes_lose_nothing() {
+fn concurrent_extending_sub_block_writes_lose_nothing(block_bytes: u32) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let volume = Arc::new(file_volume(&dir, "threads", DioUnaligned::Overwrite));
+    let volume = Arc::new(file_volume(&dir, "threads", DioUnaligned::Overwrite, block_bytes));
     let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-    let expected = concurrent_sector_writers(&volume, attr.ino, 96, 6, 1);
-    assert_eq!(volume.getattr(attr.ino).unwrap().size, 96 * SECTOR as u64);
+    let unit = direct_unit(block_bytes);
+    let expected = concurrent_piece_writers(&volume, attr.ino, (unit, 96), 6, 1);
+    assert_eq!(volume.getattr(attr.ino).unwrap().size, 96 * unit as u64);
     assert_eq!(read_all(&volume, attr.ino), expected);
     let path = dir.path().join("vol.img");
     drop(volume);
@@ -162,31 +187,40 @@ fn concurrent_extending_sub_block_writes_lose_nothing() {
     assert_eq!(read_all(&reopened, attr.ino), expected, "after reopening");
 }
 
-#[test]
-fn direct_and_simple_paths_see_each_others_writes() {
-    let (_, volume) = new_volume(32 << 20, 4096);
+/// A file of two and a half blocks; the direct write starts and ends inside
+/// blocks (and crosses one boundary on 1 KiB blocks).
+fn direct_and_simple_paths_see_each_others_writes(block_bytes: u32) {
+    let (_, volume) = new_volume(32 << 20, block_bytes);
     let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
     let plain = volume.open_file(attr.ino, OpenFlags::READ_WRITE).unwrap();
     let direct = volume.open_file(attr.ino, DIRECT_RW).unwrap();
-    plain.write_at(&pattern(1, 10_000), 0).unwrap();
-    let mut buffer = AlignedBuf::zeroed(10_240);
-    assert_eq!(direct.read_at(&mut buffer, 0).unwrap(), 10_000);
-    assert_eq!(&buffer[..10_000], &pattern(1, 10_000)[..]);
-    direct.write_at(&aligned(&pattern(2, 1024)), 2048).unwrap();
-    let mut back = vec![0u8; 10_000];
+    let size = (10_000usize).max(2 * block_bytes as usize + block_bytes as usize / 2 + 100);
+    let original = pattern(1, size);
+    plain.write_at(&original, 0).unwrap();
+    let mut buffer = AlignedBuf::zeroed(size.div_ceil(SECTOR) * SECTOR);
+    assert_eq!(direct.read_at(&mut buffer, 0).unwrap(), size);
+    assert_eq!(&buffer[..size], &original[..]);
+    let unit = direct_unit(block_bytes);
+    let (pos, length) = (block_bytes as usize + unit, 2 * unit);
+    direct.write_at(&aligned(&pattern(2, length)), pos as u64).unwrap();
+    let mut back = vec![0u8; size];
     plain.read_at(&mut back, 0).unwrap();
-    assert_eq!(&back[2048..3072], &pattern(2, 1024)[..]);
-    assert_eq!(&back[..2048], &pattern(1, 10_000)[..2048]);
-    assert_eq!(&back[3072..], &pattern(1, 10_000)[3072..]);
+    assert_eq!(&back[pos..pos + length], &pattern(2, length)[..]);
+    assert_eq!(&back[..pos], &original[..pos]);
+    assert_eq!(&back[pos + length..], &original[pos + length..]);
 }
 
-#[test]
-fn dsync_overwrite_is_one_fua_write_native_and_write_plus_flush_emulated() {
+/// Overwrites of written blocks, whole and sub-block, are one request each.
+fn dsync_overwrite_is_one_fua_write_native_and_write_plus_flush_emulated(block_bytes: u32) {
+    let unit = direct_unit(block_bytes) as u64;
+    let writes = [(0u64, 8 * unit), (16 * unit, 4 * unit), (unit, unit)];
+    let file_bytes = writes.iter().map(|(pos, length)| pos + length).max().unwrap();
+    let file_bytes = file_bytes.next_multiple_of(u64::from(block_bytes));
     for (fua, expected_requests, expected_fua, expected_flushes) in
         [("native", 1, 1, 0), ("emulate", 2, 0, 1)]
     {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-        let volume = file_volume(&dir, "uring", DioUnaligned::Overwrite);
+        let volume = file_volume(&dir, "uring", DioUnaligned::Overwrite, block_bytes);
         drop(volume);
         let options = VolumeOptions {
             commit_interval_ms: 0,
@@ -195,12 +229,12 @@ fn dsync_overwrite_is_one_fua_write_native_and_write_plus_flush_emulated() {
         let volume = Volume::open(&dir.path().join("vol.img"), &options).unwrap();
         let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
         let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
-        file.write_at(&AlignedBuf::zeroed(65536), 0).unwrap();
+        file.write_at(&AlignedBuf::zeroed(file_bytes as usize), 0).unwrap();
         volume.sync().unwrap();
         let dsync = volume.open_file(attr.ino, DIRECT_RW.with_dsync()).unwrap();
-        for (pos, length) in [(0u64, 4096usize), (8192, 2048), (512, 512)] {
+        for (pos, length) in writes {
             let before = volume.device().stats();
-            dsync.write_at(&aligned(&pattern(pos, length)), pos).unwrap();
+            dsync.write_at(&aligned(&pattern(pos, length as usize)), pos).unwrap();
             let delta = volume.device().stats().since(&before);
             assert_eq!(
                 (delta.requests(), delta.fua_writes, delta.flush_requests),
@@ -211,13 +245,13 @@ fn dsync_overwrite_is_one_fua_write_native_and_write_plus_flush_emulated() {
     }
 }
 
-#[test]
-fn dsync_write_into_a_hole_survives_a_crash_right_after_it() {
-    let (device, volume) = new_volume(32 << 20, 4096);
+fn dsync_write_into_a_hole_survives_a_crash_right_after_it(block_bytes: u32) {
+    let (device, volume) = new_volume(32 << 20, block_bytes);
     let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
     volume.sync().unwrap();
     let file = volume.open_file(attr.ino, DIRECT_RW.with_dsync()).unwrap();
-    for (pos, length) in [(0u64, 8192usize), (16384, 2048), (40960, 512)] {
+    let unit = direct_unit(block_bytes);
+    for (pos, length) in [(0, 16 * unit), (32 * unit as u64, 4 * unit), (80 * unit as u64, unit)] {
         file.write_at(&aligned(&pattern(pos, length)), pos).unwrap();
         let image = device.crash_image(device.log_len(), &|_| foliofs::dev::fault::Keep::Nothing);
         let (_, recovered) = open_image(image).unwrap();
@@ -226,57 +260,73 @@ fn dsync_write_into_a_hole_survives_a_crash_right_after_it() {
     }
 }
 
-#[test]
-fn hundreds_of_async_requests_in_flight_from_one_thread() {
+/// 256 sub-block overwrites in flight, one in the middle of each slot of
+/// `slot` bytes (4 KiB; two blocks on 1 KiB blocks, one block on 64 KiB),
+/// then 256 reads of whole slots.
+fn hundreds_of_async_requests_in_flight_from_one_thread(block_bytes: u32) {
+    let slot = (block_bytes as usize).max(4 * direct_unit(block_bytes));
+    let (start, length) = (slot / 4, slot / 2);
     for engine in ["uring", "threads", "sync"] {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-        let volume = file_volume(&dir, engine, DioUnaligned::Overwrite);
+        let volume = file_volume(&dir, engine, DioUnaligned::Overwrite, block_bytes);
         let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
         let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
-        file.write_at(&AlignedBuf::zeroed(256 * 4096), 0).unwrap();
+        file.write_at(&AlignedBuf::zeroed(256 * slot), 0).unwrap();
         let writes: Vec<_> = (0..256u64)
-            .map(|index| file.write_at_async(aligned(&pattern(index, 2048)), index * 4096 + 1024))
+            .map(|index| {
+                let pos = index * slot as u64 + start as u64;
+                file.write_at_async(aligned(&pattern(index, length)), pos)
+            })
             .collect();
         for future in writes {
-            assert_eq!(block_on(future).1.unwrap(), 2048, "{engine}");
+            assert_eq!(block_on(future).1.unwrap(), length, "{engine}");
         }
         let reads: Vec<_> = (0..256u64)
-            .map(|index| file.read_at_async(AlignedBuf::zeroed(4096), index * 4096))
+            .map(|index| file.read_at_async(AlignedBuf::zeroed(slot), index * slot as u64))
             .collect();
         for (index, future) in reads.into_iter().enumerate() {
             let (buffer, result) = block_on(future);
-            assert_eq!(result.unwrap(), 4096);
+            assert_eq!(result.unwrap(), slot);
             assert_eq!(
-                &buffer[1024..3072],
-                &pattern(index as u64, 2048)[..],
-                "{engine} block {index}"
+                &buffer[start..start + length],
+                &pattern(index as u64, length)[..],
+                "{engine} slot {index}"
             );
-            assert!(buffer[..1024].iter().chain(&buffer[3072..]).all(|&byte| byte == 0));
+            assert!(buffer[..start].iter().chain(&buffer[start + length..]).all(|&byte| byte == 0));
         }
     }
 }
 
-#[test]
-fn async_writes_into_holes_and_past_eof_complete_and_persist() {
+/// 64 writes of two blocks into holes (every other pair of blocks of a
+/// sparse file), then a sub-block write past the end.
+fn async_writes_into_holes_and_past_eof_complete_and_persist(block_bytes: u32) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let volume = file_volume(&dir, "uring", DioUnaligned::Overwrite);
+    let volume = file_volume(&dir, "uring", DioUnaligned::Overwrite, block_bytes);
     let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
     let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
-    file.set_len(1 << 20).unwrap();
+    // 8 KiB written every 16 KiB as on 4 KiB blocks, never less than two
+    // whole blocks.
+    let write = (2 * block_bytes as usize).max(8192);
+    let stride = 2 * write;
+    let sparse = 64 * stride;
+    file.set_len(sparse as u64).unwrap();
     let in_holes: Vec<_> = (0..64u64)
-        .map(|index| file.write_at_async(aligned(&pattern(index, 8192)), index * 16384))
+        .map(|index| file.write_at_async(aligned(&pattern(index, write)), index * stride as u64))
         .collect();
     for future in in_holes {
         block_on(future).1.unwrap();
     }
-    let (_, extended) = block_on(file.write_at_async(aligned(&pattern(99, 1536)), (1 << 20) + 512));
+    let unit = direct_unit(block_bytes);
+    let (_, extended) =
+        block_on(file.write_at_async(aligned(&pattern(99, 3 * unit)), (sparse + unit) as u64));
     extended.unwrap();
-    assert_eq!(volume.getattr(attr.ino).unwrap().size, (1 << 20) + 2048);
+    assert_eq!(volume.getattr(attr.ino).unwrap().size, (sparse + 4 * unit) as u64);
     let content = read_all(&volume, attr.ino);
     for index in 0..64usize {
-        assert_eq!(&content[index * 16384..index * 16384 + 8192], &pattern(index as u64, 8192)[..]);
-        assert!(content[index * 16384 + 8192..(index + 1) * 16384].iter().all(|&byte| byte == 0));
+        let at = index * stride;
+        assert_eq!(&content[at..at + write], &pattern(index as u64, write)[..]);
+        assert!(content[at + write..at + stride].iter().all(|&byte| byte == 0));
     }
-    assert!(content[1 << 20..(1 << 20) + 512].iter().all(|&byte| byte == 0));
-    assert_eq!(&content[(1 << 20) + 512..], &pattern(99, 1536)[..]);
+    assert!(content[sparse..sparse + unit].iter().all(|&byte| byte == 0));
+    assert_eq!(&content[sparse + unit..], &pattern(99, 3 * unit)[..]);
 }

@@ -1,8 +1,10 @@
-//! The vfs API over an in-memory device: namespace rules, data, persistence.
+//! The vfs API over an in-memory device: namespace rules, data, persistence,
+//! each on 1 KiB, 4 KiB and 64 KiB blocks.
 
+#[macro_use]
 mod common;
 
-use common::{new_volume, open_image, owner, pattern, ROOT};
+use common::{new_volume, new_volume_with_journal, open_image, owner, pattern, ROOT};
 use foliofs::{Error, InodeKind, OpenFlags, RenameFlags, SetAttr, TimeSet, Timestamp};
 
 fn names(volume: &foliofs::Volume, dir: u64) -> Vec<String> {
@@ -14,9 +16,21 @@ fn names(volume: &foliofs::Volume, dir: u64) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn data_and_namespace_survive_close_and_reopen() {
-    let (device, volume) = new_volume(64 << 20, 4096);
+block_size_tests!(
+    data_and_namespace_survive_close_and_reopen,
+    partial_block_writes_read_modify_write,
+    truncate_down_then_up_exposes_zeros_not_old_bytes,
+    namespace_errors_are_the_posix_ones,
+    rename_replaces_exchanges_and_keeps_link_counts,
+    unlinked_open_file_lives_until_closed_and_orphans_are_freed_at_mount,
+    hard_links_share_data_and_count,
+    setattr_changes_mode_owner_and_times,
+    full_volume_reports_enospc_and_keeps_earlier_files,
+    many_files_force_checkpoints_and_reload,
+);
+
+fn data_and_namespace_survive_close_and_reopen(block_bytes: u32) {
+    let (device, volume) = new_volume(64 << 20, block_bytes);
     let dir = volume.mkdir(ROOT, b"dir", 0o750, owner()).unwrap();
     let file = volume.create(dir.ino, b"file", 0o640, owner()).unwrap();
     let data = pattern(1, 100_000);
@@ -41,54 +55,61 @@ fn data_and_namespace_survive_close_and_reopen() {
     assert_eq!(volume.getattr(ROOT).unwrap().nlink, 3);
 }
 
-#[test]
-fn partial_block_writes_read_modify_write() {
-    let (_, volume) = new_volume(32 << 20, 4096);
+/// Writes that start or end inside blocks, including ones straddling the
+/// first and second block boundaries of each block size.
+fn partial_block_writes_read_modify_write(block_bytes: u32) {
+    let (_, volume) = new_volume(32 << 20, block_bytes);
     let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
     let handle = volume.open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
-    let mut model = vec![0u8; 20_000];
-    for (index, (pos, length)) in
-        [(0usize, 5000usize), (100, 1), (4095, 2), (8000, 9000), (3, 4093)].iter().enumerate()
-    {
+    let block = block_bytes as usize;
+    let writes = [
+        (0usize, 5000usize),
+        (100, 1),
+        (4095, 2),
+        (8000, 9000),
+        (3, 4093),
+        (block - 1, 2),
+        (2 * block - 7, 20),
+        (block + 5, block - 10),
+    ];
+    let size_expected = writes.iter().map(|(pos, length)| pos + length).max().unwrap();
+    let mut model = vec![0u8; size_expected];
+    for (index, (pos, length)) in writes.iter().enumerate() {
         let data = pattern(index as u64 + 10, *length);
         handle.write_at(&data, *pos as u64).unwrap();
         model[*pos..pos + length].copy_from_slice(&data);
     }
     let size = handle.attr().unwrap().size as usize;
-    assert_eq!(size, 17_000);
+    assert_eq!(size, size_expected);
     let mut back = vec![0u8; size];
     handle.read_at(&mut back, 0).unwrap();
     assert_eq!(back, model[..size]);
     let mut tail = [1u8; 10];
-    assert_eq!(handle.read_at(&mut tail, 16_995).unwrap(), 5);
-    assert_eq!(handle.read_at(&mut tail, 17_000).unwrap(), 0);
+    assert_eq!(handle.read_at(&mut tail, size as u64 - 5).unwrap(), 5);
+    assert_eq!(tail[..5], model[size - 5..]);
+    assert_eq!(handle.read_at(&mut tail, size as u64).unwrap(), 0);
 }
 
-#[test]
-fn truncate_down_then_up_exposes_zeros_not_old_bytes() {
-    for block_bytes in [1024, 4096, 65536] {
-        let (_, volume) = new_volume(64 << 20, block_bytes);
-        let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-        let handle = volume.open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
-        handle.write_at(&[0xEE; 200_000], 0).unwrap();
-        handle.set_len(1000).unwrap();
-        assert_eq!(handle.attr().unwrap().size, 1000);
-        let used = volume.getattr(file.ino).unwrap().blocks_512 * 512;
-        assert_eq!(used, 1000u64.div_ceil(u64::from(block_bytes)) * u64::from(block_bytes));
-        handle.set_len(300_000).unwrap();
-        let mut back = vec![1u8; 300_000];
-        handle.read_at(&mut back, 0).unwrap();
-        assert!(back[..1000].iter().all(|&byte| byte == 0xEE));
-        assert!(back[1000..].iter().all(|&byte| byte == 0), "block size {block_bytes}");
-        let attr =
-            volume.setattr(file.ino, &SetAttr { size: Some(5), ..SetAttr::default() }).unwrap();
-        assert_eq!(attr.size, 5);
-    }
+fn truncate_down_then_up_exposes_zeros_not_old_bytes(block_bytes: u32) {
+    let (_, volume) = new_volume(64 << 20, block_bytes);
+    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
+    let handle = volume.open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
+    handle.write_at(&[0xEE; 200_000], 0).unwrap();
+    handle.set_len(1000).unwrap();
+    assert_eq!(handle.attr().unwrap().size, 1000);
+    let used = volume.getattr(file.ino).unwrap().blocks_512 * 512;
+    assert_eq!(used, 1000u64.div_ceil(u64::from(block_bytes)) * u64::from(block_bytes));
+    handle.set_len(300_000).unwrap();
+    let mut back = vec![1u8; 300_000];
+    handle.read_at(&mut back, 0).unwrap();
+    assert!(back[..1000].iter().all(|&byte| byte == 0xEE));
+    assert!(back[1000..].iter().all(|&byte| byte == 0));
+    let attr = volume.setattr(file.ino, &SetAttr { size: Some(5), ..SetAttr::default() }).unwrap();
+    assert_eq!(attr.size, 5);
 }
 
-#[test]
-fn namespace_errors_are_the_posix_ones() {
-    let (_, volume) = new_volume(32 << 20, 4096);
+fn namespace_errors_are_the_posix_ones(block_bytes: u32) {
+    let (_, volume) = new_volume(32 << 20, block_bytes);
     let dir = volume.mkdir(ROOT, b"d", 0o755, owner()).unwrap();
     volume.create(dir.ino, b"f", 0o644, owner()).unwrap();
     fn errno<T: std::fmt::Debug>(result: foliofs::Result<T>) -> i32 {
@@ -113,9 +134,8 @@ fn namespace_errors_are_the_posix_ones() {
     assert!(matches!(volume.resolve("/d/f/x"), Err(Error::NotDir(_))));
 }
 
-#[test]
-fn rename_replaces_exchanges_and_keeps_link_counts() {
-    let (_, volume) = new_volume(32 << 20, 4096);
+fn rename_replaces_exchanges_and_keeps_link_counts(block_bytes: u32) {
+    let (_, volume) = new_volume(32 << 20, block_bytes);
     let a = volume.mkdir(ROOT, b"a", 0o755, owner()).unwrap();
     let b = volume.mkdir(ROOT, b"b", 0o755, owner()).unwrap();
     let sub = volume.mkdir(a.ino, b"sub", 0o755, owner()).unwrap();
@@ -144,9 +164,8 @@ fn rename_replaces_exchanges_and_keeps_link_counts() {
     assert!(report.is_clean(), "{:?}", report.problems);
 }
 
-#[test]
-fn unlinked_open_file_lives_until_closed_and_orphans_are_freed_at_mount() {
-    let (device, volume) = new_volume(32 << 20, 4096);
+fn unlinked_open_file_lives_until_closed_and_orphans_are_freed_at_mount(block_bytes: u32) {
+    let (device, volume) = new_volume(32 << 20, block_bytes);
     let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
     let handle = volume.open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
     handle.write_at(&[7u8; 50_000], 0).unwrap();
@@ -170,9 +189,8 @@ fn unlinked_open_file_lives_until_closed_and_orphans_are_freed_at_mount() {
     assert!(volume.getattr(file.ino).is_err(), "orphan freed at mount");
 }
 
-#[test]
-fn hard_links_share_data_and_count() {
-    let (_, volume) = new_volume(32 << 20, 4096);
+fn hard_links_share_data_and_count(block_bytes: u32) {
+    let (_, volume) = new_volume(32 << 20, block_bytes);
     let file = volume.create(ROOT, b"one", 0o644, owner()).unwrap();
     volume.link(file.ino, ROOT, b"two").unwrap();
     assert_eq!(volume.getattr(file.ino).unwrap().nlink, 2);
@@ -182,9 +200,8 @@ fn hard_links_share_data_and_count() {
     assert_eq!((two.ino, two.nlink, two.size), (file.ino, 1, 6));
 }
 
-#[test]
-fn setattr_changes_mode_owner_and_times() {
-    let (_, volume) = new_volume(32 << 20, 4096);
+fn setattr_changes_mode_owner_and_times(block_bytes: u32) {
+    let (_, volume) = new_volume(32 << 20, block_bytes);
     let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
     let at = Timestamp { secs: 1_000_000, nanos: 123_456_789 };
     let changes = SetAttr {
@@ -200,12 +217,13 @@ fn setattr_changes_mode_owner_and_times() {
     assert!(attr.ctime > at);
 }
 
-#[test]
-fn full_volume_reports_enospc_and_keeps_earlier_files() {
-    let (_, volume) = new_volume(16 << 20, 4096);
+fn full_volume_reports_enospc_and_keeps_earlier_files(block_bytes: u32) {
+    let (_, volume) = new_volume(16 << 20, block_bytes);
     let keep = volume.create(ROOT, b"keep", 0o644, owner()).unwrap();
     let keep_data = pattern(5, 100_000);
     volume.open_file(keep.ino, OpenFlags::WRITE).unwrap().write_at(&keep_data, 0).unwrap();
+    volume.sync().unwrap();
+    let available_before = volume.statfs().available_blocks;
     let big = volume.create(ROOT, b"big", 0o644, owner()).unwrap();
     let handle = volume.open_file(big.ino, OpenFlags::WRITE).unwrap();
     let chunk = vec![1u8; 1 << 20];
@@ -228,12 +246,19 @@ fn full_volume_reports_enospc_and_keeps_earlier_files() {
     drop(handle);
     volume.unlink(ROOT, b"big").unwrap();
     volume.sync().unwrap();
-    assert!(volume.statfs().available_blocks > 1000, "space comes back once the unlink is durable");
+    assert_eq!(
+        volume.statfs().available_blocks,
+        available_before,
+        "all the space comes back once the unlink is durable"
+    );
 }
 
-#[test]
-fn many_files_force_checkpoints_and_reload() {
-    let (device, volume) = new_volume(16 << 20, 1024);
+fn many_files_force_checkpoints_and_reload(block_bytes: u32) {
+    // Room for the ~430 one-block files (a third of them unlinked), and the
+    // same 1 MiB journal on every block size, so it wraps through
+    // checkpoints on each.
+    let volume_bytes = (16 << 20) + 430 * u64::from(block_bytes);
+    let (device, volume) = new_volume_with_journal(volume_bytes, block_bytes, Some(1 << 20));
     for index in 0..3000u32 {
         let name = format!("file-with-a-long-name-{index:05}");
         let attr = volume.create(ROOT, name.as_bytes(), 0o644, owner()).unwrap();

@@ -1,6 +1,6 @@
 //! Shared helpers for the integration tests: volumes on the in-memory
-//! fault-injecting device.
-#![allow(dead_code)]
+//! fault-injecting device, and the block sizes every behaviour is tested on.
+#![allow(dead_code, unused_macros)]
 
 use std::sync::Arc;
 
@@ -9,6 +9,49 @@ use foliofs::vfs::MkfsOptions;
 use foliofs::{Owner, Volume, VolumeOptions};
 
 pub const ROOT: u64 = 1;
+
+/// The block sizes the suite runs on: the smallest, the common one and the
+/// largest the format allows.
+pub const BLOCK_SIZES: [u32; 3] = [1024, 4096, 65536];
+
+/// One `#[test]` per block size for each function named, each taking the
+/// block size: `block_size_tests!(truncate_exposes_zeros)` makes
+/// `truncate_exposes_zeros::block_1k`, `::block_4k` and `::block_64k`, so a
+/// failure names its block size and the three run in parallel. (A module and
+/// a function may share a name: they live in different namespaces.)
+macro_rules! block_size_tests {
+    ($($name:ident),+ $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn block_1k() {
+                    super::$name(1024)
+                }
+
+                #[test]
+                fn block_4k() {
+                    super::$name(4096)
+                }
+
+                #[test]
+                fn block_64k() {
+                    super::$name(65536)
+                }
+            }
+        )+
+    };
+}
+
+/// The unit of sub-block direct I/O on a volume of `block_bytes` blocks:
+/// 512-byte sectors below 64 KiB blocks; on 64 KiB blocks 4 KiB, as
+/// software with 4 KiB pages (or a 4Kn device) writes.
+pub fn direct_unit(block_bytes: u32) -> usize {
+    if block_bytes >= 65536 {
+        4096
+    } else {
+        512
+    }
+}
 
 /// No background threads acting on their own: tests decide when things
 /// are committed and written back.
