@@ -3,8 +3,10 @@
 //! durable (a flush or a FUA write), and at each such point also with random
 //! subsets and sector-torn versions of the writes not yet flushed. Every
 //! crash image must mount, pass fsck, replay the same way twice, and agree
-//! with a model of what the workload made durable.
+//! with a model of what the workload made durable. Everything runs on 1 KiB,
+//! 4 KiB and 64 KiB blocks.
 
+#[macro_use]
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -19,15 +21,55 @@ use rand_chacha::ChaCha8Rng;
 
 use common::{new_volume_with_journal, open_image, owner, pattern, ROOT};
 
-const FILE_BYTES_MAX: u64 = 48 << 10;
-const WRITE_BYTES_MAX: usize = 12 << 10;
 const VOLUME_BYTES: u64 = 8 << 20;
 /// A small journal wraps and fills within one workload, so checkpoints and
 /// replay across the wrap are exercised.
 const JOURNAL_BYTES: u64 = 64 << 10;
-/// Data written before the workload so that little space is left and freed
-/// blocks are soon reused: a block's old owner must never see its new data.
-const BALLAST_BYTES: usize = (5 << 20) + (800 << 10);
+
+block_size_tests!(
+    crash_at_every_durability_point,
+    freed_blocks_are_reused_only_after_their_free_is_durable,
+    buffered_appends_recover_as_exact_prefixes,
+);
+
+/// The sizes a workload works with on one block size.
+#[derive(Clone, Copy)]
+struct Geometry {
+    file_bytes_max: u64,
+    write_bytes_max: usize,
+    fallocate_bytes_max: u64,
+    /// Data written before the workload so that little space is left and
+    /// freed blocks are soon reused: a block's old owner must never see its
+    /// new data.
+    ballast_bytes: usize,
+}
+
+impl Geometry {
+    fn of(block_bytes: u32) -> Self {
+        if block_bytes < 65536 {
+            // Files of up to 12 blocks of 4 KiB (48 of 1 KiB); about 264 KiB
+            // left free next to the ballast.
+            Self {
+                file_bytes_max: 48 << 10,
+                write_bytes_max: 12 << 10,
+                fallocate_bytes_max: 16 << 10,
+                ballast_bytes: (5 << 20) + (800 << 10),
+            }
+        } else {
+            // The same shapes in 64 KiB blocks: files of up to 8 blocks,
+            // writes and fallocates of up to 2 (so partial blocks, collapses
+            // and inserts inside files happen), and 40 blocks (2.5 MiB) free
+            // next to the ballast, which ends inside a block. The data area
+            // of the 8 MiB volume is 93 blocks (the checkpoint slots take 32).
+            Self {
+                file_bytes_max: 512 << 10,
+                write_bytes_max: 128 << 10,
+                fallocate_bytes_max: 128 << 10,
+                ballast_bytes: 53 * 65536 - 1000,
+            }
+        }
+    }
+}
 
 /// What a recovered tree holds: path -> (ino, kind, content for files).
 type Tree = BTreeMap<String, (u64, InodeKind, Vec<u8>)>;
@@ -90,6 +132,7 @@ struct Workload {
     next_name: u32,
     seed: u64,
     block_bytes: u64,
+    geometry: Geometry,
 }
 
 impl Workload {
@@ -109,6 +152,7 @@ impl Workload {
             next_name: 0,
             seed,
             block_bytes: u64::from(block_bytes),
+            geometry: Geometry::of(block_bytes),
         };
         workload.write_ballast();
         workload
@@ -116,7 +160,7 @@ impl Workload {
 
     fn write_ballast(&mut self) {
         let attr = self.volume.create(ROOT, b"ballast", 0o644, owner()).expect("create");
-        let data = pattern(self.seed ^ 0xBA11A57, BALLAST_BYTES);
+        let data = pattern(self.seed ^ 0xBA11A57, self.geometry.ballast_bytes);
         let file = self.volume.open_file(attr.ino, OpenFlags::WRITE).expect("open");
         assert_eq!(file.write_at(&data, 0).expect("ballast"), data.len());
         self.volume.sync().expect("sync");
@@ -193,8 +237,8 @@ impl Workload {
     }
 
     fn write(&mut self, path: String, ino: u64) -> (String, Vec<u64>, SpanKind) {
-        let pos = self.rng.random_range(0..FILE_BYTES_MAX) as usize;
-        let length = self.rng.random_range(1..=WRITE_BYTES_MAX);
+        let pos = self.rng.random_range(0..self.geometry.file_bytes_max) as usize;
+        let length = self.rng.random_range(1..=self.geometry.write_bytes_max);
         let data = pattern(self.seed ^ (self.spans.len() as u64) << 20 ^ ino, length);
         let file = self.volume.open_file(ino, OpenFlags::WRITE).expect("open");
         let written = match file.write_at(&data, pos as u64) {
@@ -228,7 +272,10 @@ impl Workload {
                 let blocks = (length_now / block).max(1);
                 (self.rng.random_range(0..blocks) * block, self.rng.random_range(1..=3) * block)
             }
-            _ => (self.rng.random_range(0..FILE_BYTES_MAX), self.rng.random_range(1..16_384)),
+            _ => (
+                self.rng.random_range(0..self.geometry.file_bytes_max),
+                self.rng.random_range(1..self.geometry.fallocate_bytes_max),
+            ),
         };
         let file = self.volume.open_file(ino, OpenFlags::WRITE).expect("open");
         let description = format!("fallocate {path} {mode:?} {offset}+{length}");
@@ -248,7 +295,7 @@ impl Workload {
     }
 
     fn truncate(&mut self, path: String, ino: u64) -> (String, Vec<u64>, SpanKind) {
-        let size = self.rng.random_range(0..FILE_BYTES_MAX);
+        let size = self.rng.random_range(0..self.geometry.file_bytes_max);
         let file = self.volume.open_file(ino, OpenFlags::WRITE).expect("open");
         file.set_len(size).expect("truncate");
         self.contents.get_mut(&ino).expect("known").resize(size as usize, 0);
@@ -557,31 +604,29 @@ fn run_workload(seed: u64, block_bytes: u32, op_count: usize, variants_per_point
     states
 }
 
-#[test]
-fn crash_at_every_durability_point_4k_blocks() {
-    let states: usize = (0..12).map(|seed| run_workload(seed, 4096, 40, 2)).sum();
-    assert!(states > 100, "explored only {states} crash states");
-}
-
-#[test]
-fn crash_at_every_durability_point_1k_blocks() {
-    let states: usize = (100..106).map(|seed| run_workload(seed, 1024, 40, 2)).sum();
-    assert!(states > 50, "explored only {states} crash states");
+/// Twelve workloads on 4 KiB blocks, six on the others.
+fn crash_at_every_durability_point(block_bytes: u32) {
+    let (seeds, states_min) = match block_bytes {
+        1024 => (100..106, 50),
+        4096 => (0..12, 100),
+        _ => (200..206, 50),
+    };
+    let states: usize = seeds.map(|seed| run_workload(seed, block_bytes, 40, 2)).sum();
+    assert!(states > states_min, "explored only {states} crash states");
 }
 
 /// Fills the volume, then unlinks a synced file and writes a new one that can
 /// only use the freed blocks. Whatever the crash keeps, the old file (if it
 /// is still there) must show its own data and the new one only its own.
-#[test]
-fn freed_blocks_are_reused_only_after_their_free_is_durable() {
-    let (device, volume) = new_volume_with_journal(VOLUME_BYTES, 4096, Some(JOURNAL_BYTES));
+fn freed_blocks_are_reused_only_after_their_free_is_durable(block_bytes: u32) {
+    let (device, volume) = new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(JOURNAL_BYTES));
     let old_data = pattern(1, 40 << 10);
     let old = volume.create(ROOT, b"old", 0o644, owner()).unwrap();
     volume.open_file(old.ino, OpenFlags::WRITE).unwrap().write_at(&old_data, 0).unwrap();
     let filler = volume.create(ROOT, b"filler", 0o644, owner()).unwrap();
     let filler_file = volume.open_file(filler.ino, OpenFlags::WRITE).unwrap();
     let mut filled = 0u64;
-    for chunk in [1 << 20, 4096] {
+    for chunk in [1 << 20, block_bytes as usize] {
         while filler_file.write_at(&vec![0x5A; chunk], filled).is_ok_and(|written| written == chunk)
         {
             filled += chunk as u64;
@@ -620,11 +665,12 @@ fn freed_blocks_are_reused_only_after_their_free_is_durable() {
 /// between: whatever the crash keeps, each file is an exact prefix of what
 /// was appended to it, at least as long as its last fsync. Zeros inside the
 /// size would mean the size covered blocks whose write never completed.
-#[test]
-fn buffered_appends_recover_as_exact_prefixes() {
-    for seed in 0..6u64 {
+fn buffered_appends_recover_as_exact_prefixes(block_bytes: u32) {
+    let seeds = if block_bytes == 4096 { 0..6u64 } else { 0..3 };
+    for seed in seeds {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let (device, volume) = new_volume_with_journal(VOLUME_BYTES, 4096, Some(JOURNAL_BYTES));
+        let (device, volume) =
+            new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(JOURNAL_BYTES));
         let names = ["a", "b", "c"];
         let inos: Vec<u64> = names
             .iter()
