@@ -283,7 +283,7 @@ fn shift(
 ) -> Result<()> {
     let records_max = (engine.meta.journal().geometry().group_bytes_max() / 2 / 48) as usize;
     let block = engine.block_bytes;
-    engine.meta.transact(|txn| {
+    let ((), lsn) = engine.meta.transact(|txn| {
         let state = txn.state();
         let extents = iomap::file_extents(state, ino)?;
         let kept_from = if collapse { first + count } else { first };
@@ -321,7 +321,13 @@ fn shift(
         touch(txn, ino, Some(new_size));
         Ok(())
     })?;
-    Ok(())
+    // The moved blocks keep their device blocks, and later writes to them
+    // overwrite those in place. Until this transaction is durable the
+    // journal still maps them at their old offsets, so a crash would show
+    // data written at the new offsets at the old ones. Commit it before the
+    // caller lets writers in again (tests/crash.rs,
+    // shifted_blocks_are_overwritten_only_after_the_shift_is_durable).
+    engine.meta.commit(lsn)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

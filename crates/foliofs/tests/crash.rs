@@ -30,6 +30,7 @@ block_size_tests!(
     crash_at_every_durability_point,
     freed_blocks_are_reused_only_after_their_free_is_durable,
     buffered_appends_recover_as_exact_prefixes,
+    shifted_blocks_are_overwritten_only_after_the_shift_is_durable,
 );
 
 /// The sizes a workload works with on one block size.
@@ -656,6 +657,53 @@ fn freed_blocks_are_reused_only_after_their_free_is_durable(block_bytes: u32) {
                 let own =
                     content.iter().zip(&new_data).all(|(byte, own)| byte == own || *byte == 0);
                 assert!(own, "crash at {cut}: the new file shows foreign data");
+            }
+        }
+    }
+}
+
+/// A collapse moves blocks down without moving their data, and an insert
+/// moves them up; a write into a moved block then overwrites it in place.
+/// Whatever a crash keeps, the data written at the new offset must never
+/// show at the block's old one: the file is either as before the shift or
+/// as after it, with the moved block holding its old or its new data.
+fn shifted_blocks_are_overwritten_only_after_the_shift_is_durable(block_bytes: u32) {
+    let block = block_bytes as usize;
+    for mode in [FallocateMode::CollapseRange, FallocateMode::InsertRange] {
+        let (device, volume) =
+            new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(JOURNAL_BYTES));
+        let ino = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+        let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+        let before = pattern(1, 8 * block);
+        file.write_at(&before, 0).unwrap();
+        file.fsync().unwrap();
+        device.reset_log();
+        // Blocks 4.. move to 2.. (collapse) or to 6.. (insert); the first of
+        // them is then overwritten at its new place.
+        file.fallocate(mode, 2 * block as u64, 2 * block as u64).unwrap();
+        let moved_to = if mode == FallocateMode::CollapseRange { 2 } else { 6 };
+        let mut after = before.clone();
+        common::apply_fallocate_to_model(&mut after, mode, 2 * block, 2 * block);
+        let shifted = after.clone();
+        let new_data = pattern(2, block);
+        after[moved_to * block..(moved_to + 1) * block].copy_from_slice(&new_data);
+        file.write_at(&new_data, (moved_to * block) as u64).unwrap();
+        volume.sync().unwrap();
+        for cut in 0..=device.log_len() {
+            for keep in [Keep::All, Keep::Nothing] {
+                let (_, recovered) =
+                    open_image(device.crash_image(cut, &|_| keep.clone())).unwrap();
+                let tree = read_tree(&recovered);
+                let (_, _, content) = &tree["/f"];
+                let context = format!("{mode:?}, crash at {cut} of {}", device.log_len());
+                if content.len() == before.len() {
+                    assert!(*content == before, "{context}: the unshifted file changed");
+                } else {
+                    assert!(
+                        *content == after || *content == shifted,
+                        "{context}: the shifted file has foreign data"
+                    );
+                }
             }
         }
     }
