@@ -1,7 +1,9 @@
 //! Damaged images: flipping bytes of the superblocks, the journal or the
 //! checkpoints must give a clean error or a recovered, consistent state,
-//! never a panic. The decoders themselves are fuzzed with arbitrary bytes.
+//! never a panic, on 1 KiB, 4 KiB and 64 KiB blocks. The decoders
+//! themselves are fuzzed with arbitrary bytes.
 
+#[macro_use]
 mod common;
 
 use foliofs::format::journal::{check_group_payload, decode_group_header};
@@ -17,9 +19,17 @@ use common::{new_volume, open_image, owner, pattern, ROOT};
 /// Path and content (symlink target for symlinks) of everything in a volume.
 type Tree = Vec<(String, Vec<u8>)>;
 
+block_size_tests!(
+    any_flip_in_one_superblock_falls_back_to_the_other,
+    the_same_flip_in_both_superblocks_is_a_clean_error,
+    flips_in_the_journal_lose_at_most_a_suffix,
+    flips_in_the_checkpoints_fall_back_or_fail_cleanly,
+    stale_groups_behind_a_damaged_one_never_replay,
+);
+
 /// A volume with a checkpoint and journal groups after it, and its tree.
-fn built_image() -> (Vec<u8>, Superblock, Tree) {
-    let (device, volume) = new_volume(8 << 20, 4096);
+fn built_image(block_bytes: u32) -> (Vec<u8>, Superblock, Tree) {
+    let (device, volume) = new_volume(8 << 20, block_bytes);
     let dir = volume.mkdir(ROOT, b"dir", 0o755, owner()).unwrap();
     for index in 0..6u64 {
         let attr = volume.create(dir.ino, format!("f{index}").as_bytes(), 0o644, owner()).unwrap();
@@ -80,9 +90,8 @@ fn open_damaged(image: Vec<u8>, what: &str) -> Option<Tree> {
     Some(tree)
 }
 
-#[test]
-fn any_flip_in_one_superblock_falls_back_to_the_other() {
-    let (image, superblock, tree) = built_image();
+fn any_flip_in_one_superblock_falls_back_to_the_other(block_bytes: u32) {
+    let (image, superblock, tree) = built_image(block_bytes);
     let copy_b = Superblock::copy_offset(superblock.block_bytes, 1) as usize;
     for offset in 0..512 {
         for copy in [0, copy_b] {
@@ -94,9 +103,8 @@ fn any_flip_in_one_superblock_falls_back_to_the_other() {
     }
 }
 
-#[test]
-fn the_same_flip_in_both_superblocks_is_a_clean_error() {
-    let (image, superblock, _) = built_image();
+fn the_same_flip_in_both_superblocks_is_a_clean_error(block_bytes: u32) {
+    let (image, superblock, _) = built_image(block_bytes);
     let copy_b = Superblock::copy_offset(superblock.block_bytes, 1) as usize;
     for offset in (0..512).step_by(3) {
         let mut damaged = image.clone();
@@ -111,12 +119,12 @@ fn the_same_flip_in_both_superblocks_is_a_clean_error() {
 /// Flips random bytes of a region; each damaged image must open to a
 /// consistent state or fail cleanly.
 fn flip_region(
-    region_start: usize,
-    region_bytes: usize,
+    block_bytes: u32,
+    (region_start, region_bytes): (usize, usize),
     samples: usize,
     seed: u64,
 ) -> (usize, usize) {
-    let (image, _, tree) = built_image();
+    let (image, _, tree) = built_image(block_bytes);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let (mut opened, mut refused) = (0, 0);
     for _ in 0..samples {
@@ -141,22 +149,20 @@ fn flip_region(
     (opened, refused)
 }
 
-#[test]
-fn flips_in_the_journal_lose_at_most_a_suffix() {
-    let (_, superblock, _) = built_image();
+fn flips_in_the_journal_lose_at_most_a_suffix(block_bytes: u32) {
+    let (_, superblock, _) = built_image(block_bytes);
     let block = superblock.block_bytes as usize;
     let start = superblock.journal.start_block as usize * block;
-    let (opened, _) = flip_region(start, 16 << 10, 300, 1);
+    let (opened, _) = flip_region(block_bytes, (start, 16 << 10), 300, 1);
     assert!(opened > 0, "a damaged journal tail still mounts");
 }
 
-#[test]
-fn flips_in_the_checkpoints_fall_back_or_fail_cleanly() {
-    let (_, superblock, _) = built_image();
+fn flips_in_the_checkpoints_fall_back_or_fail_cleanly(block_bytes: u32) {
+    let (_, superblock, _) = built_image(block_bytes);
     let block = superblock.block_bytes as usize;
     for (index, slot) in superblock.checkpoint_slots.iter().enumerate() {
         let start = slot.start_block as usize * block;
-        flip_region(start, 8 << 10, 150, 10 + index as u64);
+        flip_region(block_bytes, (start, 8 << 10), 150, 10 + index as u64);
     }
 }
 
@@ -199,9 +205,8 @@ proptest! {
 /// A damaged group in the middle of the journal ends replay there; groups
 /// written after the next mount must not let the stale groups behind the
 /// damage come back, even when sizes and record numbers line up exactly.
-#[test]
-fn stale_groups_behind_a_damaged_one_never_replay() {
-    let (device, volume) = new_volume(8 << 20, 4096);
+fn stale_groups_behind_a_damaged_one_never_replay(block_bytes: u32) {
+    let (device, volume) = new_volume(8 << 20, block_bytes);
     let superblock = volume.superblock().clone();
     let mut group_offsets = Vec::new();
     for index in 1..=5 {
