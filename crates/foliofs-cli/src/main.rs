@@ -71,6 +71,8 @@ enum Command {
     },
     /// Show a file's extents and their states, like filefrag -v: IMAGE:/path.
     Fiemap { target: String },
+    /// Preallocate, punch, zero, collapse or insert a range: IMAGE:/path.
+    Fallocate(commands::fallocate::FallocateArgs),
     /// Run fio jobs (a job file, or fio options such as --name=t --rw=randread
     /// --bs=4k --size=1G) or a fixed benchmark, in-process on a temporary image.
     Bench(Box<commands::bench::BenchArgs>),
@@ -111,6 +113,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rm { target, recursive } => files::rm(&target, recursive, &options),
         Command::Mkdir { target, parents } => files::mkdir(&target, parents, &options),
         Command::Fiemap { target } => files::fiemap(&target, &options),
+        Command::Fallocate(args) => fallocate::run(&args, &options),
         Command::Bench(args) => bench::run(*args, &options, &cli.options),
     }
 }

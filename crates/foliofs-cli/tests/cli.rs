@@ -234,3 +234,83 @@ fn bench_seeds_quick_writes_results() {
     let error = fails(&["bench", "seeds", "--only", "007"]);
     assert!(error.contains("the seeds are 000, 001, 002, 003, 004"), "{error}");
 }
+
+/// The extents `foliofs fiemap` prints: (first block, last block, flags).
+fn fiemap_extents(output: &str) -> Vec<(u64, u64, String)> {
+    output
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(':').map(str::trim).collect();
+            fields[0].parse::<u64>().ok()?;
+            let (first, last) = fields[1].split_once("..")?;
+            let flags = fields.get(4).copied().unwrap_or("").replace(",last", "");
+            Some((first.trim().parse().ok()?, last.trim().parse().ok()?, flags))
+        })
+        .collect()
+}
+
+/// Each fallocate mode shows in fiemap and the size; a bad mode and a
+/// misaligned or too long collapse fail with a clear message, a nonzero
+/// exit and nothing changed.
+#[test]
+fn fallocate_shows_in_fiemap_and_bad_ranges_are_refused() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let image = dir.path().join("vol.img");
+    let image = image.to_str().unwrap();
+    ok(&["mkfs", image, "--size", "32M", "--block-size", "4096"]);
+    let file = format!("{image}:/f");
+    let unwritten = |first: u64, last: u64| (first, last, "unwritten".to_string());
+
+    let out = ok(&["fallocate", &file, "--length", "1M"]);
+    assert_eq!(out, "/f: size 1048576 bytes, 1048576 bytes allocated\n");
+    let fiemap = ok(&["fiemap", &file]);
+    assert!(fiemap.starts_with("File size of /f is 1048576 (256 blocks of 4096 bytes)"));
+    assert_eq!(fiemap_extents(&fiemap), [unwritten(0, 255)], "{fiemap}");
+
+    ok(&["fallocate", &file, "--mode", "punch-hole", "--offset", "64k", "--length", "128k"]);
+    assert_eq!(fiemap_extents(&ok(&["fiemap", &file])), [unwritten(0, 15), unwritten(48, 255)]);
+    // Blocks 16.. move down by 16: the hole comes first.
+    let out = ok(&["fallocate", &file, "--mode", "collapse-range", "--length", "64k"]);
+    assert!(out.contains("size 983040 bytes"), "{out}");
+    assert_eq!(fiemap_extents(&ok(&["fiemap", &file])), [unwritten(32, 239)]);
+    ok(&["fallocate", &file, "--mode", "insert-range", "--offset", "4k", "--length", "8k"]);
+    assert_eq!(fiemap_extents(&ok(&["fiemap", &file])), [unwritten(34, 241)]);
+    let out = ok(&["fallocate", &file, "--mode", "keep-size", "--offset", "2M", "--length", "4k"]);
+    assert!(out.contains("size 991232 bytes"), "{out}");
+    let fiemap = ok(&["fiemap", &file]);
+    assert_eq!(fiemap_extents(&fiemap), [unwritten(34, 241), unwritten(512, 512)]);
+    // zero-range past the end grows the file; with --keep-size it would not.
+    ok(&["fallocate", &file, "--mode", "zero-range", "--offset", "1M", "--length", "4k"]);
+    assert!(ok(&["fiemap", &file]).starts_with("File size of /f is 1052672 "));
+
+    let before = ok(&["fiemap", &file]);
+    let error = fails(&["fallocate", &file, "--mode", "sideways", "--length", "4k"]);
+    assert!(
+        error.contains("invalid value 'sideways' for '--mode <MODE>'")
+            && error.contains("collapse-range"),
+        "{error}"
+    );
+    let error = fails(&[
+        "fallocate",
+        &file,
+        "--mode",
+        "collapse-range",
+        "--offset",
+        "1000",
+        "--length",
+        "4k",
+    ]);
+    assert!(
+        error.contains("collapse-range of 1000+4096 on /f")
+            && error.contains("multiples of the block size (4096 B)"),
+        "{error}"
+    );
+    let error = fails(&["fallocate", &file, "--mode", "collapse-range", "--length", "2M"]);
+    assert!(error.contains("must end before the end of file"), "{error}");
+    let error =
+        fails(&["fallocate", &file, "--mode", "insert-range", "--keep-size", "--length", "4k"]);
+    assert!(error.contains("--keep-size does not apply to --mode insert-range"), "{error}");
+    assert!(fails(&["fallocate", &file, "--length", "lots"]).contains("--length: "));
+    assert_eq!(ok(&["fiemap", &file]), before, "failed commands change nothing");
+    assert!(ok(&["fsck", image]).contains("clean"));
+}

@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod fallocate;
 pub mod files;
 pub mod fsck;
 pub mod info;
