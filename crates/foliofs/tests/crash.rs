@@ -250,10 +250,14 @@ impl Workload {
         let data = &data[..written];
         self.history.get_mut(&ino).expect("known").record(pos, data);
         let content = self.contents.get_mut(&ino).expect("known file");
-        if written > 0 && content.len() < pos + written {
-            content.resize(pos + written, 0);
+        // A write refused for want of space changes nothing (and may start
+        // past the end of the file).
+        if written > 0 {
+            if content.len() < pos + written {
+                content.resize(pos + written, 0);
+            }
+            content[pos..pos + written].copy_from_slice(data);
         }
-        content[pos..pos + written].copy_from_slice(data);
         self.sizes_seen.get_mut(&ino).expect("known").insert(content.len() as u64);
         (format!("write {path} {pos}+{length} wrote {written}"), vec![ino], SpanKind::Other)
     }
