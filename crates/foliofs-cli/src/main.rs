@@ -73,6 +73,16 @@ enum Command {
     Fiemap { target: String },
     /// Preallocate, punch, zero, collapse or insert a range: IMAGE:/path.
     Fallocate(commands::fallocate::FallocateArgs),
+    /// Mount a volume through FUSE at MOUNTPOINT; -o takes the engine's switches
+    /// and mount options (page_cache=engine|kernel, fuse_threads=N, allow_other,
+    /// default_permissions, ro, ...). Runs in the background unless -f.
+    Mount {
+        image: PathBuf,
+        mountpoint: PathBuf,
+        /// Stay in the foreground (serve until unmounted or SIGINT/SIGTERM).
+        #[arg(short = 'f', long)]
+        foreground: bool,
+    },
     /// Run fio jobs (a job file, or fio options such as --name=t --rw=randread
     /// --bs=4k --size=1G) or a fixed benchmark, in-process on a temporary image.
     Bench(Box<commands::bench::BenchArgs>),
@@ -82,11 +92,23 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FOLIOFS_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // fuser warns when the kernel already unmounted what it
+                // tries to unmount at the end of a session: not news.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser=error")),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let mut args: Vec<String> = std::env::args().collect();
+    if args.first().is_some_and(|program| commands::mount::is_helper_name(program)) {
+        match commands::mount::helper_arguments(&args) {
+            Ok(rewritten) => args = rewritten,
+            Err(error) => {
+                eprintln!("mount.fuse.foliofs: {error:#}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let cli = Cli::parse_from(args);
     match run(cli) {
         Ok(code) => code,
         Err(error) => {
@@ -97,6 +119,10 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    // A mount's -o mixes engine switches with mount options; it parses both.
+    if let Command::Mount { image, mountpoint, foreground } = &cli.command {
+        return commands::mount::run(image, mountpoint, &cli.options, *foreground);
+    }
     let options = foliofs::VolumeOptions::parse(&cli.options)?;
     use commands::*;
     match cli.command {
@@ -114,6 +140,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Mkdir { target, parents } => files::mkdir(&target, parents, &options),
         Command::Fiemap { target } => files::fiemap(&target, &options),
         Command::Fallocate(args) => fallocate::run(&args, &options),
+        Command::Mount { .. } => unreachable!("handled above"),
         Command::Bench(args) => bench::run(*args, &options, &cli.options),
     }
 }

@@ -37,6 +37,8 @@ pub enum Error {
     Corrupt(String),
     #[error("{0}: past the end of file")]
     PastEnd(String),
+    #[error("operation not supported: {0}")]
+    Unsupported(String),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -63,6 +65,7 @@ impl Error {
             Error::ReadOnly(_) => libc::EROFS,
             Error::Corrupt(_) => libc::EUCLEAN,
             Error::PastEnd(_) => libc::ENXIO,
+            Error::Unsupported(_) => libc::EOPNOTSUPP,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
         }
     }

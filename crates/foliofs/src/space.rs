@@ -41,8 +41,9 @@ pub enum FallocateMode {
 }
 
 impl FallocateMode {
-    /// From fallocate(2)'s flags; EOPNOTSUPP-like combinations are EINVAL
-    /// here with a message naming them.
+    /// From fallocate(2)'s flags; a combination the kernel's file systems
+    /// refuse with EOPNOTSUPP is refused the same way, naming the flags (so
+    /// posix_fallocate's fallback still works through a mount).
     pub fn from_flags(flags: i32) -> Result<Self> {
         let keep_size = flags & libc::FALLOC_FL_KEEP_SIZE != 0;
         let rest = flags & !libc::FALLOC_FL_KEEP_SIZE;
@@ -50,12 +51,12 @@ impl FallocateMode {
             0 => Ok(Self::Allocate { keep_size }),
             libc::FALLOC_FL_PUNCH_HOLE if keep_size => Ok(Self::PunchHole),
             libc::FALLOC_FL_PUNCH_HOLE => {
-                Err(Error::invalid("FALLOC_FL_PUNCH_HOLE needs FALLOC_FL_KEEP_SIZE"))
+                Err(Error::Unsupported("FALLOC_FL_PUNCH_HOLE needs FALLOC_FL_KEEP_SIZE".into()))
             }
             libc::FALLOC_FL_ZERO_RANGE => Ok(Self::ZeroRange { keep_size }),
             libc::FALLOC_FL_COLLAPSE_RANGE if !keep_size => Ok(Self::CollapseRange),
             libc::FALLOC_FL_INSERT_RANGE if !keep_size => Ok(Self::InsertRange),
-            _ => Err(Error::invalid(format!("unsupported fallocate flags {flags:#x}"))),
+            _ => Err(Error::Unsupported(format!("fallocate flags {flags:#x}"))),
         }
     }
 }

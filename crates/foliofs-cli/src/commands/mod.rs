@@ -4,3 +4,4 @@ pub mod files;
 pub mod fsck;
 pub mod info;
 pub mod mkfs;
+pub mod mount;

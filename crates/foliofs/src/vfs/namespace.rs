@@ -116,6 +116,16 @@ impl Volume {
         self.shared.attr_of(&state, ino)
     }
 
+    /// The directory that holds directory `dir` (the root holds itself).
+    pub fn parent_of(&self, dir: u64) -> Result<u64> {
+        let state = self.shared.meta.read();
+        let attrs = attrs_of(&state, dir)?;
+        if attrs.kind != InodeKind::Dir {
+            return Err(Error::NotDir(format!("inode {dir}")));
+        }
+        Ok(attrs.parent)
+    }
+
     /// The inode at an absolute path; symlinks are not followed.
     pub fn resolve(&self, path: &str) -> Result<u64> {
         let state = self.shared.meta.read();

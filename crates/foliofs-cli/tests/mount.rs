@@ -1,0 +1,717 @@
+//! foliofs through a real FUSE mount, driven by unmodified programs: fio with
+//! verification, xfs_io, cp -a and diff, sqlite3, and a daemon killed with
+//! SIGKILL mid-workload.
+//!
+//! These need root (or fusermount3), /dev/fuse, fio, xfs_io and sqlite3;
+//! `.ci/run` installs them. Without them each test fails saying what is
+//! missing; FOLIOFS_SKIP_MOUNT_TESTS=1 skips them explicitly.
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const FOLIOFS: &str = env!("CARGO_BIN_EXE_foliofs");
+
+fn skip_requested() -> bool {
+    if std::env::var_os("FOLIOFS_SKIP_MOUNT_TESTS").is_some_and(|value| value == "1") {
+        eprintln!("FOLIOFS_SKIP_MOUNT_TESTS=1: mount test skipped");
+        return true;
+    }
+    false
+}
+
+fn require(tools: &[&str]) {
+    assert!(Path::new("/dev/fuse").exists(), "mount tests need /dev/fuse (modprobe fuse)");
+    for tool in tools {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        assert!(found, "mount tests need {tool} (apt-get install fio xfsprogs sqlite3 fuse3)");
+    }
+}
+
+fn run(program: &str, args: &[&str]) -> Output {
+    Command::new(program).args(args).output().unwrap_or_else(|e| panic!("run {program}: {e}"))
+}
+
+fn ok(program: &str, args: &[&str]) -> String {
+    let output = run(program, args);
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Deterministic bytes for a file, so a reader can check them without
+/// keeping a copy.
+fn pattern(seed: u64, length: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..length)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+fn is_mounted(point: &Path) -> bool {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let point = point.to_str().unwrap();
+    mountinfo.lines().any(|line| line.split(' ').nth(4) == Some(point))
+}
+
+/// An image in a temporary directory and, while mounted, its daemon.
+struct Mounted {
+    _dir: tempfile::TempDir,
+    image: PathBuf,
+    point: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl Mounted {
+    fn new(block_size: u32, size: &str, options: &str) -> Self {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let image = dir.path().join("vol.img");
+        let point = dir.path().join("mnt");
+        fs::create_dir(&point).unwrap();
+        let point = point.canonicalize().unwrap();
+        let block_size = block_size.to_string();
+        ok(
+            FOLIOFS,
+            &["mkfs", image.to_str().unwrap(), "--size", size, "--block-size", &block_size],
+        );
+        let mut mounted = Self { _dir: dir, image, point, daemon: None };
+        mounted.mount(options);
+        mounted
+    }
+
+    fn image_str(&self) -> &str {
+        self.image.to_str().unwrap()
+    }
+
+    fn path(&self, relative: &str) -> PathBuf {
+        self.point.join(relative)
+    }
+
+    fn path_str(&self, relative: &str) -> String {
+        self.path(relative).to_str().unwrap().to_string()
+    }
+
+    /// Starts `foliofs mount -f` and waits for the mount to appear.
+    fn mount(&mut self, options: &str) {
+        assert!(self.daemon.is_none(), "already mounted");
+        let mut daemon = Command::new(FOLIOFS)
+            .args(["mount", "-f", "-o", options])
+            .arg(&self.image)
+            .arg(&self.point)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start foliofs mount");
+        let started = Instant::now();
+        while !is_mounted(&self.point) {
+            if let Some(status) = daemon.try_wait().unwrap() {
+                panic!("foliofs mount exited early ({status})");
+            }
+            assert!(started.elapsed() < Duration::from_secs(20), "mount did not appear");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.daemon = Some(daemon);
+    }
+
+    /// Unmounts as an administrator would and checks the daemon exits cleanly.
+    fn unmount(&mut self) {
+        let mut daemon = self.daemon.take().expect("mounted");
+        let started = Instant::now();
+        loop {
+            let output = unmount_command(&self.point, false);
+            if output.status.success() {
+                break;
+            }
+            // A file closed just before may not be released yet.
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "unmount failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let status = wait_with_timeout(&mut daemon, Duration::from_secs(60));
+        assert!(status.success(), "foliofs mount exited with {status} after unmount");
+        assert!(!is_mounted(&self.point));
+    }
+
+    fn remount(&mut self, options: &str) {
+        self.unmount();
+        self.mount(options);
+    }
+
+    fn fsck_clean(&self) {
+        let report = ok(FOLIOFS, &["fsck", self.image_str()]);
+        assert!(report.contains("clean"), "{report}");
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(mut daemon) = self.daemon.take() {
+            let _ = unmount_command(&self.point, true);
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+        }
+    }
+}
+
+fn unmount_command(point: &Path, lazy: bool) -> Output {
+    let root = Command::new("id").arg("-u").output().is_ok_and(|out| out.stdout == b"0\n");
+    let (program, args): (&str, Vec<&str>) = match (root, lazy) {
+        (true, false) => ("umount", vec![]),
+        (true, true) => ("umount", vec!["-l"]),
+        (false, false) => ("fusermount3", vec!["-u"]),
+        (false, true) => ("fusermount3", vec!["-uz"]),
+    };
+    Command::new(program).args(args).arg(point).output().expect("run umount")
+}
+
+fn wait_with_timeout(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            panic!("process did not exit within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn errno_of(result: std::io::Result<impl Sized>) -> i32 {
+    match result {
+        Ok(_) => 0,
+        Err(error) => error.raw_os_error().unwrap_or(-1),
+    }
+}
+
+fn fio(mounted: &Mounted, args: &[&str]) -> String {
+    let directory = format!("--directory={}", mounted.point.display());
+    let mut all =
+        vec![directory.as_str(), "--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0"];
+    all.extend_from_slice(args);
+    let output = ok("fio", &all);
+    assert!(!output.contains("verify:"), "fio reported a verify failure:\n{output}");
+    output
+}
+
+#[test]
+fn fio_verifies_buffered_and_direct_io_through_the_mount() {
+    if skip_requested() {
+        return;
+    }
+    require(&["fio"]);
+    let mut mounted = Mounted::new(4096, "512M", "");
+    // Buffered random writes from 4 jobs, then every block read back.
+    fio(&mounted, &["--name=buffered", "--rw=randwrite", "--bs=4k", "--size=8M", "--numjobs=4"]);
+    // 2 KiB direct writes (sub-block on 4 KiB blocks) from 8 jobs into
+    // disjoint regions of ONE file: parallel unaligned direct writes to one
+    // inode, each verified.
+    fio(
+        &mounted,
+        &[
+            "--name=direct2k",
+            "--filename=shared",
+            "--rw=randwrite",
+            "--bs=2k",
+            "--direct=1",
+            "--size=1M",
+            "--offset_increment=1M",
+            "--numjobs=8",
+        ],
+    );
+    // Asynchronous direct I/O at depth, larger blocks.
+    fio(
+        &mounted,
+        &[
+            "--name=libaio",
+            "--ioengine=libaio",
+            "--iodepth=16",
+            "--rw=randwrite",
+            "--bs=16k",
+            "--direct=1",
+            "--size=8M",
+            "--numjobs=2",
+        ],
+    );
+    mounted.remount("");
+    // After remount, the data fio wrote still verifies (read-only pass).
+    fio(
+        &mounted,
+        &[
+            "--name=direct2k",
+            "--filename=shared",
+            "--rw=randwrite",
+            "--bs=2k",
+            "--direct=1",
+            "--size=1M",
+            "--offset_increment=1M",
+            "--numjobs=8",
+            "--verify_only",
+        ],
+    );
+    mounted.unmount();
+    mounted.fsck_clean();
+}
+
+#[test]
+fn fio_verifies_buffered_io_with_the_kernel_page_cache() {
+    if skip_requested() {
+        return;
+    }
+    require(&["fio"]);
+    let mut mounted = Mounted::new(1024, "256M", "page_cache=kernel,dirty=folio");
+    fio(&mounted, &["--name=kernelcache", "--rw=randrw", "--bs=3k", "--size=8M", "--numjobs=2"]);
+    fio(&mounted, &["--name=mmap", "--ioengine=mmap", "--rw=randwrite", "--bs=4k", "--size=4M"]);
+    mounted.unmount();
+    mounted.fsck_clean();
+}
+
+/// Seed 001's xfs_io sequence (truncate, mmap, mread, pwrite, fsync): the
+/// file holds exactly the two written bytes, and no delayed allocation is
+/// left behind once the mount is gone.
+#[test]
+fn xfs_io_sequences_from_seed_001_on_1k_and_4k_blocks() {
+    if skip_requested() {
+        return;
+    }
+    require(&["xfs_io"]);
+    for block_size in [1024, 4096] {
+        let mut mounted = Mounted::new(block_size, "64M", "");
+        let file = mounted.path_str("testfile");
+        let output = ok(
+            "xfs_io",
+            &[
+                "-fc",
+                "truncate 4k",
+                "-c",
+                "mmap 0 4k",
+                "-c",
+                "mread 0 4k",
+                "-c",
+                "pwrite 0 1",
+                "-c",
+                "pwrite 2k 1",
+                "-c",
+                "fsync",
+                &file,
+            ],
+        );
+        assert!(output.contains("wrote 1/1 bytes at offset 0"), "{output}");
+        assert!(output.contains("wrote 1/1 bytes at offset 2048"), "{output}");
+        // SEEK_DATA/SEEK_HOLE work through the mount (FIEMAP does not: FUSE
+        // has no fiemap; the CLI's fiemap reads the image instead).
+        let seek = ok("xfs_io", &["-c", "seek -a -r 0", &file]);
+        assert!(seek.contains("DATA\t0"), "{seek}");
+        // A shared mapping's store reaches the file through the engine.
+        ok("xfs_io", &["-c", "mmap -w 0 4k", "-c", "mwrite 3k 16", "-c", "msync -s 0 4k", &file]);
+        // Space operations pass through: keep-size preallocation past EOF,
+        // a punched block and a zeroed range.
+        let block = block_size.to_string();
+        ok(
+            "xfs_io",
+            &[
+                "-c",
+                "falloc -k 8k 8k",
+                "-c",
+                &format!("fpunch {block} {block}"),
+                "-c",
+                "fsync",
+                &file,
+            ],
+        );
+        mounted.unmount();
+
+        let mut expected = vec![0u8; 4096];
+        expected[0] = 0xcd;
+        expected[2048] = 0xcd;
+        expected[3072..3088].fill(b'X');
+        let fiemap = ok(FOLIOFS, &["fiemap", &format!("{}:/testfile", mounted.image_str())]);
+        assert!(!fiemap.contains("delalloc"), "delalloc left behind:\n{fiemap}");
+        assert!(fiemap.contains("unwritten"), "the keep-size preallocation:\n{fiemap}");
+        mounted.fsck_clean();
+        mounted.mount("");
+        assert_eq!(fs::read(mounted.path("testfile")).unwrap(), expected);
+        mounted.unmount();
+    }
+}
+
+fn build_tree(root: &Path) {
+    for dir in 0..4 {
+        let dir_path = root.join(format!("dir{dir}/sub{}", dir % 2));
+        fs::create_dir_all(&dir_path).unwrap();
+        for file in 0..25 {
+            let length = [0, 1, 1023, 4096, 65_537, 300_000][(dir * 25 + file) % 6];
+            let path = dir_path.join(format!("file{file}"));
+            fs::write(&path, pattern((dir * 100 + file) as u64, length)).unwrap();
+            fs::set_permissions(
+                &path,
+                fs::Permissions::from_mode(0o600 + (file as u32 % 8) * 0o10),
+            )
+            .unwrap();
+        }
+    }
+    fs::write(root.join("big"), pattern(7, 3 << 20)).unwrap();
+    std::os::unix::fs::symlink("dir0/sub0/file1", root.join("link")).unwrap();
+    std::os::unix::fs::symlink("no/such/target", root.join("dangling")).unwrap();
+    fs::hard_link(root.join("big"), root.join("big.hardlink")).unwrap();
+    fs::create_dir(root.join("empty")).unwrap();
+    fs::set_permissions(root.join("empty"), fs::Permissions::from_mode(0o700)).unwrap();
+}
+
+/// `find -printf` of what cp -a preserves: type, mode, size (not of
+/// directories: that is each file system's own), mtime, links.
+fn listing(root: &Path) -> String {
+    let root = root.to_str().unwrap();
+    let dirs = ok("find", &[root, "-mindepth", "1", "-type", "d", "-printf", "%P d %m %T@ %n\n"]);
+    let others = ok(
+        "find",
+        &[root, "-mindepth", "1", "!", "-type", "d", "-printf", "%P %y %m %s %T@ %n %l\n"],
+    );
+    let output = dirs + &others;
+    let mut lines: Vec<&str> = output.lines().collect();
+    lines.sort();
+    lines.join("\n")
+}
+
+#[test]
+fn cp_a_of_a_tree_diffs_clean_and_survives_remount() {
+    if skip_requested() {
+        return;
+    }
+    require(&["cp", "diff", "find"]);
+    let source = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    build_tree(source.path());
+    let mut mounted = Mounted::new(4096, "256M", "");
+    let copy = mounted.path("copy");
+    ok("cp", &["-a", source.path().to_str().unwrap(), copy.to_str().unwrap()]);
+    ok(
+        "diff",
+        &["-r", "--no-dereference", source.path().to_str().unwrap(), copy.to_str().unwrap()],
+    );
+    assert_eq!(listing(source.path()), listing(&copy));
+    mounted.remount("");
+    ok(
+        "diff",
+        &["-r", "--no-dereference", source.path().to_str().unwrap(), copy.to_str().unwrap()],
+    );
+    assert_eq!(listing(source.path()), listing(&copy));
+    // And back out with cp -a, removal of the tree, then an empty volume.
+    ok("rm", &["-r", copy.to_str().unwrap()]);
+    assert_eq!(fs::read_dir(&mounted.point).unwrap().count(), 0);
+    mounted.unmount();
+    mounted.fsck_clean();
+}
+
+#[test]
+fn sqlite_ten_thousand_transactions_pass_integrity_check_after_remount() {
+    if skip_requested() {
+        return;
+    }
+    require(&["sqlite3"]);
+    let mut mounted = Mounted::new(4096, "256M", "");
+    let database = mounted.path_str("test.db");
+    let mut script = String::from(
+        "PRAGMA journal_mode=WAL;\nCREATE TABLE t(id INTEGER PRIMARY KEY, v INTEGER, pad TEXT);\n",
+    );
+    for id in 0..10_000 {
+        script.push_str(&format!(
+            "BEGIN; INSERT INTO t(v, pad) VALUES({id}, hex(randomblob({}))); COMMIT;\n",
+            id % 200
+        ));
+        if id % 1000 == 999 {
+            script.push_str(&format!("UPDATE t SET v = v + 1 WHERE id % 7 = {};\n", id % 7));
+        }
+    }
+    let mut sqlite = Command::new("sqlite3")
+        .arg(&database)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    sqlite.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    assert!(sqlite.wait().unwrap().success());
+    let expected = ok("sqlite3", &[&database, "SELECT count(*), sum(v) FROM t;"]);
+    mounted.remount("");
+    let integrity = ok("sqlite3", &[&database, "PRAGMA integrity_check;"]);
+    assert_eq!(integrity.trim(), "ok");
+    assert_eq!(ok("sqlite3", &[&database, "SELECT count(*), sum(v) FROM t;"]), expected);
+    assert!(expected.starts_with("10000|"), "{expected}");
+    mounted.unmount();
+    mounted.fsck_clean();
+}
+
+/// SIGKILL of the daemon while writers run: after a forced unmount the
+/// image is consistent and every file whose fsync returned is intact.
+#[test]
+fn sigkill_mid_workload_keeps_every_fsynced_file() {
+    if skip_requested() {
+        return;
+    }
+    let mut mounted = Mounted::new(4096, "256M", "");
+    fs::create_dir(mounted.path("synced")).unwrap();
+    let durable = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..3u64)
+        .map(|writer| {
+            let (durable, stop, root) =
+                (Arc::clone(&durable), Arc::clone(&stop), mounted.point.clone());
+            std::thread::spawn(move || {
+                for index in 0u64.. {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let seed = writer * 1_000_000 + index;
+                    let data = pattern(seed, 1 + (seed as usize * 7919) % 200_000);
+                    let path = root.join(format!("synced/w{writer}-{index}"));
+                    let written = fs::File::create(&path).and_then(|mut file| {
+                        file.write_all(&data)?;
+                        // Writer 2 also leaves unsynced overwrites behind.
+                        if writer == 2 {
+                            let head = 8.min(data.len());
+                            file.write_all_at(&b"unsynced"[..head], 0)?;
+                            file.write_all_at(&data[..head], 0)?;
+                        }
+                        file.sync_all()
+                    });
+                    match written {
+                        Ok(()) => durable.lock().unwrap().push((path, seed, data.len())),
+                        Err(_) => return, // the daemon is gone
+                    }
+                    // Unsynced data in another file, to be lost or kept whole.
+                    let _ = fs::write(root.join(format!("unsynced-{writer}")), &data);
+                }
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    while durable.lock().unwrap().len() < 150 && started.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut daemon = mounted.daemon.take().unwrap();
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    // The kernel side is left as "transport endpoint is not connected".
+    assert!(unmount_command(&mounted.point, true).status.success());
+    let durable = durable.lock().unwrap().clone();
+    assert!(durable.len() >= 150, "only {} files were fsynced", durable.len());
+    mounted.fsck_clean();
+    mounted.mount("");
+    for (path, seed, length) in &durable {
+        let found = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(found == pattern(*seed, *length), "{} differs after the crash", path.display());
+    }
+    mounted.unmount();
+    mounted.fsck_clean();
+}
+
+/// SIGTERM unmounts, writes back what was only cached, and exits 0.
+#[test]
+fn sigterm_writes_back_and_unmounts_cleanly() {
+    if skip_requested() {
+        return;
+    }
+    let mut mounted = Mounted::new(4096, "256M", "writeback_interval_ms=0,commit_interval_ms=0");
+    let data = pattern(99, 5 << 20);
+    fs::write(mounted.path("cached"), &data).unwrap();
+    let mut daemon = mounted.daemon.take().unwrap();
+    ok("kill", &["-TERM", &daemon.id().to_string()]);
+    let status = wait_with_timeout(&mut daemon, Duration::from_secs(60));
+    assert!(status.success(), "daemon exited with {status} on SIGTERM");
+    assert!(!is_mounted(&mounted.point));
+    mounted.fsck_clean();
+    mounted.mount("ro");
+    assert!(fs::read(mounted.path("cached")).unwrap() == data);
+    // Read-only: every change is EROFS.
+    assert_eq!(errno_of(fs::write(mounted.path("new"), b"x")), libc::EROFS);
+    mounted.unmount();
+}
+
+/// The background form (`foliofs mount` without -f) and the helper name
+/// mount(8) runs for `-t fuse.foliofs` both return once mounted.
+#[test]
+fn background_mount_and_the_mount_helper_name() {
+    if skip_requested() {
+        return;
+    }
+    let mut mounted = Mounted::new(4096, "64M", "");
+    mounted.unmount();
+    let helper_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let helper = helper_dir.path().join("mount.fuse.foliofs");
+    std::os::unix::fs::symlink(FOLIOFS, &helper).unwrap();
+    // As mount(8) calls it: IMAGE MOUNTPOINT -o OPTIONS (plus flags to ignore).
+    let output = Command::new(&helper)
+        .args([mounted.image_str(), mounted.point.to_str().unwrap(), "-n", "-o", "rw,dirty=folio"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(is_mounted(&mounted.point), "the helper returned before the mount appeared");
+    fs::write(mounted.path("through-helper"), b"hello").unwrap();
+    assert!(unmount_command(&mounted.point, false).status.success());
+    // The daemon closes the volume after the unmount; wait for the image to
+    // be released, then the file is there.
+    let started = Instant::now();
+    loop {
+        let cat = run(FOLIOFS, &["cat", &format!("{}:/through-helper", mounted.image_str())]);
+        if cat.status.success() && cat.stdout == b"hello" {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "file not found after unmount");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Bad options fail before anything is mounted, naming the option.
+    let bad = run(
+        FOLIOFS,
+        &["mount", "-o", "bogus=1", mounted.image_str(), mounted.point.to_str().unwrap()],
+    );
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("\"bogus\""));
+    let missing = run(FOLIOFS, &["mount", "/no/such/image", mounted.point.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/no/such/image"));
+    assert!(!is_mounted(&mounted.point));
+}
+
+/// POSIX errnos and semantics as programs see them through the kernel.
+#[test]
+fn errnos_and_namespace_semantics_through_the_mount() {
+    if skip_requested() {
+        return;
+    }
+    let mut mounted = Mounted::new(4096, "64M", "");
+    let root = mounted.point.clone();
+    fs::create_dir(root.join("d")).unwrap();
+    fs::write(root.join("d/f"), b"data").unwrap();
+    assert_eq!(errno_of(fs::create_dir(root.join("d"))), libc::EEXIST);
+    assert_eq!(errno_of(fs::read(root.join("missing"))), libc::ENOENT);
+    assert_eq!(errno_of(fs::remove_dir(root.join("d"))), libc::ENOTEMPTY);
+    assert_eq!(errno_of(fs::remove_file(root.join("d"))), libc::EISDIR);
+    assert_eq!(errno_of(fs::read_dir(root.join("d/f"))), libc::ENOTDIR);
+    assert_eq!(errno_of(fs::write(root.join("n".repeat(256)), b"")), libc::ENAMETOOLONG);
+    assert_eq!(errno_of(fs::rename(root.join("d"), root.join("d/inside"))), libc::EINVAL);
+    // mknod of a FIFO: the volume stores no special files.
+    let fifo = Command::new("mkfifo").arg(root.join("fifo")).output().unwrap();
+    assert!(!fifo.status.success());
+    assert!(String::from_utf8_lossy(&fifo.stderr).contains("not permitted"));
+
+    // rename(2) replaces; RENAME_NOREPLACE and RENAME_EXCHANGE via renameat2.
+    fs::write(root.join("a"), b"A").unwrap();
+    fs::write(root.join("b"), b"B").unwrap();
+    assert_eq!(renameat2(&root.join("a"), &root.join("b"), libc::RENAME_NOREPLACE), libc::EEXIST);
+    assert_eq!(renameat2(&root.join("a"), &root.join("b"), libc::RENAME_EXCHANGE), 0);
+    assert_eq!(fs::read(root.join("a")).unwrap(), b"B");
+    assert_eq!(fs::read(root.join("b")).unwrap(), b"A");
+    fs::rename(root.join("a"), root.join("b")).unwrap();
+    assert_eq!(fs::read(root.join("b")).unwrap(), b"B");
+
+    // Links, symlinks, attributes.
+    fs::hard_link(root.join("b"), root.join("b2")).unwrap();
+    assert_eq!(fs::metadata(root.join("b")).unwrap().nlink(), 2);
+    std::os::unix::fs::symlink("b", root.join("s")).unwrap();
+    assert_eq!(fs::read_link(root.join("s")).unwrap(), Path::new("b"));
+    fs::set_permissions(root.join("b"), fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(fs::metadata(root.join("b2")).unwrap().mode() & 0o7777, 0o640);
+    std::os::unix::fs::chown(root.join("b"), Some(1234), Some(5678)).unwrap();
+    let meta = fs::metadata(root.join("b")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (1234, 5678));
+    ok("touch", &["-m", "-d", "@1000000000.5", root.join("b").to_str().unwrap()]);
+    assert_eq!(fs::metadata(root.join("b")).unwrap().mtime(), 1_000_000_000);
+
+    // An unlinked open file lives until closed.
+    let mut open = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(root.join("tmp"))
+        .unwrap();
+    fs::remove_file(root.join("tmp")).unwrap();
+    open.write_all(b"still here").unwrap();
+    open.seek(SeekFrom::Start(0)).unwrap();
+    let mut back = String::new();
+    open.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "still here");
+    drop(open);
+
+    // O_DIRECT: misaligned offsets are EINVAL and change nothing.
+    let direct = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(root.join("direct"))
+        .unwrap();
+    assert_eq!(errno_of(direct.write_at(&[1u8; 512], 100)), libc::EINVAL);
+    assert_eq!(direct.metadata().unwrap().len(), 0);
+    drop(direct);
+
+    // statfs: free space falls as data is written and rises when freed.
+    let free_before = free_bytes(&root);
+    fs::write(root.join("space"), vec![1u8; 8 << 20]).unwrap();
+    ok("sync", &["-f", root.join("space").to_str().unwrap()]);
+    let free_during = free_bytes(&root);
+    assert!(free_before - free_during >= 8 << 20, "{free_before} -> {free_during}");
+    fs::remove_file(root.join("space")).unwrap();
+    ok("sync", &["-f", root.to_str().unwrap()]);
+
+    // A full volume: ENOSPC from the write, earlier files intact.
+    let mut filler = fs::File::create(root.join("filler")).unwrap();
+    let chunk = vec![7u8; 1 << 20];
+    let full = loop {
+        if let Err(error) = filler.write_all(&chunk) {
+            break error.raw_os_error();
+        }
+    };
+    assert_eq!(full, Some(libc::ENOSPC));
+    drop(filler);
+    assert_eq!(fs::read(root.join("d/f")).unwrap(), b"data");
+    fs::remove_file(root.join("filler")).unwrap();
+    mounted.unmount();
+    mounted.fsck_clean();
+}
+
+fn free_bytes(path: &Path) -> i64 {
+    let output = ok("stat", &["-f", "-c", "%a %S", path.to_str().unwrap()]);
+    let mut fields = output.split_whitespace().map(|field| field.parse::<i64>().unwrap());
+    fields.next().unwrap() * fields.next().unwrap()
+}
+
+fn renameat2(from: &Path, to: &Path, flags: u32) -> i32 {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let from = CString::new(from.as_os_str().as_bytes()).unwrap();
+    let to = CString::new(to.as_os_str().as_bytes()).unwrap();
+    // SAFETY: renameat2 has no std wrapper; both paths are valid
+    // NUL-terminated strings that outlive the call.
+    let result = unsafe {
+        libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), flags)
+    };
+    if result == 0 {
+        0
+    } else {
+        std::io::Error::last_os_error().raw_os_error().unwrap()
+    }
+}

@@ -1,0 +1,718 @@
+//! `fuser::Filesystem` over a [`Volume`]: each handler decodes the request,
+//! makes one library call and encodes its result. The only state here is the
+//! handle table and a per-thread aligned buffer for direct I/O.
+
+use std::cell::RefCell;
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use foliofs::dev::AlignedBuf;
+use foliofs::space::FallocateMode;
+use foliofs::{Attr, Error, File, OpenFlags, Owner, RenameFlags, SetAttr, TimeSet, Volume};
+use fuser::{
+    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
+};
+
+use crate::attr::{errno, file_attr, file_type, timestamp};
+use crate::handles::{DirListing, Handle, Handles};
+use crate::mount_options::{MountOptions, PageCacheUse};
+
+/// statfs reports free inodes as the checkpoint's free metadata bytes over
+/// this, about what one small file's records take.
+const INODE_METADATA_BYTES_ESTIMATE: u64 = 256;
+
+/// Capabilities asked of the kernel at init, each only where it offers it.
+const WANTED_CAPABILITIES: &[InitFlags] = &[
+    // Shared mmap on FOPEN_DIRECT_IO files (kernel 6.6+).
+    InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
+    // Asynchronous direct I/O stays asynchronous: io_uring and libaio
+    // requests reach the daemon concurrently, not one at a time.
+    InitFlags::FUSE_ASYNC_DIO,
+    // Lookups and readdirs in one directory run in parallel.
+    InitFlags::FUSE_PARALLEL_DIROPS,
+    InitFlags::FUSE_CACHE_SYMLINKS,
+];
+
+thread_local! {
+    /// Direct I/O needs buffers aligned to the device's logical block and the
+    /// request's payload never is (it follows the FUSE headers), so direct
+    /// data is staged here: one copy in memory, reused by every request the
+    /// thread serves.
+    static DIRECT_STAGING: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::zeroed(0));
+}
+
+fn with_staging<R>(length: usize, work: impl FnOnce(&mut [u8]) -> R) -> R {
+    DIRECT_STAGING.with(|staging| {
+        let mut staging = staging.borrow_mut();
+        if staging.len() < length {
+            *staging = AlignedBuf::zeroed(length.next_power_of_two());
+        }
+        work(&mut staging[..length])
+    })
+}
+
+pub struct FolioFs {
+    volume: Arc<Volume>,
+    handles: Handles,
+    page_cache: PageCacheUse,
+    ttl: Duration,
+    max_write_bytes: u32,
+}
+
+impl FolioFs {
+    pub fn new(volume: Arc<Volume>, options: &MountOptions) -> Self {
+        Self {
+            volume,
+            handles: Handles::new(),
+            page_cache: options.page_cache,
+            ttl: options.attr_timeout,
+            max_write_bytes: options.max_write_bytes,
+        }
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, result: foliofs::Result<Attr>) {
+        match result {
+            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), Generation(0)),
+            Err(error) => reply.error(self.failed("lookup", &error)),
+        }
+    }
+
+    /// The errno for `error`; faults of the volume (not of the caller's
+    /// request) are logged, since the caller sees only a number.
+    fn failed(&self, operation: &str, error: &Error) -> Errno {
+        if matches!(error, Error::Io { .. } | Error::Corrupt(_) | Error::ReadOnly(_)) {
+            tracing::warn!("{operation}: {error}");
+        } else {
+            tracing::debug!("{operation}: {error}");
+        }
+        errno(error)
+    }
+
+    fn file(&self, fh: FileHandle) -> Result<Arc<File>, Errno> {
+        self.handles.file(fh.0).ok_or(Errno::EBADF)
+    }
+
+    fn open_flags(&self, flags: i32) -> OpenFlags {
+        let mut open = match flags & libc::O_ACCMODE {
+            libc::O_WRONLY | libc::O_RDWR => OpenFlags::READ_WRITE,
+            _ => OpenFlags::READ,
+        };
+        // The kernel enforces the access mode; the handle is opened readable
+        // whatever it asked because the kernel may read through any handle of
+        // the file (mmap faults, partial pages). O_APPEND is left to the
+        // kernel too: it passes the end-of-file offset with each write.
+        // O_TRUNC arrives as a separate setattr.
+        open.direct = flags & libc::O_DIRECT != 0;
+        open.dsync = flags & libc::O_DSYNC != 0;
+        open
+    }
+
+    fn fopen_flags(&self, open: OpenFlags) -> FopenFlags {
+        if open.direct || self.page_cache == PageCacheUse::Engine {
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+        } else {
+            FopenFlags::empty()
+        }
+    }
+
+    fn open_handle(&self, ino: u64, flags: i32) -> foliofs::Result<(u64, FopenFlags)> {
+        let open = self.open_flags(flags);
+        let file = self.volume.open_file(ino, open)?;
+        let fh = self.handles.insert(Handle::File(Arc::new(file)));
+        Ok((fh, self.fopen_flags(open)))
+    }
+}
+
+fn name_bytes(name: &OsStr) -> &[u8] {
+    name.as_bytes()
+}
+
+fn owner(req: &Request) -> Owner {
+    Owner { uid: req.uid(), gid: req.gid() }
+}
+
+fn time_set(time: TimeOrNow) -> TimeSet {
+    match time {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(at) => TimeSet::At(timestamp(at)),
+    }
+}
+
+/// Whether `uid`/`gid` may access a node with `mode` for `mask` (R_OK, W_OK,
+/// X_OK), by the owner/group/other bits; root passes except execute, which
+/// needs some execute bit.
+fn permits(attr: &Attr, uid: u32, gid: u32, mask: i32) -> bool {
+    let wanted = (mask & 7) as u32;
+    if uid == 0 {
+        return wanted & 1 == 0 || attr.mode & 0o111 != 0 || attr.kind == foliofs::InodeKind::Dir;
+    }
+    let granted = if uid == attr.uid {
+        (attr.mode >> 6) & 7
+    } else if gid == attr.gid {
+        (attr.mode >> 3) & 7
+    } else {
+        attr.mode & 7
+    };
+    granted & wanted == wanted
+}
+
+impl Filesystem for FolioFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        for &capability in WANTED_CAPABILITIES {
+            if config.add_capabilities(capability).is_err() {
+                tracing::info!("the kernel does not offer {capability:?}");
+            }
+        }
+        if let Err(nearest) = config.set_max_write(self.max_write_bytes) {
+            let _ = config.set_max_write(nearest);
+        }
+        // Enough background requests for asynchronous direct I/O at depth.
+        let _ = config.set_max_background(256);
+        let _ = config.set_congestion_threshold(192);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        // After a forced unmount the kernel may not have released every
+        // handle; close them so unlinked files are freed before the volume
+        // closes.
+        for handle in self.handles.drain() {
+            if let Handle::File(file) = handle {
+                if let Ok(file) = Arc::try_unwrap(file) {
+                    if let Err(error) = file.close() {
+                        tracing::warn!("closing a handle left open at unmount: {error}");
+                    }
+                }
+            }
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.volume.lookup(parent.0, name_bytes(name)) {
+            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), Generation(0)),
+            // Not logged even at debug: misses are most lookups of a build.
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.volume.getattr(ino.0) {
+            Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr)),
+            Err(error) => reply.error(self.failed("getattr", &error)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let changes = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+        };
+        match self.volume.setattr(ino.0, &changes) {
+            Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr)),
+            Err(error) => reply.error(self.failed("setattr", &error)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.volume.readlink(ino.0) {
+            Ok(target) => reply.data(&target),
+            Err(error) => reply.error(self.failed("readlink", &error)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        // The volume stores regular files, directories and symlinks only;
+        // mknod(2) documents EPERM for a node type the file system lacks.
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            reply.error(Errno::EPERM);
+            return;
+        }
+        let result = self.volume.create(parent.0, name_bytes(name), mode & !umask, owner(req));
+        self.reply_entry(reply, result);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let result = self.volume.mkdir(parent.0, name_bytes(name), mode & !umask, owner(req));
+        self.reply_entry(reply, result);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.volume.unlink(parent.0, name_bytes(name)) {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(self.failed("unlink", &error)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.volume.rmdir(parent.0, name_bytes(name)) {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(self.failed("rmdir", &error)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let result = self.volume.symlink(
+            parent.0,
+            name_bytes(link_name),
+            target.as_os_str().as_bytes(),
+            owner(req),
+        );
+        self.reply_entry(reply, result);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let flags = RenameFlags {
+            no_replace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
+        };
+        let result =
+            self.volume.rename(parent.0, name_bytes(name), newparent.0, name_bytes(newname), flags);
+        match result {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(self.failed("rename", &error)),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let result = self.volume.link(ino.0, newparent.0, name_bytes(newname));
+        self.reply_entry(reply, result);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: fuser::OpenFlags, reply: ReplyOpen) {
+        match self.open_handle(ino.0, flags.0) {
+            Ok((fh, fopen)) => reply.opened(FileHandle(fh), fopen),
+            Err(error) => reply.error(self.failed("open", &error)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let file = match self.file(fh) {
+            Ok(file) => file,
+            Err(errno) => return reply.error(errno),
+        };
+        with_staging(size as usize, |buffer| match file.read_at(buffer, offset) {
+            Ok(count) => reply.data(&buffer[..count]),
+            Err(error) => reply.error(self.failed("read", &error)),
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let file = match self.file(fh) {
+            Ok(file) => file,
+            Err(errno) => return reply.error(errno),
+        };
+        let written = if file.flags().direct {
+            with_staging(data.len(), |staged| {
+                staged.copy_from_slice(data);
+                file.write_at(staged, offset)
+            })
+        } else {
+            file.write_at(data, offset)
+        };
+        match written {
+            Ok(count) => reply.written(count as u32),
+            Err(error) => reply.error(self.failed("write", &error)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // close(2) promises nothing about durability, and writeback errors
+        // are reported by fsync, once per handle, as the kernel does.
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(Handle::File(file)) = self.handles.remove(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        // A request still running on the handle holds a clone; the last
+        // owner's drop closes the file then.
+        match Arc::try_unwrap(file).map(File::close) {
+            Ok(Err(error)) => reply.error(self.failed("release", &error)),
+            _ => reply.ok(),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let file = match self.file(fh) {
+            Ok(file) => file,
+            Err(errno) => return reply.error(errno),
+        };
+        let synced = if datasync { file.fdatasync() } else { file.fsync() };
+        match synced {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(self.failed("fsync", &error)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
+        match self.volume.readdir(ino.0) {
+            Ok(entries) => {
+                let fh = self.handles.insert(Handle::Dir(Arc::new(DirListing { entries })));
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+            Err(error) => reply.error(self.failed("opendir", &error)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(listing) = self.handles.dir(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        let parent = match self.volume.parent_of(ino.0) {
+            Ok(parent) => parent,
+            Err(error) => return reply.error(self.failed("readdir", &error)),
+        };
+        // Offsets: 1 after ".", 2 after "..", 2 + i + 1 after entry i.
+        let dots = [(ino.0, b".".as_slice()), (parent, b"..".as_slice())];
+        let dot_entries = dots.iter().map(|&(ino, name)| (ino, fuser::FileType::Directory, name));
+        let entries = listing
+            .entries
+            .iter()
+            .map(|entry| (entry.ino, file_type(entry.kind), entry.name.as_slice()));
+        for (index, (entry_ino, kind, name)) in
+            dot_entries.chain(entries).enumerate().skip(offset as usize)
+        {
+            if reply.add(INodeNo(entry_ino), index as u64 + 1, kind, OsStr::from_bytes(name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: fuser::OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        match self.handles.remove(fh.0) {
+            Some(Handle::Dir(_)) => reply.ok(),
+            _ => reply.error(Errno::EBADF),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.volume.fsync_inode(ino.0, datasync) {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(self.failed("fsyncdir", &error)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let stat = self.volume.statfs();
+        let free_inodes = stat.metadata_bytes_max.saturating_sub(stat.metadata_bytes)
+            / INODE_METADATA_BYTES_ESTIMATE;
+        // Delalloc reservations are spoken for: like ext4, count them as used
+        // in both free figures so df agrees with what the next write gets.
+        reply.statfs(
+            stat.data_blocks,
+            stat.available_blocks,
+            stat.available_blocks,
+            stat.inodes + free_inodes,
+            free_inodes,
+            stat.block_bytes,
+            stat.name_bytes_max,
+            stat.block_bytes,
+        );
+    }
+
+    // No extended attributes are stored: an empty list, no such attribute,
+    // and EOPNOTSUPP for setting one (so `cp -a` carries on without them).
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        reply.error(Errno::from_i32(libc::ENODATA));
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::from_i32(libc::ENODATA));
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        match self.volume.getattr(ino.0) {
+            Ok(attr) if permits(&attr, req.uid(), req.gid(), mask.bits()) => reply.ok(),
+            Ok(_) => reply.error(Errno::EACCES),
+            Err(error) => reply.error(self.failed("access", &error)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let name = name_bytes(name);
+        let created = match self.volume.create(parent.0, name, mode & !umask, owner(req)) {
+            // Another opener created it since the kernel's lookup: without
+            // O_EXCL, open(2) opens the existing file.
+            Err(Error::Exists(_)) if flags & libc::O_EXCL == 0 => {
+                self.volume.lookup(parent.0, name).and_then(|attr| {
+                    if flags & libc::O_TRUNC != 0 {
+                        let truncate = SetAttr { size: Some(0), ..SetAttr::default() };
+                        self.volume.setattr(attr.ino, &truncate)
+                    } else {
+                        Ok(attr)
+                    }
+                })
+            }
+            other => other,
+        };
+        let opened = created.and_then(|attr| Ok((attr, self.open_handle(attr.ino, flags)?)));
+        match opened {
+            Ok((attr, (fh, fopen))) => {
+                reply.created(&self.ttl, &file_attr(&attr), Generation(0), FileHandle(fh), fopen)
+            }
+            Err(error) => reply.error(self.failed("create", &error)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let file = match self.file(fh) {
+            Ok(file) => file,
+            Err(errno) => return reply.error(errno),
+        };
+        let result =
+            FallocateMode::from_flags(mode).and_then(|mode| file.fallocate(mode, offset, length));
+        match result {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(self.failed("fallocate", &error)),
+        }
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let file = match self.file(fh) {
+            Ok(file) => file,
+            Err(errno) => return reply.error(errno),
+        };
+        // The kernel answers SEEK_SET/CUR/END itself; only these reach here.
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        let found = match whence {
+            libc::SEEK_DATA => file.seek_data(offset),
+            libc::SEEK_HOLE => file.seek_hole(offset),
+            _ => return reply.error(Errno::EINVAL),
+        };
+        match found {
+            Ok(position) => reply.offset(position as i64),
+            Err(error) => reply.error(self.failed("lseek", &error)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(mode: u32, uid: u32, gid: u32) -> Attr {
+        let time = foliofs::Timestamp { secs: 0, nanos: 0 };
+        Attr {
+            ino: 2,
+            kind: foliofs::InodeKind::File,
+            mode,
+            uid,
+            gid,
+            nlink: 1,
+            size: 0,
+            blocks_512: 0,
+            atime: time,
+            mtime: time,
+            ctime: time,
+            block_bytes: 4096,
+        }
+    }
+
+    #[test]
+    fn access_follows_owner_group_and_other_bits() {
+        let file = attr(0o640, 1000, 100);
+        assert!(permits(&file, 1000, 5, libc::R_OK | libc::W_OK));
+        assert!(!permits(&file, 1000, 5, libc::X_OK));
+        assert!(permits(&file, 1001, 100, libc::R_OK));
+        assert!(!permits(&file, 1001, 100, libc::W_OK));
+        assert!(!permits(&file, 1002, 101, libc::R_OK));
+        assert!(permits(&file, 0, 0, libc::R_OK | libc::W_OK));
+        assert!(!permits(&file, 0, 0, libc::X_OK), "root needs some execute bit");
+        assert!(permits(&attr(0o744, 1, 1), 0, 0, libc::X_OK));
+    }
+}

@@ -1,0 +1,263 @@
+//! `-o` for a mount: the engine's switches (passed to `VolumeOptions`), the
+//! kernel's standard mount options, and the adapter's own few.
+
+use std::path::Path;
+use std::time::Duration;
+
+use foliofs::options::{parse_size, OPTION_KEYS};
+use foliofs::{Error, Result, VolumeOptions};
+use fuser::{Config, MountOption, SessionACL};
+
+/// The mount-level keys with one-line descriptions (the engine's keys are in
+/// `foliofs::options::OPTION_KEYS`); the error for an unknown key lists both.
+pub const MOUNT_OPTION_KEYS: &[(&str, &str)] = &[
+    (
+        "page_cache",
+        "engine (every open is FOPEN_DIRECT_IO: the engine's cache is the only one) | kernel \
+         (buffered opens use the kernel's page cache too) (default engine)",
+    ),
+    ("fuse_threads", "threads serving kernel requests (default: the CPU count, at most 16)"),
+    ("attr_timeout", "seconds the kernel may cache attributes and names (default 1)"),
+    ("max_write", "largest write request the kernel sends (default 1M)"),
+    ("allow_other", "let every user access the mount"),
+    ("allow_root", "let root access the mount too"),
+    ("default_permissions", "the kernel checks permissions from mode bits (default on)"),
+    ("no_default_permissions", "do not ask the kernel to check permissions"),
+    ("auto_unmount", "unmount when the daemon exits (needs allow_other or allow_root)"),
+    ("fsname", "the source shown in /proc/mounts (default the image path)"),
+    ("subtype", "the type suffix shown in /proc/mounts (default foliofs)"),
+    ("dev, nodev, suid, nosuid, exec, noexec, atime, noatime, sync, async, dirsync", "as mount(8)"),
+];
+
+/// How the kernel's page cache takes part in buffered I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PageCacheUse {
+    /// FOPEN_DIRECT_IO on every open: reads and writes reach the engine as
+    /// they were issued, and its folio cache is the only cache.
+    #[default]
+    Engine,
+    /// Buffered opens go through the kernel's page cache (write-through):
+    /// reads of cached pages never cross into the daemon.
+    Kernel,
+}
+
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    pub volume: VolumeOptions,
+    pub page_cache: PageCacheUse,
+    pub fuse_threads: usize,
+    pub attr_timeout: Duration,
+    pub max_write_bytes: u32,
+    pub default_permissions: bool,
+    pub allow_other: bool,
+    pub allow_root: bool,
+    pub auto_unmount: bool,
+    pub fsname: Option<String>,
+    pub subtype: String,
+    /// Standard flags passed to the kernel as they are (nodev, noexec, ...).
+    pub kernel_flags: Vec<MountOption>,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        Self {
+            volume: VolumeOptions::default(),
+            page_cache: PageCacheUse::Engine,
+            fuse_threads: cpus.clamp(1, 16),
+            attr_timeout: Duration::from_secs(1),
+            max_write_bytes: 1 << 20,
+            default_permissions: true,
+            allow_other: false,
+            allow_root: false,
+            auto_unmount: false,
+            fsname: None,
+            subtype: "foliofs".into(),
+            kernel_flags: Vec::new(),
+        }
+    }
+}
+
+impl MountOptions {
+    /// Parses a comma-separated `-o` list; a bad or unknown item is an error
+    /// that names it (and, when unknown, lists every accepted key).
+    pub fn parse(list: &str) -> Result<Self> {
+        let mut options = Self::default();
+        for item in list.split(',').map(str::trim).filter(|item| !item.is_empty()) {
+            let (key, value) = match item.split_once('=') {
+                Some((key, value)) => (key.trim(), Some(value.trim())),
+                None => (item, None),
+            };
+            options.set(key, value)?;
+        }
+        Ok(options)
+    }
+
+    fn set(&mut self, key: &str, value: Option<&str>) -> Result<()> {
+        let bad = |why: &str| {
+            Error::invalid(format!("mount option {key}={}: {why}", value.unwrap_or("")))
+        };
+        let flag = |option: MountOption| -> Result<MountOption> {
+            match value {
+                None => Ok(option),
+                Some(_) => Err(bad("takes no value")),
+            }
+        };
+        let no_value = || flag(MountOption::RW).map(drop);
+        match key {
+            "page_cache" => {
+                self.page_cache = match value {
+                    Some("engine") => PageCacheUse::Engine,
+                    Some("kernel") => PageCacheUse::Kernel,
+                    _ => return Err(bad("expected engine or kernel")),
+                }
+            }
+            "fuse_threads" => {
+                let threads: usize =
+                    value.and_then(|v| v.parse().ok()).ok_or_else(|| bad("not a number"))?;
+                if !(1..=256).contains(&threads) {
+                    return Err(bad("must be between 1 and 256"));
+                }
+                self.fuse_threads = threads;
+            }
+            "attr_timeout" => {
+                let seconds: f64 = value
+                    .and_then(|v| v.parse().ok())
+                    .filter(|seconds: &f64| {
+                        seconds.is_finite() && *seconds >= 0.0 && *seconds < 1e9
+                    })
+                    .ok_or_else(|| bad("expected seconds, e.g. 1 or 0.5"))?;
+                self.attr_timeout = Duration::from_secs_f64(seconds);
+            }
+            "max_write" => {
+                let bytes = parse_size(value.unwrap_or("")).map_err(|e| bad(&e.to_string()))?;
+                if !(4096..=(16 << 20)).contains(&bytes) {
+                    return Err(bad("must be between 4k and 16M"));
+                }
+                self.max_write_bytes = bytes as u32;
+            }
+            "allow_other" => {
+                no_value()?;
+                self.allow_other = true;
+            }
+            "allow_root" => {
+                no_value()?;
+                self.allow_root = true;
+            }
+            "default_permissions" => {
+                no_value()?;
+                self.default_permissions = true;
+            }
+            "no_default_permissions" => {
+                no_value()?;
+                self.default_permissions = false;
+            }
+            "auto_unmount" => {
+                flag(MountOption::AutoUnmount)?;
+                self.auto_unmount = true;
+            }
+            "fsname" => self.fsname = Some(value.ok_or_else(|| bad("needs a value"))?.into()),
+            "subtype" => self.subtype = value.ok_or_else(|| bad("needs a value"))?.into(),
+            "ro" | "rw" if value.is_none() => {
+                self.volume.read_only = key == "ro";
+            }
+            "dev" => self.kernel_flags.push(flag(MountOption::Dev)?),
+            "nodev" => self.kernel_flags.push(flag(MountOption::NoDev)?),
+            "suid" => self.kernel_flags.push(flag(MountOption::Suid)?),
+            "nosuid" => self.kernel_flags.push(flag(MountOption::NoSuid)?),
+            "exec" => self.kernel_flags.push(flag(MountOption::Exec)?),
+            "noexec" => self.kernel_flags.push(flag(MountOption::NoExec)?),
+            "atime" => self.kernel_flags.push(flag(MountOption::Atime)?),
+            "noatime" => self.kernel_flags.push(flag(MountOption::NoAtime)?),
+            "sync" => self.kernel_flags.push(flag(MountOption::Sync)?),
+            "async" => self.kernel_flags.push(flag(MountOption::Async)?),
+            "dirsync" => self.kernel_flags.push(flag(MountOption::DirSync)?),
+            // What mount(8) and fstab pass through to a helper and mean
+            // nothing to the file system itself.
+            "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "_netdev" | "nofail"
+            | "relatime" | "strictatime" => {}
+            _ if key.starts_with("x-") => {}
+            _ if OPTION_KEYS.iter().any(|(name, _)| *name == key) => {
+                self.volume.set(key, value.unwrap_or("on"))?;
+            }
+            _ => {
+                let known: Vec<&str> =
+                    OPTION_KEYS.iter().chain(MOUNT_OPTION_KEYS).map(|(name, _)| *name).collect();
+                return Err(Error::invalid(format!(
+                    "unknown mount option {key:?}; supported: {}",
+                    known.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The session configuration handed to fuser.
+    pub(crate) fn fuse_config(&self, image: &Path) -> Config {
+        let mut config = Config::default();
+        let fsname = self.fsname.clone().unwrap_or_else(|| image.display().to_string());
+        config.mount_options.push(MountOption::FSName(fsname));
+        config.mount_options.push(MountOption::Subtype(self.subtype.clone()));
+        config.mount_options.push(if self.volume.read_only {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        });
+        if self.default_permissions {
+            config.mount_options.push(MountOption::DefaultPermissions);
+        }
+        if self.auto_unmount {
+            config.mount_options.push(MountOption::AutoUnmount);
+        }
+        config.mount_options.extend(self.kernel_flags.iter().cloned());
+        config.acl = if self.allow_other {
+            SessionACL::All
+        } else if self.allow_root {
+            SessionACL::RootAndOwner
+        } else {
+            SessionACL::Owner
+        };
+        config.n_threads = Some(self.fuse_threads);
+        // Each thread reads from its own clone of /dev/fuse, so the kernel
+        // spreads requests over the threads instead of waking all of them.
+        config.clone_fd = true;
+        config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_switches_and_mount_options_mix_in_one_list() {
+        let options = MountOptions::parse(
+            "dirty=folio,fua=emulate,page_cache=kernel,fuse_threads=3,allow_other,noatime,ro",
+        )
+        .unwrap();
+        assert_eq!(options.volume.dirty, foliofs::options::DirtyMode::Folio);
+        assert_eq!(options.volume.fua, foliofs::dev::FuaMode::Emulate);
+        assert!(options.volume.read_only);
+        assert_eq!(options.page_cache, PageCacheUse::Kernel);
+        assert_eq!(options.fuse_threads, 3);
+        assert!(options.allow_other);
+        assert_eq!(options.kernel_flags, vec![MountOption::NoAtime]);
+        let config = options.fuse_config(Path::new("/img"));
+        assert_eq!(config.acl, SessionACL::All);
+        assert!(config.mount_options.contains(&MountOption::RO));
+        assert!(config.mount_options.contains(&MountOption::DefaultPermissions));
+    }
+
+    #[test]
+    fn unknown_and_bad_options_name_the_problem() {
+        let unknown = MountOptions::parse("dirty=block,bogus=1").unwrap_err().to_string();
+        assert!(unknown.contains("\"bogus\""), "{unknown}");
+        assert!(unknown.contains("page_cache") && unknown.contains("folio_max"), "{unknown}");
+        let bad = MountOptions::parse("page_cache=disk").unwrap_err().to_string();
+        assert!(bad.contains("page_cache=disk"), "{bad}");
+        let bad_engine = MountOptions::parse("folio_max=3k").unwrap_err().to_string();
+        assert!(bad_engine.contains("folio_max=3k"), "{bad_engine}");
+        assert!(MountOptions::parse("allow_other=yes").is_err());
+        assert!(MountOptions::parse("max_write=1k").is_err());
+    }
+}
