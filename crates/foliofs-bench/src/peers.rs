@@ -5,8 +5,9 @@
 //! on SIGINT/SIGTERM, so an interrupted run leaves nothing mounted.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::sync::Once;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use parking_lot::Mutex;
@@ -43,7 +44,8 @@ pub fn clean_up_all() {
     for action in actions.into_iter().rev() {
         match action {
             Undo::Unmount(path) => {
-                let _ = Command::new("umount").arg(&path).status();
+                // Quietly: a FUSE mount is usually gone already.
+                let _ = Command::new("umount").arg(&path).stderr(Stdio::null()).status();
             }
             Undo::DetachLoop(device) => {
                 let _ = Command::new("losetup").args(["-d", &device]).status();
@@ -172,6 +174,88 @@ impl Drop for Peers {
     fn drop(&mut self) {
         clean_up_all();
     }
+}
+
+/// foliofs itself mounted through FUSE by the `foliofs` executable
+/// (`foliofs mount -f`), so the same fio command runs across the kernel's
+/// FUSE crossing as on the kernel peers.
+pub struct FuseMount {
+    pub mount: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl FuseMount {
+    /// Mounts the (formatted) `image` on `mount` with `-o options`.
+    pub fn start(
+        program: &Path,
+        image: &Path,
+        mount: &Path,
+        options: &str,
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(mount)?;
+        let mount = mount.canonicalize()?;
+        let mut daemon = Command::new(program)
+            .args(["mount", "-f", "-o", options])
+            .arg(image)
+            .arg(&mount)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .with_context(|| format!("start {} mount", program.display()))?;
+        register(Undo::Unmount(mount.clone()));
+        let started = Instant::now();
+        while !is_mounted(&mount) {
+            if let Some(status) = daemon.try_wait()? {
+                bail!("foliofs mount exited ({status}) before mounting {}", mount.display());
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                let _ = daemon.kill();
+                bail!("{} was not mounted within 30 s", mount.display());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(Self { mount, daemon: Some(daemon) })
+    }
+
+    /// Bytes the daemon has sent to storage so far (its /proc io counter).
+    pub fn bytes_written(&self) -> u64 {
+        let Some(daemon) = &self.daemon else { return 0 };
+        std::fs::read_to_string(format!("/proc/{}/io", daemon.id()))
+            .ok()
+            .and_then(|io| {
+                io.lines()
+                    .find_map(|line| line.strip_prefix("write_bytes: "))
+                    .and_then(|value| value.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    /// Unmounts and waits for the daemon to write back and exit.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        let mut daemon = self.daemon.take().expect("running");
+        run(Command::new("umount").arg(&self.mount))?;
+        let status = daemon.wait()?;
+        if !status.success() {
+            bail!("foliofs mount exited with {status} after unmount");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        if let Some(mut daemon) = self.daemon.take() {
+            let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+        }
+    }
+}
+
+fn is_mounted(point: &Path) -> bool {
+    let point = point.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .is_ok_and(|info| info.lines().any(|line| line.split(' ').nth(4) == Some(&*point)))
 }
 
 /// Sets /proc/sys/vm values until the guard drops (or the run is

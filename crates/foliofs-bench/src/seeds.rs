@@ -16,7 +16,7 @@ use foliofs::{Volume, VolumeOptions};
 use serde_json::{json, Value};
 
 use crate::jobfile::{parse_command_line, JobSpec};
-use crate::peers::{self, KernelFs, Peers, SysctlGuard};
+use crate::peers::{self, FuseMount, Peers, SysctlGuard};
 use crate::runner::{self, RunReport, Target};
 use crate::targets;
 
@@ -31,6 +31,11 @@ pub struct SeedOptions {
     /// Where scratch images and the peers' loop files go (the disk measured).
     pub work_dir: PathBuf,
     pub volume_options: VolumeOptions,
+    /// The same options as text, for `foliofs mount -o`.
+    pub volume_options_text: String,
+    /// The `foliofs` executable, to measure the engine through a FUSE mount
+    /// beside the kernel peers; None leaves those rows out.
+    pub mount_program: Option<PathBuf>,
     pub only: Vec<String>,
     /// Repetitions of every row; the median is reported.
     pub reps: usize,
@@ -219,8 +224,55 @@ impl Lab<'_> {
         let Some(peers) = &self.peers else { return Ok(()) };
         for fs in &peers.file_systems {
             let label = format!("kernel {}", fs.name);
-            rows.push(self.repeat(&label, || fio_row(&label, fs, command))?);
+            rows.push(
+                self.repeat(&label, || {
+                    fio_row(&label, &fs.mount, &|| fs.bytes_written(), command)
+                })?,
+            );
         }
+        Ok(())
+    }
+
+    /// Whether rows through a FUSE mount run (with the peers: they need root
+    /// and fio too).
+    fn fuse_enabled(&self) -> bool {
+        self.peers.is_some() && self.options.mount_program.is_some()
+    }
+
+    /// The engine mounted through FUSE on a fresh volume, the job run by real
+    /// fio on the mount: the in-process row plus the kernel crossing.
+    fn fuse(
+        &self,
+        label: &str,
+        command: &str,
+        extra_options: &str,
+        rows: &mut Vec<Row>,
+    ) -> anyhow::Result<()> {
+        let Some(program) = self.options.mount_program.as_deref().filter(|_| self.fuse_enabled())
+        else {
+            return Ok(());
+        };
+        // mkfs takes the engine's options; the mount gets the extras too
+        // (some, such as page_cache, are mount options).
+        let options = self.options.volume_options.clone();
+        let mount_options = [self.options.volume_options_text.as_str(), extra_options]
+            .iter()
+            .filter(|part| !part.is_empty())
+            .copied()
+            .collect::<Vec<_>>()
+            .join(",");
+        let mount_point =
+            self.options.work_dir.join(format!("foliofs-fuse-{}", std::process::id()));
+        let row = self.repeat(label, || {
+            let mkfs = MkfsOptions { block_bytes: 4096, ..MkfsOptions::default() };
+            Volume::mkfs_path(&self.image, None, &mkfs, &options)?;
+            let mounted = FuseMount::start(program, &self.image, &mount_point, &mount_options)?;
+            let row = fio_row(label, &mounted.mount, &|| mounted.bytes_written(), command);
+            mounted.stop()?;
+            row
+        });
+        let _ = std::fs::remove_dir(&mount_point);
+        rows.push(row?);
         Ok(())
     }
 
@@ -277,8 +329,15 @@ fn row_of(label: &str, report: &RunReport) -> Row {
     }
 }
 
-fn fio_row(label: &str, fs: &KernelFs, command: &str) -> anyhow::Result<Row> {
-    let dir = fs.mount.join("seed");
+/// Real fio running `command` in a directory under `mount`; `bytes_written`
+/// reads the storage counter under it.
+fn fio_row(
+    label: &str,
+    mount: &Path,
+    bytes_written: &dyn Fn() -> u64,
+    command: &str,
+) -> anyhow::Result<Row> {
+    let dir = mount.join("seed");
     std::fs::create_dir_all(&dir)?;
     let mut arguments: Vec<String> = command
         .split_whitespace()
@@ -290,11 +349,16 @@ fn fio_row(label: &str, fs: &KernelFs, command: &str) -> anyhow::Result<Row> {
     if !command.contains("--filename=") {
         arguments.push(format!("--directory={}", dir.display()));
     }
-    // Files are laid out by writing, as the engine's are.
+    // Files are laid out by writing, as the engine's are, and before the
+    // measured run, so the storage counter sees only the job's own writes
+    // (as the engine rows' device counters do).
     arguments.push("--fallocate=none".into());
-    let written_before = fs.bytes_written();
+    let mut lay_out = arguments.clone();
+    lay_out.push("--create_only=1".into());
+    peers::fio(&lay_out)?;
+    let written_before = bytes_written();
     let job = peers::fio(&arguments)?;
-    let device_written = fs.bytes_written() - written_before;
+    let device_written = bytes_written().saturating_sub(written_before);
     let _ = std::fs::remove_dir_all(&dir);
     let side = |name: &str| &job[name];
     let (read, write) = (side("read"), side("write"));
@@ -339,6 +403,7 @@ fn seed_000(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
         lab.engine("dio_unaligned=exclusive", &command, "dio_unaligned=exclusive")?,
         lab.raw("raw device", &command)?,
     ];
+    lab.fuse("foliofs fuse", &command, "dio_unaligned=overwrite", &mut rows)?;
     lab.kernel(&command, &mut rows)?;
     let group = Group { name: "2 KiB direct writes, 8 jobs".into(), command, rows };
     let mut goals = Vec::new();
@@ -411,6 +476,7 @@ fn seed_002(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
             );
             let mut rows =
                 vec![lab.engine("foliofs", &command, "")?, lab.raw("raw device", &command)?];
+            lab.fuse("foliofs fuse", &command, "", &mut rows)?;
             lab.kernel(&command, &mut rows)?;
             let group = Group { name: format!("{rw} {bs}, iodepth 64"), command, rows };
             if let Some(value) = ratio(&group, Metric::Iops, "foliofs", "raw device") {
@@ -498,6 +564,13 @@ fn seed_004(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
                 )?,
                 lab.memcpy("memcpy", &command)?,
             ];
+            lab.fuse("foliofs fuse", &command, NO_WRITEBACK_OPTIONS, &mut rows)?;
+            lab.fuse(
+                "fuse page_cache=kernel",
+                &command,
+                &format!("{NO_WRITEBACK_OPTIONS},page_cache=kernel"),
+                &mut rows,
+            )?;
             if lab.peers.is_some() {
                 let _no_writeback = SysctlGuard::set(NO_WRITEBACK_SYSCTL)?;
                 lab.kernel(&command, &mut rows)?;
@@ -595,12 +668,13 @@ fn seeds(scale: &Scale) -> anyhow::Result<Vec<(&'static str, SeedFn, u64)>> {
 pub fn planned_rows(options: &SeedOptions) -> usize {
     let selected = |id: &str| options.only.is_empty() || options.only.iter().any(|only| only == id);
     let peers = if options.peers { 2 } else { 0 };
+    let fuse = usize::from(options.peers && options.mount_program.is_some());
     let rows = [
-        ("000", 3 + peers),
+        ("000", 3 + peers + fuse),
         ("001", 2 + peers),
-        ("002", 4 * (2 + peers)),
+        ("002", 4 * (2 + peers + fuse)),
         ("003", 6),
-        ("004", 6 * (3 + peers) + 2),
+        ("004", 6 * (3 + peers + 2 * fuse) + 2),
     ];
     rows.iter().filter(|(id, _)| selected(id)).map(|(_, count)| count * options.reps.max(1)).sum()
 }

@@ -16,7 +16,7 @@ pub const MOUNT_OPTION_KEYS: &[(&str, &str)] = &[
         "engine (every open is FOPEN_DIRECT_IO: the engine's cache is the only one) | kernel \
          (buffered opens use the kernel's page cache too) (default engine)",
     ),
-    ("fuse_threads", "threads serving kernel requests (default: the CPU count, at most 16)"),
+    ("fuse_threads", "threads serving kernel requests (default 16)"),
     ("attr_timeout", "seconds the kernel may cache attributes and names (default 1)"),
     ("max_write", "largest write request the kernel sends (default 1M)"),
     ("allow_other", "let every user access the mount"),
@@ -28,6 +28,8 @@ pub const MOUNT_OPTION_KEYS: &[(&str, &str)] = &[
     ("subtype", "the type suffix shown in /proc/mounts (default foliofs)"),
     ("dev, nodev, suid, nosuid, exec, noexec, atime, noatime, sync, async, dirsync", "as mount(8)"),
 ];
+
+const DEFAULT_FUSE_THREADS: usize = 16;
 
 /// How the kernel's page cache takes part in buffered I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -60,11 +62,14 @@ pub struct MountOptions {
 
 impl Default for MountOptions {
     fn default() -> Self {
-        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
         Self {
             volume: VolumeOptions::default(),
             page_cache: PageCacheUse::Engine,
-            fuse_threads: cpus.clamp(1, 16),
+            // A thread waits out each request's device I/O, so the threads,
+            // not the CPUs, bound the queue depth the device sees: on 2 CPUs,
+            // 4k random direct writes at iodepth 64 ran 12.1k IOPS with 2
+            // threads, 43.3k with 16 and 29.7k with 64.
+            fuse_threads: DEFAULT_FUSE_THREADS,
             attr_timeout: Duration::from_secs(1),
             max_write_bytes: 1 << 20,
             default_permissions: true,

@@ -38,6 +38,6 @@ pub fn run(
     match args.command {
         None => jobs::run(&args.jobs, options, options_text),
         Some(BenchCommand::Metadata(args)) => metadata::run(&args, options),
-        Some(BenchCommand::Seeds(args)) => seeds::run(&args, options),
+        Some(BenchCommand::Seeds(args)) => seeds::run(&args, options, options_text),
     }
 }

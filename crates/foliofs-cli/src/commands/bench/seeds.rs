@@ -37,7 +37,11 @@ pub struct SeedsArgs {
     reps: Option<usize>,
 }
 
-pub fn run(args: &SeedsArgs, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
+pub fn run(
+    args: &SeedsArgs,
+    options: &VolumeOptions,
+    options_text: &str,
+) -> anyhow::Result<ExitCode> {
     const SEEDS: [&str; 5] = ["000", "001", "002", "003", "004"];
     if let Some(unknown) = args.only.iter().find(|id| !SEEDS.contains(&id.as_str())) {
         bail!("--only {unknown}: the seeds are {}", SEEDS.join(", "));
@@ -58,6 +62,9 @@ pub fn run(args: &SeedsArgs, options: &VolumeOptions) -> anyhow::Result<ExitCode
         out_dir: args.out.clone(),
         work_dir: std::env::current_dir()?,
         volume_options: options.clone(),
+        volume_options_text: options_text.to_string(),
+        // This executable mounts the engine for the rows through FUSE.
+        mount_program: std::env::current_exe().ok(),
         only: args.only.clone(),
         reps: args.reps.unwrap_or(if args.quick { 1 } else { 3 }),
     };
