@@ -233,7 +233,12 @@ impl FuseMount {
     /// Unmounts and waits for the daemon to write back and exit.
     pub fn stop(mut self) -> anyhow::Result<()> {
         let mut daemon = self.daemon.take().expect("running");
-        run(Command::new("umount").arg(&self.mount))?;
+        if let Err(error) = run(Command::new("umount").arg(&self.mount)) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+            return Err(error);
+        }
         let status = daemon.wait()?;
         if !status.success() {
             bail!("foliofs mount exited with {status} after unmount");
