@@ -454,6 +454,7 @@ impl Filesystem for FolioFs {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
         };
+        tracing::trace!(ino = _ino.0, datasync, "fsync");
         let synced = if datasync { file.fdatasync() } else { file.fsync() };
         match synced {
             Ok(()) => reply.ok(),
