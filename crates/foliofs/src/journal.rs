@@ -447,6 +447,7 @@ fn read_checkpoint_slot(
     if header.uuid != geometry.uuid {
         return Err(Error::Corrupt("checkpoint belongs to another volume (uuid differs)".into()));
     }
+    check_replay_point(&header, geometry)?;
     let payload_stored = align_up(header.payload_bytes, u64::from(geometry.sector_bytes));
     let mut payload = AlignedBuf::zeroed(payload_stored as usize);
     if payload_stored > 0 {
@@ -460,6 +461,34 @@ fn read_checkpoint_slot(
         Error::Corrupt(format!("checkpoint claims {} records", header.record_count))
     })?;
     Ok((header, decode_all(payload, count)?))
+}
+
+/// Counters (generation, group sequence, lsn) start at 1 and grow by one per
+/// checkpoint, group or record: no volume comes near this, and a header
+/// claiming more would overflow the arithmetic that continues from it.
+const COUNTER_MAX: u64 = 1 << 62;
+
+/// A checksummed header can still be hostile (or written by a buggy
+/// build): its replay point must lie inside the journal, on a sector, and
+/// its counters must leave room to count on. Found by fuzz_images.
+fn check_replay_point(header: &CheckpointHeader, geometry: &JournalGeometry) -> Result<()> {
+    let offset = header.journal_replay_offset;
+    if offset >= geometry.journal_bytes || !offset.is_multiple_of(u64::from(geometry.sector_bytes))
+    {
+        return Err(Error::Corrupt(format!(
+            "checkpoint replay offset {offset} is not a sector inside the journal ({} bytes)",
+            geometry.journal_bytes
+        )));
+    }
+    let counters = [
+        ("generation", header.generation),
+        ("journal sequence", header.journal_replay_seq),
+        ("lsn", header.lsn_applied),
+    ];
+    if let Some((name, value)) = counters.iter().find(|(_, value)| *value > COUNTER_MAX) {
+        return Err(Error::Corrupt(format!("checkpoint {name} {value} is out of range")));
+    }
+    Ok(())
 }
 
 /// Walks the journal from a checkpoint's replay point, group by group, until

@@ -393,6 +393,29 @@ impl MetaState {
         Ok(())
     }
 
+    /// Limits the live path never passes: a size above `size_max`, or an
+    /// extent whose end in bytes does not fit in a u64 (INSERT_RANGE may
+    /// shift preallocated extents past `size_max`, never that far). Checked
+    /// after loading, so no later byte arithmetic on a hostile image
+    /// overflows.
+    pub fn check_limits(&self, block_bytes: u64, size_max: u64) -> Result<(), ApplyError> {
+        for (&ino, inode) in &self.inodes {
+            if inode.attrs.size > size_max {
+                return fail(format!(
+                    "inode {ino} has size {}, above the largest file ({size_max})",
+                    inode.attrs.size
+                ));
+            }
+            let end_block = inode.extents().map_or(0, ExtentMap::end_block);
+            if end_block.checked_mul(block_bytes).is_none() {
+                return fail(format!(
+                    "inode {ino} maps file block {end_block}, past the largest file offset"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Frees `extents` displaced by a record with `lsn`: delayed allocations
     /// return their reservation now; device blocks become reusable only once
     /// `lsn` is durable.

@@ -174,6 +174,12 @@ impl Volume {
         let (meta, load_report) =
             MetaStore::load(Arc::clone(&device), geometry, superblock.data, options.read_only)?;
         let block_bytes = superblock.block_bytes_u64();
+        // A hostile image may hold sizes and extents no live operation makes;
+        // refusing them here keeps the byte arithmetic of every later path
+        // (fiemap, reads, seeks) from overflowing. Found by fuzz_images.
+        meta.read()
+            .check_limits(block_bytes, crate::engine::FILE_BYTES_MAX)
+            .map_err(|error| Error::Corrupt(error.0))?;
         if options.folio_max_bytes < block_bytes {
             return Err(Error::invalid(format!(
                 "option folio_max={} is smaller than the volume's block size ({block_bytes})",
