@@ -604,6 +604,14 @@ fn errnos_and_namespace_semantics_through_the_mount() {
     }
     let mut mounted = Mounted::new(4096, "64M", "");
     let root = mounted.point.clone();
+    // The mounted image is locked: another foliofs command refuses it, read
+    // or write, naming the image, instead of reading it mid-change.
+    for command in [["ls", ":/"], ["fsck", ""]] {
+        let target = format!("{}{}", mounted.image_str(), command[1]);
+        let refused = run(FOLIOFS, &[command[0], &target]);
+        assert!(!refused.status.success(), "{command:?} on a mounted image");
+        assert!(String::from_utf8_lossy(&refused.stderr).contains("in use"), "{refused:?}");
+    }
     fs::create_dir(root.join("d")).unwrap();
     fs::write(root.join("d/f"), b"data").unwrap();
     assert_eq!(errno_of(fs::create_dir(root.join("d"))), libc::EEXIST);

@@ -14,12 +14,10 @@ pub(crate) fn file_type(kind: InodeKind) -> FileType {
 }
 
 pub(crate) fn system_time(time: Timestamp) -> SystemTime {
-    let since_epoch = Duration::new(time.secs.unsigned_abs(), time.nanos);
-    if time.secs >= 0 {
-        UNIX_EPOCH + since_epoch
-    } else {
-        UNIX_EPOCH - since_epoch
-    }
+    // secs is rounded toward minus infinity and nanos is added to it.
+    let whole = Duration::from_secs(time.secs.unsigned_abs());
+    let base = if time.secs >= 0 { UNIX_EPOCH + whole } else { UNIX_EPOCH - whole };
+    base + Duration::from_nanos(u64::from(time.nanos))
 }
 
 pub(crate) fn timestamp(time: SystemTime) -> Timestamp {

@@ -26,6 +26,7 @@ pub(crate) struct FileDev {
 impl FileDev {
     pub(crate) fn open(path: &Path, options: &DevOptions) -> io::Result<Self> {
         let file = open_file(path, options)?;
+        lock_image(&file, path, options.read_only)?;
         let metadata = file.metadata()?;
         let file_type = metadata.file_type();
         let fd = file.as_fd();
@@ -52,6 +53,40 @@ impl FileDev {
 
     fn fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
+    }
+}
+
+/// One writer or any number of readers per image, across processes: a
+/// mounted image opened again by `foliofs cp` (or mounted twice) would have
+/// two journals appending to one log. The lock is flock(2)'s, held until the
+/// file closes; read-only opens (fsck, info, ls) take it shared, so they
+/// fail too while a writer holds the image instead of reading it mid-change.
+///
+/// A holder that is letting go gets a moment: a daemon still closing the
+/// volume after `umount` returned, or a device whose last reference drops on
+/// one of its own completion threads.
+fn lock_image(file: &File, path: &Path, read_only: bool) -> io::Result<()> {
+    const LET_GO_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+    let started = std::time::Instant::now();
+    loop {
+        let locked = if read_only { file.try_lock_shared() } else { file.try_lock() };
+        match locked {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < LET_GO_WAIT => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::ResourceBusy,
+                    format!(
+                        "{} is in use by another process (mounted, or open in another foliofs \
+                         command)",
+                        path.display()
+                    ),
+                ))
+            }
+            Err(std::fs::TryLockError::Error(error)) => return Err(error),
+        }
     }
 }
 
