@@ -52,14 +52,44 @@ pub struct FaultRule {
     pub after: u64,
     pub every: u64,
     pub times: u64,
+    /// Instead of the `after`/`every` pattern: each matching request fails
+    /// with this probability (parts per million), drawn from a seeded
+    /// generator so a run can be repeated.
+    random: Option<RandomFaults>,
     matched: u64,
     failed: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RandomFaults {
+    per_million: u32,
+    state: u64,
+}
+
+impl RandomFaults {
+    /// splitmix64: a stateless-enough generator needing no dependency.
+    fn next(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
 }
 
 impl FaultRule {
     /// Fails the next `times` requests of kind `op`.
     pub fn next(op: FaultOp, times: u64) -> Self {
-        Self { op, byte_range: None, after: 0, every: 1, times, matched: 0, failed: 0 }
+        Self {
+            op,
+            byte_range: None,
+            after: 0,
+            every: 1,
+            times,
+            random: None,
+            matched: 0,
+            failed: 0,
+        }
     }
 
     /// Fails every `every`-th request of kind `op`, forever.
@@ -71,9 +101,23 @@ impl FaultRule {
             after: every - 1,
             every,
             times: u64::MAX,
+            random: None,
             matched: 0,
             failed: 0,
         }
+    }
+
+    /// Fails each request of kind `op` with `probability`, forever; `seed`
+    /// makes the choice repeatable.
+    pub fn random(op: FaultOp, probability: f64, seed: u64) -> Self {
+        let per_million = (probability.clamp(0.0, 1.0) * 1e6) as u32;
+        Self { random: Some(RandomFaults { per_million, state: seed }), ..Self::every_nth(op, 1) }
+    }
+
+    /// At most `times` failures from now on.
+    pub fn times(mut self, times: u64) -> Self {
+        self.times = times;
+        self
     }
 
     pub fn in_range(mut self, byte_range: Range<u64>) -> Self {
@@ -93,9 +137,11 @@ impl FaultRule {
         }
         let index = self.matched;
         self.matched += 1;
-        let fail = index >= self.after
-            && (index - self.after).is_multiple_of(self.every)
-            && self.failed < self.times;
+        let chosen = match &mut self.random {
+            Some(random) => random.next() % 1_000_000 < u64::from(random.per_million),
+            None => index >= self.after && (index - self.after).is_multiple_of(self.every),
+        };
+        let fail = chosen && self.failed < self.times;
         if fail {
             self.failed += 1;
         }
@@ -365,5 +411,18 @@ mod tests {
         assert!(device.read_at(4096, &mut [IoSliceMut::new(&mut buffer)]).is_ok());
         device.kill();
         assert!(device.flush().is_err());
+    }
+
+    #[test]
+    fn random_rules_repeat_with_their_seed() {
+        let outcomes = |seed| {
+            let device = FaultDev::new(8192, 512);
+            device.add_rule(FaultRule::random(FaultOp::Flush, 0.3, seed).times(5));
+            (0..100).map(|_| device.flush().is_ok()).collect::<Vec<bool>>()
+        };
+        let first = outcomes(1);
+        assert_eq!(first, outcomes(1));
+        assert_ne!(first, outcomes(2));
+        assert_eq!(first.iter().filter(|ok| !**ok).count(), 5, "capped by times");
     }
 }
