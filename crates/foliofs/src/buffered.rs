@@ -314,10 +314,16 @@ pub fn set_size(engine: &Engine, inode: &InodeCache, new_size: u64) -> Result<()
     // The new on-disk size must not cover data still only in memory, and the
     // folio holding the new end of file is dropped whole.
     writeback::write_back(engine, inode, disk_size.min(first_dropped_folio), kept_end)?;
+    // The step that can fail for want of the device comes before the
+    // folios past the new end are dropped: a truncate that fails must leave
+    // the file as it was, not without the dirty data it had cached (found
+    // by tests/faults.rs).
+    let data = DataPath::new(engine);
+    data.zero_block_tail(inode.ino, kept_end)?;
     {
         let _serial = inode.writeback_lock.lock();
         inode.remove_range(dropped_from, u64::MAX);
     }
-    DataPath::new(engine).set_size(inode.ino, new_size)?;
+    data.commit_size(inode.ino, new_size)?;
     Ok(())
 }

@@ -419,6 +419,12 @@ fn load_checkpoint(
     let mut problems = Vec::new();
     for (index, &slot_offset) in geometry.slot_offsets.iter().enumerate() {
         match read_checkpoint_slot(device, geometry, slot_offset) {
+            // A slot that cannot be read may hold the newest checkpoint:
+            // mounting the other one instead would bring back an older state
+            // (and the next checkpoint would overwrite the newer one), so a
+            // device error fails the mount as the error it is (found by
+            // tests/faults.rs).
+            Err(error @ Error::Io { .. }) => return Err(error),
             Ok((header, records)) => {
                 if header.slot_index() != index {
                     problems.push(format!("slot {index}: generation in the wrong slot"));

@@ -36,10 +36,6 @@ impl<'a> DataPath<'a> {
         self.engine.align_up(value)
     }
 
-    fn size_of(&self, ino: u64) -> Result<u64> {
-        self.engine.size_of(ino)
-    }
-
     /// Writes `data` at `pos`; returns the bytes written. A failure after some
     /// pieces completed returns the completed count.
     pub fn write(&self, ino: u64, data: &[u8], pos: u64) -> Result<usize> {
@@ -167,11 +163,11 @@ impl<'a> DataPath<'a> {
             .context(|| format!("write at device offset {dev_offset}"))
     }
 
-    /// Changes the size: shrinking zeroes the tail of the new last block and
-    /// unmaps whole blocks past it in one transaction with the new size.
-    pub fn set_size(&self, ino: u64, new_size: u64) -> Result<u64> {
-        let old_size = self.size_of(ino)?;
-        self.zero_block_tail(ino, new_size.min(old_size))?;
+    /// Changes the size: unmaps whole blocks past the new end in one
+    /// transaction with the new size. The caller has zeroed the tail of the
+    /// new last block on disk first (`zero_block_tail`), before dropping any
+    /// cached data, so that a failure there changes nothing.
+    pub fn commit_size(&self, ino: u64, new_size: u64) -> Result<u64> {
         let first_gone_block = new_size.div_ceil(self.engine.block_bytes);
         let (_, lsn) = self.engine.meta.transact(|txn| {
             let now = Timestamp::now();

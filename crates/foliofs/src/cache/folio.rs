@@ -91,8 +91,11 @@ impl Folio {
     /// The folio's blocks that `[start, end)` (file offsets) touches, as
     /// `(first, count)`; the range is clipped to the folio.
     pub fn blocks_of(&self, start: u64, end: u64) -> (usize, usize) {
-        let start = start.max(self.pos) - self.pos;
-        let end = end.min(self.end()) - self.pos;
+        // Clamped at both ends: writeback re-dirties every failed range in
+        // every folio of its batch, so a range may lie wholly before or after
+        // this folio (it underflowed then; found by tests/faults.rs).
+        let start = start.clamp(self.pos, self.end()) - self.pos;
+        let end = end.clamp(self.pos, self.end()) - self.pos;
         if start >= end {
             return (0, 0);
         }

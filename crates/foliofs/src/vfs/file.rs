@@ -154,14 +154,17 @@ impl File {
     pub fn write_at(&self, data: &[u8], pos: u64) -> Result<usize> {
         self.check_writable()?;
         let engine = &self.shared.engine;
+        // Before either path: a direct overwrite of written blocks needs no
+        // metadata, so nothing below would refuse it on a volume that went
+        // read-only (found by tests/faults.rs).
+        if let Some(refusal) = self.shared.meta.refusal() {
+            return Err(refusal);
+        }
         if self.flags.direct && !self.flags.append {
             return direct::write(engine, &self.inode, self.ino, data, pos, self.flags.dsync);
         }
         if data.is_empty() {
             return Ok(0);
-        }
-        if let Some(refusal) = self.shared.meta.refusal() {
-            return Err(refusal);
         }
         let (pos, written) = {
             let _exclusive = self.inode.io.exclusive();
@@ -186,7 +189,11 @@ impl File {
 
     /// Asynchronous write from an owned buffer (direct files only).
     pub fn write_at_async(&self, buffer: AlignedBuf, pos: u64) -> DirectFuture {
-        match self.check_direct().and_then(|()| self.check_writable()) {
+        let checked = self.check_direct().and_then(|()| self.check_writable()).and_then(|()| {
+            // As in write_at: an overwrite alone would not be refused.
+            self.shared.meta.refusal().map_or(Ok(()), Err)
+        });
+        match checked {
             Ok(()) => {
                 let engine = &self.shared.engine;
                 direct::write_async(engine, &self.inode, self.ino, buffer, pos, self.flags.dsync)
