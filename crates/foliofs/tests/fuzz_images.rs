@@ -1020,7 +1020,7 @@ fn reseal_headers(sample: &mut [u8], uuid: &[u8; 16]) {
 fn decoders_survive_mutated_corpus_samples() {
     let samples = load_samples();
     assert!(samples.len() >= 9, "the corpus has samples of each structure: {}", samples.len());
-    let budget = Budget::new(60_000, 10);
+    let budget = Budget::new(100_000, 8);
     let mut rng = ChaCha8Rng::seed_from_u64(base_seed());
     let mut executions = 0u64;
     let mut calls = 0u64;
@@ -1077,7 +1077,8 @@ fn exercise_image(image: Vec<u8>, read_only: bool, must_be_clean: bool) -> CaseO
         return outcome;
     };
     outcome.mounted = true;
-    outcome.files_read = walk(&volume, image_bytes);
+    let (files, dirs) = walk(&volume, image_bytes);
+    outcome.files_read = files.len() as u64;
     let _ = volume.statfs();
     let report = foliofs::fsck::check(device.clone());
     outcome.fsck_problems = report.problems.len() as u64;
@@ -1086,14 +1087,91 @@ fn exercise_image(image: Vec<u8>, read_only: bool, must_be_clean: bool) -> CaseO
             report.problems.iter().filter(|problem| !problem.contains("superblock")).collect();
         assert!(load_problems.is_empty(), "raw damage mounted but fsck finds {load_problems:?}");
     }
+    if !read_only && live_changes() {
+        change_everything(&volume, &files, &dirs);
+        let _ = volume.close();
+        // What the library wrote over the loaded state mounts again or is
+        // refused cleanly.
+        if let Ok(volume) = Volume::open_device(device, &options_for(true)) {
+            walk(&volume, image_bytes);
+        }
+        return outcome;
+    }
     let _ = volume.close();
     outcome
 }
 
+/// Changes on a mutated image that mounted (FOLIOFS_FUZZ_LIVE=0 skips
+/// them): the live paths must not panic on any state mount accepts.
+fn live_changes() -> bool {
+    std::env::var("FOLIOFS_FUZZ_LIVE").map_or(true, |value| value != "0")
+}
+
+/// A bit of every kind of change on the files and directories found.
+fn change_everything(volume: &Volume, files: &[FoundFile], dirs: &[u64]) {
+    let owner = owner();
+    let _ = volume.create(ROOT, b"fuzz-new", 0o644, owner).and_then(|attr| {
+        let file = volume.open_file(attr.ino, OpenFlags::READ_WRITE)?;
+        file.write_at(&pattern(1, 10_000), 0)?;
+        file.fsync()
+    });
+    for &dir in dirs.iter().take(3) {
+        let _ = volume.mkdir(dir, b"fuzz-dir", 0o755, owner);
+        let _ = volume.symlink(dir, b"fuzz-link", b"target", owner);
+        let _ = volume.rmdir(dir, b"fuzz-dir");
+    }
+    for (index, (parent, ino, name)) in files.iter().take(4).enumerate() {
+        let Ok(file) = volume.open_file(*ino, OpenFlags::READ_WRITE) else { continue };
+        let size = file.attr().map_or(0, |attr| attr.size);
+        let _ = file.write_at(b"overwrite", 0);
+        let _ = file.write_at(&pattern(2, 5000), size.min(1 << 20));
+        let _ = file.fallocate(FallocateMode::PunchHole, 100, 5000);
+        let _ = file.fallocate(FallocateMode::ZeroRange { keep_size: false }, 0, 3000);
+        let _ = file.set_len(size / 2);
+        let _ = file.fsync();
+        if let Ok(direct) = volume.open_file(*ino, OpenFlags::READ_WRITE.with_direct()) {
+            let _ = direct.write_at(&AlignedBuf::zeroed(4096), 0);
+            let _ = direct.fdatasync();
+        }
+        drop(file);
+        let _ = volume.link(*ino, ROOT, format!("fuzz-hard{index}").as_bytes());
+        let _ = volume.rename(
+            *parent,
+            name,
+            ROOT,
+            format!("fuzz-moved{index}").as_bytes(),
+            foliofs::RenameFlags::default(),
+        );
+        if index % 2 == 0 {
+            let _ = volume.unlink(ROOT, format!("fuzz-moved{index}").as_bytes());
+        }
+    }
+    for &dir in dirs.iter().skip(1).take(2) {
+        if let Ok(parent) = volume.parent_of(dir) {
+            let name = volume
+                .readdir(parent)
+                .ok()
+                .and_then(|entries| entries.into_iter().find(|entry| entry.ino == dir))
+                .map(|entry| entry.name);
+            if let Some(name) = name {
+                let _ = volume.rename(parent, &name, ROOT, b"fuzz-dir-moved", Default::default());
+                let _ = volume.rmdir(ROOT, b"fuzz-dir-moved");
+            }
+        }
+    }
+    let _ = volume.sync();
+    let _ = volume.checkpoint();
+}
+
 /// Every directory (each once: a hostile image may hold cycles), every
-/// symlink and every file, read in bounded pieces.
-fn walk(volume: &Volume, image_bytes: usize) -> u64 {
-    let mut files = 0;
+/// symlink and every file, read in bounded pieces. Returns the files (parent,
+/// inode, name) and the directories.
+/// A file the walk found: its directory, inode and name.
+type FoundFile = (u64, u64, Vec<u8>);
+
+fn walk(volume: &Volume, image_bytes: usize) -> (Vec<FoundFile>, Vec<u64>) {
+    let mut files = Vec::new();
+    let mut dirs = vec![ROOT];
     let mut seen = HashSet::from([ROOT]);
     let mut stack = vec![ROOT];
     let _ = volume.resolve("/dir/sub/../link");
@@ -1107,6 +1185,7 @@ fn walk(volume: &Volume, image_bytes: usize) -> u64 {
                 InodeKind::Dir => {
                     if seen.insert(entry.ino) && seen.len() < 100_000 {
                         stack.push(entry.ino);
+                        dirs.push(entry.ino);
                     }
                 }
                 InodeKind::Symlink => {
@@ -1115,13 +1194,13 @@ fn walk(volume: &Volume, image_bytes: usize) -> u64 {
                 InodeKind::File => {
                     if seen.insert(entry.ino) {
                         read_file(volume, entry.ino, image_bytes);
-                        files += 1;
+                        files.push((dir, entry.ino, entry.name.clone()));
                     }
                 }
             }
         }
     }
-    files
+    (files, dirs)
 }
 
 fn read_file(volume: &Volume, ino: u64, image_bytes: usize) {
@@ -1258,7 +1337,7 @@ fn mounting_mutated_images_never_panics_hangs_or_overallocates() {
         run_case(&description, image, read_only, clean);
         return;
     }
-    let budget = Budget::new(400, 25);
+    let budget = Budget::new(3_000, 25);
     let first = base_seed() << 20;
     let (mut executions, mut mounted, mut files, mut fsck_problems) = (0u64, 0u64, 0u64, 0u64);
     // FOLIOFS_FUZZ_KEEP_GOING: collect every failing case instead of

@@ -218,6 +218,16 @@ impl Superblock {
             }
             next_free_block = end;
         }
+        // mkfs never makes a journal outside these bounds, and a smaller one
+        // cannot hold a transaction in a group (found by fuzz_images).
+        let journal_bytes = self.journal.block_count.saturating_mul(self.block_bytes_u64());
+        if !(JOURNAL_BYTES_MIN..=JOURNAL_BYTES_MAX).contains(&journal_bytes) {
+            return Err(FormatError::invalid(
+                WHAT,
+                "layout",
+                format!("a journal of {journal_bytes} bytes is outside the sizes mkfs makes"),
+            ));
+        }
         if self.checkpoint_slots[0].block_count != self.checkpoint_slots[1].block_count {
             return Err(FormatError::invalid(WHAT, "layout", "checkpoint slots differ in size"));
         }

@@ -66,7 +66,10 @@ fn update_attrs(txn: &mut Txn<'_>, ino: u64, change: impl FnOnce(&mut InodeAttrs
 
 fn touch_dir(txn: &mut Txn<'_>, dir: u64, nlink_delta: i32, now: Timestamp) {
     update_attrs(txn, dir, |attrs| {
-        attrs.nlink = attrs.nlink.checked_add_signed(nlink_delta).expect("directory link count");
+        // Saturating: the count is loaded from the image unchecked, so a
+        // damaged one (0, u32::MAX) must not panic a live change; fsck
+        // reports it (found by fuzz_images).
+        attrs.nlink = attrs.nlink.saturating_add_signed(nlink_delta);
         attrs.mtime = now;
         attrs.ctime = now;
     });
@@ -184,6 +187,12 @@ impl Volume {
             txn.ensure_metadata_room(extra)?;
             let now = Timestamp::now();
             let ino = txn.state().next_ino;
+            if txn.state().inode(ino).is_some() {
+                // Numbers only grow, and `next_ino` stops at u64::MAX: an
+                // image using that number has none left. Handing it out again
+                // would change an existing inode (found by fuzz_images).
+                return Err(Error::NoSpace("no inode numbers left".into()));
+            }
             let is_dir = kind == InodeKind::Dir;
             let attrs = InodeAttrs {
                 kind,
