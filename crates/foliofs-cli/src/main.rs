@@ -86,6 +86,13 @@ enum Command {
     /// Run fio jobs (a job file, or fio options such as --name=t --rw=randread
     /// --bs=4k --size=1G) or a fixed benchmark, in-process on a temporary image.
     Bench(Box<commands::bench::BenchArgs>),
+    /// Crash-test the library: seeded random workloads on an in-memory device,
+    /// crashed at every flush boundary (and with volatile writes kept, lost
+    /// or torn), remounted and checked against a model.
+    Crashtest(commands::crashtest::CrashtestArgs),
+    /// fsx-style checker: random operations on one file compared with an
+    /// in-memory model after every step.
+    Fsx(commands::fsx::FsxArgs),
 }
 
 fn main() -> ExitCode {
@@ -142,5 +149,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Fallocate(args) => fallocate::run(&args, &options),
         Command::Mount { .. } => unreachable!("handled above"),
         Command::Bench(args) => bench::run(*args, &options, &cli.options),
+        Command::Crashtest(args) => crashtest::run(&args, &cli.options),
+        Command::Fsx(args) => fsx::run(&args, &cli.options),
     }
 }

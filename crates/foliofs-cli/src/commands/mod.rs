@@ -1,7 +1,9 @@
 pub mod bench;
+pub mod crashtest;
 pub mod fallocate;
 pub mod files;
 pub mod fsck;
+pub mod fsx;
 pub mod info;
 pub mod mkfs;
 pub mod mount;

@@ -1,0 +1,462 @@
+//! Crash-point enumeration over a finished [`Workload`].
+//!
+//! The fault model is the one of [`FaultDev`]: a plain write is volatile
+//! until a flush completes after it; a FUA write is durable on completion;
+//! a power cut keeps every durable write and any subset of the volatile
+//! ones, each kept whole, lost, or torn at 512-byte sectors.
+//!
+//! Crash points are every log position right before and right after
+//! something became durable (a flush or a FUA write) and every position
+//! where an fsync or syncfs returned. At each, the image keeping none of the volatile writes
+//! is checked, and where there are volatile writes also the one keeping all
+//! of them and `variants` random mixtures (kept, lost, torn). Each image
+//! must pass fsck, mount, read the same through a read-only and a writable
+//! mount, read the same again after a crash right after that recovery
+//! mount and after its clean close, and agree with the model:
+//!
+//! - every file shows only bytes it was given at that offset (or zeros):
+//!   no stale data, no data of another file, no garbage;
+//! - its size is one it had, or a block boundary below a larger size it
+//!   had (writeback moves the on-disk size run by run);
+//! - an append-only log is an exact prefix of what was appended to it (so
+//!   a size never covers a block whose write did not complete), at least
+//!   as long as its last fsync;
+//! - a file fsynced (or fdatasynced) before the cut and not changed after
+//!   has exactly the fsynced content; a thread's subtree after a syncfs it
+//!   issued, with no later op of it started, is exactly the model's.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use foliofs::dev::fault::{Keep, LogEntry, TEAR_SECTOR_BYTES};
+use foliofs::dev::{Device, FaultDev, FuaMode};
+use foliofs::{InodeKind, VolumeOptions};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::model::{read_tree, subtree, tree_diff, Tree};
+use crate::workload::{LiveFailure, Op, SpanKind, Workload, WorkloadConfig};
+use crate::{mix, open_image, SECTOR_BYTES};
+
+/// How thoroughly each workload is crashed.
+#[derive(Debug, Clone, Copy)]
+pub struct CrashOptions {
+    /// Random mixtures of kept, lost and torn volatile writes per point.
+    pub variants: usize,
+    /// Shrink a failing workload to a short op list.
+    pub shrink: bool,
+    /// Replays the shrinker may spend.
+    pub shrink_attempts: usize,
+}
+
+impl Default for CrashOptions {
+    fn default() -> Self {
+        Self { variants: 2, shrink: true, shrink_attempts: 400 }
+    }
+}
+
+/// Counts over the workloads checked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub workloads: u64,
+    pub ops: u64,
+    pub crash_points: u64,
+    pub images: u64,
+    pub violations: u64,
+}
+
+impl Stats {
+    pub fn add(&mut self, other: &Stats) {
+        self.workloads += other.workloads;
+        self.ops += other.ops;
+        self.crash_points += other.crash_points;
+        self.images += other.images;
+        self.violations += other.violations;
+    }
+}
+
+/// What went wrong, and where.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    /// The crash point (log entries kept); None for a failure while running.
+    pub cut: Option<usize>,
+    pub log_len: usize,
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.cut {
+            Some(cut) => write!(
+                f,
+                "crash after {cut} of {} device log entries: {}",
+                self.log_len, self.message
+            ),
+            None => write!(f, "while running: {}", self.message),
+        }
+    }
+}
+
+/// A failing workload, shrunk.
+#[derive(Debug, Clone)]
+pub struct CrashFailure {
+    pub config: WorkloadConfig,
+    pub violation: Violation,
+    /// The shortest op lists found that still fail (one per thread).
+    pub ops: Vec<Vec<Op>>,
+    pub original_ops: usize,
+}
+
+impl fmt::Display for CrashFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let WorkloadConfig { seed, block_bytes, threads, ops, options } = self.config;
+        writeln!(f, "VIOLATION: {}", self.violation)?;
+        let options = if options.is_empty() { String::new() } else { format!("-o {options} ") };
+        writeln!(
+            f,
+            "reproduce: foliofs {options}crashtest --seed {seed} --workloads 1 --ops {ops} \
+             --block-size {block_bytes} --threads {threads}"
+        )?;
+        let kept: usize = self.ops.iter().map(Vec::len).sum();
+        writeln!(f, "op list ({kept} of {} ops still fail):", self.original_ops)?;
+        write!(f, "{}", Workload::format_ops(&self.ops))
+    }
+}
+
+/// Generates, runs and crash-checks one workload, adding to `stats`; on a
+/// violation shrinks it.
+pub fn run_one(
+    config: WorkloadConfig,
+    options: &CrashOptions,
+    stats: &mut Stats,
+) -> Result<(), Box<CrashFailure>> {
+    stats.workloads += 1;
+    let workload = Workload::generate(config);
+    stats.ops += workload.op_count() as u64;
+    let (ops, violation) = match &workload.failure {
+        None => match check_workload(&workload, options.variants, stats) {
+            Ok(()) => return Ok(()),
+            Err(violation) => (workload.ops.clone(), violation),
+        },
+        Some(live) => (truncated(&workload.ops, live), live_violation(&workload, live)),
+    };
+    drop(workload);
+    stats.violations += 1;
+    let original_ops = ops.iter().map(Vec::len).sum();
+    let (ops, violation) =
+        if options.shrink { shrink(config, ops, violation, options) } else { (ops, violation) };
+    Err(Box::new(CrashFailure { config, violation, ops, original_ops }))
+}
+
+fn truncated(ops: &[Vec<Op>], live: &LiveFailure) -> Vec<Vec<Op>> {
+    let mut ops = ops.to_vec();
+    ops[live.thread].truncate(live.op_index + 1);
+    ops
+}
+
+fn live_violation(workload: &Workload, live: &LiveFailure) -> Violation {
+    Violation {
+        cut: None,
+        log_len: workload.device.log_len(),
+        message: format!(
+            "thread {} op {} ({}): {}",
+            live.thread, live.op_index, workload.ops[live.thread][live.op_index], live.message
+        ),
+    }
+}
+
+/// Replays `ops`; the violation it shows, if any.
+fn replay_fails(config: WorkloadConfig, ops: &[Vec<Op>], variants: usize) -> Option<Violation> {
+    let workload = Workload::replay(config, ops);
+    match &workload.failure {
+        None => check_workload(&workload, variants, &mut Stats::default()).err(),
+        Some(live) => Some(live_violation(&workload, live)),
+    }
+}
+
+/// Drops chunks of ops (halves, then quarters, ... then single ops) while
+/// the replay still fails.
+fn shrink(
+    config: WorkloadConfig,
+    mut ops: Vec<Vec<Op>>,
+    mut violation: Violation,
+    options: &CrashOptions,
+) -> (Vec<Vec<Op>>, Violation) {
+    let mut attempts = 0;
+    let deadline = Instant::now() + std::time::Duration::from_secs(300);
+    for thread in 0..ops.len() {
+        let mut chunk = ops[thread].len().div_ceil(2).max(1);
+        loop {
+            let mut start = 0;
+            while start < ops[thread].len() {
+                if attempts >= options.shrink_attempts || Instant::now() > deadline {
+                    return (ops, violation);
+                }
+                attempts += 1;
+                let mut candidate = ops.clone();
+                let end = (start + chunk).min(candidate[thread].len());
+                candidate[thread].drain(start..end);
+                match replay_fails(config, &candidate, options.variants) {
+                    Some(found) => {
+                        ops = candidate;
+                        violation = found;
+                    }
+                    None => start += chunk,
+                }
+            }
+            if chunk == 1 {
+                break;
+            }
+            chunk = chunk.div_ceil(2);
+        }
+    }
+    (ops, violation)
+}
+
+/// Crashes `workload` at every point; the first violation.
+pub fn check_workload(
+    workload: &Workload,
+    variants: usize,
+    stats: &mut Stats,
+) -> Result<(), Violation> {
+    let device = &workload.device;
+    let log = device.log();
+    let mut points = device.durability_points();
+    // Right before each flush or FUA write: everything written since the
+    // previous flush is still volatile there.
+    points.extend(log.iter().enumerate().filter_map(|(index, entry)| {
+        matches!(entry, LogEntry::Flush | LogEntry::Write { fua: true, .. }).then_some(index)
+    }));
+    points.extend(
+        workload
+            .spans
+            .iter()
+            .filter(|span| !matches!(span.kind, SpanKind::Other))
+            .map(|span| span.log_end),
+    );
+    points.sort_unstable();
+    points.dedup();
+    let mut rng = ChaCha8Rng::seed_from_u64(mix(&[workload.config.seed, 31]));
+    for &cut in &points {
+        stats.crash_points += 1;
+        let unflushed = device.unflushed_writes(cut);
+        let mut choices: Vec<HashMap<usize, Keep>> = vec![HashMap::new()];
+        if !unflushed.is_empty() {
+            choices.push(unflushed.iter().map(|&index| (index, Keep::All)).collect());
+            for _ in 0..variants {
+                let choice = unflushed
+                    .iter()
+                    .map(|&index| {
+                        let keep = match rng.random_range(0..4) {
+                            0 => Keep::Nothing,
+                            1 => {
+                                let LogEntry::Write { data, .. } = &log[index] else {
+                                    unreachable!("unflushed writes are writes")
+                                };
+                                let sectors = data.len().div_ceil(TEAR_SECTOR_BYTES);
+                                Keep::Sectors((0..sectors).map(|_| rng.random_bool(0.5)).collect())
+                            }
+                            _ => Keep::All,
+                        };
+                        (index, keep)
+                    })
+                    .collect();
+                choices.push(choice);
+            }
+        }
+        for choice in choices {
+            let image = device
+                .crash_image(cut, &|index| choice.get(&index).cloned().unwrap_or(Keep::Nothing));
+            stats.images += 1;
+            check_image(workload, cut, image).map_err(|message| Violation {
+                cut: Some(cut),
+                log_len: log.len(),
+                message,
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn read_only(workload: &Workload) -> VolumeOptions {
+    VolumeOptions { read_only: true, ..workload.config.volume_options() }
+}
+
+/// One crash image: fsck, mounts, replays, then the model.
+fn check_image(workload: &Workload, cut: usize, image: Vec<u8>) -> Result<(), String> {
+    let raw = Arc::new(FaultDev::from_image(image.clone(), SECTOR_BYTES));
+    let fsck = foliofs::fsck::check(Arc::new(Device::new(raw, FuaMode::Native)));
+    if !fsck.is_clean() {
+        return Err(format!("fsck: {:?}", fsck.problems));
+    }
+    let ballast = workload.ballast.1;
+    let skip = HashSet::from([ballast]);
+    let full = {
+        let (_, volume) = open_image(image.clone(), &read_only(workload))
+            .map_err(|error| format!("mount: {error}"))?;
+        read_tree(&volume, &HashSet::new())?
+    };
+    let mut first = full.clone();
+    if let Some(entry) = first.get_mut(&workload.ballast.0) {
+        entry.2.clear();
+    }
+    // Recovery by a writable mount (which frees orphans and may write).
+    let (recovered_raw, recovered) = open_image(image, &workload.config.volume_options())
+        .map_err(|error| format!("writable mount: {error}"))?;
+    let seen = read_tree(&recovered, &skip)?;
+    if seen != first {
+        return Err(format!("the writable mount differs: {}", tree_diff(&first, &seen)));
+    }
+    // A crash right after the recovery mount: only what it made durable.
+    let again = recovered_raw.crash_image(recovered_raw.log_len(), &|_| Keep::Nothing);
+    let (_, volume) = open_image(again, &read_only(workload))
+        .map_err(|error| format!("mount after a crash during recovery: {error}"))?;
+    let seen = read_tree(&volume, &skip)?;
+    if seen != first {
+        return Err(format!(
+            "replaying again after recovery differs: {}",
+            tree_diff(&first, &seen)
+        ));
+    }
+    drop(volume);
+    recovered.close().map_err(|error| format!("closing the recovered volume: {error}"))?;
+    let (_, volume) = open_image(recovered_raw.image(), &read_only(workload))
+        .map_err(|error| format!("mount after recovery and close: {error}"))?;
+    let seen = read_tree(&volume, &skip)?;
+    if seen != first {
+        return Err(format!("mount after a clean close differs: {}", tree_diff(&first, &seen)));
+    }
+    check_against_model(workload, cut, &full)
+}
+
+fn check_against_model(workload: &Workload, cut: usize, tree: &Tree) -> Result<(), String> {
+    let block_bytes = u64::from(workload.config.block_bytes);
+    let (ballast_path, ballast_ino, ballast_content) = &workload.ballast;
+    for (path, (ino, kind, content)) in tree {
+        if *kind != InodeKind::File {
+            continue;
+        }
+        if ino == ballast_ino {
+            if path != ballast_path || content != ballast_content {
+                return Err(format!("{path}: the synced ballast file changed"));
+            }
+            continue;
+        }
+        let inode =
+            workload.inode(*ino).ok_or_else(|| format!("{path}: inode {ino} was never created"))?;
+        if let Some(pos) = inode.history.first_foreign(content) {
+            return Err(format!(
+                "{path}: byte {pos} = {:#04x} was never written there",
+                content[pos]
+            ));
+        }
+        let size = content.len() as u64;
+        if inode.append_only {
+            if !inode.content.starts_with(content) {
+                let at = content.iter().zip(&inode.content).position(|(a, b)| a != b);
+                return Err(format!(
+                    "{path}: {size} bytes are not a prefix of the appends (first difference at {at:?})"
+                ));
+            }
+            continue;
+        }
+        // Writeback moves the on-disk size run by run, so a crash may show a
+        // size the file never had, but only one ending at a block boundary
+        // below a larger size it had.
+        let between_writebacks = size.is_multiple_of(block_bytes)
+            && inode.sizes_seen.iter().any(|&seen_size| seen_size > size);
+        if !inode.sizes_seen.contains(&size) && !between_writebacks {
+            return Err(format!("{path}: size {size} was never the file's size"));
+        }
+    }
+    for thread in &workload.threads {
+        let own = |span: &&crate::workload::Span| span.thread == thread.index;
+        let synced = workload
+            .spans
+            .iter()
+            .filter(own)
+            .filter(|span| span.log_end <= cut && matches!(span.kind, SpanKind::Sync(_)))
+            .max_by_key(|span| span.op_index);
+        if let Some(span) = synced {
+            let SpanKind::Sync(expected) = &span.kind else { unreachable!() };
+            let later_started = workload
+                .spans
+                .iter()
+                .filter(own)
+                .any(|later| later.op_index > span.op_index && later.log_start < cut);
+            if !later_started {
+                let mut found = subtree(tree, &thread.base);
+                found.remove(ballast_path);
+                if &found != expected {
+                    return Err(format!(
+                        "thread {}: the tree after {} (op {}) differs: {}",
+                        thread.index,
+                        span.description,
+                        span.op_index,
+                        tree_diff(expected, &found)
+                    ));
+                }
+            }
+        }
+    }
+    for span in &workload.spans {
+        let SpanKind::Fsync { ino, content } = &span.kind else {
+            continue;
+        };
+        if span.log_end > cut {
+            continue;
+        }
+        let inode = workload.inode(*ino).expect("fsynced files are known");
+        let found = tree.values().find(|(found_ino, _, _)| found_ino == ino);
+        if inode.append_only {
+            match found {
+                Some((_, _, recovered)) if recovered.len() >= content.len() => {}
+                Some((_, _, recovered)) => {
+                    return Err(format!(
+                        "thread {} op {} ({}): {} bytes recovered, {} were fsynced",
+                        span.thread,
+                        span.op_index,
+                        span.description,
+                        recovered.len(),
+                        content.len()
+                    ))
+                }
+                None => return Err(format!("{}: the fsynced log is missing", span.description)),
+            }
+            continue;
+        }
+        let modified_later = workload.spans.iter().any(|later| {
+            later.thread == span.thread
+                && later.op_index > span.op_index
+                && later.touched.contains(ino)
+                && later.log_start < cut
+        });
+        if modified_later {
+            continue;
+        }
+        match found {
+            Some((_, _, recovered)) if recovered == content => {}
+            Some((_, _, recovered)) => {
+                let at = recovered.iter().zip(content).position(|(a, b)| a != b);
+                return Err(format!(
+                    "thread {} op {} ({}): recovered {} bytes differ from the fsynced {} \
+                     (first difference at {at:?})",
+                    span.thread,
+                    span.op_index,
+                    span.description,
+                    recovered.len(),
+                    content.len()
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "thread {} op {} ({}): the fsynced file is missing",
+                    span.thread, span.op_index, span.description
+                ))
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,797 @@
+//! Seeded random workloads on the fault-injecting in-memory device.
+//!
+//! A workload runs `threads` threads. Each works in a directory of its own
+//! (the root when there is one thread) on files of its own, so the model of
+//! each thread is exact however the threads interleave; volume-wide calls
+//! (syncfs, checkpoints) and the flushes one thread's fsync issues act on
+//! everyone's data and are what makes the interleaving matter. Every thread
+//! also has one append-only log, whose recovered content must be an exact
+//! prefix of what was appended to it.
+//!
+//! Operations are generated against the thread's model and recorded as
+//! [`Op`]s, so a workload can be replayed from its op lists, including a
+//! list with ops removed (an op whose file no longer exists is skipped):
+//! that is how failures are shrunk.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use foliofs::dev::{AlignedBuf, FaultDev};
+use foliofs::space::FallocateMode;
+use foliofs::{InodeKind, OpenFlags, RenameFlags, Volume, VolumeOptions};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::model::{apply_fallocate, read_file, ByteHistory, Tree};
+use crate::{mix, owner, pattern, ROOT, SECTOR_BYTES};
+
+/// What one workload is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkloadConfig {
+    pub seed: u64,
+    pub block_bytes: u32,
+    pub threads: usize,
+    /// Operations per thread.
+    pub ops: usize,
+    /// Volume options over [`crate::quiet_options`], as `-o` takes them
+    /// (`dirty=folio,fua=emulate,dirty_bytes=64k`); "" for none.
+    pub options: &'static str,
+}
+
+impl WorkloadConfig {
+    pub fn new(seed: u64, block_bytes: u32, threads: usize, ops: usize) -> Self {
+        Self { seed, block_bytes, threads, ops, options: "" }
+    }
+
+    /// The volume options this workload (and every mount of its images) uses.
+    pub fn volume_options(&self) -> VolumeOptions {
+        crate::options_with(self.options)
+            .unwrap_or_else(|error| panic!("options {:?}: {error}", self.options))
+    }
+}
+
+/// The sizes a workload works with on one block size.
+#[derive(Debug, Clone, Copy)]
+pub struct Geometry {
+    pub volume_bytes: u64,
+    /// A small journal wraps and fills within one workload, so checkpoints
+    /// and replay across the wrap are exercised.
+    pub journal_bytes: u64,
+    pub file_bytes_max: u64,
+    pub write_bytes_max: usize,
+    pub fallocate_bytes_max: u64,
+    /// Data written before the workload so that little space is left and
+    /// freed blocks are soon reused: a block's old owner must never see its
+    /// new data.
+    pub ballast_bytes: usize,
+}
+
+impl Geometry {
+    pub fn of(block_bytes: u32) -> Self {
+        if block_bytes < 65536 {
+            // Files of up to 12 blocks of 4 KiB (48 of 1 KiB); about 264 KiB
+            // left free next to the ballast.
+            Self {
+                volume_bytes: 8 << 20,
+                journal_bytes: 64 << 10,
+                file_bytes_max: 48 << 10,
+                write_bytes_max: 12 << 10,
+                fallocate_bytes_max: 16 << 10,
+                ballast_bytes: (5 << 20) + (800 << 10),
+            }
+        } else {
+            // The same shapes in 64 KiB blocks: files of up to 8 blocks,
+            // writes and fallocates of up to 2, and 40 blocks free next to
+            // the ballast, which ends inside a block. The data area of the
+            // 8 MiB volume is 93 blocks (the checkpoint slots take 32).
+            Self {
+                volume_bytes: 8 << 20,
+                journal_bytes: 64 << 10,
+                file_bytes_max: 512 << 10,
+                write_bytes_max: 128 << 10,
+                fallocate_bytes_max: 128 << 10,
+                ballast_bytes: 53 * 65536 - 1000,
+            }
+        }
+    }
+}
+
+/// One operation, by path (relative to nothing: paths are absolute).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Create {
+        path: String,
+    },
+    Mkdir {
+        path: String,
+    },
+    /// `len` bytes of `pattern(data, len)` at `pos`; direct writes are
+    /// sector aligned (sub-block when the block is larger than a sector).
+    Write {
+        path: String,
+        pos: u64,
+        len: usize,
+        data: u64,
+        direct: bool,
+    },
+    /// `len` bytes at the end of an append-only log; direct only where the
+    /// end is sector aligned (otherwise buffered).
+    Append {
+        path: String,
+        len: usize,
+        data: u64,
+        direct: bool,
+    },
+    Truncate {
+        path: String,
+        size: u64,
+    },
+    Fallocate {
+        path: String,
+        mode: FallocateMode,
+        offset: u64,
+        len: u64,
+    },
+    Rename {
+        from: String,
+        to: String,
+    },
+    Link {
+        from: String,
+        to: String,
+    },
+    Unlink {
+        path: String,
+    },
+    Fsync {
+        path: String,
+        data_only: bool,
+    },
+    /// syncfs: `Volume::sync`.
+    Sync,
+    Checkpoint,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let how = |direct: &bool| if *direct { "direct" } else { "buffered" };
+        match self {
+            Op::Create { path } => write!(f, "create {path}"),
+            Op::Mkdir { path } => write!(f, "mkdir {path}"),
+            Op::Write { path, pos, len, data, direct } => {
+                write!(f, "write {path} {pos}+{len} {} data={data:#x}", how(direct))
+            }
+            Op::Append { path, len, data, direct } => {
+                write!(f, "append {path} +{len} {} data={data:#x}", how(direct))
+            }
+            Op::Truncate { path, size } => write!(f, "truncate {path} {size}"),
+            Op::Fallocate { path, mode, offset, len } => {
+                write!(f, "fallocate {path} {mode:?} {offset}+{len}")
+            }
+            Op::Rename { from, to } => write!(f, "rename {from} {to}"),
+            Op::Link { from, to } => write!(f, "link {from} {to}"),
+            Op::Unlink { path } => write!(f, "unlink {path}"),
+            Op::Fsync { path, data_only: false } => write!(f, "fsync {path}"),
+            Op::Fsync { path, data_only: true } => write!(f, "fdatasync {path}"),
+            Op::Sync => write!(f, "syncfs"),
+            Op::Checkpoint => write!(f, "checkpoint"),
+        }
+    }
+}
+
+/// What the model knows of one inode.
+#[derive(Debug, Clone, Default)]
+pub struct InodeModel {
+    /// The content now (what a read returns).
+    pub content: Vec<u8>,
+    /// Every byte value each offset was ever given.
+    pub history: ByteHistory,
+    /// Every size the file had.
+    pub sizes_seen: HashSet<u64>,
+    /// Only ever appended to: a recovered version must be a prefix of `content`.
+    pub append_only: bool,
+}
+
+impl InodeModel {
+    fn new(append_only: bool) -> Self {
+        Self { sizes_seen: HashSet::from([0]), append_only, ..Self::default() }
+    }
+}
+
+/// One executed operation and the device log entries it spanned.
+#[derive(Debug, Clone)]
+pub struct Span {
+    pub thread: usize,
+    /// Index into the thread's op list.
+    pub op_index: usize,
+    pub log_start: usize,
+    pub log_end: usize,
+    pub description: String,
+    /// Inodes whose content or names the op changed.
+    pub touched: Vec<u64>,
+    pub kind: SpanKind,
+}
+
+#[derive(Debug, Clone)]
+pub enum SpanKind {
+    Other,
+    /// fsync or fdatasync of `ino` returned with this content.
+    Fsync {
+        ino: u64,
+        content: Vec<u8>,
+    },
+    /// syncfs returned with the thread's subtree like this.
+    Sync(Tree),
+}
+
+/// One thread's namespace and files.
+#[derive(Debug, Clone)]
+pub struct ThreadModel {
+    pub index: usize,
+    /// The thread's directory ("" for the root).
+    pub base: String,
+    /// Directories (the base first) with their inodes.
+    pub dirs: Vec<(String, u64)>,
+    /// Ordinary files by path.
+    pub files: BTreeMap<String, u64>,
+    /// Append-only logs by path.
+    pub logs: BTreeMap<String, u64>,
+    /// Every inode the thread created, linked or not.
+    pub inodes: HashMap<u64, InodeModel>,
+    next_name: u32,
+}
+
+/// A failure found while the workload ran (before any crash).
+#[derive(Debug, Clone)]
+pub struct LiveFailure {
+    pub thread: usize,
+    pub op_index: usize,
+    pub message: String,
+}
+
+/// A workload that has run: its device (with the whole write log), model
+/// and spans.
+pub struct Workload {
+    pub config: WorkloadConfig,
+    pub geometry: Geometry,
+    pub device: Arc<FaultDev>,
+    pub volume: Volume,
+    pub threads: Vec<ThreadModel>,
+    /// The ops each thread executed (generated or replayed).
+    pub ops: Vec<Vec<Op>>,
+    /// Every op's span, ordered by where it started in the log.
+    pub spans: Vec<Span>,
+    /// The ballast file: path, inode, content. Synced before the log starts.
+    pub ballast: (String, u64, Vec<u8>),
+    /// A failure while running (the failing thread stopped there).
+    pub failure: Option<LiveFailure>,
+}
+
+/// What one thread leaves behind.
+struct ThreadRun {
+    model: ThreadModel,
+    ops: Vec<Op>,
+    spans: Vec<Span>,
+    failure: Option<LiveFailure>,
+}
+
+impl Workload {
+    /// Generates and runs a random workload.
+    pub fn generate(config: WorkloadConfig) -> Self {
+        Self::run(config, None)
+    }
+
+    /// Runs the given op lists (one per thread) instead of generating them.
+    pub fn replay(config: WorkloadConfig, ops: &[Vec<Op>]) -> Self {
+        Self::run(config, Some(ops))
+    }
+
+    fn run(config: WorkloadConfig, replay: Option<&[Vec<Op>]>) -> Self {
+        let geometry = Geometry::of(config.block_bytes);
+        let (device, volume) = crate::new_volume(
+            geometry.volume_bytes,
+            config.block_bytes,
+            Some(geometry.journal_bytes),
+            &config.volume_options(),
+        )
+        .expect("mkfs on the in-memory device");
+        let ballast = write_ballast(&volume, config.seed, geometry.ballast_bytes);
+        let mut threads: Vec<ThreadModel> =
+            (0..config.threads).map(|index| ThreadModel::setup(&volume, index, config)).collect();
+        volume.sync().expect("sync after setup");
+        device.reset_log();
+
+        let results: Vec<ThreadRun> = std::thread::scope(|scope| {
+            let handles: Vec<_> = threads
+                .drain(..)
+                .map(|model| {
+                    let (volume, device) = (&volume, &device);
+                    let list = replay.map(|lists| lists[model.index].clone());
+                    scope.spawn(move || run_thread(model, volume, device, config, &geometry, list))
+                })
+                .collect();
+            handles.into_iter().map(|handle| handle.join().expect("workload thread")).collect()
+        });
+        let mut ops = Vec::new();
+        let mut spans = Vec::new();
+        let mut failure = None;
+        for run in results {
+            threads.push(run.model);
+            ops.push(run.ops);
+            spans.extend(run.spans);
+            failure = failure.or(run.failure);
+        }
+        spans.sort_by_key(|span| (span.log_start, span.log_end, span.thread));
+        Self { config, geometry, device, volume, threads, ops, spans, ballast, failure }
+    }
+
+    /// The model of `ino`, whichever thread made it.
+    pub fn inode(&self, ino: u64) -> Option<&InodeModel> {
+        self.threads.iter().find_map(|thread| thread.inodes.get(&ino))
+    }
+
+    pub fn op_count(&self) -> usize {
+        self.ops.iter().map(Vec::len).sum()
+    }
+
+    /// The op lists, one line each, by thread.
+    pub fn format_ops(ops: &[Vec<Op>]) -> String {
+        let mut out = String::new();
+        for (thread, list) in ops.iter().enumerate() {
+            if ops.len() > 1 {
+                out.push_str(&format!("thread {thread}:\n"));
+            }
+            for (index, op) in list.iter().enumerate() {
+                out.push_str(&format!("  {index:3}: {op}\n"));
+            }
+        }
+        out
+    }
+}
+
+fn write_ballast(volume: &Volume, seed: u64, bytes: usize) -> (String, u64, Vec<u8>) {
+    let attr = volume.create(ROOT, b"ballast", 0o644, owner()).expect("create ballast");
+    let data = pattern(seed ^ 0xBA11A57, bytes);
+    let file = volume.open_file(attr.ino, OpenFlags::WRITE).expect("open ballast");
+    assert_eq!(file.write_at(&data, 0).expect("write ballast"), data.len());
+    ("/ballast".into(), attr.ino, data)
+}
+
+fn run_thread(
+    mut model: ThreadModel,
+    volume: &Volume,
+    device: &FaultDev,
+    config: WorkloadConfig,
+    geometry: &Geometry,
+    replay: Option<Vec<Op>>,
+) -> ThreadRun {
+    let mut rng = ChaCha8Rng::seed_from_u64(mix(&[
+        config.seed,
+        model.index as u64,
+        u64::from(config.block_bytes),
+    ]));
+    let count = replay.as_ref().map_or(config.ops, Vec::len);
+    let mut ops = Vec::with_capacity(count);
+    let mut spans = Vec::with_capacity(count);
+    for op_index in 0..count {
+        let op = match &replay {
+            Some(list) => list[op_index].clone(),
+            None => model.generate(&mut rng, geometry, config, op_index),
+        };
+        let log_start = device.log_len();
+        let result = model.execute(volume, &op);
+        let log_end = device.log_len();
+        ops.push(op.clone());
+        match result {
+            Ok((touched, kind)) => spans.push(Span {
+                thread: model.index,
+                op_index,
+                log_start,
+                log_end,
+                description: op.to_string(),
+                touched,
+                kind,
+            }),
+            Err(message) => {
+                let failure = Some(LiveFailure { thread: model.index, op_index, message });
+                return ThreadRun { model, ops, spans, failure };
+            }
+        }
+    }
+    ThreadRun { model, ops, spans, failure: None }
+}
+
+type Executed = Result<(Vec<u64>, SpanKind), String>;
+
+fn skipped() -> Executed {
+    Ok((Vec::new(), SpanKind::Other))
+}
+
+fn split(path: &str) -> (&str, &str) {
+    path.rsplit_once('/').expect("absolute path")
+}
+
+impl ThreadModel {
+    /// The thread's directory and log, created before the log starts.
+    fn setup(volume: &Volume, index: usize, config: WorkloadConfig) -> Self {
+        let (base, base_ino) = if config.threads == 1 {
+            (String::new(), ROOT)
+        } else {
+            let name = format!("t{index}");
+            let attr = volume.mkdir(ROOT, name.as_bytes(), 0o755, owner()).expect("mkdir");
+            (format!("/{name}"), attr.ino)
+        };
+        let log = volume.create(base_ino, b"log", 0o644, owner()).expect("create log");
+        let mut model = Self {
+            index,
+            base: base.clone(),
+            dirs: vec![(base.clone(), base_ino)],
+            files: BTreeMap::new(),
+            logs: BTreeMap::from([(format!("{base}/log"), log.ino)]),
+            inodes: HashMap::new(),
+            next_name: 0,
+        };
+        model.inodes.insert(log.ino, InodeModel::new(true));
+        model
+    }
+
+    fn fresh_path(&mut self, rng: &mut ChaCha8Rng) -> String {
+        self.next_name += 1;
+        let dir = &self.dirs[rng.random_range(0..self.dirs.len())].0;
+        format!("{dir}/n{}", self.next_name)
+    }
+
+    fn pick<'a>(rng: &mut ChaCha8Rng, map: &'a BTreeMap<String, u64>) -> Option<&'a String> {
+        if map.is_empty() {
+            return None;
+        }
+        map.keys().nth(rng.random_range(0..map.len()))
+    }
+
+    /// The next random op for this model.
+    pub fn generate(
+        &mut self,
+        rng: &mut ChaCha8Rng,
+        geometry: &Geometry,
+        config: WorkloadConfig,
+        op_index: usize,
+    ) -> Op {
+        let data = mix(&[config.seed, self.index as u64, op_index as u64]);
+        let block = u64::from(config.block_bytes);
+        let sector = u64::from(SECTOR_BYTES);
+        let choice = rng.random_range(0..100);
+        let Some(path) = Self::pick(rng, &self.files).cloned() else {
+            return match choice {
+                0..=69 => Op::Create { path: self.fresh_path(rng) },
+                70..=79 => self.append(rng, geometry, data),
+                _ => Op::Mkdir { path: self.fresh_path(rng) },
+            };
+        };
+        let length_now = self.inodes[&self.files[&path]].content.len() as u64;
+        match choice {
+            0..=10 => Op::Create { path: self.fresh_path(rng) },
+            11..=14 => Op::Mkdir { path: self.fresh_path(rng) },
+            15..=33 => {
+                let direct = rng.random_bool(0.35);
+                let mut pos = rng.random_range(0..geometry.file_bytes_max);
+                let mut len = rng.random_range(1..=geometry.write_bytes_max);
+                if direct {
+                    // Half whole blocks, half sub-block sector runs.
+                    let unit = if rng.random_bool(0.5) { block } else { sector };
+                    pos -= pos % unit;
+                    len = len.div_ceil(unit as usize) * unit as usize;
+                }
+                Op::Write { path, pos, len, data, direct }
+            }
+            34..=41 => self.append(rng, geometry, data),
+            42..=48 => {
+                let mode = match rng.random_range(0..6) {
+                    0 => FallocateMode::Allocate { keep_size: rng.random_bool(0.5) },
+                    1 | 2 => FallocateMode::PunchHole,
+                    3 => FallocateMode::ZeroRange { keep_size: rng.random_bool(0.5) },
+                    4 => FallocateMode::CollapseRange,
+                    _ => FallocateMode::InsertRange,
+                };
+                let (offset, len) = match mode {
+                    FallocateMode::CollapseRange | FallocateMode::InsertRange => {
+                        let blocks = (length_now / block).max(1);
+                        (rng.random_range(0..blocks) * block, rng.random_range(1..=3) * block)
+                    }
+                    _ => (
+                        rng.random_range(0..geometry.file_bytes_max),
+                        rng.random_range(1..geometry.fallocate_bytes_max),
+                    ),
+                };
+                Op::Fallocate { path, mode, offset, len }
+            }
+            49..=54 => Op::Truncate { path, size: rng.random_range(0..geometry.file_bytes_max) },
+            55..=59 => Op::Unlink { path },
+            60..=65 => {
+                // Half the time onto another file of the thread, replacing it.
+                let victim = Self::pick(rng, &self.files).filter(|victim| **victim != path);
+                let to = match victim {
+                    Some(victim) if rng.random_bool(0.5) => victim.clone(),
+                    _ => self.fresh_path(rng),
+                };
+                Op::Rename { from: path, to }
+            }
+            66..=69 => Op::Link { from: path, to: self.fresh_path(rng) },
+            70..=85 => {
+                let path = if rng.random_bool(0.25) {
+                    self.logs.keys().next().cloned().expect("every thread has a log")
+                } else {
+                    path
+                };
+                Op::Fsync { path, data_only: rng.random_bool(0.5) }
+            }
+            86..=89 => Op::Checkpoint,
+            _ => Op::Sync,
+        }
+    }
+
+    fn append(&mut self, rng: &mut ChaCha8Rng, geometry: &Geometry, data: u64) -> Op {
+        let path = self.logs.keys().next().cloned().expect("every thread has a log");
+        let length_now = self.inodes[&self.logs[&path]].content.len();
+        let direct = length_now.is_multiple_of(SECTOR_BYTES as usize) && rng.random_bool(0.4);
+        let mut len = rng.random_range(1..=geometry.write_bytes_max / 2);
+        if direct {
+            len = len.div_ceil(SECTOR_BYTES as usize) * SECTOR_BYTES as usize;
+        }
+        Op::Append { path, len, data, direct }
+    }
+
+    fn dir_ino(&self, dir_path: &str) -> Option<u64> {
+        self.dirs.iter().find(|(path, _)| path == dir_path).map(|(_, ino)| *ino)
+    }
+
+    fn exists(&self, path: &str) -> bool {
+        self.files.contains_key(path)
+            || self.logs.contains_key(path)
+            || self.dirs.iter().any(|(dir, _)| dir == path)
+    }
+
+    /// Runs `op` on the volume and the model. Ops that do not fit the
+    /// model (after shrinking removed what they needed) are skipped.
+    pub fn execute(&mut self, volume: &Volume, op: &Op) -> Executed {
+        match op {
+            Op::Create { path } | Op::Mkdir { path } => {
+                let (dir_path, name) = split(path);
+                let Some(dir) = self.dir_ino(dir_path) else { return skipped() };
+                if self.exists(path) {
+                    return skipped();
+                }
+                if matches!(op, Op::Mkdir { .. }) {
+                    let attr = volume
+                        .mkdir(dir, name.as_bytes(), 0o755, owner())
+                        .map_err(|error| format!("mkdir: {error}"))?;
+                    self.dirs.push((path.clone(), attr.ino));
+                    return Ok((Vec::new(), SpanKind::Other));
+                }
+                let attr = volume
+                    .create(dir, name.as_bytes(), 0o644, owner())
+                    .map_err(|error| format!("create: {error}"))?;
+                self.files.insert(path.clone(), attr.ino);
+                self.inodes.insert(attr.ino, InodeModel::new(false));
+                Ok((vec![attr.ino], SpanKind::Other))
+            }
+            Op::Write { path, pos, len, data, direct } => {
+                let Some(&ino) = self.files.get(path) else { return skipped() };
+                self.write(volume, ino, *pos, &pattern(*data, *len), *direct)?;
+                Ok((vec![ino], SpanKind::Other))
+            }
+            Op::Append { path, len, data, direct } => {
+                let Some(&ino) = self.logs.get(path) else { return skipped() };
+                let pos = self.inodes[&ino].content.len() as u64;
+                let direct = *direct && pos.is_multiple_of(u64::from(SECTOR_BYTES));
+                self.write(volume, ino, pos, &pattern(*data, *len), direct)?;
+                Ok((vec![ino], SpanKind::Other))
+            }
+            Op::Truncate { path, size } => {
+                let Some(&ino) = self.files.get(path) else { return skipped() };
+                let file = open(volume, ino, OpenFlags::WRITE)?;
+                file.set_len(*size).map_err(|error| format!("truncate: {error}"))?;
+                let inode = self.inodes.get_mut(&ino).expect("known");
+                inode.content.resize(*size as usize, 0);
+                inode.sizes_seen.insert(*size);
+                Ok((vec![ino], SpanKind::Other))
+            }
+            Op::Fallocate { path, mode, offset, len } => {
+                let Some(&ino) = self.files.get(path) else { return skipped() };
+                let file = open(volume, ino, OpenFlags::WRITE)?;
+                match file.fallocate(*mode, *offset, *len) {
+                    Ok(()) => {
+                        let inode = self.inodes.get_mut(&ino).expect("known");
+                        apply_fallocate(&mut inode.content, *mode, *offset as usize, *len as usize);
+                        // Shifted bytes were given at their new offsets too.
+                        inode.history.record(0, &inode.content);
+                        inode.sizes_seen.insert(inode.content.len() as u64);
+                        Ok((vec![ino], SpanKind::Other))
+                    }
+                    Err(error)
+                        if matches!(error.errno(), libc::EINVAL | libc::ENOSPC | libc::EFBIG) =>
+                    {
+                        // Refused: the file must be as it was.
+                        let now = read_file(volume, ino)
+                            .map_err(|error| format!("read back: {error}"))?;
+                        if now != self.inodes[&ino].content {
+                            return Err(format!(
+                                "fallocate refused ({error}) but changed the file"
+                            ));
+                        }
+                        Ok((Vec::new(), SpanKind::Other))
+                    }
+                    Err(error) => Err(format!("fallocate: {error}")),
+                }
+            }
+            Op::Rename { from, to } => {
+                let Some(&ino) = self.files.get(from) else { return skipped() };
+                let (from_dir, from_name) = split(from);
+                let (to_dir_path, to_name) = split(to);
+                let Some(to_dir) = self.dir_ino(to_dir_path) else { return skipped() };
+                let from_dir = self.dir_ino(from_dir).expect("a file's directory is known");
+                if from == to || self.logs.contains_key(to) || self.dirs.iter().any(|d| d.0 == *to)
+                {
+                    return skipped();
+                }
+                volume
+                    .rename(
+                        from_dir,
+                        from_name.as_bytes(),
+                        to_dir,
+                        to_name.as_bytes(),
+                        RenameFlags::default(),
+                    )
+                    .map_err(|error| format!("rename: {error}"))?;
+                if self.files.get(to) == Some(&ino) {
+                    // Both names are links to one inode: POSIX says do nothing.
+                    return Ok((Vec::new(), SpanKind::Other));
+                }
+                self.files.remove(from);
+                let victim = self.files.insert(to.clone(), ino);
+                Ok(([Some(ino), victim].into_iter().flatten().collect(), SpanKind::Other))
+            }
+            Op::Link { from, to } => {
+                let Some(&ino) = self.files.get(from) else { return skipped() };
+                let (to_dir_path, to_name) = split(to);
+                let Some(to_dir) = self.dir_ino(to_dir_path) else { return skipped() };
+                if self.exists(to) {
+                    return skipped();
+                }
+                volume
+                    .link(ino, to_dir, to_name.as_bytes())
+                    .map_err(|error| format!("link: {error}"))?;
+                self.files.insert(to.clone(), ino);
+                Ok((vec![ino], SpanKind::Other))
+            }
+            Op::Unlink { path } => {
+                let Some(&ino) = self.files.get(path) else { return skipped() };
+                let (dir_path, name) = split(path);
+                let dir = self.dir_ino(dir_path).expect("a file's directory is known");
+                volume.unlink(dir, name.as_bytes()).map_err(|error| format!("unlink: {error}"))?;
+                self.files.remove(path);
+                Ok((vec![ino], SpanKind::Other))
+            }
+            Op::Fsync { path, data_only } => {
+                let Some(&ino) = self.files.get(path).or_else(|| self.logs.get(path)) else {
+                    return skipped();
+                };
+                let file = open(volume, ino, OpenFlags::READ)?;
+                if *data_only { file.fdatasync() } else { file.fsync() }
+                    .map_err(|error| format!("fsync: {error}"))?;
+                let content = self.inodes[&ino].content.clone();
+                // The model must agree with the live file, or every crash
+                // check after this would be wrong.
+                let live = read_file(volume, ino).map_err(|error| format!("read: {error}"))?;
+                if live != content {
+                    let at = live.iter().zip(&content).position(|(a, b)| a != b);
+                    return Err(format!(
+                        "live file differs from the model: {} vs {} bytes, first difference at {at:?}",
+                        live.len(),
+                        content.len()
+                    ));
+                }
+                Ok((Vec::new(), SpanKind::Fsync { ino, content }))
+            }
+            Op::Sync => {
+                volume.sync().map_err(|error| format!("syncfs: {error}"))?;
+                Ok((Vec::new(), SpanKind::Sync(self.tree())))
+            }
+            Op::Checkpoint => {
+                volume.checkpoint().map_err(|error| format!("checkpoint: {error}"))?;
+                Ok((Vec::new(), SpanKind::Other))
+            }
+        }
+    }
+
+    /// Writes `data` at `pos`, buffered or direct, and updates the model.
+    /// A write refused or cut short for want of space must leave every byte
+    /// either as it was or as written; the model then takes what the file
+    /// holds.
+    fn write(
+        &mut self,
+        volume: &Volume,
+        ino: u64,
+        pos: u64,
+        data: &[u8],
+        direct: bool,
+    ) -> Result<(), String> {
+        let flags = if direct { OpenFlags::WRITE.with_direct() } else { OpenFlags::WRITE };
+        let file = open(volume, ino, flags)?;
+        let result = if direct {
+            file.write_at(&AlignedBuf::from_slice(data), pos)
+        } else {
+            file.write_at(data, pos)
+        };
+        drop(file);
+        let inode = self.inodes.get_mut(&ino).expect("known");
+        let start = pos as usize;
+        inode.history.record(start, data);
+        match result {
+            Ok(written) if written == data.len() => {
+                if inode.content.len() < start + written {
+                    inode.content.resize(start + written, 0);
+                }
+                inode.content[start..start + written].copy_from_slice(data);
+                inode.sizes_seen.insert(inode.content.len() as u64);
+                Ok(())
+            }
+            Ok(_) => self.adopt_partial(volume, ino, start, data),
+            Err(error) if error.errno() == libc::ENOSPC => {
+                self.adopt_partial(volume, ino, start, data)
+            }
+            Err(error) => Err(format!("write: {error}")),
+        }
+    }
+
+    fn adopt_partial(
+        &mut self,
+        volume: &Volume,
+        ino: u64,
+        start: usize,
+        data: &[u8],
+    ) -> Result<(), String> {
+        let now = read_file(volume, ino).map_err(|error| format!("read back: {error}"))?;
+        let inode = self.inodes.get_mut(&ino).expect("known");
+        let old = &inode.content;
+        let end = start + data.len();
+        if now.len() < old.len() || now.len() > old.len().max(end) {
+            return Err(format!(
+                "a write cut short for want of space left size {} (was {}, write ended at {end})",
+                now.len(),
+                old.len()
+            ));
+        }
+        for (pos, &byte) in now.iter().enumerate() {
+            let before = old.get(pos).copied().unwrap_or(0);
+            let written = (start..end).contains(&pos).then(|| data[pos - start]);
+            if byte != before && Some(byte) != written {
+                return Err(format!(
+                    "a write cut short for want of space left byte {pos} = {byte:#04x}, \
+                     neither the old {before:#04x} nor the new {written:?}"
+                ));
+            }
+        }
+        inode.content = now;
+        inode.sizes_seen.insert(inode.content.len() as u64);
+        Ok(())
+    }
+
+    /// The thread's subtree as the model has it.
+    pub fn tree(&self) -> Tree {
+        let mut tree = Tree::new();
+        for (path, ino) in &self.dirs {
+            if !path.is_empty() {
+                tree.insert(path.clone(), (*ino, InodeKind::Dir, Vec::new()));
+            }
+        }
+        for (path, ino) in self.files.iter().chain(&self.logs) {
+            tree.insert(path.clone(), (*ino, InodeKind::File, self.inodes[ino].content.clone()));
+        }
+        tree
+    }
+}
+
+fn open(volume: &Volume, ino: u64, flags: OpenFlags) -> Result<foliofs::File, String> {
+    volume.open_file(ino, flags).map_err(|error| format!("open inode {ino}: {error}"))
+}

@@ -1,0 +1,88 @@
+//! A bounded slice of `foliofs crashtest` for CI: a fixed set of seeded
+//! workloads per block size, single- and multi-threaded, each crashed at
+//! every durability point.
+
+use foliofs_check::crashtest::{check_workload, run_one, CrashOptions, Stats};
+use foliofs_check::workload::{Op, SpanKind, Workload, WorkloadConfig};
+
+fn slice(block_bytes: u32, seeds: std::ops::Range<u64>, threads: usize, ops: usize) -> Stats {
+    let options = CrashOptions::default();
+    let mut stats = Stats::default();
+    for seed in seeds {
+        let config = WorkloadConfig::new(seed, block_bytes, threads, ops);
+        if let Err(failure) = run_one(config, &options, &mut stats) {
+            panic!("{failure}");
+        }
+    }
+    eprintln!("block {block_bytes}, {threads} threads: {stats:?}");
+    assert!(stats.images > stats.crash_points, "volatile writes were explored: {stats:?}");
+    stats
+}
+
+#[test]
+fn single_thread_1k() {
+    slice(1024, 1000..1006, 1, 40);
+}
+
+#[test]
+fn single_thread_4k() {
+    slice(4096, 4000..4008, 1, 40);
+}
+
+#[test]
+fn single_thread_64k() {
+    slice(65536, 64000..64006, 1, 40);
+}
+
+#[test]
+fn three_threads_1k() {
+    slice(1024, 1100..1103, 3, 20);
+}
+
+#[test]
+fn three_threads_4k() {
+    slice(4096, 4100..4104, 3, 20);
+}
+
+#[test]
+fn three_threads_64k() {
+    slice(65536, 64100..64103, 3, 20);
+}
+
+/// The checker itself: a model that remembers an fsync wrongly must be
+/// caught, so a clean run means something.
+#[test]
+fn checker_catches_a_wrong_fsync_model() {
+    let config = WorkloadConfig::new(7, 4096, 1, 40);
+    let mut workload = Workload::generate(config);
+    assert!(workload.failure.is_none(), "{:?}", workload.failure);
+    let span = workload
+        .spans
+        .iter_mut()
+        .find(|span| matches!(&span.kind, SpanKind::Fsync { content, .. } if !content.is_empty()))
+        .expect("the workload fsyncs a non-empty file");
+    let SpanKind::Fsync { content, .. } = &mut span.kind else { unreachable!() };
+    content[0] ^= 0xFF;
+    let violation = check_workload(&workload, 0, &mut Stats::default())
+        .expect_err("a wrong fsynced content is reported");
+    assert!(violation.message.contains("fsync"), "{violation}");
+}
+
+/// Replaying a workload's op list rebuilds the same model, and ops whose
+/// files were dropped by the shrinker are skipped.
+#[test]
+fn replay_follows_the_op_list() {
+    let config = WorkloadConfig::new(11, 1024, 1, 30);
+    let first = Workload::generate(config);
+    let again = Workload::replay(config, &first.ops);
+    assert!(first.failure.is_none() && again.failure.is_none());
+    assert_eq!(first.threads[0].tree(), again.threads[0].tree());
+    let creates: Vec<Op> = first.ops[0]
+        .iter()
+        .filter(|op| !matches!(op, Op::Create { .. } | Op::Mkdir { .. }))
+        .cloned()
+        .collect();
+    let without = Workload::replay(config, &[creates]);
+    assert!(without.failure.is_none(), "{:?}", without.failure);
+    assert!(without.threads[0].files.is_empty(), "no file was created");
+}
