@@ -6,10 +6,23 @@ use foliofs_check::crashtest::{check_workload, run_one, CrashOptions, Stats};
 use foliofs_check::workload::{Op, SpanKind, Workload, WorkloadConfig};
 
 fn slice(block_bytes: u32, seeds: std::ops::Range<u64>, threads: usize, ops: usize) -> Stats {
+    slice_with("", block_bytes, seeds, threads, ops)
+}
+
+fn slice_with(
+    volume_options: &'static str,
+    block_bytes: u32,
+    seeds: std::ops::Range<u64>,
+    threads: usize,
+    ops: usize,
+) -> Stats {
     let options = CrashOptions::default();
     let mut stats = Stats::default();
     for seed in seeds {
-        let config = WorkloadConfig::new(seed, block_bytes, threads, ops);
+        let config = WorkloadConfig {
+            options: volume_options,
+            ..WorkloadConfig::new(seed, block_bytes, threads, ops)
+        };
         if let Err(failure) = run_one(config, &options, &mut stats) {
             panic!("{failure}");
         }
@@ -47,6 +60,14 @@ fn three_threads_4k() {
 #[test]
 fn three_threads_64k() {
     slice(65536, 64100..64103, 3, 20);
+}
+
+/// Writers over a small dirty limit write back themselves and wake the
+/// flusher, so writeback runs in the middle of workloads (and concurrently
+/// with syncfs: the race `crash.rs` guards against was found this way).
+#[test]
+fn throttled_writeback_4k() {
+    slice_with("dirty_bytes=64k,dirty_background_bytes=32k", 4096, 4200..4204, 1, 40);
 }
 
 /// The checker itself: a model that remembers an fsync wrongly must be

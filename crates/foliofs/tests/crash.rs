@@ -1,8 +1,8 @@
 //! Crash recovery guards for specific orderings, on the fault-injecting
 //! device, each on 1 KiB, 4 KiB and 64 KiB blocks: freed blocks are reused
 //! only after their free is durable, shifted blocks are overwritten only
-//! after the shift is durable, and buffered appends recover as exact
-//! prefixes. Random workloads crashed at every durability point are the
+//! after the shift is durable, buffered appends recover as exact prefixes,
+//! and syncfs waits for a writeback the flusher already started. Random workloads crashed at every durability point are the
 //! `foliofs-check` crate's (`foliofs crashtest`, and its CI slice in
 //! `crates/foliofs-check/tests/crashtest.rs`).
 
@@ -28,6 +28,7 @@ block_size_tests!(
     freed_blocks_are_reused_only_after_their_free_is_durable,
     buffered_appends_recover_as_exact_prefixes,
     shifted_blocks_are_overwritten_only_after_the_shift_is_durable,
+    syncfs_waits_for_writeback_already_in_progress,
 );
 
 /// What a recovered tree holds: path -> (ino, kind, content for files).
@@ -226,5 +227,32 @@ fn buffered_appends_recover_as_exact_prefixes(block_bytes: u32) {
                 }
             }
         }
+    }
+}
+
+/// A writer over the dirty limit wakes the flusher, which takes the file's
+/// dirty bits and writes them back. A syncfs arriving meanwhile finds the
+/// file clean, and used to return before that writeback (and the records
+/// converting its blocks and moving the size) was durable: a crash right
+/// after it showed the file empty. Found by `foliofs -o dirty_bytes=64k
+/// crashtest` (the synced ballast file lost its size).
+fn syncfs_waits_for_writeback_already_in_progress(block_bytes: u32) {
+    let options = foliofs::VolumeOptions { dirty_bytes: Some(64 << 10), ..common::options() };
+    for round in 0..3u64 {
+        let (device, volume) = common::new_volume_with_options(
+            VOLUME_BYTES,
+            block_bytes,
+            Some(JOURNAL_BYTES),
+            &options,
+        );
+        let data = pattern(round, 5 << 20);
+        let ino = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+        let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+        assert_eq!(file.write_at(&data, 0).unwrap(), data.len());
+        volume.sync().unwrap();
+        let image = device.crash_image(device.log_len(), &|_| Keep::Nothing);
+        let (_, recovered) = open_image(image).unwrap();
+        let tree = read_tree(&recovered);
+        assert!(tree["/f"].2 == data, "round {round}: the synced file is not all there");
     }
 }

@@ -362,9 +362,16 @@ impl PageCache {
         self.release_inode(ino, 0);
     }
 
-    /// Entries with dirty data, for the flusher and syncfs.
+    /// Entries with dirty data, or with a writeback in progress (whose dirty
+    /// bits it has already taken), for the flusher and syncfs: syncfs must
+    /// wait for such a writeback, or it returns before that data is durable.
     pub fn dirty_inodes(&self) -> Vec<Arc<InodeCache>> {
-        self.inodes.lock().values().filter(|entry| entry.dirty_bytes() > 0).cloned().collect()
+        self.inodes
+            .lock()
+            .values()
+            .filter(|entry| entry.dirty_bytes() > 0 || entry.writeback_lock.is_locked())
+            .cloned()
+            .collect()
     }
 
     /// The folio containing `pos`, or a new one: the largest power of two up
