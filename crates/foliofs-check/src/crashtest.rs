@@ -16,8 +16,9 @@
 //!
 //! - every file shows only bytes it was given at that offset (or zeros):
 //!   no stale data, no data of another file, no garbage;
-//! - its size is one it had, or a block boundary below a larger size it
-//!   had (writeback moves the on-disk size run by run);
+//! - its size is one it had, the end of a direct write, or a block boundary
+//!   below a larger size it had (writeback moves the on-disk size run by
+//!   run, a direct write to its end);
 //! - an append-only log is an exact prefix of what was appended to it (so
 //!   a size never covers a block whose write did not complete), at least
 //!   as long as its last fsync;
@@ -364,7 +365,7 @@ fn check_against_model(workload: &Workload, cut: usize, tree: &Tree) -> Result<(
         }
         // Writeback moves the on-disk size run by run, so a crash may show a
         // size the file never had, but only one ending at a block boundary
-        // below a larger size it had.
+        // below a larger size it had (direct write ends are in sizes_seen).
         let between_writebacks = size.is_multiple_of(block_bytes)
             && inode.sizes_seen.iter().any(|&seen_size| seen_size > size);
         if !inode.sizes_seen.contains(&size) && !between_writebacks {

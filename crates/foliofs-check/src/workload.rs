@@ -734,6 +734,12 @@ impl ThreadModel {
                 }
                 inode.content[start..start + written].copy_from_slice(data);
                 inode.sizes_seen.insert(inode.content.len() as u64);
+                if direct {
+                    // A direct write past the on-disk size moves it to the
+                    // write's end, even when buffered data not yet written
+                    // back makes the file longer.
+                    inode.sizes_seen.insert((start + written) as u64);
+                }
                 Ok(())
             }
             Ok(_) => self.adopt_partial(volume, ino, start, data),
