@@ -1193,6 +1193,9 @@ impl Workload {
     }
 }
 
+/// Far above what a workload takes in a debug build on a loaded machine.
+const WORKLOAD_SECONDS_MAX: u64 = 300;
+
 fn run_random(block_bytes: u32, plan: Plan, salt: u64) {
     let workloads = env_u64("FOLIOFS_FAULT_WORKLOADS", 3);
     let ops = env_u64("FOLIOFS_FAULT_OPS", 150);
@@ -1200,11 +1203,30 @@ fn run_random(block_bytes: u32, plan: Plan, salt: u64) {
     // FOLIOFS_FAULT_FIRST: start at a later workload (to replay one).
     for number in env_u64("FOLIOFS_FAULT_FIRST", 0)..workloads {
         let seed = base.wrapping_add(number * 7919);
-        let mut workload = Workload::new(block_bytes, plan, seed);
-        for _ in 0..ops {
-            workload.step();
+        // On a thread of its own, so that a hang fails the test (naming the
+        // workload) instead of stalling it.
+        let (done, finished) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            let mut workload = Workload::new(block_bytes, plan, seed);
+            for _ in 0..ops {
+                workload.step();
+            }
+            workload.finish();
+            let _ = done.send(());
+        });
+        match finished.recv_timeout(std::time::Duration::from_secs(WORKLOAD_SECONDS_MAX)) {
+            Ok(()) => worker.join().unwrap(),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                // The workload panicked: pass its message on.
+                if let Err(panic) = worker.join() {
+                    std::panic::resume_unwind(panic);
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!(
+                "{plan:?} workload {number} (FOLIOFS_FAULT_FIRST={number}) on {block_bytes} B \
+                 blocks still runs after {WORKLOAD_SECONDS_MAX} s: a hang"
+            ),
         }
-        workload.finish();
     }
     report(&format!("{plan:?}"), block_bytes);
 }
