@@ -67,18 +67,25 @@ pub fn write_superblocks(device: &Device, superblock: &Superblock) -> Result<()>
 pub struct SuperblockCopies {
     pub a: Option<Result<Superblock, String>>,
     pub b: Option<Result<Superblock, String>>,
+    /// The first device error met reading a copy.
+    pub read_error: Option<std::io::Error>,
 }
 
 pub fn read_superblock_copies(device: &Device) -> SuperblockCopies {
     let sector = device.logical_block_bytes().max(SECTOR_BYTES_MIN) as usize;
     let mut buffer = AlignedBuf::zeroed(sector);
+    let mut read_error = None;
     let mut read_at = |offset: u64| -> Option<Result<Superblock, String>> {
         if offset + sector as u64 > device.size_bytes() {
             return None;
         }
         Some(match device.read(offset, &mut buffer) {
             Ok(()) => Superblock::decode(&buffer).map_err(|error: FormatError| error.to_string()),
-            Err(error) => Err(error.to_string()),
+            Err(error) => {
+                let message = error.to_string();
+                read_error.get_or_insert(error);
+                Err(message)
+            }
         })
     };
     let a = read_at(0);
@@ -100,7 +107,7 @@ pub fn read_superblock_copies(device: &Device) -> SuperblockCopies {
             break;
         }
     }
-    SuperblockCopies { a, b }
+    SuperblockCopies { a, b, read_error }
 }
 
 /// The superblock to mount with: copy A, or copy B when A is damaged.
@@ -115,6 +122,12 @@ pub fn read_superblock(device: &Device) -> Result<Superblock> {
         }
         (None, _) => {
             return Err(Error::Corrupt("the device is too small to hold a foliofs volume".into()))
+        }
+        // No copy decoded and the device failed a read: that is the error
+        // (EIO), not a damaged volume (found by tests/faults.rs).
+        (Some(Err(_)), _) if copies.read_error.is_some() => {
+            let error = copies.read_error.expect("checked");
+            return Err(Error::io("read superblock", error));
         }
         (Some(Err(why)), _) => {
             return Err(Error::Corrupt(format!(

@@ -44,6 +44,7 @@ block_size_tests!(
     read_errors_fail_the_read_and_cache_nothing,
     read_errors_while_mounting_fail_with_eio_never_an_older_state,
     superblock_write_errors_fail_mkfs_cleanly,
+    superblock_read_errors_fail_the_mount_with_eio,
     writeback_failure_of_several_runs_keeps_them_dirty,
     failed_truncate_leaves_the_file_as_it_was,
     size_held_back_by_a_failure_catches_up_at_syncfs,
@@ -484,6 +485,36 @@ fn read_errors_while_mounting_fail_with_eio_never_an_older_state(block_bytes: u3
     }
     assert!(failed_with_eio > 0, "some mount read failed");
     FAULTS_INJECTED.fetch_add(failed_with_eio, Ordering::Relaxed);
+}
+
+/// Regression: with neither superblock copy readable the mount said "not a
+/// foliofs volume" (EUCLEAN); it is the device's EIO. One unreadable copy
+/// falls back to the other, written at the same time.
+fn superblock_read_errors_fail_the_mount_with_eio(block_bytes: u32) {
+    let (raw, volume) = new_volume_with_options(16 << 20, block_bytes, None, &options());
+    let ino = create(&volume, "s");
+    volume.open_file(ino, OpenFlags::READ).unwrap().fsync().unwrap();
+    let superblocks = areas(&volume).superblocks;
+    drop(volume);
+    let image = raw.image();
+    for (rule, fails) in [
+        (FaultRule::every_nth(FaultOp::Read, 1).in_range(superblocks.clone()), true),
+        (FaultRule::next(FaultOp::Read, 1).in_range(0..512), false),
+    ] {
+        let raw = Arc::new(FaultDev::from_image(image.clone(), 512));
+        raw.add_rule(rule);
+        let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
+        match Volume::open_device(device, &options()) {
+            Err(error) => {
+                assert!(fails, "one copy was readable: {error}");
+                assert!(is_eio(&error), "{error}");
+            }
+            Ok(volume) => {
+                assert!(!fails, "mounted with no readable superblock");
+                volume.lookup(ROOT, b"s").unwrap();
+            }
+        }
+    }
 }
 
 /// mkfs whose superblock writes (its last step) fail reports EIO and leaves
