@@ -517,6 +517,11 @@ fn hot_ranges(image: &[u8]) -> Vec<(usize, usize)> {
         }
         at += 512;
     }
+    // A truncated image may end before the second copy.
+    ranges.retain(|&(_, end)| end <= image.len());
+    if ranges.is_empty() {
+        ranges.push((0, image.len()));
+    }
     ranges
 }
 
