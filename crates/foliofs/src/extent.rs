@@ -47,6 +47,30 @@ pub struct Extent {
 }
 
 impl Extent {
+    /// The parts of this extent whose device blocks lie outside
+    /// `[dev_start, dev_end)`, in file order; a delayed extent, which holds
+    /// no device blocks, is returned whole.
+    pub fn outside_dev_blocks(&self, dev_start: u64, dev_end: u64) -> Vec<Extent> {
+        let end = self.dev_block + self.block_count;
+        if self.kind == ExtentKind::Delalloc || end <= dev_start || dev_end <= self.dev_block {
+            return vec![*self];
+        }
+        let mut parts = Vec::new();
+        if self.dev_block < dev_start {
+            parts.push(Extent { block_count: dev_start - self.dev_block, ..*self });
+        }
+        if dev_end < end {
+            let skipped = dev_end - self.dev_block;
+            parts.push(Extent {
+                file_block: self.file_block + skipped,
+                dev_block: dev_end,
+                block_count: end - dev_end,
+                kind: self.kind,
+            });
+        }
+        parts
+    }
+
     pub fn file_end(&self) -> u64 {
         self.file_block + self.block_count
     }

@@ -298,7 +298,12 @@ impl MetaState {
         self.adjust_extent_estimate(count_before, count_after);
         // Converting in place (Unwritten -> Written) displaces the very blocks
         // it maps again: only what the new extent does not reuse is freed.
-        Ok(displaced.iter().flat_map(|piece| outside_device_range(piece, &extent)).collect())
+        Ok(displaced
+            .iter()
+            .flat_map(|piece| {
+                piece.outside_dev_blocks(extent.dev_block, extent.dev_block + extent.block_count)
+            })
+            .collect())
     }
 
     fn apply_extent_unmap(
@@ -498,32 +503,6 @@ impl MetaState {
     pub fn pending_free_blocks(&self) -> u64 {
         self.pending_frees.iter().map(|(_, run)| run.count).sum()
     }
-}
-
-/// The parts of `piece` whose device blocks lie outside `kept`'s.
-fn outside_device_range(piece: &Extent, kept: &Extent) -> Vec<Extent> {
-    if piece.kind == ExtentKind::Delalloc {
-        return vec![*piece];
-    }
-    let kept_end = kept.dev_block + kept.block_count;
-    let piece_end = piece.dev_block + piece.block_count;
-    if piece_end <= kept.dev_block || kept_end <= piece.dev_block {
-        return vec![*piece];
-    }
-    let mut parts = Vec::new();
-    if piece.dev_block < kept.dev_block {
-        parts.push(Extent { block_count: kept.dev_block - piece.dev_block, ..*piece });
-    }
-    if kept_end < piece_end {
-        let skipped = kept_end - piece.dev_block;
-        parts.push(Extent {
-            file_block: piece.file_block + skipped,
-            dev_block: kept_end,
-            block_count: piece_end - kept_end,
-            kind: piece.kind,
-        });
-    }
-    parts
 }
 
 #[cfg(test)]

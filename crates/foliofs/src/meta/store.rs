@@ -27,29 +27,10 @@ fn not_remapped(displaced: Vec<Extent>, remapped: &[BlockRun]) -> Vec<Extent> {
     }
     let mut pieces = displaced;
     for run in remapped {
-        let run_end = run.start + run.count;
-        let mut kept = Vec::with_capacity(pieces.len());
-        for piece in pieces {
-            let piece_end = piece.dev_block + piece.block_count;
-            let delayed = piece.kind == crate::extent::ExtentKind::Delalloc;
-            if delayed || piece_end <= run.start || run_end <= piece.dev_block {
-                kept.push(piece);
-                continue;
-            }
-            if piece.dev_block < run.start {
-                kept.push(Extent { block_count: run.start - piece.dev_block, ..piece });
-            }
-            if run_end < piece_end {
-                let skipped = run_end - piece.dev_block;
-                kept.push(Extent {
-                    file_block: piece.file_block + skipped,
-                    dev_block: run_end,
-                    block_count: piece_end - run_end,
-                    kind: piece.kind,
-                });
-            }
-        }
-        pieces = kept;
+        pieces = pieces
+            .iter()
+            .flat_map(|piece| piece.outside_dev_blocks(run.start, run.start + run.count))
+            .collect();
     }
     pieces
 }
