@@ -3,6 +3,7 @@
 
 mod commands;
 mod image_path;
+mod logging;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -82,6 +83,9 @@ enum Command {
         /// Stay in the foreground (serve until unmounted or SIGINT/SIGTERM).
         #[arg(short = 'f', long)]
         foreground: bool,
+        /// The daemon the background form starts (detaches once mounted).
+        #[arg(long, hide = true)]
+        daemon: bool,
     },
     /// Run fio jobs (a job file, or fio options such as --name=t --rw=randread
     /// --bs=4k --size=1G) or a fixed benchmark, in-process on a temporary image.
@@ -96,15 +100,6 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FOLIOFS_LOG")
-                // fuser warns when the kernel already unmounted what it
-                // tries to unmount at the end of a session: not news.
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser=error")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let mut args: Vec<String> = std::env::args().collect();
     if args.first().is_some_and(|program| commands::mount::is_helper_name(program)) {
         match commands::mount::helper_arguments(&args) {
@@ -116,6 +111,13 @@ fn main() -> ExitCode {
         }
     }
     let cli = Cli::parse_from(args);
+    match log_target(&cli) {
+        Ok((target, daemon)) => logging::init(target, daemon),
+        Err(error) => {
+            eprintln!("foliofs: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    }
     match run(cli) {
         Ok(code) => code,
         Err(error) => {
@@ -125,10 +127,33 @@ fn main() -> ExitCode {
     }
 }
 
+/// Where this process logs, and whether it is a mount daemon: a mount logs
+/// to `-o log=PATH` when given; otherwise the detached daemon logs to syslog
+/// and everything else to stderr.
+fn log_target(cli: &Cli) -> anyhow::Result<(logging::LogTarget, bool)> {
+    let Command::Mount { foreground, daemon, .. } = &cli.command else {
+        return Ok((logging::LogTarget::Stderr, false));
+    };
+    let serving = *foreground || *daemon;
+    // A bad list is reported by the mount itself, naming the option.
+    let log = foliofs_fuse::MountOptions::parse(&cli.options).ok().and_then(|options| options.log);
+    Ok(match log {
+        // Only the process that serves opens the file (and creates it).
+        Some(path) if serving => (logging::LogTarget::file(&path)?, true),
+        _ if *daemon => (logging::LogTarget::Syslog, true),
+        _ => (logging::LogTarget::Stderr, serving),
+    })
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     // A mount's -o mixes engine switches with mount options; it parses both.
-    if let Command::Mount { image, mountpoint, foreground } = &cli.command {
-        return commands::mount::run(image, mountpoint, &cli.options, *foreground);
+    if let Command::Mount { image, mountpoint, foreground, daemon } = &cli.command {
+        let mode = match (foreground, daemon) {
+            (_, true) => commands::mount::Mode::Daemon,
+            (true, false) => commands::mount::Mode::Foreground,
+            (false, false) => commands::mount::Mode::Background,
+        };
+        return commands::mount::run(image, mountpoint, &cli.options, mode);
     }
     let options = foliofs::VolumeOptions::parse(&cli.options)?;
     use commands::*;

@@ -723,3 +723,204 @@ fn renameat2(from: &Path, to: &Path, flags: u32) -> i32 {
         std::io::Error::last_os_error().raw_os_error().unwrap()
     }
 }
+
+/// A volume mounted by the background form (`foliofs mount` without -f), as
+/// a user or mount(8) runs it: the daemon is not our child. Unmounts lazily
+/// if a test fails with it mounted.
+struct Background {
+    dir: tempfile::TempDir,
+    image: PathBuf,
+    point: PathBuf,
+    log: PathBuf,
+}
+
+impl Background {
+    fn new(size: &str) -> Self {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let image = dir.path().join("vol.img");
+        let point = dir.path().join("mnt");
+        let log = dir.path().join("daemon.log");
+        fs::create_dir(&point).unwrap();
+        let point = point.canonicalize().unwrap();
+        ok(FOLIOFS, &["mkfs", image.to_str().unwrap(), "--size", size]);
+        Self { dir, image, point, log }
+    }
+
+    fn image_str(&self) -> &str {
+        self.image.to_str().unwrap()
+    }
+
+    fn point_str(&self) -> &str {
+        self.point.to_str().unwrap()
+    }
+
+    /// `foliofs mount IMAGE MOUNTPOINT -o log=...,OPTIONS` (or the same
+    /// through `program`, the helper name); returns once mounted.
+    fn mount_with(&self, program: &Path, options: &str) -> Output {
+        let options = format!("log={},{options}", self.log.display());
+        let mut command = Command::new(program);
+        if program == Path::new(FOLIOFS) {
+            command.arg("mount");
+        }
+        let output = command
+            .args([self.image_str(), self.point_str(), "-o", &options])
+            .output()
+            .expect("run foliofs mount");
+        if output.status.success() {
+            assert!(is_mounted(&self.point), "mount returned before the mount appeared");
+        }
+        output
+    }
+
+    fn mount(&self, options: &str) {
+        let output = self.mount_with(Path::new(FOLIOFS), options);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    }
+
+    /// umount, then the documented wait for the daemon to close the volume:
+    /// the image's lock, which the daemon holds until the volume is closed.
+    fn unmount(&self) {
+        ok("umount", &[self.point_str()]);
+        ok("flock", &[self.image_str(), "true"]);
+        assert!(!is_mounted(&self.point));
+    }
+
+    fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if is_mounted(&self.point) {
+            let _ = Command::new("umount").arg("-l").arg(&self.point).output();
+            let _ = Command::new("flock").arg(&self.image).arg("true").output();
+        }
+    }
+}
+
+extern "C" fn ignore_signal(_signal: libc::c_int) {}
+
+/// The backgrounded daemon outlives the `foliofs mount` that started it, and
+/// a signal storm against a thread doing I/O on the mount (thousands of
+/// interrupted FUSE requests, each of which fuser answers with a reply the
+/// kernel refuses) neither kills it nor logs anything at error level.
+#[test]
+fn backgrounded_daemon_survives_a_signal_storm_and_logs_no_error() {
+    if skip_requested() {
+        return;
+    }
+    require(&["flock"]);
+    let mounted = Background::new("256M");
+    mounted.mount("");
+    // SAFETY: installs a handler that does nothing, for SIGUSR1, which only
+    // this test sends and only to its own I/O thread; no SA_RESTART, so each
+    // signal interrupts the system call it lands in.
+    let previous = unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = ignore_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        let mut previous: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &action, &mut previous), 0);
+        previous
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(Mutex::new(0u64));
+    let path = mounted.point.join("stormy");
+    let io = {
+        let (stop, rounds) = (Arc::clone(&stop), Arc::clone(&rounds));
+        std::thread::spawn(move || {
+            let data = pattern(7, 4 << 20);
+            while !stop.load(Ordering::Relaxed) {
+                // std retries what EINTR interrupts; anything else fails.
+                let mut file = fs::File::create(&path).unwrap();
+                for chunk in data.chunks(64 << 10) {
+                    file.write_all(chunk).unwrap();
+                }
+                file.sync_all().unwrap();
+                drop(file);
+                assert!(fs::read(&path).unwrap() == data, "data changed under the storm");
+                *rounds.lock().unwrap() += 1;
+            }
+        })
+    };
+    let thread = std::os::unix::thread::JoinHandleExt::as_pthread_t(&io);
+    let mut signals = 0u64;
+    while signals < 20_000 || *rounds.lock().unwrap() < 3 {
+        // SAFETY: the thread is alive until `stop` is set, and it is set
+        // only after the last signal.
+        assert_eq!(unsafe { libc::pthread_kill(thread, libc::SIGUSR1) }, 0);
+        signals += 1;
+        // Spaced, so the signals land in different requests instead of
+        // merging while one is pending.
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    stop.store(true, Ordering::Relaxed);
+    io.join().expect("the I/O thread failed");
+    // SAFETY: restores the disposition saved above.
+    unsafe { libc::sigaction(libc::SIGUSR1, &previous, std::ptr::null_mut()) };
+
+    // The daemon is alive and serving.
+    assert!(is_mounted(&mounted.point));
+    fs::write(mounted.point.join("after"), b"still serving").unwrap();
+    assert_eq!(fs::read(mounted.point.join("after")).unwrap(), b"still serving");
+    mounted.unmount();
+    let log = mounted.log_text();
+    assert!(!log.contains("ERROR"), "the daemon logged an error:\n{log}");
+    assert!(log.contains("unmounted; the volume is closed"), "{log}");
+    // The storm did interrupt requests (the daemon counts the kernel's
+    // refusals of their replies): otherwise this test tested nothing.
+    let refused = log
+        .lines()
+        .find_map(|line| line.split_once(" replies to interrupted requests"))
+        .and_then(|(before, _)| before.rsplit(' ').next()?.parse::<u64>().ok());
+    eprintln!(
+        "{signals} signals, {} rounds of I/O, {refused:?} refused replies",
+        rounds.lock().unwrap()
+    );
+    assert!(
+        refused.is_some_and(|count| count > 0),
+        "{signals} signals interrupted nothing:\n{log}"
+    );
+    let stored = run(FOLIOFS, &["cat", &format!("{}:/stormy", mounted.image_str())]);
+    assert!(stored.stdout == pattern(7, 4 << 20), "the file differs after unmount");
+    let report = ok(FOLIOFS, &["fsck", mounted.image_str()]);
+    assert!(report.contains("clean"), "{report}");
+}
+
+/// `-o log=PATH` gets the daemon's lines, as plain text; so does a file
+/// that is the stderr of a foreground mount.
+#[test]
+fn log_lines_are_plain_text_off_a_terminal() {
+    if skip_requested() {
+        return;
+    }
+    require(&["flock"]);
+    let mounted = Background::new("64M");
+    mounted.mount("");
+    mounted.unmount();
+    let log = mounted.log_text();
+    assert!(log.contains("INFO") && log.contains("mounted on"), "{log}");
+    assert!(!log.contains('\u{1b}'), "colour codes in the log file:\n{log:?}");
+
+    let stderr_path = mounted.dir.path().join("stderr");
+    let stderr = fs::File::create(&stderr_path).unwrap();
+    let mut daemon = Command::new(FOLIOFS)
+        .args(["mount", "-f", mounted.image_str(), mounted.point_str()])
+        .stdin(Stdio::null())
+        .stderr(stderr)
+        .env("FOLIOFS_LOG", "debug")
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !is_mounted(&mounted.point) {
+        assert!(daemon.try_wait().unwrap().is_none(), "foliofs mount -f exited early");
+        assert!(started.elapsed() < Duration::from_secs(20), "mount did not appear");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    fs::write(mounted.point.join("f"), b"x").unwrap();
+    ok("umount", &[mounted.point_str()]);
+    assert!(wait_with_timeout(&mut daemon, Duration::from_secs(60)).success());
+    let stderr = fs::read_to_string(&stderr_path).unwrap();
+    assert!(stderr.contains("DEBUG"), "{stderr}");
+    assert!(!stderr.contains('\u{1b}'), "colour codes on a stderr that is a file:\n{stderr:?}");
+}

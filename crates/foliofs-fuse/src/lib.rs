@@ -17,9 +17,11 @@ mod adapter;
 mod attr;
 mod handles;
 mod mount_options;
+mod mounting;
 
 pub use adapter::FolioFs;
 pub use mount_options::{MountOptions, PageCacheUse, MOUNT_OPTION_KEYS};
+pub use mounting::{remount, RemountWatcher, Unmounter};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -30,32 +32,53 @@ use foliofs::Volume;
 pub struct Mount {
     session: fuser::Session<FolioFs>,
     volume: Arc<Volume>,
+    unmounter: Unmounter,
+    watcher: Option<RemountWatcher>,
 }
 
 impl Mount {
-    /// Opens the volume in `image` and mounts it on `mountpoint`. Nothing is
-    /// served until [`Mount::run`].
+    /// Opens the volume in `image` and mounts it on `mountpoint` as type
+    /// `fuse.<subtype>`: with mount(2) when allowed (root), through
+    /// fusermount3 otherwise. Nothing is served until [`Mount::run`].
     pub fn new(image: &Path, mountpoint: &Path, options: &MountOptions) -> foliofs::Result<Self> {
         let volume = Arc::new(Volume::open(image, &options.volume)?);
         let fs = FolioFs::new(Arc::clone(&volume), options);
         let config = options.fuse_config(image);
-        let session = fuser::Session::new(fs, mountpoint, &config).map_err(|error| {
-            foliofs::Error::io(format!("mount on {}", mountpoint.display()), error)
-        })?;
-        Ok(Self { session, volume })
+        let failed =
+            |error| foliofs::Error::io(format!("mount on {}", mountpoint.display()), error);
+        let (session, unmounter) = match mounting::mount_fuse(image, mountpoint, options) {
+            Ok(device) => {
+                let acl = config.acl;
+                let session = fuser::Session::from_fd(fs, device, acl, config).inspect_err(|_| {
+                    let _ = mounting::detach(mountpoint);
+                });
+                (session.map_err(failed)?, Unmounter::own(mountpoint))
+            }
+            // Not root: fusermount3 mounts for us (and sets the subtype too).
+            Err(error) if error.raw_os_error() == Some(libc::EPERM) => {
+                let mut session = fuser::Session::new(fs, mountpoint, &config).map_err(failed)?;
+                let unmounter = Unmounter::fuser(session.unmount_callable());
+                (session, unmounter)
+            }
+            Err(error) => return Err(failed(error)),
+        };
+        let watcher = RemountWatcher::start(mountpoint, Arc::downgrade(&volume));
+        Ok(Self { session, volume, unmounter, watcher })
     }
 
     /// Something that unmounts from another thread (a signal handler), which
     /// makes [`Mount::run`] return.
-    pub fn unmounter(&mut self) -> fuser::SessionUnmounter {
-        self.session.unmount_callable()
+    pub fn unmounter(&mut self) -> Unmounter {
+        self.unmounter.clone()
     }
 
     /// Serves requests until the file system is unmounted, then writes back
     /// and closes the volume, reporting what that finds.
     pub fn run(self) -> foliofs::Result<()> {
-        let Self { session, volume } = self;
+        let Self { session, volume, unmounter, watcher } = self;
         let served = session.run();
+        unmounter.session_ended();
+        drop(watcher);
         // The session owned the adapter and dropped it (closing any handle the
         // kernel had not released) when it ended, so this is the last owner.
         let closed = match Arc::try_unwrap(volume) {

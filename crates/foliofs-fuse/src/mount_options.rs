@@ -1,8 +1,10 @@
 //! `-o` for a mount: the engine's switches (passed to `VolumeOptions`), the
 //! kernel's standard mount options, and the adapter's own few.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use libc::c_ulong;
 
 use foliofs::options::{parse_size, OPTION_KEYS};
 use foliofs::{Error, Result, VolumeOptions};
@@ -26,8 +28,62 @@ pub const MOUNT_OPTION_KEYS: &[(&str, &str)] = &[
     ("auto_unmount", "unmount when the daemon exits (needs allow_other or allow_root)"),
     ("fsname", "the source shown in /proc/mounts (default the image path)"),
     ("subtype", "the type suffix shown in /proc/mounts (default foliofs)"),
-    ("dev, nodev, suid, nosuid, exec, noexec, atime, noatime, sync, async, dirsync", "as mount(8)"),
+    ("log", "a file the daemon appends its log to (default syslog, or stderr with -f)"),
+    (
+        "dev, nodev, suid, nosuid, exec, noexec, sync, async, dirsync, atime, noatime, diratime, \
+         nodiratime, relatime, norelatime, strictatime, nostrictatime, lazytime, nolazytime, \
+         iversion, noiversion, symfollow, nosymfollow",
+        "as mount(8); passed to the kernel (nodev and nosuid by default)",
+    ),
 ];
+
+/// A standard mount(8) flag: the MS_* bits it sets and the ones it clears.
+struct StandardFlag {
+    name: &'static str,
+    set: c_ulong,
+    clear: c_ulong,
+}
+
+const fn standard_flag(name: &'static str, set: c_ulong, clear: c_ulong) -> StandardFlag {
+    StandardFlag { name, set, clear }
+}
+
+// TODO(posix, atime): the atime flags (atime, noatime, diratime, nodiratime,
+// relatime, norelatime, strictatime, nostrictatime, lazytime, nolazytime)
+// only reach the kernel and /proc/mounts here: the kernel leaves atime to a
+// FUSE daemon, and the daemon cannot see its mount's flags. When the engine
+// gets an `atime=` policy, `MountOptions::set` should also set
+// `self.volume`'s policy from the last of these.
+const STANDARD_FLAGS: &[StandardFlag] = &[
+    standard_flag("dev", 0, libc::MS_NODEV),
+    standard_flag("nodev", libc::MS_NODEV, 0),
+    standard_flag("suid", 0, libc::MS_NOSUID),
+    standard_flag("nosuid", libc::MS_NOSUID, 0),
+    standard_flag("exec", 0, libc::MS_NOEXEC),
+    standard_flag("noexec", libc::MS_NOEXEC, 0),
+    standard_flag("sync", libc::MS_SYNCHRONOUS, 0),
+    standard_flag("async", 0, libc::MS_SYNCHRONOUS),
+    standard_flag("dirsync", libc::MS_DIRSYNC, 0),
+    standard_flag("atime", 0, libc::MS_NOATIME),
+    standard_flag("noatime", libc::MS_NOATIME, 0),
+    standard_flag("diratime", 0, libc::MS_NODIRATIME),
+    standard_flag("nodiratime", libc::MS_NODIRATIME, 0),
+    standard_flag("relatime", libc::MS_RELATIME, libc::MS_STRICTATIME),
+    standard_flag("norelatime", 0, libc::MS_RELATIME),
+    standard_flag("strictatime", libc::MS_STRICTATIME, libc::MS_RELATIME | libc::MS_NOATIME),
+    standard_flag("nostrictatime", 0, libc::MS_STRICTATIME),
+    standard_flag("lazytime", libc::MS_LAZYTIME, 0),
+    standard_flag("nolazytime", 0, libc::MS_LAZYTIME),
+    // Accepted and passed on; the kernel clears SB_I_VERSION for FUSE.
+    standard_flag("iversion", libc::MS_I_VERSION, 0),
+    standard_flag("noiversion", 0, libc::MS_I_VERSION),
+    standard_flag("symfollow", 0, libc::MS_NOSYMFOLLOW),
+    standard_flag("nosymfollow", libc::MS_NOSYMFOLLOW, 0),
+];
+
+/// What a mount gets without asking: no device nodes, no setuid (as
+/// fusermount3 and mount.fuse3 do).
+const DEFAULT_MOUNT_FLAGS: c_ulong = libc::MS_NODEV | libc::MS_NOSUID;
 
 const DEFAULT_FUSE_THREADS: usize = 16;
 
@@ -56,8 +112,14 @@ pub struct MountOptions {
     pub auto_unmount: bool,
     pub fsname: Option<String>,
     pub subtype: String,
-    /// Standard flags passed to the kernel as they are (nodev, noexec, ...).
-    pub kernel_flags: Vec<MountOption>,
+    /// Where the daemon appends its log.
+    pub log: Option<PathBuf>,
+    /// The MS_* flags for mount(2), from the standard options (MS_RDONLY
+    /// comes from `volume.read_only`).
+    pub mount_flags: c_ulong,
+    /// The standard options as given, for fusermount3 when mount(2) is not
+    /// ours to call.
+    pub standard_options: Vec<&'static str>,
 }
 
 impl Default for MountOptions {
@@ -78,12 +140,27 @@ impl Default for MountOptions {
             auto_unmount: false,
             fsname: None,
             subtype: "foliofs".into(),
-            kernel_flags: Vec::new(),
+            log: None,
+            mount_flags: DEFAULT_MOUNT_FLAGS,
+            standard_options: Vec::new(),
         }
     }
 }
 
 impl MountOptions {
+    /// Whether `name` is one of the standard mount(8) flags.
+    pub fn is_standard_flag(name: &str) -> bool {
+        Self::standard_flag_bits(name).is_some()
+    }
+
+    /// The MS_* bits a standard flag sets and clears.
+    pub fn standard_flag_bits(name: &str) -> Option<(c_ulong, c_ulong)> {
+        STANDARD_FLAGS
+            .iter()
+            .find(|standard| standard.name == name)
+            .map(|standard| (standard.set, standard.clear))
+    }
+
     /// Parses a comma-separated `-o` list; a bad or unknown item is an error
     /// that names it (and, when unknown, lists every accepted key).
     pub fn parse(list: &str) -> Result<Self> {
@@ -163,24 +240,26 @@ impl MountOptions {
             }
             "fsname" => self.fsname = Some(value.ok_or_else(|| bad("needs a value"))?.into()),
             "subtype" => self.subtype = value.ok_or_else(|| bad("needs a value"))?.into(),
+            "log" => {
+                let path =
+                    value.filter(|path| !path.is_empty()).ok_or_else(|| bad("needs a path"))?;
+                self.log = Some(PathBuf::from(path));
+            }
             "ro" | "rw" if value.is_none() => {
                 self.volume.read_only = key == "ro";
             }
-            "dev" => self.kernel_flags.push(flag(MountOption::Dev)?),
-            "nodev" => self.kernel_flags.push(flag(MountOption::NoDev)?),
-            "suid" => self.kernel_flags.push(flag(MountOption::Suid)?),
-            "nosuid" => self.kernel_flags.push(flag(MountOption::NoSuid)?),
-            "exec" => self.kernel_flags.push(flag(MountOption::Exec)?),
-            "noexec" => self.kernel_flags.push(flag(MountOption::NoExec)?),
-            "atime" => self.kernel_flags.push(flag(MountOption::Atime)?),
-            "noatime" => self.kernel_flags.push(flag(MountOption::NoAtime)?),
-            "sync" => self.kernel_flags.push(flag(MountOption::Sync)?),
-            "async" => self.kernel_flags.push(flag(MountOption::Async)?),
-            "dirsync" => self.kernel_flags.push(flag(MountOption::DirSync)?),
+            _ if STANDARD_FLAGS.iter().any(|standard| standard.name == key) => {
+                no_value()?;
+                let standard = STANDARD_FLAGS.iter().find(|standard| standard.name == key);
+                let standard = standard.expect("matched");
+                self.mount_flags = (self.mount_flags & !standard.clear) | standard.set;
+                self.standard_options.push(standard.name);
+            }
+            "mand" => return Err(bad("mandatory locks are gone from Linux (since 5.15)")),
             // What mount(8) and fstab pass through to a helper and mean
             // nothing to the file system itself.
             "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "_netdev" | "nofail"
-            | "relatime" | "strictatime" => {}
+            | "nomand" => {}
             _ if key.starts_with("x-") => {}
             _ if OPTION_KEYS.iter().any(|(name, _)| *name == key) => {
                 self.volume.set(key, value.unwrap_or("on"))?;
@@ -214,7 +293,9 @@ impl MountOptions {
         if self.auto_unmount {
             config.mount_options.push(MountOption::AutoUnmount);
         }
-        config.mount_options.extend(self.kernel_flags.iter().cloned());
+        config.mount_options.extend(
+            self.standard_options.iter().map(|name| MountOption::CUSTOM((*name).to_string())),
+        );
         config.acl = if self.allow_other {
             SessionACL::All
         } else if self.allow_root {
@@ -246,7 +327,8 @@ mod tests {
         assert_eq!(options.page_cache, PageCacheUse::Kernel);
         assert_eq!(options.fuse_threads, 3);
         assert!(options.allow_other);
-        assert_eq!(options.kernel_flags, vec![MountOption::NoAtime]);
+        assert_eq!(options.standard_options, ["noatime"]);
+        assert_eq!(options.mount_flags, libc::MS_NODEV | libc::MS_NOSUID | libc::MS_NOATIME);
         let config = options.fuse_config(Path::new("/img"));
         assert_eq!(config.acl, SessionACL::All);
         assert!(config.mount_options.contains(&MountOption::RO));
@@ -264,5 +346,28 @@ mod tests {
         assert!(bad_engine.contains("folio_max=3k"), "{bad_engine}");
         assert!(MountOptions::parse("allow_other=yes").is_err());
         assert!(MountOptions::parse("max_write=1k").is_err());
+        assert!(MountOptions::parse("nodiratime=1").is_err());
+        let mand = MountOptions::parse("mand").unwrap_err().to_string();
+        assert!(mand.contains("mandatory locks"), "{mand}");
+    }
+
+    #[test]
+    fn standard_flags_set_and_clear_their_bits_in_order() {
+        let options = MountOptions::parse(
+            "suid,dev,nodiratime,lazytime,nosymfollow,iversion,strictatime,relatime,log=/x.log",
+        )
+        .unwrap();
+        assert_eq!(
+            options.mount_flags,
+            libc::MS_NODIRATIME
+                | libc::MS_LAZYTIME
+                | libc::MS_NOSYMFOLLOW
+                | libc::MS_I_VERSION
+                | libc::MS_RELATIME
+        );
+        assert_eq!(options.log.as_deref(), Some(Path::new("/x.log")));
+        let defaults = MountOptions::parse("").unwrap();
+        assert_eq!(defaults.mount_flags, libc::MS_NODEV | libc::MS_NOSUID);
+        assert!(MountOptions::parse("log=").is_err());
     }
 }

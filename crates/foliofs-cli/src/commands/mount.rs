@@ -1,114 +1,153 @@
 //! `foliofs mount IMAGE MOUNTPOINT [-o opts] [-f]`, and the same as the
 //! `mount.fuse.foliofs` helper that `mount -t fuse.foliofs` runs.
 
-use std::os::unix::process::CommandExt;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use foliofs_fuse::{Mount, MountOptions};
 
-/// How long the background form waits for the daemon's mount to appear.
-const MOUNT_WAIT: Duration = Duration::from_secs(30);
+use crate::logging;
 
-pub fn run(
-    image: &Path,
-    mountpoint: &Path,
-    options: &str,
-    foreground: bool,
-) -> anyhow::Result<ExitCode> {
-    let mount_options = MountOptions::parse(options)?;
-    let image = image.canonicalize().with_context(|| format!("image {}", image.display()))?;
-    let image = image.as_path();
+/// What the daemon writes on its stdout once the mount is in place.
+const READY: &[u8] = b"mounted\n";
+
+/// How `foliofs mount` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Start the daemon, return once it has mounted.
+    Background,
+    /// Serve in this process, logging to stderr (or `-o log=`).
+    Foreground,
+    /// The daemon the background form starts: mount, tell the parent,
+    /// detach, serve.
+    Daemon,
+}
+
+pub fn run(image: &Path, mountpoint: &Path, options: &str, mode: Mode) -> anyhow::Result<ExitCode> {
     let mountpoint = mountpoint
         .canonicalize()
         .with_context(|| format!("mount point {}", mountpoint.display()))?;
+    if let Some(rest) = remount_options(options) {
+        // mount(8) runs the helper for `mount -o remount,...` too.
+        foliofs_fuse::remount(image, &mountpoint, &rest)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mount_options = MountOptions::parse(options)?;
+    let image = image.canonicalize().with_context(|| format!("image {}", image.display()))?;
+    let image = image.as_path();
     if !mountpoint.is_dir() {
         bail!("mount point {} is not a directory", mountpoint.display());
     }
-    if foreground {
-        serve(image, &mountpoint, &mount_options)?;
-    } else {
-        start_daemon(image, &mountpoint, options)?;
+    match mode {
+        Mode::Foreground => serve(image, &mountpoint, &mount_options, false)?,
+        Mode::Daemon => serve(image, &mountpoint, &mount_options, true)?,
+        Mode::Background => start_daemon(image, &mountpoint, options)?,
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// The options of a remount (`remount` among them), or None.
+fn remount_options(options: &str) -> Option<String> {
+    options.split(',').any(|item| item.trim() == "remount").then(|| options.to_string())
+}
+
 /// Mounts and serves until unmounted (`umount`, `fusermount3 -u`, SIGINT or
-/// SIGTERM), then writes everything back and closes the volume.
-fn serve(image: &Path, mountpoint: &Path, options: &MountOptions) -> anyhow::Result<()> {
+/// SIGTERM), then writes everything back and closes the volume. A daemon
+/// detaches once mounted: its own session, `/` as working directory (so it
+/// keeps no caller's directory busy), stdio on /dev/null (so nothing it
+/// prints depends on a caller still reading).
+fn serve(
+    image: &Path,
+    mountpoint: &Path,
+    options: &MountOptions,
+    daemon: bool,
+) -> anyhow::Result<()> {
+    if daemon {
+        // Its own session: no terminal's signals (^C to the caller) and no
+        // hangup reach it.
+        // SAFETY: setsid takes no arguments; it fails only for a process
+        // group leader, which the spawned daemon is not.
+        unsafe { libc::setsid() };
+    }
     let mut mount = Mount::new(image, mountpoint, options)?;
-    let mut unmounter = mount.unmounter();
+    let unmounter = mount.unmounter();
     let target = mountpoint.to_path_buf();
     ctrlc::set_handler(move || {
         if let Err(error) = unmounter.unmount() {
             // Busy (files still open): detach now; the session ends, and the
             // volume is closed, when the last user lets go.
-            eprintln!("foliofs: unmount {}: {error}; detaching it lazily", target.display());
+            tracing::warn!("unmount {}: {error}; detaching it lazily", target.display());
             let _ = Command::new("umount").arg("-l").arg(&target).status();
         }
     })
     .context("installing the SIGINT/SIGTERM handler")?;
-    mount.run()?;
+    tracing::info!("{} mounted on {}", image.display(), mountpoint.display());
+    if daemon {
+        std::env::set_current_dir("/").context("changing to /")?;
+        let mut stdout = std::io::stdout();
+        stdout.write_all(READY).and_then(|()| stdout.flush()).context("telling foliofs mount")?;
+        detach_stdio().context("detaching from the caller's stdin/stdout/stderr")?;
+    }
+    let served = mount.run();
+    let refused = logging::refused_interrupted_replies();
+    if refused > 0 {
+        tracing::info!(
+            "{refused} replies to interrupted requests were refused by the kernel (the requests \
+             completed)"
+        );
+    }
+    match &served {
+        Ok(()) => tracing::info!("{} unmounted; the volume is closed", mountpoint.display()),
+        Err(error) => tracing::error!("{}: {error}", mountpoint.display()),
+    }
+    Ok(served?)
+}
+
+/// Points stdin, stdout and stderr at /dev/null.
+fn detach_stdio() -> std::io::Result<()> {
+    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    for fd in 0..=2 {
+        // SAFETY: dup2 onto the standard descriptors, which stay open (now
+        // on /dev/null); `null` is a valid open descriptor.
+        if unsafe { libc::dup2(null.as_raw_fd(), fd) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
     Ok(())
 }
 
-/// The background form: runs `foliofs mount -f` as a daemon in its own
-/// process group and returns once its mount is in place (or it failed).
+/// The background form: starts the daemon (`foliofs mount --daemon`) and
+/// returns once it reports the mount in place, passing on what it prints
+/// until then; if it exits first, that is the error.
 fn start_daemon(image: &Path, mountpoint: &Path, options: &str) -> anyhow::Result<()> {
     let executable = std::env::current_exe().context("finding the foliofs executable")?;
     let mut daemon = Command::new(executable)
         .arg("mount")
         .arg(image)
         .arg(mountpoint)
-        .arg("-f")
+        .arg("--daemon")
         .arg("-o")
         .arg(options)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        // Its messages reach our stderr while we wait; once we exit, nothing
-        // holds our caller's stderr open (`$(mount ...)` would hang on it).
-        // Run with -f to keep seeing the daemon's log.
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .spawn()
         .context("starting the mount daemon")?;
     let mut daemon_stderr = daemon.stderr.take().expect("piped");
-    std::thread::spawn(move || std::io::copy(&mut daemon_stderr, &mut std::io::stderr()));
-    let started = Instant::now();
-    loop {
-        if let Some(status) = daemon.try_wait()? {
-            bail!("the mount daemon exited ({status}) before mounting {}", mountpoint.display());
-        }
-        if is_foliofs_mount(mountpoint)? {
-            return Ok(());
-        }
-        if started.elapsed() > MOUNT_WAIT {
-            let _ = daemon.kill();
-            bail!("{} was not mounted within {MOUNT_WAIT:?}", mountpoint.display());
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    let relay =
+        std::thread::spawn(move || std::io::copy(&mut daemon_stderr, &mut std::io::stderr()));
+    // Ends when the daemon detaches its stdout or exits.
+    let mut said = Vec::new();
+    let _ = daemon.stdout.take().expect("piped").read_to_end(&mut said);
+    let _ = relay.join();
+    if said == READY {
+        return Ok(());
     }
-}
-
-/// Whether /proc/self/mountinfo lists a foliofs FUSE mount at `mountpoint`.
-fn is_foliofs_mount(mountpoint: &Path) -> anyhow::Result<bool> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let wanted = mountpoint.to_string_lossy();
-    Ok(mountinfo.lines().any(|line| {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let separator = fields.iter().position(|field| *field == "-");
-        fields.get(4).is_some_and(|point| unescape(point) == wanted)
-            && separator
-                .and_then(|at| fields.get(at + 1))
-                .is_some_and(|kind| kind.starts_with("fuse"))
-    }))
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape(field: &str) -> String {
-    field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+    let status = daemon.wait().context("waiting for the mount daemon")?;
+    bail!("the mount daemon exited ({status}) before mounting {}", mountpoint.display());
 }
 
 /// The arguments `mount(8)` gives a `mount.fuse.foliofs` helper (`IMAGE
@@ -120,6 +159,10 @@ pub fn helper_arguments(args: &[String]) -> anyhow::Result<Vec<String>> {
     while let Some(arg) = rest.next() {
         match arg.as_str() {
             "-o" => options.push(rest.next().context("-o needs a value")?.clone()),
+            // mount(8) names the type when the helper's name does not.
+            "-t" => {
+                rest.next().context("-t needs a value")?;
+            }
             // -n (no mtab), -s (sloppy), -v (verbose), -f (fake) and friends
             // are for mount(8)'s bookkeeping, not the file system.
             flag if flag.starts_with('-') => {}
@@ -146,7 +189,7 @@ mod tests {
     #[test]
     fn mount_helper_arguments_become_a_mount_command() {
         let args: Vec<String> =
-            ["/sbin/mount.fuse.foliofs", "/img", "/mnt", "-n", "-o", "rw,dirty=folio"]
+            ["/sbin/mount.fuse.foliofs", "/img", "/mnt", "-n", "-o", "rw,dirty=folio", "-t", "x"]
                 .map(String::from)
                 .to_vec();
         assert!(is_helper_name(&args[0]));
@@ -156,10 +199,5 @@ mod tests {
         );
         assert!(helper_arguments(&args[..2]).is_err());
         assert!(!is_helper_name("foliofs"));
-    }
-
-    #[test]
-    fn mountinfo_paths_are_unescaped() {
-        assert_eq!(unescape("/mnt/a\\040b"), "/mnt/a b");
     }
 }
