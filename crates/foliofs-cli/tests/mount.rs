@@ -788,6 +788,31 @@ impl Background {
     fn log_text(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits for the daemon to log `text` (it logs after acting).
+    fn wait_for_log(&self, text: &str) -> String {
+        let started = Instant::now();
+        loop {
+            let log = self.log_text();
+            if log.contains(text) {
+                return log;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "no {text:?} in the log:\n{log}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// This mount's line in /proc/self/mountinfo, split at " - ": (per-mount
+    /// part, file-system part).
+    fn mountinfo(&self) -> (String, String) {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let line = mountinfo
+            .lines()
+            .rfind(|line| line.split(' ').nth(4) == Some(self.point_str()))
+            .expect("mounted");
+        let (mount, filesystem) = line.split_once(" - ").unwrap();
+        (mount.to_string(), filesystem.to_string())
+    }
 }
 
 impl Drop for Background {
@@ -864,9 +889,8 @@ fn backgrounded_daemon_survives_a_signal_storm_and_logs_no_error() {
     fs::write(mounted.point.join("after"), b"still serving").unwrap();
     assert_eq!(fs::read(mounted.point.join("after")).unwrap(), b"still serving");
     mounted.unmount();
-    let log = mounted.log_text();
+    let log = mounted.wait_for_log("unmounted; the volume is closed");
     assert!(!log.contains("ERROR"), "the daemon logged an error:\n{log}");
-    assert!(log.contains("unmounted; the volume is closed"), "{log}");
     // The storm did interrupt requests (the daemon counts the kernel's
     // refusals of their replies): otherwise this test tested nothing.
     let refused = log
@@ -898,7 +922,7 @@ fn log_lines_are_plain_text_off_a_terminal() {
     let mounted = Background::new("64M");
     mounted.mount("");
     mounted.unmount();
-    let log = mounted.log_text();
+    let log = mounted.wait_for_log("unmounted; the volume is closed");
     assert!(log.contains("INFO") && log.contains("mounted on"), "{log}");
     assert!(!log.contains('\u{1b}'), "colour codes in the log file:\n{log:?}");
 
@@ -923,4 +947,91 @@ fn log_lines_are_plain_text_off_a_terminal() {
     let stderr = fs::read_to_string(&stderr_path).unwrap();
     assert!(stderr.contains("DEBUG"), "{stderr}");
     assert!(!stderr.contains('\u{1b}'), "colour codes on a stderr that is a file:\n{stderr:?}");
+}
+
+/// /proc/mounts shows the type as fuse.foliofs (so mount(8) finds the
+/// helper for a remount), and the standard flags reach the kernel.
+#[test]
+fn mount_type_and_standard_flags_reach_the_kernel() {
+    if skip_requested() {
+        return;
+    }
+    require(&["flock"]);
+    let mounted = Background::new("64M");
+    mounted.mount("nodiratime,lazytime,nosymfollow,iversion,suid,dev,relatime,strictatime,noexec");
+    let (mount, filesystem) = mounted.mountinfo();
+    assert!(filesystem.starts_with("fuse.foliofs "), "{filesystem}");
+    let mount_flags: Vec<&str> = mount.split(' ').nth(5).unwrap().split(',').collect();
+    for wanted in ["rw", "nodiratime", "nosymfollow", "noexec"] {
+        assert!(mount_flags.contains(&wanted), "{wanted} missing from {mount}");
+    }
+    // suid and dev lift the defaults; strictatime, last, wins over relatime.
+    for unwanted in ["nosuid", "nodev", "relatime", "noatime"] {
+        assert!(!mount_flags.contains(&unwanted), "{unwanted} in {mount}");
+    }
+    assert!(filesystem.contains(" rw,lazytime,"), "{filesystem}");
+    // nosymfollow is honoured: a symlink on the mount is not followed.
+    fs::write(mounted.point.join("target"), b"t").unwrap();
+    std::os::unix::fs::symlink("target", mounted.point.join("link")).unwrap();
+    assert_eq!(errno_of(fs::read(mounted.point.join("link"))), libc::ELOOP);
+    mounted.unmount();
+    let bad = run(FOLIOFS, &["mount", "-o", "mand", mounted.image_str(), mounted.point_str()]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("mandatory locks"), "{bad:?}");
+    assert!(!is_mounted(&mounted.point));
+}
+
+/// `mount -o remount,ro` runs the helper with the mount's options plus
+/// remount,ro: the mount turns read-only (EROFS), the daemon writes the
+/// volume back; remount,rw makes it writable again. A volume mounted ro
+/// was opened read-only and refuses rw with the reason.
+#[test]
+fn remount_read_only_and_back_through_the_helper() {
+    if skip_requested() {
+        return;
+    }
+    require(&["flock"]);
+    let mounted = Background::new("64M");
+    let helper = mounted.dir.path().join("mount.fuse.foliofs");
+    std::os::unix::fs::symlink(FOLIOFS, &helper).unwrap();
+    let output = mounted.mount_with(&helper, "rw");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    fs::write(mounted.point.join("before"), b"written rw").unwrap();
+    // What mount(8) (util-linux 2.38) passes for `mount -o remount,ro MNT`.
+    let remount = |options: &str| {
+        Command::new(&helper)
+            .args([mounted.image_str(), mounted.point_str(), "-o", options])
+            .output()
+            .unwrap()
+    };
+    let to_ro = remount("rw,nosuid,nodev,relatime,remount,ro,user_id=0,group_id=0");
+    assert!(to_ro.status.success(), "{}", String::from_utf8_lossy(&to_ro.stderr));
+    mounted.wait_for_log("remounted read-only: the volume is written back and checkpointed");
+    let (_, filesystem) = mounted.mountinfo();
+    assert!(filesystem.contains(" ro,"), "{filesystem}");
+    assert_eq!(errno_of(fs::write(mounted.point.join("during"), b"x")), libc::EROFS);
+    assert_eq!(errno_of(fs::remove_file(mounted.point.join("before"))), libc::EROFS);
+    assert_eq!(fs::read(mounted.point.join("before")).unwrap(), b"written rw");
+    // Options a live mount cannot change are refused by name.
+    let fixed = remount("remount,rw,page_cache=kernel");
+    assert!(String::from_utf8_lossy(&fixed.stderr).contains("page_cache=kernel"), "{fixed:?}");
+    let to_rw = remount("ro,nosuid,nodev,relatime,remount,rw");
+    assert!(to_rw.status.success(), "{}", String::from_utf8_lossy(&to_rw.stderr));
+    fs::write(mounted.point.join("after"), b"written rw again").unwrap();
+    mounted.unmount();
+    for (name, data) in [("before", "written rw"), ("after", "written rw again")] {
+        let stored = ok(FOLIOFS, &["cat", &format!("{}:/{name}", mounted.image_str())]);
+        assert_eq!(stored, data);
+    }
+    let report = ok(FOLIOFS, &["fsck", mounted.image_str()]);
+    assert!(report.contains("clean"), "{report}");
+
+    // Mounted ro: the volume was opened read-only; rw is refused, the
+    // mount stays read-only.
+    mounted.mount("ro");
+    let refused = remount("ro,remount,rw");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("opened read-only"), "{refused:?}");
+    let (_, filesystem) = mounted.mountinfo();
+    assert!(filesystem.contains(" ro,"), "{filesystem}");
+    mounted.unmount();
 }
