@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use anyhow::{bail, Context};
-use foliofs_fuse::{Mount, MountOptions};
+use foliofs_fuse::{Mount, MountOptions, Unmounter};
 
 use crate::logging;
 
@@ -74,22 +74,11 @@ fn serve(
     }
     let mut mount = Mount::new(image, mountpoint, options)?;
     let unmounter = mount.unmounter();
-    let target = mountpoint.to_path_buf();
-    ctrlc::set_handler(move || {
-        if let Err(error) = unmounter.unmount() {
-            // Busy (files still open): detach now; the session ends, and the
-            // volume is closed, when the last user lets go.
-            tracing::warn!("unmount {}: {error}; detaching it lazily", target.display());
-            let _ = Command::new("umount").arg("-l").arg(&target).status();
-        }
-    })
-    .context("installing the SIGINT/SIGTERM handler")?;
-    tracing::info!("{} mounted on {}", image.display(), mountpoint.display());
-    if daemon {
-        std::env::set_current_dir("/").context("changing to /")?;
-        let mut stdout = std::io::stdout();
-        stdout.write_all(READY).and_then(|()| stdout.flush()).context("telling foliofs mount")?;
-        detach_stdio().context("detaching from the caller's stdin/stdout/stderr")?;
+    if let Err(error) = prepare_to_serve(image, mountpoint, unmounter.clone(), daemon) {
+        // Nothing will serve the mount: take it away rather than leave a
+        // dead one ("transport endpoint is not connected").
+        let _ = unmounter.unmount();
+        return Err(error);
     }
     let served = mount.run();
     let refused = logging::refused_interrupted_replies();
@@ -104,6 +93,37 @@ fn serve(
         Err(error) => tracing::error!("{}: {error}", mountpoint.display()),
     }
     Ok(served?)
+}
+
+/// The signal handler; for a daemon, the report to `foliofs mount` and the
+/// detach.
+fn prepare_to_serve(
+    image: &Path,
+    mountpoint: &Path,
+    unmounter: Unmounter,
+    daemon: bool,
+) -> anyhow::Result<()> {
+    let target = mountpoint.to_path_buf();
+    ctrlc::set_handler(move || {
+        if let Err(error) = unmounter.unmount() {
+            // Busy (files still open): detach now; the session ends, and the
+            // volume is closed, when the last user lets go.
+            tracing::warn!("unmount {}: {error}; detaching it lazily", target.display());
+            let _ = Command::new("umount").arg("-l").arg(&target).status();
+        }
+    })
+    .context("installing the SIGINT/SIGTERM handler")?;
+    tracing::info!("{} mounted on {}", image.display(), mountpoint.display());
+    if daemon {
+        std::env::set_current_dir("/").context("changing to /")?;
+        let mut stdout = std::io::stdout();
+        if let Err(error) = stdout.write_all(READY).and_then(|()| stdout.flush()) {
+            // `foliofs mount` is gone (killed); the mount it asked for is up.
+            tracing::warn!("telling foliofs mount that the mount is up: {error}");
+        }
+        detach_stdio().context("detaching from the caller's stdin/stdout/stderr")?;
+    }
+    Ok(())
 }
 
 /// Points stdin, stdout and stderr at /dev/null.
