@@ -39,14 +39,20 @@ pub struct Mount {
 impl Mount {
     /// Opens the volume in `image` and mounts it on `mountpoint` as type
     /// `fuse.<subtype>`: with mount(2) when allowed (root), through
-    /// fusermount3 otherwise. Nothing is served until [`Mount::run`].
+    /// fusermount3 otherwise and for auto_unmount. Nothing is served until [`Mount::run`].
     pub fn new(image: &Path, mountpoint: &Path, options: &MountOptions) -> foliofs::Result<Self> {
         let volume = Arc::new(Volume::open(image, &options.volume)?);
         let fs = FolioFs::new(Arc::clone(&volume), options);
         let config = options.fuse_config(image);
         let failed =
             |error| foliofs::Error::io(format!("mount on {}", mountpoint.display()), error);
-        let (session, unmounter) = match mounting::mount_fuse(image, mountpoint, options) {
+        // auto_unmount needs fusermount3, which stays to unmount after us.
+        let own_mount = if options.auto_unmount {
+            Err(std::io::Error::from_raw_os_error(libc::EPERM))
+        } else {
+            mounting::mount_fuse(image, mountpoint, options)
+        };
+        let (session, unmounter) = match own_mount {
             Ok(device) => {
                 let acl = config.acl;
                 let session = fuser::Session::from_fd(fs, device, acl, config).inspect_err(|_| {
@@ -54,7 +60,8 @@ impl Mount {
                 });
                 (session.map_err(failed)?, Unmounter::own(mountpoint))
             }
-            // Not root: fusermount3 mounts for us (and sets the subtype too).
+            // Not root (or auto_unmount): fusermount3 mounts for us, and
+            // sets the subtype too.
             Err(error) if error.raw_os_error() == Some(libc::EPERM) => {
                 let mut session = fuser::Session::new(fs, mountpoint, &config).map_err(failed)?;
                 let unmounter = Unmounter::fuser(session.unmount_callable());

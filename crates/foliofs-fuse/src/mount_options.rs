@@ -258,8 +258,8 @@ impl MountOptions {
             "mand" => return Err(bad("mandatory locks are gone from Linux (since 5.15)")),
             // What mount(8) and fstab pass through to a helper and mean
             // nothing to the file system itself.
-            "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "_netdev" | "nofail"
-            | "nomand" => {}
+            "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "owner" | "group"
+            | "_netdev" | "nofail" | "nomand" | "silent" | "loud" => {}
             _ if key.starts_with("x-") => {}
             _ if OPTION_KEYS.iter().any(|(name, _)| *name == key) => {
                 self.volume.set(key, value.unwrap_or("on"))?;
