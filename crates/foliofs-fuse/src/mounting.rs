@@ -297,10 +297,10 @@ fn opened_read_only(image: &Path) -> foliofs::Result<bool> {
     Ok(file.try_lock_shared().is_ok())
 }
 
-/// Watches the mount table for the mount turning read-only or read-write (a
-/// remount) and makes the volume follow ([`Volume::set_read_only`]): written
-/// back and checkpointed, then refusing every change, as the kernel does
-/// for the mount (EROFS). Stops when dropped.
+/// Watches the mount table for the mount turning read-only (a remount) and
+/// then writes the volume back and checkpoints it, so the image is complete
+/// while nothing can change it; the kernel refuses every change from then
+/// on (EROFS). Stops when dropped.
 pub struct RemountWatcher {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -350,17 +350,18 @@ impl Drop for RemountWatcher {
 }
 
 fn remounted(volume: &Volume, mountpoint: &Path, read_only: bool) {
-    match (volume.set_read_only(read_only), read_only) {
-        (Ok(()), true) => tracing::info!(
-            "{} remounted read-only: the volume is written back, checkpointed and refuses \
-             changes",
+    if !read_only {
+        tracing::info!("{} remounted read-write", mountpoint.display());
+        return;
+    }
+    match volume.sync().and_then(|()| volume.checkpoint()) {
+        Ok(()) => tracing::info!(
+            "{} remounted read-only: the volume is written back and checkpointed",
             mountpoint.display()
         ),
-        (Ok(()), false) => tracing::info!("{} remounted read-write", mountpoint.display()),
-        (Err(error), _) => tracing::error!(
-            "{} remounted {}: {error}",
-            mountpoint.display(),
-            if read_only { "read-only" } else { "read-write" }
+        Err(error) => tracing::error!(
+            "{} remounted read-only; writing the volume back failed: {error}",
+            mountpoint.display()
         ),
     }
 }

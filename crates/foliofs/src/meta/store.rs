@@ -6,7 +6,6 @@
 //! of records in the log is the order in which the state changed, and a
 //! checkpoint taken under the read lock is exactly "the state after lsn L".
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
@@ -52,8 +51,7 @@ pub struct MetaStore {
     state: RwLock<MetaState>,
     journal: Journal,
     checkpoint_lock: Mutex<()>,
-    /// Opened read-only, or remounted so (see `Volume::set_read_only`).
-    read_only: AtomicBool,
+    read_only: bool,
 }
 
 /// A transaction: records applied to the state as they are added, appended to
@@ -165,7 +163,6 @@ impl MetaStore {
             journal_records_replayed: loaded.journal_records.len() as u64,
         };
         let journal = Journal::new(device, geometry, loaded.position);
-        let read_only = AtomicBool::new(read_only);
         let store =
             Self { state: RwLock::new(state), journal, checkpoint_lock: Mutex::new(()), read_only };
         Ok((store, report))
@@ -197,19 +194,10 @@ impl MetaStore {
 
     /// Why the store refuses changes, if it does.
     pub fn refusal(&self) -> Option<Error> {
-        if self.is_read_only() {
+        if self.read_only {
             return Some(Error::ReadOnly("opened read-only".into()));
         }
         self.journal.failure().map(Error::ReadOnly)
-    }
-
-    pub fn is_read_only(&self) -> bool {
-        self.read_only.load(Ordering::Acquire)
-    }
-
-    /// Refuses (or accepts again) every change from now on.
-    pub fn set_read_only(&self, read_only: bool) {
-        self.read_only.store(read_only, Ordering::Release);
     }
 
     /// Runs `change` as one transaction; returns its value and the lsn of the

@@ -227,45 +227,6 @@ impl Volume {
         self.shared.sync()
     }
 
-    /// For a remount. `true`: writes everything back, commits and
-    /// checkpoints, then refuses every change (EROFS) as a volume opened
-    /// read-only does, so the image stays complete and untouched. `false`:
-    /// accepts changes again, unless the volume was opened read-only (its
-    /// orphans were never freed and it runs no committer or flusher).
-    ///
-    /// Writers should have stopped first (the kernel's remount makes sure);
-    /// if a change still slips in before the refusal starts, it is written
-    /// back too, or the call fails with EBUSY and changes nothing.
-    pub fn set_read_only(&self, read_only: bool) -> Result<()> {
-        if !read_only {
-            if self.shared.options.read_only {
-                return Err(Error::ReadOnly(
-                    "the volume was opened read-only; open it again to write".into(),
-                ));
-            }
-            self.shared.meta.set_read_only(false);
-            return Ok(());
-        }
-        if self.shared.meta.is_read_only() {
-            return Ok(());
-        }
-        const ATTEMPTS: usize = 3;
-        for _ in 0..ATTEMPTS {
-            self.shared.sync()?;
-            self.shared.meta.checkpoint()?;
-            self.shared.meta.set_read_only(true);
-            let journal = self.shared.meta.journal();
-            if self.shared.cache.dirty_bytes() == 0 && journal.durable_lsn() >= journal.last_lsn() {
-                return Ok(());
-            }
-            self.shared.meta.set_read_only(false);
-        }
-        Err(Error::io(
-            "making the volume read-only: it is still being written to",
-            std::io::Error::from_raw_os_error(libc::EBUSY),
-        ))
-    }
-
     /// Writes a checkpoint now (normally done when the journal fills).
     pub fn checkpoint(&self) -> Result<()> {
         self.shared.meta.checkpoint()
