@@ -1017,6 +1017,15 @@ fn remount_read_only_and_back_through_the_helper() {
     let to_rw = remount("ro,nosuid,nodev,relatime,remount,rw");
     assert!(to_rw.status.success(), "{}", String::from_utf8_lossy(&to_rw.stderr));
     fs::write(mounted.point.join("after"), b"written rw again").unwrap();
+    // mount(8) without the helper (-i) remounts by itself; the daemon
+    // follows the mount table all the same.
+    ok("mount", &["-i", "-o", "remount,ro", mounted.point_str()]);
+    let started = Instant::now();
+    while mounted.log_text().matches("remounted read-only").count() < 2 {
+        assert!(started.elapsed() < Duration::from_secs(30), "{}", mounted.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(errno_of(fs::write(mounted.point.join("during"), b"x")), libc::EROFS);
     mounted.unmount();
     for (name, data) in [("before", "written rw"), ("after", "written rw again")] {
         let stored = ok(FOLIOFS, &["cat", &format!("{}:/{name}", mounted.image_str())]);
@@ -1033,5 +1042,35 @@ fn remount_read_only_and_back_through_the_helper() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("opened read-only"), "{refused:?}");
     let (_, filesystem) = mounted.mountinfo();
     assert!(filesystem.contains(" ro,"), "{filesystem}");
+    mounted.unmount();
+}
+
+/// The background daemon is detached from whoever started it: its own
+/// session, `/` as working directory, stdin/stdout/stderr on /dev/null.
+#[test]
+fn background_daemon_is_detached_from_its_caller() {
+    if skip_requested() {
+        return;
+    }
+    require(&["flock"]);
+    let mounted = Background::new("64M");
+    mounted.mount("");
+    let daemon = fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            cmdline.contains("--daemon") && cmdline.contains(mounted.image_str())
+        })
+        .expect("the daemon's process");
+    let stat = fs::read_to_string(format!("/proc/{daemon}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    assert_eq!(fields[3], daemon.to_string(), "not a session leader: {stat}");
+    assert_eq!(fs::read_link(format!("/proc/{daemon}/cwd")).unwrap(), Path::new("/"));
+    for fd in 0..=2 {
+        let target = fs::read_link(format!("/proc/{daemon}/fd/{fd}")).unwrap();
+        assert_eq!(target, Path::new("/dev/null"), "fd {fd}");
+    }
     mounted.unmount();
 }
