@@ -76,7 +76,9 @@ enum Command {
     Fallocate(commands::fallocate::FallocateArgs),
     /// Mount a volume through FUSE at MOUNTPOINT; -o takes the engine's switches
     /// and mount options (page_cache=engine|kernel, fuse_threads=N, allow_other,
-    /// default_permissions, ro, ...). Runs in the background unless -f.
+    /// default_permissions, ro, log=PATH, ...). Runs in the background unless -f,
+    /// logging to syslog or log=PATH. After umount, `flock IMAGE true` waits
+    /// until the daemon has closed the volume.
     Mount {
         image: PathBuf,
         mountpoint: PathBuf,
