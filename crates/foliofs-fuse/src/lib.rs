@@ -16,6 +16,7 @@
 mod adapter;
 mod attr;
 mod handles;
+mod in_flight;
 mod mount_options;
 
 pub use adapter::FolioFs;
@@ -43,6 +44,12 @@ impl Mount {
             foliofs::Error::io(format!("mount on {}", mountpoint.display()), error)
         })?;
         Ok(Self { session, volume })
+    }
+
+    /// The mounted volume, for callers that watch it while it is served
+    /// (its device counters, for example).
+    pub fn volume(&self) -> &Arc<Volume> {
+        &self.volume
     }
 
     /// Something that unmounts from another thread (a signal handler), which
