@@ -39,6 +39,9 @@ const WANTED_CAPABILITIES: &[InitFlags] = &[
     // Lookups and readdirs in one directory run in parallel.
     InitFlags::FUSE_PARALLEL_DIROPS,
     InitFlags::FUSE_CACHE_SYMLINKS,
+    // File handles outlive the kernel's inode cache: it looks up "." (and
+    // "..") by inode number, so open_by_handle_at and NFS re-export work.
+    InitFlags::FUSE_EXPORT_SUPPORT,
 ];
 
 thread_local! {
