@@ -22,6 +22,7 @@ use fuser::{
 
 use crate::attr::{errno, file_attr, file_type, timestamp};
 use crate::handles::{DirListing, Handle, Handles};
+use crate::in_flight;
 use crate::mount_options::{MountOptions, PageCacheUse};
 
 /// statfs reports free inodes as the checkpoint's free metadata bytes over
@@ -38,21 +39,23 @@ const WANTED_CAPABILITIES: &[InitFlags] = &[
     // Lookups and readdirs in one directory run in parallel.
     InitFlags::FUSE_PARALLEL_DIROPS,
     InitFlags::FUSE_CACHE_SYMLINKS,
+    // File handles outlive the kernel's inode cache: it looks up "." (and
+    // "..") by inode number, so open_by_handle_at and NFS re-export work.
+    InitFlags::FUSE_EXPORT_SUPPORT,
 ];
 
 thread_local! {
-    /// Direct I/O needs buffers aligned to the device's logical block and the
-    /// request's payload never is (it follows the FUSE headers), so direct
-    /// data is staged here: one copy in memory, reused by every request the
-    /// thread serves.
-    static DIRECT_STAGING: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::zeroed(0));
+    /// Buffered reads are copied out of the engine's cache into this buffer
+    /// and from it into the reply: reused by every read the thread serves,
+    /// so a read allocates nothing.
+    static READ_STAGING: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 fn with_staging<R>(length: usize, work: impl FnOnce(&mut [u8]) -> R) -> R {
-    DIRECT_STAGING.with(|staging| {
+    READ_STAGING.with(|staging| {
         let mut staging = staging.borrow_mut();
         if staging.len() < length {
-            *staging = AlignedBuf::zeroed(length.next_power_of_two());
+            staging.resize(length.next_power_of_two(), 0);
         }
         work(&mut staging[..length])
     })
@@ -87,12 +90,7 @@ impl FolioFs {
     /// The errno for `error`; faults of the volume (not of the caller's
     /// request) are logged, since the caller sees only a number.
     fn failed(&self, operation: &str, error: &Error) -> Errno {
-        if matches!(error, Error::Io { .. } | Error::Corrupt(_) | Error::ReadOnly(_)) {
-            tracing::warn!("{operation}: {error}");
-        } else {
-            tracing::debug!("{operation}: {error}");
-        }
-        errno(error)
+        failed(operation, error)
     }
 
     fn file(&self, fh: FileHandle) -> Result<Arc<File>, Errno> {
@@ -128,6 +126,17 @@ impl FolioFs {
         let fh = self.handles.insert(Handle::File(Arc::new(file)));
         Ok((fh, self.fopen_flags(open)))
     }
+}
+
+/// The errno for `error`; faults of the volume (not of the caller's request)
+/// are logged, since the caller sees only a number.
+fn failed(operation: &str, error: &Error) -> Errno {
+    if matches!(error, Error::Io { .. } | Error::Corrupt(_) | Error::ReadOnly(_)) {
+        tracing::warn!("{operation}: {error}");
+    } else {
+        tracing::debug!("{operation}: {error}");
+    }
+    errno(error)
 }
 
 fn name_bytes(name: &OsStr) -> &[u8] {
@@ -372,6 +381,17 @@ impl Filesystem for FolioFs {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
         };
+        if file.flags().direct {
+            // The serving thread does not wait for the device: the reply is
+            // sent from the read's completion.
+            let read = file.read_at_async(AlignedBuf::zeroed(size as usize), offset);
+            return in_flight::spawn(async move {
+                match read.await {
+                    (buffer, Ok(count)) => reply.data(&buffer[..count]),
+                    (_, Err(error)) => reply.error(failed("read", &error)),
+                }
+            });
+        }
         with_staging(size as usize, |buffer| match file.read_at(buffer, offset) {
             Ok(count) => reply.data(&buffer[..count]),
             Err(error) => reply.error(self.failed("read", &error)),
@@ -394,15 +414,19 @@ impl Filesystem for FolioFs {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
         };
-        let written = if file.flags().direct {
-            with_staging(data.len(), |staged| {
-                staged.copy_from_slice(data);
-                file.write_at(staged, offset)
-            })
-        } else {
-            file.write_at(data, offset)
-        };
-        match written {
+        if file.flags().direct {
+            // Copied once, into memory aligned as the device needs (the
+            // payload follows the request headers and never is); the reply
+            // is sent from the write's completion.
+            let write = file.write_at_async(AlignedBuf::from_slice(data), offset);
+            return in_flight::spawn(async move {
+                match write.await {
+                    (_, Ok(count)) => reply.written(count as u32),
+                    (_, Err(error)) => reply.error(failed("write", &error)),
+                }
+            });
+        }
+        match file.write_at(data, offset) {
             Ok(count) => reply.written(count as u32),
             Err(error) => reply.error(self.failed("write", &error)),
         }

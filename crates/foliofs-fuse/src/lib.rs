@@ -16,6 +16,7 @@
 mod adapter;
 mod attr;
 mod handles;
+mod in_flight;
 mod mount_options;
 mod mounting;
 
@@ -71,6 +72,12 @@ impl Mount {
         };
         let watcher = RemountWatcher::start(mountpoint, Arc::downgrade(&volume));
         Ok(Self { session, volume, unmounter, watcher })
+    }
+
+    /// The mounted volume, for callers that watch it while it is served
+    /// (its device counters, for example).
+    pub fn volume(&self) -> &Arc<Volume> {
+        &self.volume
     }
 
     /// Something that unmounts from another thread (a signal handler), which

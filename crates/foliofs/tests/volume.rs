@@ -27,6 +27,7 @@ block_size_tests!(
     setattr_changes_mode_owner_and_times,
     full_volume_reports_enospc_and_keeps_earlier_files,
     many_files_force_checkpoints_and_reload,
+    dot_and_dot_dot_find_an_inode_and_its_parent_by_number,
 );
 
 fn data_and_namespace_survive_close_and_reopen(block_bytes: u32) {
@@ -289,4 +290,20 @@ fn many_files_force_checkpoints_and_reload(block_bytes: u32) {
     let mut back = [0u8; 4];
     volume.open_file(ino, OpenFlags::READ).unwrap().read_at(&mut back, 0).unwrap();
     assert_eq!(u32::from_le_bytes(back), 7);
+}
+
+/// What the kernel asks to turn a file handle back into an inode: "." in any
+/// inode (a file too) is itself, ".." in a directory its parent; a removed
+/// inode is not found (the handle is stale).
+fn dot_and_dot_dot_find_an_inode_and_its_parent_by_number(block_bytes: u32) {
+    let (_, volume) = new_volume(32 << 20, block_bytes);
+    let dir = volume.mkdir(ROOT, b"dir", 0o755, owner()).unwrap();
+    let file = volume.create(dir.ino, b"file", 0o644, owner()).unwrap();
+    assert_eq!(volume.lookup(file.ino, b".").unwrap().ino, file.ino);
+    assert_eq!(volume.lookup(dir.ino, b".").unwrap().ino, dir.ino);
+    assert_eq!(volume.lookup(dir.ino, b"..").unwrap().ino, ROOT);
+    assert_eq!(volume.lookup(ROOT, b"..").unwrap().ino, ROOT);
+    assert_eq!(volume.lookup(file.ino, b"..").unwrap_err().errno(), libc::ENOTDIR);
+    volume.unlink(dir.ino, b"file").unwrap();
+    assert_eq!(volume.lookup(file.ino, b".").unwrap_err().errno(), libc::ENOENT);
 }

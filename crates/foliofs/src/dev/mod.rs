@@ -119,6 +119,23 @@ struct Counters {
     fua_writes: AtomicU64,
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
+    /// Reads and writes handed to the backend and not yet completed.
+    in_flight: AtomicU64,
+    in_flight_peak: AtomicU64,
+}
+
+impl Counters {
+    /// Counts a read or write in as it is handed to the backend; `leave`
+    /// counts it out when it completes (when its callback runs, for a
+    /// submitted one).
+    fn enter(&self) {
+        let in_flight = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.in_flight_peak.fetch_max(in_flight, Ordering::Relaxed);
+    }
+
+    fn leave(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A snapshot of the device counters.
@@ -131,6 +148,10 @@ pub struct DevStats {
     pub fua_writes: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    /// The most reads and writes in flight at once since the device was
+    /// opened, blocking and submitted ones alike: the queue depth the
+    /// engine's callers reached.
+    pub in_flight_peak: u64,
 }
 
 impl DevStats {
@@ -147,6 +168,8 @@ impl DevStats {
             fua_writes: self.fua_writes - earlier.fua_writes,
             bytes_read: self.bytes_read - earlier.bytes_read,
             bytes_written: self.bytes_written - earlier.bytes_written,
+            // A high-water mark, not a count: the later one covers both.
+            in_flight_peak: self.in_flight_peak,
         }
     }
 }
@@ -272,6 +295,7 @@ impl Device {
             fua_writes: load(&counters.fua_writes),
             bytes_read: load(&counters.bytes_read),
             bytes_written: load(&counters.bytes_written),
+            in_flight_peak: load(&counters.in_flight_peak),
         }
     }
 
@@ -307,7 +331,10 @@ impl Device {
         let length: usize = buffers.iter().map(|buffer| buffer.len()).sum();
         self.check_aligned(offset, length)?;
         self.counters.read_requests.fetch_add(1, Ordering::Relaxed);
-        self.raw.read_at(offset, buffers)?;
+        self.counters.enter();
+        let read = self.raw.read_at(offset, buffers);
+        self.counters.leave();
+        read?;
         self.counters.bytes_read.fetch_add(length as u64, Ordering::Relaxed);
         Ok(())
     }
@@ -328,7 +355,10 @@ impl Device {
         self.check_aligned(offset, length)?;
         let native_fua = fua && self.fua == FuaMode::Native;
         self.count_write(native_fua);
-        self.raw.write_at(offset, buffers, native_fua)?;
+        self.counters.enter();
+        let written = self.raw.write_at(offset, buffers, native_fua);
+        self.counters.leave();
+        written?;
         self.counters.bytes_written.fetch_add(length as u64, Ordering::Relaxed);
         if !native_fua {
             self.flushes.write_completed();
@@ -431,10 +461,12 @@ impl Device {
 
     fn submit_read(&self, request: DevRequest, length: usize, done: DevCallback, plugged: bool) {
         self.counters.read_requests.fetch_add(1, Ordering::Relaxed);
+        self.counters.enter();
         let counters = Arc::clone(&self.counters);
         self.raw_submit(
             request,
             Box::new(move |response| {
+                counters.leave();
                 if response.result.is_ok() {
                     counters.bytes_read.fetch_add(length as u64, Ordering::Relaxed);
                 }
@@ -457,12 +489,14 @@ impl Device {
         let native_fua = *native_fua;
         let length = buffer.len() as u64;
         self.count_write(native_fua);
+        self.counters.enter();
         let counters = Arc::clone(&self.counters);
         let flushes = Arc::clone(&self.flushes);
         let flusher = emulate_fua.then(|| self.flush_submitter());
         self.raw_submit(
             request,
             Box::new(move |response| {
+                counters.leave();
                 if response.result.is_err() {
                     return done(response);
                 }

@@ -53,6 +53,14 @@ fn dir_entries(state: &MetaState, dir: u64) -> Result<&std::collections::BTreeMa
     inode.entries().ok_or_else(|| Error::NotDir(format!("inode {dir}")))
 }
 
+fn parent_dir_of(state: &MetaState, dir: u64) -> Result<u64> {
+    let attrs = attrs_of(state, dir)?;
+    if attrs.kind != InodeKind::Dir {
+        return Err(Error::NotDir(format!("inode {dir}")));
+    }
+    Ok(attrs.parent)
+}
+
 fn attrs_of(state: &MetaState, ino: u64) -> Result<InodeAttrs> {
     state.inode(ino).map(|inode| inode.attrs).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
 }
@@ -113,20 +121,23 @@ impl Volume {
         self.shared.attr_of(&self.shared.meta.read(), ino)
     }
 
+    /// The inode `name` in directory `parent`. "." is `parent` itself,
+    /// whatever its kind, and ".." its parent directory: the two lookups the
+    /// kernel makes to turn a file handle back into an inode (FUSE export
+    /// support, NFS re-export, open_by_handle_at).
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
         let state = self.shared.meta.read();
-        let ino = entry_of(&state, parent, name)?;
+        let ino = match name {
+            b"." => parent,
+            b".." => parent_dir_of(&state, parent)?,
+            _ => entry_of(&state, parent, name)?,
+        };
         self.shared.attr_of(&state, ino)
     }
 
     /// The directory that holds directory `dir` (the root holds itself).
     pub fn parent_of(&self, dir: u64) -> Result<u64> {
-        let state = self.shared.meta.read();
-        let attrs = attrs_of(&state, dir)?;
-        if attrs.kind != InodeKind::Dir {
-            return Err(Error::NotDir(format!("inode {dir}")));
-        }
-        Ok(attrs.parent)
+        parent_dir_of(&self.shared.meta.read(), dir)
     }
 
     /// The inode at an absolute path; symlinks are not followed.

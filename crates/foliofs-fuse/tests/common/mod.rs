@@ -1,0 +1,85 @@
+//! A volume mounted in the test's own process, so a test can watch the
+//! library (device counters) while programs use the mount.
+//!
+//! Needs root (or fusermount3) and /dev/fuse, as the CLI's mount tests do;
+//! FOLIOFS_SKIP_MOUNT_TESTS=1 skips these tests explicitly.
+
+// Each test binary uses a part of this module.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use foliofs::vfs::MkfsOptions;
+use foliofs::{Volume, VolumeOptions};
+use foliofs_fuse::{Mount, MountOptions};
+
+pub fn skip_requested() -> bool {
+    if std::env::var_os("FOLIOFS_SKIP_MOUNT_TESTS").is_some_and(|value| value == "1") {
+        eprintln!("FOLIOFS_SKIP_MOUNT_TESTS=1: mount test skipped");
+        return true;
+    }
+    assert!(Path::new("/dev/fuse").exists(), "this test needs /dev/fuse (modprobe fuse)");
+    false
+}
+
+fn is_mounted(point: &Path) -> bool {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let point = point.to_str().unwrap();
+    mountinfo.lines().any(|line| line.split(' ').nth(4) == Some(point))
+}
+
+pub struct InProcessMount {
+    _dir: tempfile::TempDir,
+    pub point: PathBuf,
+    pub volume: Arc<Volume>,
+    unmounter: fuser::SessionUnmounter,
+    server: Option<JoinHandle<foliofs::Result<()>>>,
+}
+
+impl InProcessMount {
+    /// A fresh volume of `size_bytes`, mounted with `options` (mount -o form).
+    pub fn new(size_bytes: u64, options: &str) -> Self {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let image = dir.path().join("vol.img");
+        let point = dir.path().join("mnt");
+        std::fs::create_dir(&point).unwrap();
+        let point = point.canonicalize().unwrap();
+        let mkfs = MkfsOptions::default();
+        Volume::mkfs_path(&image, Some(size_bytes), &mkfs, &VolumeOptions::default()).unwrap();
+        let options = MountOptions::parse(options).unwrap();
+        let mut mount = Mount::new(&image, &point, &options).unwrap();
+        let volume = Arc::clone(mount.volume());
+        let unmounter = mount.unmounter();
+        let server = std::thread::spawn(move || mount.run());
+        let started = Instant::now();
+        while !is_mounted(&point) {
+            assert!(started.elapsed() < Duration::from_secs(20), "mount did not appear");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self { _dir: dir, point, volume, unmounter, server: Some(server) }
+    }
+
+    /// Unmounts (retrying while a file just closed is still busy) and checks
+    /// the volume closed cleanly.
+    pub fn unmount(mut self) {
+        let started = Instant::now();
+        while let Err(error) = self.unmounter.unmount() {
+            assert!(started.elapsed() < Duration::from_secs(10), "unmount: {error}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let server = self.server.take().unwrap();
+        server.join().unwrap().unwrap();
+    }
+}
+
+impl Drop for InProcessMount {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&self.point).status();
+            let _ = server.join();
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! Asynchronous dispatch through a real mount: one fio job at iodepth 64
+//! reaches the device as a deep queue although only two threads serve the
+//! mount, because no serving thread waits for its request's device I/O.
+
+mod common;
+
+use std::process::Command;
+
+use common::InProcessMount;
+
+const IODEPTH: u32 = 64;
+/// At least half the queue the application asked for must reach the device.
+const IN_FLIGHT_PEAK_MIN: u64 = IODEPTH as u64 / 2;
+
+#[test]
+fn one_fio_job_at_iodepth_64_keeps_a_deep_device_queue_with_two_serving_threads() {
+    if common::skip_requested() {
+        return;
+    }
+    // Two serving threads: with one request per thread, the device would
+    // never see more than two in flight.
+    let mount = InProcessMount::new(512 << 20, "fuse_threads=2,engine=uring");
+
+    // Lay the file out first, one direct write at a time (so the peak stays
+    // low), and the measured job is pure overwrites.
+    let filename = format!("--filename={}", mount.point.join("queue").display());
+    let layout = Command::new("fio")
+        .args(["--name=layout", &filename, "--ioengine=psync", "--direct=1", "--rw=write"])
+        .args(["--bs=1M", "--size=64M"])
+        .output();
+    let peak_before = mount.volume.device().stats().in_flight_peak;
+    let fio = layout.and_then(|_| {
+        Command::new("fio")
+            .args(["--name=depth", &filename, "--ioengine=libaio", "--direct=1"])
+            .args(["--rw=randwrite", "--bs=4k", "--size=64M", "--io_size=64M"])
+            .arg(format!("--iodepth={IODEPTH}"))
+            .args(["--iodepth_batch_submit=16", "--verify=crc32c", "--verify_fatal=1"])
+            .arg("--verify_state_save=0")
+            .output()
+    });
+    let peak = mount.volume.device().stats().in_flight_peak;
+    eprintln!("requests in flight at most: {peak_before} laying out, {peak} at iodepth {IODEPTH}");
+    mount.unmount();
+
+    let fio = fio.expect("run fio (apt-get install fio)");
+    assert!(
+        fio.status.success(),
+        "fio failed:\n{}\n{}",
+        String::from_utf8_lossy(&fio.stdout),
+        String::from_utf8_lossy(&fio.stderr)
+    );
+    assert!(peak_before < IN_FLIGHT_PEAK_MIN, "the layout alone reached {peak_before}");
+    assert!(
+        peak >= IN_FLIGHT_PEAK_MIN,
+        "one job at iodepth {IODEPTH} reached the device with at most {peak} requests in flight"
+    );
+}
