@@ -35,7 +35,7 @@ pub struct InProcessMount {
     _dir: tempfile::TempDir,
     pub point: PathBuf,
     pub volume: Arc<Volume>,
-    unmounter: fuser::SessionUnmounter,
+    unmounter: foliofs_fuse::Unmounter,
     server: Option<JoinHandle<foliofs::Result<()>>>,
 }
 
