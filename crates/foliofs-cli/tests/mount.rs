@@ -1074,3 +1074,37 @@ fn background_daemon_is_detached_from_its_caller() {
     }
     mounted.unmount();
 }
+
+/// Mounting an image that is already mounted gives a second view of the same
+/// mount (one volume, one daemon), as a block file system mounted twice
+/// shares one superblock: a rename through one view is seen through the
+/// other, and the daemon closes the volume only when the last view goes.
+#[test]
+fn mounting_a_mounted_image_again_binds_the_live_mount() {
+    if skip_requested() {
+        return;
+    }
+    require(&["flock"]);
+    let mounted = Background::new("64M");
+    mounted.mount("");
+    let second = mounted.dir.path().join("second");
+    fs::create_dir(&second).unwrap();
+    let output = Command::new(FOLIOFS)
+        .args(["mount", mounted.image_str(), second.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("already mounted"), "{output:?}");
+    fs::create_dir(mounted.point.join("A")).unwrap();
+    fs::create_dir(second.join("B")).unwrap();
+    fs::write(mounted.point.join("A/f"), b"one volume").unwrap();
+    fs::rename(second.join("A/f"), second.join("B/f")).unwrap();
+    assert_eq!(fs::read(mounted.point.join("B/f")).unwrap(), b"one volume");
+
+    ok("umount", &[mounted.point_str()]);
+    assert_eq!(fs::read(second.join("B/f")).unwrap(), b"one volume", "the second view serves on");
+    ok("umount", &[second.to_str().unwrap()]);
+    ok("flock", &[mounted.image_str(), "true"]);
+    let report = ok(FOLIOFS, &["fsck", mounted.image_str()]);
+    assert!(report.contains("clean"), "{report}");
+}

@@ -22,7 +22,7 @@ mod mounting;
 
 pub use adapter::FolioFs;
 pub use mount_options::{MountOptions, PageCacheUse, MOUNT_OPTION_KEYS};
-pub use mounting::{remount, RemountWatcher, Unmounter};
+pub use mounting::{bind_if_mounted, remount, RemountWatcher, Unmounter};
 
 use std::path::Path;
 use std::sync::Arc;

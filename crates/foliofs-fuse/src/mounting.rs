@@ -209,6 +209,58 @@ pub(crate) fn unescape(field: &str) -> String {
 
 /// The engine's and the adapter's settings are fixed for a mount's life;
 /// remount takes only what the kernel can change on a live mount.
+/// Mounts `image` on `mountpoint` as another view of a live mount of the
+/// same image, if there is one (a bind mount: one volume, one daemon, as a
+/// block file system mounted twice shares one superblock). Returns whether
+/// it did; false when the image is not mounted yet.
+pub fn bind_if_mounted(image: &Path, mountpoint: &Path) -> foliofs::Result<bool> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|error| Error::io("reading /proc/self/mountinfo", error))?;
+    let Some(existing) = mount_of_image(&mountinfo, image) else {
+        return Ok(false);
+    };
+    let source = c_path(&existing).map_err(|error| Error::io("mount source", error))?;
+    let target = c_path(mountpoint).map_err(|error| Error::io("mount point", error))?;
+    // SAFETY: both pointers are NUL-terminated paths alive across the call; a
+    // bind mount reads no type or data.
+    let result = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
+    if result != 0 {
+        let error = io::Error::last_os_error();
+        return Err(Error::io(
+            format!(
+                "{} is mounted on {}; binding that mount on {}",
+                image.display(),
+                existing.display(),
+                mountpoint.display()
+            ),
+            error,
+        ));
+    }
+    Ok(true)
+}
+
+/// The first foliofs mount whose source is `image`.
+fn mount_of_image(mountinfo: &str, image: &Path) -> Option<PathBuf> {
+    let wanted = image.to_string_lossy();
+    mountinfo.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let separator = fields.iter().position(|field| *field == "-")?;
+        let fstype = fields.get(separator + 1)?;
+        let source = fields.get(separator + 2)?;
+        let point = fields.get(4)?;
+        (fstype.starts_with("fuse.foliofs") && unescape(source) == wanted)
+            .then(|| PathBuf::from(unescape(point)))
+    })
+}
+
 const REMOUNT_KEEPS: &[&str] = &["remount", "ro", "rw", "defaults"];
 
 /// `mount -o remount,OPTIONS`: ro/rw and the standard flags (nosuid,
@@ -377,6 +429,20 @@ fn wait_for_mount_change(mountinfo: &std::fs::File) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mount_of_the_image_is_found_by_its_source() {
+        let mountinfo = "\
+22 1 0:21 / / rw - ext4 /dev/vda rw
+91 22 0:50 / /mnt/a\\040b rw,nosuid - fuse.foliofs /img/vol.img rw,user_id=0
+92 22 0:51 / /mnt/c rw - fuse.foliofs /img/other.img rw,user_id=0";
+        assert_eq!(
+            mount_of_image(mountinfo, Path::new("/img/vol.img")),
+            Some(PathBuf::from("/mnt/a b"))
+        );
+        assert_eq!(mount_of_image(mountinfo, Path::new("/img/none.img")), None);
+        assert_eq!(mount_of_image(mountinfo, Path::new("/dev/vda")), None, "not foliofs");
+    }
 
     const MOUNTINFO: &str = "\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
