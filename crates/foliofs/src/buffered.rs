@@ -216,13 +216,12 @@ pub fn write(engine: &Engine, inode: &Arc<InodeCache>, data: &[u8], pos: u64) ->
     let end = pos
         .checked_add(total)
         .ok_or_else(|| Error::FileTooLarge(format!("inode {}", inode.ino)))?;
+    let stream_bytes = inode.write_folio_bytes(pos, total, engine.cache.policy().folio_max_bytes);
     let mut done = 0u64;
     while done < total {
         let at = pos + done;
         let size = engine.size_of(inode.ino)?;
-        // Appending: the largest folio, as the file grows into it; otherwise
-        // a folio the size of the write.
-        let wanted = if at >= size { engine.cache.policy().folio_max_bytes } else { end - at };
+        let wanted = (end - at).max(stream_bytes);
         let folio = engine.cache.folio_for(inode, at, wanted, u64::MAX);
         let piece = &data[done as usize..(end.min(folio.end()) - pos) as usize];
         match write_into_folio(engine, inode, &folio, at, piece, size) {

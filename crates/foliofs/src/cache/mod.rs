@@ -22,7 +22,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
 pub use bits::BlockBits;
 pub use folio::{Folio, FolioState};
-pub use pool::BufferPool;
+pub use pool::{BufferPool, FolioMemory};
 
 use crate::io_lock::InodeIo;
 use crate::options::{DirtyMode, VolumeOptions};
@@ -88,6 +88,11 @@ pub struct InodeCache {
     /// Direct writes completed so far: a buffered fill that sees it change
     /// does not trust what it read.
     direct_writes: AtomicU64,
+    /// Where the next buffered write would continue a sequential stream,
+    /// and the folio size the last write asked for (writers hold the I/O
+    /// lock exclusively, so these need no more than atomics).
+    write_next_pos: AtomicU64,
+    write_folio_bytes: AtomicU64,
     accounting: Arc<Accounting>,
     block_bytes: u64,
 }
@@ -115,6 +120,22 @@ impl InodeCache {
 
     pub fn direct_write_generation(&self) -> u64 {
         self.direct_writes.load(Ordering::Acquire)
+    }
+
+    /// The folio size a buffered write of `length` bytes at `pos` asks for
+    /// where it finds no folio: the write's length, or, when the write
+    /// continues where the previous one on this file ended, twice what that
+    /// one asked for (as readahead grows its window, and as the kernel grows
+    /// folio orders for a file that proves sequential). `folio_for` rounds
+    /// and clamps it.
+    pub fn write_folio_bytes(&self, pos: u64, length: u64, folio_max_bytes: u64) -> u64 {
+        let previous = self.write_folio_bytes.load(Ordering::Relaxed);
+        let sequential = self.write_next_pos.load(Ordering::Relaxed) == pos;
+        let wanted = if sequential { length.max(previous.saturating_mul(2)) } else { length };
+        let wanted = wanted.min(folio_max_bytes);
+        self.write_folio_bytes.store(wanted, Ordering::Relaxed);
+        self.write_next_pos.store(pos.saturating_add(length), Ordering::Relaxed);
+        wanted
     }
 
     pub fn has_folios(&self) -> bool {
@@ -309,6 +330,17 @@ impl PageCache {
         self.accounting.dirty_bytes.load(Ordering::Relaxed)
     }
 
+    /// Folios alive: in a file's map, or dropped from it but still in use.
+    pub fn folio_count(&self) -> u64 {
+        self.accounting.live_folios.load(Ordering::Relaxed) as u64
+    }
+
+    /// Memory behind the folios: slabs of small folios (in use or free),
+    /// buffers of large ones, and freed buffers kept for reuse.
+    pub fn memory_bytes(&self) -> u64 {
+        self.accounting.pool.memory_bytes()
+    }
+
     /// Folio buffers reused from the pool and freshly allocated so far.
     pub fn buffers_handed_out(&self) -> (u64, u64) {
         self.accounting.pool.handed_out()
@@ -328,6 +360,9 @@ impl PageCache {
                 writeback_lock: Mutex::new(()),
                 errors: Mutex::new(ErrSeq::default()),
                 direct_writes: AtomicU64::new(0),
+                // No write yet: nothing continues a stream.
+                write_next_pos: AtomicU64::new(u64::MAX),
+                write_folio_bytes: AtomicU64::new(0),
                 accounting: Arc::clone(&self.accounting),
                 block_bytes: self.policy.block_bytes,
             })
