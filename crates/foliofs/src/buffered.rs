@@ -4,7 +4,10 @@
 //!   window that doubles while the handle reads sequentially, into the
 //!   largest folios that fit. Holes, delayed and Unwritten blocks are zeros
 //!   without device I/O.
-//! - write (iomap's write_begin / copy / write_end): holes are reserved as
+//! - write (iomap's write_begin / copy / write_end): a missing folio is
+//!   sized from the access (the write's length; twice the last size for a
+//!   write that continues the previous one), so small files get small
+//!   folios and streaming writers large ones; holes are reserved as
 //!   delayed allocations first (a full volume fails the write, never the
 //!   writeback); only the partially written blocks that are not uptodate are
 //!   read, never the whole folio; the copy marks blocks uptodate and dirty
