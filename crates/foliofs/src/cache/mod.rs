@@ -107,6 +107,30 @@ fn first_key_overlapping(folios: &BTreeMap<u64, Arc<Folio>>, start: u64) -> u64 
         .map_or(start, |(&key, _)| key)
 }
 
+/// The largest power of two up to `bytes` (at least `block`) whose range
+/// aligned to it around `pos` overlaps no folio and ends by `end_limit`
+/// (which the block containing `pos` may pass).
+fn fitting_bytes(
+    folios: &BTreeMap<u64, Arc<Folio>>,
+    pos: u64,
+    mut bytes: u64,
+    block: u64,
+    end_limit: u64,
+) -> u64 {
+    let next_start = folios.range(pos..).next().map_or(u64::MAX, |(&key, _)| key);
+    let previous_end = folios.range(..pos).next_back().map_or(0, |(_, folio)| folio.end());
+    let end_limit = end_limit.max(pos - pos % block + block);
+    loop {
+        let start = pos - pos % bytes;
+        let end = start + bytes;
+        let fits = start >= previous_end && end <= next_start && end <= end_limit;
+        if fits || bytes <= block {
+            return bytes;
+        }
+        bytes /= 2;
+    }
+}
+
 /// The keys of the folios overlapping `[start, end)`.
 fn keys_overlapping(folios: &BTreeMap<u64, Arc<Folio>>, start: u64, end: u64) -> Vec<u64> {
     let first_key = first_key_overlapping(folios, start);
@@ -426,6 +450,9 @@ impl PageCache {
         let block = self.policy.block_bytes;
         let mut bytes = bytes_wanted.clamp(block, self.policy.folio_max_bytes);
         bytes = if bytes.is_power_of_two() { bytes } else { bytes.next_power_of_two() / 2 };
+        // Room for the folio that fits now (a streaming writer asks for far
+        // more than fits between its earlier folios), not for the ask.
+        bytes = fitting_bytes(&inode.folios.read(), pos, bytes, block, end_limit);
         self.make_room(bytes);
         let folio = {
             let mut folios = inode.folios.write();
@@ -434,18 +461,8 @@ impl PageCache {
                     return Arc::clone(folio);
                 }
             }
-            let next_start = folios.range(pos..).next().map_or(u64::MAX, |(&key, _)| key);
-            let previous_end = folios.range(..pos).next_back().map_or(0, |(_, folio)| folio.end());
-            let end_limit = end_limit.max(pos - pos % block + block);
-            loop {
-                let start = pos - pos % bytes;
-                let end = start + bytes;
-                let fits = start >= previous_end && end <= next_start && end <= end_limit;
-                if fits || bytes == block {
-                    break;
-                }
-                bytes /= 2;
-            }
+            // Folios may have come meanwhile: fit again (it only shrinks).
+            bytes = fitting_bytes(&folios, pos, bytes, block, end_limit);
             let start = pos - pos % bytes;
             let data = self.accounting.pool.take(bytes as usize);
             self.accounting.cached_bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -636,6 +653,22 @@ mod tests {
         assert!(!left.contains(&65536), "the idle clean folio went: {left:?}");
         inode.remove_range(0, u64::MAX);
         assert_eq!(cache.dirty_bytes(), 0, "dropping dirty folios un-accounts them");
+    }
+
+    #[test]
+    fn a_large_ask_that_fits_small_evicts_only_for_what_fits() {
+        let cache = cache(72 << 10);
+        let inode = cache.inode(5);
+        let small = cache.folio_for(&inode, 0, 4096, u64::MAX);
+        let large = cache.folio_for(&inode, 65536, 64 << 10, u64::MAX);
+        drop((small, large));
+        // A streaming writer at 4096 asks for 64 KiB; 4 KiB fits there, and
+        // 68 KiB + 4 KiB is within the limit: nothing is evicted.
+        let between = cache.folio_for(&inode, 4096, 64 << 10, u64::MAX);
+        assert_eq!((between.pos(), between.bytes()), (4096, 4096));
+        let cached: Vec<(u64, usize)> =
+            inode.folios_in(0, u64::MAX).iter().map(|folio| (folio.pos(), folio.bytes())).collect();
+        assert_eq!(cached, vec![(0, 4096), (4096, 4096), (65536, 65536)]);
     }
 
     #[test]
