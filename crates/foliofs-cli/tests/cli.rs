@@ -196,6 +196,37 @@ fn bench_runs_fio_options_and_prints_fio_json() {
     assert!(error.contains("read job file /nonexistent/job.fio"), "{error}");
 }
 
+/// `foliofs bench metadata --no-fsync`: small files stay in the cache, one
+/// 4 KiB folio each, and the report says how much memory they took.
+#[test]
+fn bench_metadata_reports_folio_memory_of_small_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("metadata.img");
+    let image = image.to_str().unwrap();
+    let output = ok(&[
+        "bench",
+        "metadata",
+        "--image",
+        image,
+        "--image-size",
+        "64M",
+        "--files",
+        "512",
+        "--no-fsync",
+    ]);
+    assert!(output.contains("create + write 4k + close, 512 files"), "{output}");
+    assert!(output.contains("ops per CPU second"), "{output}");
+    // 512 folios of 4 KiB fill one 2 MiB slab exactly.
+    assert!(
+        output.contains(
+            "folio cache: 2.0 MiB in 512 folios for 2.0 MiB written (2.0 MiB dirty); \
+                         folio memory 2.0 MiB (1.00x the data)"
+        ),
+        "{output}"
+    );
+    assert!(output.contains("resident memory grew"), "{output}");
+}
+
 /// A quick seed run without peers writes its table, JSON and goals.
 #[test]
 fn bench_seeds_quick_writes_results() {

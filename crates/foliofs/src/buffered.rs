@@ -4,7 +4,10 @@
 //!   window that doubles while the handle reads sequentially, into the
 //!   largest folios that fit. Holes, delayed and Unwritten blocks are zeros
 //!   without device I/O.
-//! - write (iomap's write_begin / copy / write_end): holes are reserved as
+//! - write (iomap's write_begin / copy / write_end): a missing folio is
+//!   sized from the access (the write's length; twice the last size for a
+//!   write that continues the previous one), so small files get small
+//!   folios and streaming writers large ones; holes are reserved as
 //!   delayed allocations first (a full volume fails the write, never the
 //!   writeback); only the partially written blocks that are not uptodate are
 //!   read, never the whole folio; the copy marks blocks uptodate and dirty
@@ -216,13 +219,12 @@ pub fn write(engine: &Engine, inode: &Arc<InodeCache>, data: &[u8], pos: u64) ->
     let end = pos
         .checked_add(total)
         .ok_or_else(|| Error::FileTooLarge(format!("inode {}", inode.ino)))?;
+    let stream_bytes = inode.write_folio_bytes(pos, total, engine.cache.policy().folio_max_bytes);
     let mut done = 0u64;
     while done < total {
         let at = pos + done;
         let size = engine.size_of(inode.ino)?;
-        // Appending: the largest folio, as the file grows into it; otherwise
-        // a folio the size of the write.
-        let wanted = if at >= size { engine.cache.policy().folio_max_bytes } else { end - at };
+        let wanted = (end - at).max(stream_bytes);
         let folio = engine.cache.folio_for(inode, at, wanted, u64::MAX);
         let piece = &data[done as usize..(end.min(folio.end()) - pos) as usize];
         match write_into_folio(engine, inode, &folio, at, piece, size) {

@@ -137,6 +137,11 @@ block_size_tests!(
     a_full_volume_fails_the_write_not_the_writeback,
     writeback_errors_reach_every_handle_once_and_data_is_retried,
     writes_larger_than_the_cache_survive_remount,
+    a_small_write_into_a_new_file_makes_a_small_folio,
+    sequential_writes_grow_folios_up_to_folio_max,
+    many_small_files_stay_within_twice_their_data,
+    mixed_folio_sizes_and_overlaps_read_back_exact,
+    dirty_folio_writes_back_whole_folios_of_a_file_written_small,
 );
 
 /// Per-block dirty tracking with the default folios and with folios larger
@@ -418,4 +423,197 @@ fn writes_larger_than_the_cache_survive_remount(block_bytes: u32) {
     volume.close().unwrap();
     let (_, volume) = open_image_with(device.image(), &options).unwrap();
     assert!(read_all(&volume, ino) == data);
+}
+
+/// The folios of `ino` tile the file without overlapping, each a power of
+/// two aligned to its size, at least a block and at most `folio_max_bytes`.
+fn assert_folios_well_formed(volume: &Volume, ino: u64, block_bytes: usize, folio_max: usize) {
+    let folios = volume.cached_folios(ino);
+    for pair in folios.windows(2) {
+        assert!(pair[0].0 + pair[0].1 as u64 <= pair[1].0, "overlapping folios: {pair:?}");
+    }
+    for &(pos, bytes) in &folios {
+        assert!(bytes.is_power_of_two() && bytes >= block_bytes, "folio size: {pos}+{bytes}");
+        assert!(bytes <= folio_max.max(block_bytes), "folio over folio_max: {pos}+{bytes}");
+        assert_eq!(pos % bytes as u64, 0, "unaligned folio: {pos}+{bytes}");
+    }
+}
+
+/// A 4 KiB write into a new file caches one small folio (a block, or 4 KiB
+/// of smaller blocks), not a `folio_max` one; a 100-byte write one block.
+fn a_small_write_into_a_new_file_makes_a_small_folio(block_bytes: u32) {
+    let block = block_bytes as usize;
+    let (_device, volume) =
+        new_volume_with_options(64 << 20, block_bytes, None, &common::options());
+    let ino = create(&volume, "small");
+    let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    file.write_at(&pattern(1, 4096), 0).unwrap();
+    assert_eq!(volume.cached_folios(ino), vec![(0, block.max(4096))]);
+    let tiny = create(&volume, "tiny");
+    volume.open_file(tiny, OpenFlags::WRITE).unwrap().write_at(&[9; 100], 0).unwrap();
+    assert_eq!(volume.cached_folios(tiny), vec![(0, block)]);
+    let stats = volume.cache_stats();
+    assert_eq!((stats.folios, stats.cached_bytes), (2, (block.max(4096) + block) as u64));
+    drop(file);
+    assert!(read_all(&volume, ino) == pattern(1, 4096));
+    assert_eq!(read_all(&volume, tiny), vec![9; 100]);
+}
+
+/// 4 KiB writes, each where the last one ended, get folios that double (as
+/// alignment to their size allows) up to `folio_max` and stay there; the
+/// cache holds the data written and no more.
+fn sequential_writes_grow_folios_up_to_folio_max(block_bytes: u32) {
+    let block = block_bytes as usize;
+    let folio_max = 256 << 10;
+    let options = options_with("folio_max=256k");
+    let (_device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
+    let ino = create(&volume, "stream");
+    let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    let data = pattern(3, 2 << 20);
+    for (index, chunk) in data.chunks(4096).enumerate() {
+        file.write_at(chunk, index as u64 * 4096).unwrap();
+    }
+    assert_folios_well_formed(&volume, ino, block, folio_max);
+    let folios = volume.cached_folios(ino);
+    let sizes: Vec<usize> = folios.iter().map(|&(_, bytes)| bytes).collect();
+    // Each folio at a power of two as large as its offset (the first one
+    // the write), until folio_max: 4k 4k 8k ... 128k, then 256k.
+    let first = block.max(4096);
+    let mut expected = vec![first];
+    while expected.iter().sum::<usize>() < folio_max {
+        expected.push(expected.iter().sum::<usize>().min(folio_max));
+    }
+    expected.resize(expected.len() + (2 << 20) / folio_max - 1, folio_max);
+    assert_eq!(sizes, expected);
+    assert_eq!(volume.cache_stats().cached_bytes, 2 << 20, "no folio past the data");
+    // A write elsewhere starts small again.
+    file.write_at(&[1; 4096], 16 << 20).unwrap();
+    assert_eq!(volume.cached_folios(ino).last(), Some(&(16 << 20, first)));
+    drop(file);
+    let mut expected_data = data;
+    expected_data.resize(16 << 20, 0);
+    expected_data.extend_from_slice(&[1; 4096]);
+    assert!(read_all(&volume, ino) == expected_data);
+}
+
+/// Many new 4 KiB files (each created, written, closed) take at most twice
+/// their data in folio memory (small folios share slabs), however large
+/// `folio_max` is.
+fn many_small_files_stay_within_twice_their_data(block_bytes: u32) {
+    let file_bytes = (block_bytes as usize).max(4096);
+    let files = 300;
+    let (_device, volume) =
+        new_volume_with_options(64 << 20, block_bytes, None, &common::options());
+    let data = pattern(4, 4096);
+    let mut inos = Vec::new();
+    for index in 0..files {
+        let ino = create(&volume, &format!("f{index}"));
+        let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+        file.write_at(&data, 0).unwrap();
+        file.close().unwrap();
+        inos.push(ino);
+    }
+    let stats = volume.cache_stats();
+    let data_bytes = (files * file_bytes) as u64;
+    assert_eq!((stats.folios, stats.cached_bytes), (files as u64, data_bytes));
+    assert!(
+        stats.memory_bytes <= 2 * data_bytes,
+        "{} bytes of folio memory for {data_bytes} bytes of files",
+        stats.memory_bytes
+    );
+    for ino in inos {
+        assert!(read_all(&volume, ino) == data);
+    }
+}
+
+/// Small folios first, then writes and reads that need larger ones around
+/// and across them: the folios never overlap, and every byte reads back as
+/// written, cached and after a remount.
+fn mixed_folio_sizes_and_overlaps_read_back_exact(block_bytes: u32) {
+    let block = block_bytes as usize;
+    let options = options_with("folio_max=1M");
+    let (device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
+    let ino = create(&volume, "mixed");
+    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let mut model = Vec::new();
+    let write = |data: Vec<u8>, pos: usize, model: &mut Vec<u8>| {
+        assert_eq!(file.write_at(&data, pos as u64).unwrap(), data.len());
+        if model.len() < pos + data.len() {
+            model.resize(pos + data.len(), 0);
+        }
+        model[pos..pos + data.len()].copy_from_slice(&data);
+    };
+    // Scattered small writes: small folios with gaps between.
+    for (index, pos) in [5000usize, 70_000, 300_000, 1_048_000, 2_100_000].iter().enumerate() {
+        write(pattern(index as u64, 3000), *pos, &mut model);
+    }
+    // Large writes across them, a sequential stream through them, and an
+    // unaligned tail that extends the file.
+    write(pattern(10, 900_000), 40_000, &mut model);
+    for step in 0..40 {
+        write(pattern(20 + step, 50_000), 1_000_000 + step as usize * 50_000, &mut model);
+    }
+    write(pattern(99, 1_000_000), 3_000_000, &mut model);
+    assert_folios_well_formed(&volume, ino, block, 1 << 20);
+    assert!(read_all(&volume, ino) == model, "cached content");
+    file.fsync().unwrap();
+    // Drop the folios past 3.5 MB and part of one, then read ranges that
+    // readahead fills around the folios left.
+    file.set_len(3_500_000).unwrap();
+    model.truncate(3_500_000);
+    file.set_len(4 << 20).unwrap();
+    model.resize(4 << 20, 0);
+    let direct = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+    let unit = common::direct_unit(block_bytes);
+    let overwrite = AlignedBuf::from_slice(&pattern(7, 64 * unit));
+    direct.write_at(&overwrite, (1_500_000 / unit * unit) as u64).unwrap();
+    let at = 1_500_000 / unit * unit;
+    model[at..at + overwrite.len()].copy_from_slice(&overwrite);
+    let mut buffer = vec![0; 700_000];
+    for pos in [0usize, 1_234_567, 3_333_333] {
+        let read = file.read_at(&mut buffer, pos as u64).unwrap();
+        assert!(buffer[..read] == model[pos..pos + read], "read at {pos}");
+    }
+    assert_folios_well_formed(&volume, ino, block, 1 << 20);
+    assert!(read_all(&volume, ino) == model, "content after readahead");
+    drop((file, direct));
+    volume.close().unwrap();
+    let (_, reopened) = open_image_with(device.image(), &options).unwrap();
+    assert!(read_all(&reopened, ino) == model, "content after remount");
+}
+
+/// The seed 001 setup on a file written 4 KiB at a time: after a remount
+/// and a whole read, readahead caches it in `folio_max` folios, and with
+/// `dirty=folio` each 4 KiB overwrite + fdatasync writes back the whole
+/// 64 KiB folio (per-block dirtying: the block alone).
+fn dirty_folio_writes_back_whole_folios_of_a_file_written_small(block_bytes: u32) {
+    let block = u64::from(block_bytes);
+    let cases =
+        [("dirty=block,folio_max=64k", block.max(4096)), ("dirty=folio,folio_max=64k", 65536)];
+    for (list, bytes_per_write) in cases {
+        let options = options_with(list);
+        let (device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
+        let ino = create(&volume, "file");
+        let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+        let data = pattern(5, 1 << 20);
+        for (index, chunk) in data.chunks(4096).enumerate() {
+            file.write_at(chunk, index as u64 * 4096).unwrap();
+        }
+        file.fsync().unwrap();
+        drop(file);
+        volume.close().unwrap();
+        let (_device, volume) = open_image_with(device.image(), &options).unwrap();
+        assert!(read_all(&volume, ino) == data);
+        let sizes: Vec<usize> = volume.cached_folios(ino).iter().map(|&(_, bytes)| bytes).collect();
+        assert_eq!(sizes, vec![65536; 16], "{list}: the pre-read caches 64 KiB folios");
+        let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+        let before = volume.device().stats();
+        for index in 0..16u64 {
+            file.write_at(&[index as u8; 4096], index * 65536 + 8192).unwrap();
+            file.fdatasync().unwrap();
+        }
+        let delta = volume.device().stats().since(&before);
+        assert_eq!(delta.bytes_read, 0, "{list}: the file was cached");
+        assert_eq!(delta.bytes_written, 16 * bytes_per_write, "{list}: bytes written back");
+    }
 }

@@ -15,13 +15,12 @@ use std::sync::Arc;
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::dev::AlignedBuf;
-
 use super::bits::BlockBits;
+use super::pool::FolioMemory;
 use super::Accounting;
 
 pub struct FolioState {
-    pub data: AlignedBuf,
+    pub data: FolioMemory,
     pub uptodate: BlockBits,
     pub dirty: BlockBits,
     pub mapped: BlockBits,
@@ -42,7 +41,7 @@ impl Folio {
         pos: u64,
         bytes: usize,
         block_bytes: usize,
-        data: AlignedBuf,
+        data: FolioMemory,
         accounting: Arc<Accounting>,
     ) -> Self {
         assert!(
@@ -128,7 +127,7 @@ impl Drop for Folio {
     fn drop(&mut self) {
         self.accounting.cached_bytes.fetch_sub(self.bytes as u64, Ordering::Relaxed);
         self.accounting.live_folios.fetch_sub(1, Ordering::Relaxed);
-        let empty = AlignedBuf::zeroed(0);
+        let empty = FolioMemory::whole(crate::dev::AlignedBuf::zeroed(0));
         let data = std::mem::replace(&mut self.state.get_mut().data, empty);
         self.accounting.pool.give(data);
     }

@@ -22,7 +22,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
 pub use bits::BlockBits;
 pub use folio::{Folio, FolioState};
-pub use pool::BufferPool;
+pub use pool::{BufferPool, FolioMemory};
 
 use crate::io_lock::InodeIo;
 use crate::options::{DirtyMode, VolumeOptions};
@@ -88,6 +88,11 @@ pub struct InodeCache {
     /// Direct writes completed so far: a buffered fill that sees it change
     /// does not trust what it read.
     direct_writes: AtomicU64,
+    /// Where the next buffered write would continue a sequential stream,
+    /// and the folio size the last write asked for (writers hold the I/O
+    /// lock exclusively, so these need no more than atomics).
+    write_next_pos: AtomicU64,
+    write_folio_bytes: AtomicU64,
     accounting: Arc<Accounting>,
     block_bytes: u64,
 }
@@ -100,6 +105,30 @@ fn first_key_overlapping(folios: &BTreeMap<u64, Arc<Folio>>, start: u64) -> u64 
         .next_back()
         .filter(|(_, folio)| folio.end() > start)
         .map_or(start, |(&key, _)| key)
+}
+
+/// The largest power of two up to `bytes` (at least `block`) whose range
+/// aligned to it around `pos` overlaps no folio and ends by `end_limit`
+/// (which the block containing `pos` may pass).
+fn fitting_bytes(
+    folios: &BTreeMap<u64, Arc<Folio>>,
+    pos: u64,
+    mut bytes: u64,
+    block: u64,
+    end_limit: u64,
+) -> u64 {
+    let next_start = folios.range(pos..).next().map_or(u64::MAX, |(&key, _)| key);
+    let previous_end = folios.range(..pos).next_back().map_or(0, |(_, folio)| folio.end());
+    let end_limit = end_limit.max(pos - pos % block + block);
+    loop {
+        let start = pos - pos % bytes;
+        let end = start + bytes;
+        let fits = start >= previous_end && end <= next_start && end <= end_limit;
+        if fits || bytes <= block {
+            return bytes;
+        }
+        bytes /= 2;
+    }
 }
 
 /// The keys of the folios overlapping `[start, end)`.
@@ -115,6 +144,22 @@ impl InodeCache {
 
     pub fn direct_write_generation(&self) -> u64 {
         self.direct_writes.load(Ordering::Acquire)
+    }
+
+    /// The folio size a buffered write of `length` bytes at `pos` asks for
+    /// where it finds no folio: the write's length, or, when the write
+    /// continues where the previous one on this file ended, twice what that
+    /// one asked for (as readahead grows its window, and as the kernel grows
+    /// folio orders for a file that proves sequential). `folio_for` rounds
+    /// and clamps it.
+    pub fn write_folio_bytes(&self, pos: u64, length: u64, folio_max_bytes: u64) -> u64 {
+        let previous = self.write_folio_bytes.load(Ordering::Relaxed);
+        let sequential = self.write_next_pos.load(Ordering::Relaxed) == pos;
+        let wanted = if sequential { length.max(previous.saturating_mul(2)) } else { length };
+        let wanted = wanted.min(folio_max_bytes);
+        self.write_folio_bytes.store(wanted, Ordering::Relaxed);
+        self.write_next_pos.store(pos.saturating_add(length), Ordering::Relaxed);
+        wanted
     }
 
     pub fn has_folios(&self) -> bool {
@@ -309,6 +354,17 @@ impl PageCache {
         self.accounting.dirty_bytes.load(Ordering::Relaxed)
     }
 
+    /// Folios alive: in a file's map, or dropped from it but still in use.
+    pub fn folio_count(&self) -> u64 {
+        self.accounting.live_folios.load(Ordering::Relaxed) as u64
+    }
+
+    /// Memory behind the folios: slabs of small folios (in use or free),
+    /// buffers of large ones, and freed buffers kept for reuse.
+    pub fn memory_bytes(&self) -> u64 {
+        self.accounting.pool.memory_bytes()
+    }
+
     /// Folio buffers reused from the pool and freshly allocated so far.
     pub fn buffers_handed_out(&self) -> (u64, u64) {
         self.accounting.pool.handed_out()
@@ -328,6 +384,9 @@ impl PageCache {
                 writeback_lock: Mutex::new(()),
                 errors: Mutex::new(ErrSeq::default()),
                 direct_writes: AtomicU64::new(0),
+                // No write yet: nothing continues a stream.
+                write_next_pos: AtomicU64::new(u64::MAX),
+                write_folio_bytes: AtomicU64::new(0),
                 accounting: Arc::clone(&self.accounting),
                 block_bytes: self.policy.block_bytes,
             })
@@ -391,6 +450,9 @@ impl PageCache {
         let block = self.policy.block_bytes;
         let mut bytes = bytes_wanted.clamp(block, self.policy.folio_max_bytes);
         bytes = if bytes.is_power_of_two() { bytes } else { bytes.next_power_of_two() / 2 };
+        // Room for the folio that fits now (a streaming writer asks for far
+        // more than fits between its earlier folios), not for the ask.
+        bytes = fitting_bytes(&inode.folios.read(), pos, bytes, block, end_limit);
         self.make_room(bytes);
         let folio = {
             let mut folios = inode.folios.write();
@@ -399,18 +461,8 @@ impl PageCache {
                     return Arc::clone(folio);
                 }
             }
-            let next_start = folios.range(pos..).next().map_or(u64::MAX, |(&key, _)| key);
-            let previous_end = folios.range(..pos).next_back().map_or(0, |(_, folio)| folio.end());
-            let end_limit = end_limit.max(pos - pos % block + block);
-            loop {
-                let start = pos - pos % bytes;
-                let end = start + bytes;
-                let fits = start >= previous_end && end <= next_start && end <= end_limit;
-                if fits || bytes == block {
-                    break;
-                }
-                bytes /= 2;
-            }
+            // Folios may have come meanwhile: fit again (it only shrinks).
+            bytes = fitting_bytes(&folios, pos, bytes, block, end_limit);
             let start = pos - pos % bytes;
             let data = self.accounting.pool.take(bytes as usize);
             self.accounting.cached_bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -601,6 +653,22 @@ mod tests {
         assert!(!left.contains(&65536), "the idle clean folio went: {left:?}");
         inode.remove_range(0, u64::MAX);
         assert_eq!(cache.dirty_bytes(), 0, "dropping dirty folios un-accounts them");
+    }
+
+    #[test]
+    fn a_large_ask_that_fits_small_evicts_only_for_what_fits() {
+        let cache = cache(72 << 10);
+        let inode = cache.inode(5);
+        let small = cache.folio_for(&inode, 0, 4096, u64::MAX);
+        let large = cache.folio_for(&inode, 65536, 64 << 10, u64::MAX);
+        drop((small, large));
+        // A streaming writer at 4096 asks for 64 KiB; 4 KiB fits there, and
+        // 68 KiB + 4 KiB is within the limit: nothing is evicted.
+        let between = cache.folio_for(&inode, 4096, 64 << 10, u64::MAX);
+        assert_eq!((between.pos(), between.bytes()), (4096, 4096));
+        let cached: Vec<(u64, usize)> =
+            inode.folios_in(0, u64::MAX).iter().map(|folio| (folio.pos(), folio.bytes())).collect();
+        assert_eq!(cached, vec![(0, 4096), (4096, 4096), (65536, 65536)]);
     }
 
     #[test]

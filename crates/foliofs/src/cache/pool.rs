@@ -1,8 +1,22 @@
-//! Folio memory: page-aligned buffers (so writeback and readahead can hand
-//! folio memory straight to O_DIRECT requests), recycled by size so that a
-//! cache that evicts and refills does not fault fresh pages in every time.
+//! Folio memory: aligned buffers (so writeback and readahead can hand folio
+//! memory straight to O_DIRECT requests), cheap for every folio size.
+//!
+//! - Folios smaller than a slab are pieces of 2 MiB slabs, one size per
+//!   slab, each piece aligned to its size: a 4 KiB folio costs no system
+//!   call and no allocator header (an aligned heap allocation per 4 KiB
+//!   folio costs about twice its size), and a freed piece is reused by the
+//!   next folio of its size. A slab whose pieces are all free goes back to
+//!   the system unless it is the only one of its size with room.
+//! - Folios of a slab or more are buffers of their own (huge-page backed),
+//!   recycled by size up to a byte limit, so that a cache that evicts and
+//!   refills does not fault fresh pages in every time.
 
+use std::alloc::{self, Layout};
+use std::collections::{BTreeSet, HashMap};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -11,28 +25,176 @@ use crate::dev::AlignedBuf;
 /// Size classes: powers of two from 512 B to 64 MiB.
 const CLASS_COUNT: usize = 18;
 const SMALLEST_CLASS_SHIFT: u32 = 9;
+/// Memory carved into small folios: a huge page.
+pub const SLAB_BYTES: usize = 2 << 20;
+
+/// One slab's memory: `SLAB_BYTES`, aligned to it, zeroed at allocation.
+struct SlabMemory {
+    pointer: NonNull<u8>,
+}
+
+// SAFETY: SlabMemory owns its allocation; which bytes each piece may touch
+// is decided by the pool, which hands every piece to one owner at a time.
+unsafe impl Send for SlabMemory {}
+// SAFETY: as above; SlabMemory itself never reads or writes the bytes.
+unsafe impl Sync for SlabMemory {}
+
+impl SlabMemory {
+    fn new() -> Self {
+        // SAFETY: an anonymous private mapping of SLAB_BYTES at an address of
+        // the kernel's choosing; it touches no existing memory.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                SLAB_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            alloc::handle_alloc_error(Layout::from_size_align(SLAB_BYTES, 4096).expect("layout"));
+        }
+        // Populated at once: one system call faults in the 512 zeroed pages
+        // (a fault per 4 KiB folio cost twice the CPU of the rest of a
+        // small file's create + write; a huge page cleared on first touch
+        // stalled the writer for milliseconds on this VM). Anonymous pages
+        // are zero-filled, so the slab is initialised memory.
+        Self { pointer: NonNull::new(raw.cast()).expect("mmap returned a mapping") }
+    }
+
+    fn address(&self) -> usize {
+        self.pointer.as_ptr() as usize
+    }
+}
+
+impl Drop for SlabMemory {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, of exactly SLAB_BYTES; no piece
+        // of it is in use (each piece holds the Arc that owns this).
+        unsafe { libc::munmap(self.pointer.as_ptr().cast(), SLAB_BYTES) };
+    }
+}
+
+/// A folio's memory: a piece of a slab, or a buffer of its own.
+pub struct FolioMemory {
+    kind: MemoryKind,
+}
+
+enum MemoryKind {
+    Whole(AlignedBuf),
+    /// `length` bytes at `offset` in the slab, which this piece keeps alive.
+    Piece {
+        slab: Arc<SlabMemory>,
+        offset: usize,
+        length: usize,
+    },
+}
+
+impl FolioMemory {
+    /// A buffer of its own, outside the pool (for tests and odd sizes).
+    pub fn whole(buffer: AlignedBuf) -> Self {
+        Self { kind: MemoryKind::Whole(buffer) }
+    }
+}
+
+impl Deref for FolioMemory {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.kind {
+            MemoryKind::Whole(buffer) => buffer,
+            // SAFETY: the piece lies inside the slab (the pool carves pieces
+            // at multiples of their length below SLAB_BYTES), the slab is
+            // initialised (zeroed when allocated) and kept alive by the Arc,
+            // and the pool hands each piece to one FolioMemory at a time.
+            MemoryKind::Piece { slab, offset, length } => unsafe {
+                std::slice::from_raw_parts(slab.pointer.as_ptr().add(*offset), *length)
+            },
+        }
+    }
+}
+
+impl DerefMut for FolioMemory {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match &mut self.kind {
+            MemoryKind::Whole(buffer) => buffer,
+            // SAFETY: as in deref; no other FolioMemory covers these bytes,
+            // and &mut self makes this access exclusive.
+            MemoryKind::Piece { slab, offset, length } => unsafe {
+                std::slice::from_raw_parts_mut(slab.pointer.as_ptr().add(*offset), *length)
+            },
+        }
+    }
+}
+
+impl std::fmt::Debug for FolioMemory {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            MemoryKind::Whole(buffer) => write!(formatter, "FolioMemory({} bytes)", buffer.len()),
+            MemoryKind::Piece { length, .. } => {
+                write!(formatter, "FolioMemory({length} bytes of a slab)")
+            }
+        }
+    }
+}
+
+/// A slab of one size class: pieces never handed out are carved in order,
+/// pieces given back are reused first.
+struct Slab {
+    memory: Arc<SlabMemory>,
+    piece_bytes: usize,
+    /// Pieces `[carved, SLAB_BYTES / piece_bytes)` were never handed out.
+    carved: usize,
+    /// Offsets of pieces given back.
+    returned: Vec<usize>,
+    live: usize,
+}
+
+impl Slab {
+    fn piece_count(&self) -> usize {
+        SLAB_BYTES / self.piece_bytes
+    }
+
+    fn has_room(&self) -> bool {
+        !self.returned.is_empty() || self.carved < self.piece_count()
+    }
+}
 
 pub struct BufferPool {
-    free: Mutex<PoolState>,
+    state: Mutex<PoolState>,
     kept_bytes_max: u64,
-    /// Buffers handed out from the pool, and freshly allocated.
+    /// Buffers handed out from freed memory, and from fresh memory.
     reused: AtomicU64,
     allocated: AtomicU64,
+    /// Bytes of buffers of a slab or more handed out and not given back.
+    whole_bytes_out: AtomicU64,
 }
 
 struct PoolState {
+    /// Freed buffers of a slab or more, by class.
     classes: Vec<Vec<AlignedBuf>>,
     kept_bytes: u64,
+    /// Every slab, by address.
+    slabs: HashMap<usize, Slab>,
+    /// Per class, the slabs with a free piece, by address (the lowest is
+    /// used first, so live pieces gather in few slabs and empty ones go).
+    slabs_with_room: Vec<BTreeSet<usize>>,
 }
 
 impl BufferPool {
     pub fn new(kept_bytes_max: u64) -> Self {
-        let classes = (0..CLASS_COUNT).map(|_| Vec::new()).collect();
         Self {
-            free: Mutex::new(PoolState { classes, kept_bytes: 0 }),
+            state: Mutex::new(PoolState {
+                classes: (0..CLASS_COUNT).map(|_| Vec::new()).collect(),
+                kept_bytes: 0,
+                slabs: HashMap::new(),
+                slabs_with_room: (0..CLASS_COUNT).map(|_| BTreeSet::new()).collect(),
+            }),
             kept_bytes_max,
             reused: AtomicU64::new(0),
             allocated: AtomicU64::new(0),
+            whole_bytes_out: AtomicU64::new(0),
         }
     }
 
@@ -44,32 +206,108 @@ impl BufferPool {
         (class < CLASS_COUNT).then_some(class)
     }
 
-    /// A buffer of `bytes` (a power of two). Its contents are unspecified:
-    /// the folio's uptodate bits say which bytes mean anything.
-    pub fn take(&self, bytes: usize) -> AlignedBuf {
-        if let Some(class) = Self::class_of(bytes) {
-            let mut state = self.free.lock();
-            if let Some(buffer) = state.classes[class].pop() {
-                state.kept_bytes -= bytes as u64;
-                self.reused.fetch_add(1, Ordering::Relaxed);
-                return buffer;
+    /// Memory for a folio of `bytes` (a power of two), aligned to its size
+    /// up to a page. Its contents are unspecified: the folio's uptodate bits
+    /// say which bytes mean anything.
+    pub fn take(&self, bytes: usize) -> FolioMemory {
+        match Self::class_of(bytes) {
+            Some(class) if bytes < SLAB_BYTES => self.take_piece(class, bytes),
+            Some(class) => {
+                self.whole_bytes_out.fetch_add(bytes as u64, Ordering::Relaxed);
+                let mut state = self.state.lock();
+                if let Some(buffer) = state.classes[class].pop() {
+                    state.kept_bytes -= bytes as u64;
+                    self.reused.fetch_add(1, Ordering::Relaxed);
+                    return FolioMemory::whole(buffer);
+                }
+                drop(state);
+                self.allocated.fetch_add(1, Ordering::Relaxed);
+                FolioMemory::whole(AlignedBuf::zeroed(bytes))
+            }
+            None => {
+                self.allocated.fetch_add(1, Ordering::Relaxed);
+                self.whole_bytes_out.fetch_add(bytes as u64, Ordering::Relaxed);
+                FolioMemory::whole(AlignedBuf::zeroed(bytes))
             }
         }
-        self.allocated.fetch_add(1, Ordering::Relaxed);
-        AlignedBuf::zeroed(bytes)
     }
 
-    /// Returns a buffer for reuse. When the pool is full, buffers of the
-    /// class holding the most bytes make room for it (so the pool follows
+    fn take_piece(&self, class: usize, bytes: usize) -> FolioMemory {
+        let mut state = self.state.lock();
+        if state.slabs_with_room[class].is_empty() {
+            // Allocated (and zeroed) outside the lock: it faults in 2 MiB.
+            drop(state);
+            let memory = Arc::new(SlabMemory::new());
+            state = self.state.lock();
+            let address = memory.address();
+            let slab =
+                Slab { memory, piece_bytes: bytes, carved: 0, returned: Vec::new(), live: 0 };
+            state.slabs.insert(address, slab);
+            state.slabs_with_room[class].insert(address);
+        }
+        let address = *state.slabs_with_room[class].first().expect("a slab with room");
+        let slab = state.slabs.get_mut(&address).expect("listed slabs exist");
+        let offset = match slab.returned.pop() {
+            Some(offset) => {
+                self.reused.fetch_add(1, Ordering::Relaxed);
+                offset
+            }
+            None => {
+                self.allocated.fetch_add(1, Ordering::Relaxed);
+                slab.carved += 1;
+                (slab.carved - 1) * bytes
+            }
+        };
+        slab.live += 1;
+        let memory = Arc::clone(&slab.memory);
+        if !slab.has_room() {
+            state.slabs_with_room[class].remove(&address);
+        }
+        FolioMemory { kind: MemoryKind::Piece { slab: memory, offset, length: bytes } }
+    }
+
+    /// Returns a folio's memory for reuse. When the pool is full, buffers of
+    /// the class holding the most bytes make room for it (so the pool follows
     /// the folio sizes in use), or it is freed.
-    pub fn give(&self, buffer: AlignedBuf) {
+    pub fn give(&self, memory: FolioMemory) {
+        match memory.kind {
+            MemoryKind::Piece { slab, offset, length } => self.give_piece(slab, offset, length),
+            MemoryKind::Whole(buffer) => self.give_whole(buffer),
+        }
+    }
+
+    fn give_piece(&self, memory: Arc<SlabMemory>, offset: usize, bytes: usize) {
+        let class = Self::class_of(bytes).expect("pieces have a class");
+        let address = memory.address();
+        let mut state = self.state.lock();
+        let Some(slab) = state.slabs.get_mut(&address) else { return };
+        slab.returned.push(offset);
+        slab.live -= 1;
+        let empty = slab.live == 0;
+        state.slabs_with_room[class].insert(address);
+        // An empty slab goes back to the system, unless no other slab of its
+        // size has room (then the next folio would need a fresh one).
+        let freed = if empty && state.slabs_with_room[class].len() > 1 {
+            state.slabs_with_room[class].remove(&address);
+            state.slabs.remove(&address)
+        } else {
+            None
+        };
+        drop(state);
+        // Freed outside the lock: returning memory to the system is slow.
+        drop(freed);
+        drop(memory);
+    }
+
+    fn give_whole(&self, buffer: AlignedBuf) {
+        self.whole_bytes_out.fetch_sub(buffer.len() as u64, Ordering::Relaxed);
         let Some(class) = Self::class_of(buffer.len()) else { return };
         let bytes = buffer.len() as u64;
         if bytes > self.kept_bytes_max {
             return;
         }
         let mut freed = Vec::new();
-        let mut state = self.free.lock();
+        let mut state = self.state.lock();
         while state.kept_bytes + bytes > self.kept_bytes_max {
             let fullest = (0..CLASS_COUNT)
                 .filter(|&other| other != class)
@@ -87,13 +325,27 @@ impl BufferPool {
         drop(freed);
     }
 
-    /// Buffers handed out (reused from the pool, freshly allocated).
+    /// Buffers handed out (from freed memory, from fresh memory).
     pub fn handed_out(&self) -> (u64, u64) {
         (self.reused.load(Ordering::Relaxed), self.allocated.load(Ordering::Relaxed))
     }
 
+    /// Freed buffers of a slab or more kept for reuse.
     pub fn kept_bytes(&self) -> u64 {
-        self.free.lock().kept_bytes
+        self.state.lock().kept_bytes
+    }
+
+    /// Memory held in slabs (pieces in use and free).
+    pub fn slab_bytes(&self) -> u64 {
+        (self.state.lock().slabs.len() * SLAB_BYTES) as u64
+    }
+
+    /// All the memory the pool answers for: slabs, buffers handed out, and
+    /// buffers kept for reuse.
+    pub fn memory_bytes(&self) -> u64 {
+        let state = self.state.lock();
+        let slab_bytes = (state.slabs.len() * SLAB_BYTES) as u64;
+        slab_bytes + state.kept_bytes + self.whole_bytes_out.load(Ordering::Relaxed)
     }
 }
 
@@ -102,21 +354,60 @@ mod tests {
     use super::*;
 
     #[test]
-    fn recycles_by_size_up_to_its_limit() {
-        let pool = BufferPool::new(8192);
-        let first = pool.take(4096);
+    fn recycles_large_buffers_by_size_up_to_its_limit() {
+        let slab = SLAB_BYTES;
+        let pool = BufferPool::new(2 * slab as u64);
+        let first = pool.take(slab);
         let address = first.as_ptr() as usize;
         pool.give(first);
-        assert_eq!(pool.kept_bytes(), 4096);
-        assert_eq!(pool.take(4096).as_ptr() as usize, address, "the same buffer comes back");
-        pool.give(AlignedBuf::zeroed(4096));
-        pool.give(AlignedBuf::zeroed(4096));
-        pool.give(AlignedBuf::zeroed(4096));
-        assert_eq!(pool.kept_bytes(), 8192, "over the limit a buffer of its own size is freed");
-        pool.give(AlignedBuf::zeroed(8192));
-        assert_eq!(pool.kept_bytes(), 8192, "other sizes make room");
-        assert_eq!(pool.take(8192).len(), 8192);
+        assert_eq!(pool.kept_bytes(), slab as u64);
+        assert_eq!(pool.take(slab).as_ptr() as usize, address, "the same buffer comes back");
+        for _ in 0..3 {
+            pool.give(FolioMemory::whole(AlignedBuf::zeroed(slab)));
+        }
+        assert_eq!(pool.kept_bytes(), 2 * slab as u64, "over the limit a buffer is freed");
+        pool.give(FolioMemory::whole(AlignedBuf::zeroed(2 * slab)));
+        assert_eq!(pool.kept_bytes(), 2 * slab as u64, "other sizes make room");
+        assert_eq!(pool.take(2 * slab).len(), 2 * slab);
         assert_eq!(pool.handed_out(), (2, 1));
-        assert_eq!(pool.take(2048).len(), 2048);
+    }
+
+    #[test]
+    fn small_folios_are_aligned_pieces_of_shared_slabs() {
+        let pool = BufferPool::new(0);
+        let per_slab = SLAB_BYTES / 4096;
+        let mut pieces: Vec<FolioMemory> = (0..per_slab).map(|_| pool.take(4096)).collect();
+        assert_eq!(pool.slab_bytes(), SLAB_BYTES as u64, "one slab holds them all");
+        for piece in &mut pieces {
+            assert_eq!(piece.as_ptr() as usize % 4096, 0);
+            piece.fill(0x5A);
+        }
+        let mut addresses: Vec<usize> =
+            pieces.iter().map(|piece| piece.as_ptr() as usize).collect();
+        addresses.sort_unstable();
+        addresses.dedup();
+        assert_eq!(addresses.len(), per_slab, "no two pieces share memory");
+        let small = pool.take(512);
+        assert_eq!(small.as_ptr() as usize % 512, 0);
+        assert!(small.iter().all(|&byte| byte == 0), "fresh slabs are zeroed");
+        assert_eq!(pool.slab_bytes(), 2 * SLAB_BYTES as u64, "one slab per size");
+        let freed_address = pieces[7].as_ptr() as usize;
+        pool.give(pieces.swap_remove(7));
+        let again = pool.take(4096);
+        assert_eq!(again.as_ptr() as usize, freed_address, "a freed piece is reused");
+        assert_eq!(again[0], 0x5A, "reused memory is not cleared");
+        pieces.push(again);
+        // A slab emptied while it is the only one of its size with room
+        // stays; one emptied beside another with room goes.
+        let next = pool.take(4096);
+        assert_eq!(pool.slab_bytes(), 3 * SLAB_BYTES as u64);
+        pool.give(next);
+        assert_eq!(pool.slab_bytes(), 3 * SLAB_BYTES as u64);
+        for piece in pieces {
+            pool.give(piece);
+        }
+        assert_eq!(pool.slab_bytes(), 2 * SLAB_BYTES as u64);
+        assert_eq!(pool.handed_out(), (1, per_slab as u64 + 2));
+        pool.give(small);
     }
 }

@@ -238,9 +238,17 @@ impl Volume {
         CacheStats {
             cached_bytes: self.shared.cache.cached_bytes(),
             dirty_bytes: self.shared.cache.dirty_bytes(),
+            folios: self.shared.cache.folio_count(),
+            memory_bytes: self.shared.cache.memory_bytes(),
             folios_reused,
             folios_allocated,
         }
+    }
+
+    /// The folios cached for `ino`, as `(file offset, bytes)` in order.
+    pub fn cached_folios(&self, ino: u64) -> Vec<(u64, usize)> {
+        let Some(inode) = self.shared.cache.existing_inode(ino) else { return Vec::new() };
+        inode.folios_in(0, u64::MAX).iter().map(|folio| (folio.pos(), folio.bytes())).collect()
     }
 
     pub fn statfs(&self) -> StatFs {
@@ -336,6 +344,11 @@ impl Drop for Volume {
 pub struct CacheStats {
     pub cached_bytes: u64,
     pub dirty_bytes: u64,
+    /// Folios alive (cached, or still in use after being dropped from it).
+    pub folios: u64,
+    /// Memory behind the folios (what the allocator holds for them: slabs
+    /// of small folios, buffers of large ones, freed buffers kept).
+    pub memory_bytes: u64,
     /// Folio memory recycled from evicted folios, and freshly allocated.
     pub folios_reused: u64,
     pub folios_allocated: u64,

@@ -1,5 +1,8 @@
-//! `foliofs bench metadata`: create a file, write to it, fsync, close; over
-//! and over, from one or more threads.
+//! `foliofs bench metadata`: create a file, write to it, fsync (unless
+//! `--no-fsync`), close; over and over, from one or more threads. Reports the
+//! rate, the latencies, the device requests per file, and the memory the
+//! files took: the folio cache's bytes and folios, and the process's
+//! resident memory against the data written.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -24,21 +27,33 @@ pub struct MetadataArgs {
     /// Bytes written to each file before its fsync.
     #[arg(long, default_value = "4k")]
     file_size: String,
+    /// Leave the data in the cache: no fsync per file (the files are
+    /// written back when the volume closes, outside the timing).
+    #[arg(long)]
+    no_fsync: bool,
     #[command(flatten)]
     image: ImageArgs,
 }
 
 pub fn run(args: &MetadataArgs, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
     let file_bytes = parse_size(&args.file_size).context("--file-size")? as usize;
-    let image = BenchImage::create(&args.image, 1 << 30, options)?;
+    let files = args.files * args.jobs;
+    let data_bytes = files * file_bytes as u64;
+    // Room for the data twice over, and for the metadata: the checkpoint
+    // slots are a fixed share of the volume, about 16 KiB of it per file.
+    let image_bytes = (1 << 30) + 2 * data_bytes + files * (16 << 10);
+    let image = BenchImage::create(&args.image, image_bytes, options)?;
     let volume = Arc::new(Volume::open(image.path(), options)?);
     let before = volume.device().stats();
+    let resident_before = resident_bytes();
+    let cpu_before = cpu_seconds();
     let started = Instant::now();
+    let fsync = !args.no_fsync;
     let workers: Vec<_> = (0..args.jobs)
         .map(|job| {
             let volume = Arc::clone(&volume);
             let files = args.files;
-            std::thread::spawn(move || create_and_fsync(&volume, job, files, file_bytes))
+            std::thread::spawn(move || create_and_write(&volume, job, files, file_bytes, fsync))
         })
         .collect();
     let mut latencies = Latencies::new();
@@ -48,12 +63,24 @@ pub fn run(args: &MetadataArgs, options: &VolumeOptions) -> anyhow::Result<ExitC
     }
     let elapsed = started.elapsed();
     let stats = volume.device().stats().since(&before);
+    let cpu_used = cpu_seconds().zip(cpu_before).map(|(after, was)| after - was);
+    let resident_grown = resident_bytes().zip(resident_before).map(|(after, was)| after - was);
+    let cache = volume.cache_stats();
     let operations = latencies.count() as f64;
+    let sync = if fsync { " + fsync" } else { "" };
     println!(
-        "metadata: create + write {} + fsync + close, {} files x {} jobs, engine {:?}, fua {:?}",
+        "metadata: create + write {}{sync} + close, {} files x {} jobs, engine {:?}, fua {:?}",
         args.file_size, args.files, args.jobs, options.engine, options.fua
     );
     println!("  {:.0} ops/s; {}", operations / elapsed.as_secs_f64(), latencies.summary());
+    if let Some(cpu_used) = cpu_used {
+        // Steadier than the rate on a busy machine: the work, not the wait.
+        println!(
+            "  CPU (all threads): {cpu_used:.2} s, {:.1} us per op, {:.0} ops per CPU second",
+            cpu_used * 1e6 / operations,
+            operations / cpu_used.max(0.01)
+        );
+    }
     println!(
         "  device per op: {:.2} requests ({:.2} writes, {:.2} FUA, {:.2} flushes), {:.0} bytes written",
         stats.requests() as f64 / operations,
@@ -62,6 +89,24 @@ pub fn run(args: &MetadataArgs, options: &VolumeOptions) -> anyhow::Result<ExitC
         stats.flush_requests as f64 / operations,
         stats.bytes_written as f64 / operations
     );
+    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+    println!(
+        "  folio cache: {:.1} MiB in {} folios for {:.1} MiB written ({:.1} MiB dirty); \
+         folio memory {:.1} MiB ({:.2}x the data)",
+        mib(cache.cached_bytes),
+        cache.folios,
+        mib(data_bytes),
+        mib(cache.dirty_bytes),
+        mib(cache.memory_bytes),
+        cache.memory_bytes as f64 / data_bytes.max(1) as f64
+    );
+    if let Some(grown) = resident_grown {
+        println!(
+            "  resident memory grew {:.1} MiB ({:.2}x the data; cache, metadata and allocator)",
+            mib(grown),
+            grown as f64 / data_bytes.max(1) as f64
+        );
+    }
     match Arc::try_unwrap(volume) {
         Ok(volume) => volume.close()?,
         Err(_) => anyhow::bail!("bench jobs still hold the volume"),
@@ -69,11 +114,31 @@ pub fn run(args: &MetadataArgs, options: &VolumeOptions) -> anyhow::Result<ExitC
     Ok(ExitCode::SUCCESS)
 }
 
-fn create_and_fsync(
+/// CPU time of the whole process so far (Linux: /proc/self/stat's utime and
+/// stime, in USER_HZ ticks, which the kernel ABI fixes at 100 a second).
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name may hold spaces: fields are counted after its ')'.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
+}
+
+/// The process's resident memory (Linux), or None where it cannot be read.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib << 10)
+}
+
+fn create_and_write(
     volume: &Volume,
     job: u64,
     files: u64,
     file_bytes: usize,
+    fsync: bool,
 ) -> anyhow::Result<Latencies> {
     let dir = volume.mkdir(1, format!("job{job}").as_bytes(), 0o755, Owner::current())?.ino;
     let data = vec![0xABu8; file_bytes];
@@ -83,7 +148,9 @@ fn create_and_fsync(
         let attr = volume.create(dir, format!("f{index}").as_bytes(), 0o644, Owner::current())?;
         let file = volume.open_file(attr.ino, OpenFlags::WRITE)?;
         file.write_at(&data, 0)?;
-        file.fsync()?;
+        if fsync {
+            file.fsync()?;
+        }
         file.close()?;
         latencies.record(started.elapsed());
     }
