@@ -99,6 +99,37 @@ fn piece_of(mapping: Mapping, pos: u64, done: u64, length: u64) -> Piece {
     Piece { mapping, start: done as usize, end: (piece_end - pos) as usize, dev_offset }
 }
 
+/// A direct write counted in flight on its inode from before it invalidates
+/// the cache until its data is on the device. Counting first is what keeps
+/// a buffered read that races with the write from caching what it read: a
+/// fill that ends while the write is in flight, or after it completed (the
+/// write generation moved), does not mark its blocks uptodate, and a fill
+/// that ended before it is dropped by the invalidation that follows. (The
+/// kernel invalidates again once the write completed,
+/// kiocb_invalidate_post_direct_write; `finish_write` does that too.)
+struct WriteInFlight<'a> {
+    inode: &'a InodeCache,
+}
+
+impl<'a> WriteInFlight<'a> {
+    /// Call under the shared lock.
+    fn start(inode: &'a InodeCache) -> Self {
+        inode.io.dio_started();
+        Self { inode }
+    }
+
+    /// The completion of the device requests ends it now (`dio_finished`).
+    fn hand_to_completion(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for WriteInFlight<'_> {
+    fn drop(&mut self) {
+        self.inode.io.dio_finished();
+    }
+}
+
 /// How a write may run, decided under the shared lock.
 struct WritePlan {
     /// Every block touched is Written and the write ends inside EOF: no
@@ -245,6 +276,7 @@ pub fn write(
         .ok_or_else(|| Error::FileTooLarge(format!("inode {ino}")))?;
     {
         let _shared = inode.io.shared();
+        let _in_flight = WriteInFlight::start(inode);
         writeback::sync_for_direct(engine, inode, pos, data.len() as u64, true)?;
         let mut plan = plan_write(engine, ino, pos, data.len() as u64)?;
         if plan.may_share(engine.options.dio_unaligned) {
@@ -388,6 +420,7 @@ pub fn write_async(
     let length = buffer.len() as u64;
     {
         let _shared = inode.io.shared();
+        let in_flight = WriteInFlight::start(inode);
         let mut plan = match writeback::sync_for_direct(engine, inode, pos, length, true)
             .and_then(|()| plan_write(engine, ino, pos, length))
         {
@@ -399,7 +432,7 @@ pub fn write_async(
                 Ok(pieces) => pieces,
                 Err(error) => return DirectFuture::failed(buffer, error),
             };
-            inode.io.dio_started();
+            in_flight.hand_to_completion();
             // Submitted before the shared lock goes: an exclusive holder
             // then finds every request it drains in the device's hands.
             return submit_write(engine, inode, ino, buffer, pieces, dsync, plan.pure_overwrite);
