@@ -385,7 +385,7 @@ impl Filesystem for FolioFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: fuser::OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -394,7 +394,17 @@ impl Filesystem for FolioFs {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
         };
-        let written = if file.flags().direct {
+        let written = if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) && file.flags().direct {
+            // The kernel writing back its page cache (a shared mapping of an
+            // O_DIRECT file) through whichever handle is writable: its pages,
+            // partial at end of file, are not the caller's direct I/O, and
+            // take the buffered path through a handle of their own.
+            let cached = OpenFlags { direct: false, truncate: false, ..file.flags() };
+            self.volume.open_file(file.ino(), cached).and_then(|buffered| {
+                let written = buffered.write_at(data, offset);
+                buffered.close().and(written)
+            })
+        } else if file.flags().direct {
             with_staging(data.len(), |staged| {
                 staged.copy_from_slice(data);
                 file.write_at(staged, offset)
