@@ -123,7 +123,7 @@ mod tests {
     #[test]
     fn exclusive_unplugs_before_it_waits() {
         let io = InodeIo::new();
-        let _ = io.exclusive(|| panic!("nothing in flight: no unplug"));
+        drop(io.exclusive(|| panic!("nothing in flight: no unplug")));
         {
             let _shared = io.shared();
             io.dio_started();

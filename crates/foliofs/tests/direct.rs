@@ -481,8 +481,7 @@ fn buffered_read_after_a_direct_write_sees_it_despite_racing_readers(block_bytes
         let what = format!("{engine} engine");
         within_watchdog(what.clone(), move || {
             let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-            let volume =
-                Arc::new(file_volume(&dir, engine, DioUnaligned::Overwrite, block_bytes));
+            let volume = Arc::new(file_volume(&dir, engine, DioUnaligned::Overwrite, block_bytes));
             let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
             let writer = volume.open_file(attr.ino, DIRECT_RW).unwrap();
             let patterns = [aligned(&[0x55; RANGE_BYTES]), aligned(&[0xAA; RANGE_BYTES])];
