@@ -1108,3 +1108,69 @@ fn mounting_a_mounted_image_again_binds_the_live_mount() {
     let report = ok(FOLIOFS, &["fsck", mounted.image_str()]);
     assert!(report.contains("clean"), "{report}");
 }
+
+/// xfstests' fsx -Z (generic/263): a file opened O_DIRECT and also mapped
+/// shared. The kernel writes the mapped pages back through that O_DIRECT
+/// handle, the last one partial at end of file; those writes come from its
+/// page cache (FUSE_WRITE_CACHE) and must be stored as written, not refused
+/// as misaligned direct I/O. Stores, msync and a read back through a plain
+/// handle, a direct one and after remount, in both page-cache modes.
+#[test]
+fn mmap_of_an_o_direct_file_writes_back_through_msync() {
+    if skip_requested() {
+        return;
+    }
+    require(&[]);
+    // Not a multiple of the page or the sector: the last page is partial.
+    const FILE_BYTES: usize = 3 * 4096 + 1000;
+    for options in ["", "page_cache=kernel"] {
+        let mut mounted = Mounted::new(4096, "64M", options);
+        let path = mounted.path("mapped");
+        fs::write(&path, pattern(1, FILE_BYTES)).unwrap();
+        let direct = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .unwrap();
+        let stored = pattern(2, FILE_BYTES);
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a fresh shared mapping of a file this test owns, used
+            // only inside this block and unmapped at its end; nothing else
+            // maps or truncates the file meanwhile.
+            let mapping = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    FILE_BYTES,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    direct.as_raw_fd(),
+                    0,
+                )
+            };
+            assert_ne!(mapping, libc::MAP_FAILED, "{options:?}: mmap of an O_DIRECT file");
+            // SAFETY: the mapping is FILE_BYTES long, readable and writable.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(mapping.cast::<u8>(), FILE_BYTES) };
+            bytes.copy_from_slice(&stored);
+            // SAFETY: msync and munmap of the mapping made above.
+            let synced = unsafe { libc::msync(mapping, FILE_BYTES, libc::MS_SYNC) };
+            let sync_error = std::io::Error::last_os_error();
+            // SAFETY: as above; the slice is not used after this.
+            assert_eq!(unsafe { libc::munmap(mapping, FILE_BYTES) }, 0);
+            assert_eq!(synced, 0, "{options:?}: msync of an O_DIRECT mapping: {sync_error}");
+        }
+        let mut through_direct = vec![0u8; FILE_BYTES.div_ceil(4096) * 4096 + 4096];
+        // An O_DIRECT read needs an aligned buffer: read into an aligned slice.
+        let offset = through_direct.as_ptr().align_offset(4096);
+        let aligned = &mut through_direct[offset..offset + FILE_BYTES.div_ceil(4096) * 4096];
+        assert_eq!(direct.read_at(aligned, 0).unwrap(), FILE_BYTES, "{options:?}");
+        assert!(aligned[..FILE_BYTES] == stored[..], "{options:?}: direct read after msync");
+        drop(direct);
+        assert!(fs::read(&path).unwrap() == stored, "{options:?}: buffered read after msync");
+        mounted.remount(options);
+        assert!(fs::read(&path).unwrap() == stored, "{options:?}: read after remount");
+        mounted.unmount();
+        mounted.fsck_clean();
+    }
+}

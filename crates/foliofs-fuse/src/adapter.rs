@@ -405,7 +405,7 @@ impl Filesystem for FolioFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: fuser::OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -414,6 +414,22 @@ impl Filesystem for FolioFs {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
         };
+        let page_cache_writeback = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        if page_cache_writeback && file.flags().direct {
+            // The kernel writing back its page cache (a shared mapping of an
+            // O_DIRECT file) through whichever handle is writable: its pages,
+            // partial at end of file, are not the caller's direct I/O, and
+            // take the buffered path through a handle of their own.
+            let cached = OpenFlags { direct: false, truncate: false, ..file.flags() };
+            let written = self.volume.open_file(file.ino(), cached).and_then(|buffered| {
+                let written = buffered.write_at(data, offset);
+                buffered.close().and(written)
+            });
+            return match written {
+                Ok(count) => reply.written(count as u32),
+                Err(error) => reply.error(self.failed("write", &error)),
+            };
+        }
         if file.flags().direct {
             // Copied once, into memory aligned as the device needs (the
             // payload follows the request headers and never is); the reply

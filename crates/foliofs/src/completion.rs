@@ -85,6 +85,9 @@ impl Wake for ThreadWaker {
 }
 
 /// A source of completions the calling thread can wait on and run itself.
+/// Its completions must also run when its thread is not waiting in it (the
+/// io_uring sweeper does that): a thread blocked elsewhere, as on an inode
+/// lock that drains in-flight direct I/O, may never drive it again.
 pub trait Driver: Send + Sync {
     /// Whether requests are in flight that `drive` would wait for.
     fn has_work(&self) -> bool;

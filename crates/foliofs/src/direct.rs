@@ -99,6 +99,37 @@ fn piece_of(mapping: Mapping, pos: u64, done: u64, length: u64) -> Piece {
     Piece { mapping, start: done as usize, end: (piece_end - pos) as usize, dev_offset }
 }
 
+/// A direct write counted in flight on its inode from before it invalidates
+/// the cache until its data is on the device. Counting first is what keeps
+/// a buffered read that races with the write from caching what it read: a
+/// fill that ends while the write is in flight, or after it completed (the
+/// write generation moved), does not mark its blocks uptodate, and a fill
+/// that ended before it is dropped by the invalidation that follows. (The
+/// kernel invalidates again once the write completed,
+/// kiocb_invalidate_post_direct_write; `finish_write` does that too.)
+struct WriteInFlight<'a> {
+    inode: &'a InodeCache,
+}
+
+impl<'a> WriteInFlight<'a> {
+    /// Call under the shared lock.
+    fn start(inode: &'a InodeCache) -> Self {
+        inode.io.dio_started();
+        Self { inode }
+    }
+
+    /// The completion of the device requests ends it now (`dio_finished`).
+    fn hand_to_completion(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for WriteInFlight<'_> {
+    fn drop(&mut self) {
+        self.inode.io.dio_finished();
+    }
+}
+
 /// How a write may run, decided under the shared lock.
 struct WritePlan {
     /// Every block touched is Written and the write ends inside EOF: no
@@ -245,13 +276,14 @@ pub fn write(
         .ok_or_else(|| Error::FileTooLarge(format!("inode {ino}")))?;
     {
         let _shared = inode.io.shared();
+        let _in_flight = WriteInFlight::start(inode);
         writeback::sync_for_direct(engine, inode, pos, data.len() as u64, true)?;
         let mut plan = plan_write(engine, ino, pos, data.len() as u64)?;
         if plan.may_share(engine.options.dio_unaligned) {
             return write_mapped(engine, inode, ino, data, pos, dsync, &mut plan);
         }
     }
-    let _exclusive = inode.io.exclusive();
+    let _exclusive = inode.io.exclusive(|| engine.device.unplug());
     writeback::sync_for_direct(engine, inode, pos, data.len() as u64, true)?;
     write_alone(engine, inode, ino, data, pos, dsync)
 }
@@ -368,7 +400,9 @@ fn read_pieces(
 /// Asynchronous direct write of `buffer` at `pos`. Concurrent-eligible writes
 /// are submitted and the future completes from the device's completion; a
 /// write that must run alone runs now, under the exclusive lock, and the
-/// future is ready (as the kernel makes unaligned AIO synchronous).
+/// future is ready (as the kernel makes unaligned AIO synchronous). That
+/// wait depends on the device alone: requests submitted earlier, by this
+/// caller too, complete on the device's threads once `exclusive` unplugs.
 pub fn write_async(
     engine: &Arc<Engine>,
     inode: &Arc<InodeCache>,
@@ -377,34 +411,37 @@ pub fn write_async(
     pos: u64,
     dsync: bool,
 ) -> DirectFuture {
-    let submitted = (|| {
-        check_alignment(engine, buffer.as_ptr() as usize, buffer.len(), pos)?;
-        if buffer.is_empty() {
-            return Ok(None);
-        }
+    if let Err(error) = check_alignment(engine, buffer.as_ptr() as usize, buffer.len(), pos) {
+        return DirectFuture::failed(buffer, error);
+    }
+    if buffer.is_empty() {
+        return DirectFuture::ready((buffer, Ok(0)));
+    }
+    let length = buffer.len() as u64;
+    {
         let _shared = inode.io.shared();
-        writeback::sync_for_direct(engine, inode, pos, buffer.len() as u64, true)?;
-        let mut plan = plan_write(engine, ino, pos, buffer.len() as u64)?;
-        if !plan.may_share(engine.options.dio_unaligned) {
-            return Ok(Some((plan, None)));
-        }
-        let pieces = pieces_for(engine, ino, pos, buffer.len() as u64, &mut plan)?;
-        inode.io.dio_started();
-        Ok(Some((plan, Some(pieces))))
-    })();
-    match submitted {
-        Err(error) => DirectFuture::ready((buffer, Err(error))),
-        Ok(None) => DirectFuture::ready((buffer, Ok(0))),
-        Ok(Some((plan, Some(pieces)))) => {
-            submit_write(engine, inode, ino, buffer, pieces, dsync, plan.pure_overwrite)
-        }
-        Ok(Some((_, None))) => {
-            let _exclusive = inode.io.exclusive();
-            let result = writeback::sync_for_direct(engine, inode, pos, buffer.len() as u64, true)
-                .and_then(|()| write_alone(engine, inode, ino, &buffer, pos, dsync));
-            DirectFuture::ready((buffer, result))
+        let in_flight = WriteInFlight::start(inode);
+        let mut plan = match writeback::sync_for_direct(engine, inode, pos, length, true)
+            .and_then(|()| plan_write(engine, ino, pos, length))
+        {
+            Ok(plan) => plan,
+            Err(error) => return DirectFuture::failed(buffer, error),
+        };
+        if plan.may_share(engine.options.dio_unaligned) {
+            let pieces = match pieces_for(engine, ino, pos, length, &mut plan) {
+                Ok(pieces) => pieces,
+                Err(error) => return DirectFuture::failed(buffer, error),
+            };
+            in_flight.hand_to_completion();
+            // Submitted before the shared lock goes: an exclusive holder
+            // then finds every request it drains in the device's hands.
+            return submit_write(engine, inode, ino, buffer, pieces, dsync, plan.pure_overwrite);
         }
     }
+    let _exclusive = inode.io.exclusive(|| engine.device.unplug());
+    let result = writeback::sync_for_direct(engine, inode, pos, length, true)
+        .and_then(|()| write_alone(engine, inode, ino, &buffer, pos, dsync));
+    DirectFuture::ready((buffer, result))
 }
 
 /// Finishes one caller's request once all its device requests completed,
@@ -514,21 +551,19 @@ pub fn read_async(
     mut buffer: AlignedBuf,
     pos: u64,
 ) -> DirectFuture {
-    let prepared = (|| {
-        check_alignment(engine, buffer.as_ptr() as usize, buffer.len(), pos)?;
-        let _shared = inode.io.shared();
-        writeback::sync_for_direct(engine, inode, pos, buffer.len() as u64, false)?;
-        let found = read_pieces(engine, ino, buffer.len(), pos)?;
-        if found.is_some() {
-            inode.io.dio_started();
-        }
-        Ok(found)
-    })();
+    if let Err(error) = check_alignment(engine, buffer.as_ptr() as usize, buffer.len(), pos) {
+        return DirectFuture::failed(buffer, error);
+    }
+    // Held until the requests are submitted, as in `write_async`.
+    let _shared = inode.io.shared();
+    let prepared = writeback::sync_for_direct(engine, inode, pos, buffer.len() as u64, false)
+        .and_then(|()| read_pieces(engine, ino, buffer.len(), pos));
     let (count, pieces) = match prepared {
-        Err(error) => return DirectFuture::ready((buffer, Err(error))),
+        Err(error) => return DirectFuture::failed(buffer, error),
         Ok(None) => return DirectFuture::ready((buffer, Ok(0))),
         Ok(Some(found)) => found,
     };
+    inode.io.dio_started();
     for piece in pieces.iter().filter(|piece| piece.mapping.reads_as_zeros()) {
         buffer[piece.start..piece.end].fill(0);
     }

@@ -6,6 +6,14 @@
 //! extending writes, truncate, the simple data path) takes the lock
 //! exclusively and then waits for the in-flight count to drain, so no direct
 //! I/O submitted earlier is still touching the blocks it changes.
+//!
+//! The drain may not depend on anyone but the device. Requests are handed
+//! to the device before the shared lock is let go, but the device may hold
+//! them in a plug (a batch its submitter hands over when it next waits), and
+//! that submitter may be the very thread now waiting for the drain, or one
+//! blocked behind it on this lock: [`InodeIo::exclusive`] therefore releases
+//! every plug before it waits, as the kernel flushes a task's plug before it
+//! sleeps. Completions then run on the device's own threads.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -37,10 +45,17 @@ impl InodeIo {
     }
 
     /// The lock held exclusively, with no direct I/O left in flight.
-    pub fn exclusive(&self) -> RwLockWriteGuard<'_, ()> {
+    /// `unplug` hands every request the device holds in a plug to the kernel
+    /// (`Device::unplug`); it runs only when there is something to drain.
+    pub fn exclusive(&self, unplug: impl FnOnce()) -> RwLockWriteGuard<'_, ()> {
         let guard = self.lock.write();
-        // New direct I/O starts only under the shared lock, so the count can
-        // only fall from here.
+        // New direct I/O starts only under the shared lock, and reaches the
+        // device before that lock is let go, so the count can only fall from
+        // here once the plugs are released.
+        if self.dio_in_flight.load(Ordering::Acquire) == 0 {
+            return guard;
+        }
+        unplug();
         let mut drain = self.drain_lock.lock();
         while self.dio_in_flight.load(Ordering::Acquire) > 0 {
             self.dio_drained.wait(&mut drain);
@@ -97,9 +112,24 @@ mod tests {
                 io.dio_finished();
             })
         };
-        let _exclusive = io.exclusive();
+        let _exclusive = io.exclusive(|| {});
         assert_eq!(io.dio_in_flight(), 0, "exclusive returned before the drain");
         finisher.join().unwrap();
+    }
+
+    /// Direct I/O held back until someone unplugs (as a plugged ring holds
+    /// it) drains once `exclusive` has unplugged, and `unplug` is not called
+    /// when nothing is in flight.
+    #[test]
+    fn exclusive_unplugs_before_it_waits() {
+        let io = InodeIo::new();
+        drop(io.exclusive(|| panic!("nothing in flight: no unplug")));
+        {
+            let _shared = io.shared();
+            io.dio_started();
+        }
+        let _exclusive = io.exclusive(|| io.dio_finished());
+        assert_eq!(io.dio_in_flight(), 0);
     }
 
     #[test]

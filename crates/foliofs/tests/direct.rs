@@ -7,7 +7,9 @@
 #[macro_use]
 mod common;
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 use foliofs::completion::block_on;
 use foliofs::dev::AlignedBuf;
@@ -49,6 +51,8 @@ block_size_tests!(
     dsync_write_into_a_hole_survives_a_crash_right_after_it,
     hundreds_of_async_requests_in_flight_from_one_thread,
     async_writes_into_holes_and_past_eof_complete_and_persist,
+    async_queue_mixing_writes_into_holes_and_overwrites_never_waits_on_itself,
+    buffered_read_after_a_direct_write_sees_it_despite_racing_readers,
 );
 
 /// A volume on a real image file, so the engine's own threads complete I/O.
@@ -329,4 +333,199 @@ fn async_writes_into_holes_and_past_eof_complete_and_persist(block_bytes: u32) {
     }
     assert!(content[sparse..sparse + unit].iter().all(|&byte| byte == 0));
     assert_eq!(&content[sparse + unit..], &pattern(99, 3 * unit)[..]);
+}
+
+/// Longer than any healthy run of a queue test by far: a hang fails the test
+/// with a message instead of stalling the suite.
+const HANG_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs `work` on its own thread and fails if it has not finished within
+/// `HANG_TIMEOUT`.
+fn within_watchdog(what: String, work: impl FnOnce() + Send + 'static) {
+    let (done, finished) = mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        work();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(HANG_TIMEOUT) {
+        Ok(()) => worker.join().unwrap(),
+        // The worker panicked: its panic is the failure to report.
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            if let Err(panic) = worker.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what}: no progress in {HANG_TIMEOUT:?}: the queue deadlocked")
+        }
+    }
+}
+
+/// Requests one submitter keeps in flight in the queue test.
+const QUEUE_DEPTH: usize = 16;
+
+/// One submitter keeps `QUEUE_DEPTH` direct writes in flight on a sparse
+/// file, alternating sub-block writes into holes (which must run alone, after
+/// in-flight direct I/O drains) with overwrites (which run concurrently):
+/// fio's libaio randwrite on a fresh file. A write that runs alone must not
+/// wait for requests only its own submitter would hand to the device. Every
+/// engine, both `dio_unaligned` policies, one and three submitters on the
+/// same file; the content is checked against a model.
+fn async_queue_mixing_writes_into_holes_and_overwrites_never_waits_on_itself(block_bytes: u32) {
+    for engine in ["uring", "threads", "sync"] {
+        for policy in [DioUnaligned::Overwrite, DioUnaligned::Exclusive] {
+            for submitters in [1, 3] {
+                let what = format!("{engine}, {policy:?}, {submitters} submitter(s)");
+                within_watchdog(what.clone(), move || {
+                    queue_of_hole_writes_and_overwrites(engine, policy, submitters, block_bytes)
+                });
+            }
+        }
+    }
+}
+
+fn queue_of_hole_writes_and_overwrites(
+    engine: &str,
+    policy: DioUnaligned,
+    submitters: usize,
+    block_bytes: u32,
+) {
+    let what = format!("{engine}, {policy:?}, {submitters} submitter(s)");
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let volume = Arc::new(file_volume(&dir, engine, policy, block_bytes));
+    let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
+    let unit = direct_unit(block_bytes);
+    // A slot is one or more whole blocks; each submitter owns a region of
+    // `written_slots` slots written up front (overwritten in turn, so no two
+    // writes in flight overlap) and `requests / 2` sparse slots, each
+    // written once, by one sub-block write into its hole.
+    let slot = (block_bytes as usize).max(4 * unit);
+    let requests = 128;
+    let written_slots = 2 * QUEUE_DEPTH;
+    let region_slots = written_slots + requests / 2;
+    let file_bytes = submitters * region_slots * slot;
+    let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+    file.set_len(file_bytes as u64).unwrap();
+    let mut model = vec![0u8; file_bytes];
+    for region in 0..submitters {
+        let at = region * region_slots * slot;
+        let data = pattern(region as u64, written_slots * slot);
+        file.write_at(&aligned(&data), at as u64).unwrap();
+        model[at..at + data.len()].copy_from_slice(&data);
+    }
+    // Every write of region `region`: (position, data), in submission order.
+    let plan = |region: usize| -> Vec<(usize, Vec<u8>)> {
+        let base = region * region_slots * slot;
+        (0..requests)
+            .map(|index| {
+                let seed = ((region << 32) | index) as u64 + 1000;
+                let half = index / 2;
+                if index % 2 == 0 {
+                    // Into a hole: one unit somewhere inside a fresh slot.
+                    let within = (half * unit) % slot;
+                    (base + (written_slots + half) * slot + within, pattern(seed, unit))
+                } else if half % 2 == 0 {
+                    // A whole-slot overwrite (aligned: concurrent).
+                    (base + (half % written_slots) * slot, pattern(seed, slot))
+                } else {
+                    // A sub-block overwrite of written blocks.
+                    let within = (half / 2 % (slot / unit)) * unit;
+                    (base + (half % written_slots) * slot + within, pattern(seed, unit))
+                }
+            })
+            .collect()
+    };
+    for region in 0..submitters {
+        for (pos, data) in plan(region) {
+            model[pos..pos + data.len()].copy_from_slice(&data);
+        }
+    }
+    let workers: Vec<_> = (0..submitters)
+        .map(|region| {
+            let (volume, writes) = (Arc::clone(&volume), plan(region));
+            std::thread::spawn(move || {
+                let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+                let mut in_flight = VecDeque::new();
+                for (pos, data) in writes {
+                    if in_flight.len() == QUEUE_DEPTH {
+                        let (_, result): (_, foliofs::Result<usize>) =
+                            block_on(in_flight.pop_front().unwrap());
+                        result.unwrap();
+                    }
+                    in_flight.push_back(file.write_at_async(aligned(&data), pos as u64));
+                }
+                for future in in_flight {
+                    block_on(future).1.unwrap();
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    assert_eq!(volume.getattr(attr.ino).unwrap().size, file_bytes as u64, "{what}");
+    let content = read_all(&volume, attr.ino);
+    if let Some(at) = (0..file_bytes).find(|&at| content[at] != model[at]) {
+        panic!("{what}: the file differs from the model first at byte {at:#x}");
+    }
+}
+
+/// xfstests generic/451 in process: buffered readers loop over a range while
+/// direct writes (asynchronous and blocking, as the mount sends them) of
+/// alternating patterns land on it; once a write has completed, a buffered
+/// read must return its data, not bytes a racing reader cached from before.
+fn buffered_read_after_a_direct_write_sees_it_despite_racing_readers(block_bytes: u32) {
+    const RANGE_BYTES: usize = 640 << 10;
+    const CYCLES: usize = 150;
+    for engine in ["uring", "threads", "sync"] {
+        let what = format!("{engine} engine");
+        within_watchdog(what.clone(), move || {
+            let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+            let volume = Arc::new(file_volume(&dir, engine, DioUnaligned::Overwrite, block_bytes));
+            let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
+            let writer = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+            let patterns = [aligned(&[0x55; RANGE_BYTES]), aligned(&[0xAA; RANGE_BYTES])];
+            writer.write_at(&patterns[0], 0).unwrap();
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let readers: Vec<_> = (0..2)
+                .map(|_| {
+                    let (volume, stop) = (Arc::clone(&volume), Arc::clone(&stop));
+                    std::thread::spawn(move || {
+                        let file = volume.open_file(attr.ino, OpenFlags::READ).unwrap();
+                        let mut buffer = vec![0; RANGE_BYTES];
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            file.read_at(&mut buffer, 0).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            let checker = volume.open_file(attr.ino, OpenFlags::READ).unwrap();
+            let mut seen = vec![0; RANGE_BYTES];
+            let mut stale = None;
+            for cycle in 1..=CYCLES {
+                let data = &patterns[cycle % 2];
+                if cycle % 3 == 0 {
+                    writer.write_at(data, 0).unwrap();
+                } else {
+                    let (_, result) = block_on(writer.write_at_async(aligned(data), 0));
+                    result.unwrap();
+                }
+                checker.read_at(&mut seen, 0).unwrap();
+                if let Some(at) = seen.iter().position(|&byte| byte != data[0]) {
+                    stale = Some((cycle, at, seen[at], data[0]));
+                    break;
+                }
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            for reader in readers {
+                reader.join().unwrap();
+            }
+            if let Some((cycle, at, found, expected)) = stale {
+                panic!(
+                    "{what}: after direct write {cycle} completed, a buffered read found \
+                     {found:#04x} at byte {at:#x}, not {expected:#04x}"
+                );
+            }
+        });
+    }
 }

@@ -167,7 +167,7 @@ impl File {
             return Ok(0);
         }
         let (pos, written) = {
-            let _exclusive = self.inode.io.exclusive();
+            let _exclusive = self.inode.io.exclusive(|| self.shared.engine.device.unplug());
             let pos = if self.flags.append { self.shared.size_of(self.ino)? } else { pos };
             (pos, buffered::write(engine, &self.inode, data, pos)?)
         };
@@ -217,7 +217,7 @@ impl File {
         if let Some(refusal) = self.shared.meta.refusal() {
             return Err(refusal);
         }
-        let _exclusive = self.inode.io.exclusive();
+        let _exclusive = self.inode.io.exclusive(|| self.shared.engine.device.unplug());
         buffered::set_size(&self.shared.engine, &self.inode, size)
     }
 
@@ -228,7 +228,7 @@ impl File {
         if let Some(refusal) = self.shared.meta.refusal() {
             return Err(refusal);
         }
-        let _exclusive = self.inode.io.exclusive();
+        let _exclusive = self.inode.io.exclusive(|| self.shared.engine.device.unplug());
         space::fallocate(&self.shared.engine, &self.inode, mode, offset, length)
     }
 
@@ -292,7 +292,7 @@ impl File {
             // Nothing may still write into the blocks the free hands back:
             // in-flight direct I/O drains under the exclusive lock, writeback
             // under its own lock.
-            let _exclusive = self.inode.io.exclusive();
+            let _exclusive = self.inode.io.exclusive(|| self.shared.engine.device.unplug());
             let _serial = self.inode.writeback_lock.lock();
             let freed = self.shared.meta.transact(|txn| {
                 let still_orphaned = txn

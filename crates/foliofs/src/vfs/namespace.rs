@@ -384,7 +384,7 @@ impl Volume {
                 continue;
             };
             let done = {
-                let _exclusive = cached.io.exclusive();
+                let _exclusive = cached.io.exclusive(|| self.shared.engine.device.unplug());
                 let _serial = cached.writeback_lock.lock();
                 let done = change(victim);
                 if self.shared.meta.read().inode(cached.ino).is_none() {
@@ -419,7 +419,7 @@ impl Volume {
             }
             let inode = self.shared.inode_cache(ino);
             {
-                let _exclusive = inode.io.exclusive();
+                let _exclusive = inode.io.exclusive(|| self.shared.engine.device.unplug());
                 buffered::set_size(&self.shared.engine, &inode, size)?;
             }
             drop(inode);
