@@ -122,6 +122,25 @@ impl FolioFs {
         }
     }
 
+    /// Before a data change: the kernel asks (FUSE_WRITE_KILL_SUIDGID, set on
+    /// direct writes when the caller lacks CAP_FSETID) and the library
+    /// applies the rule for the caller's ids.
+    fn drop_setid_bits(
+        &self,
+        operation: &str,
+        req: &Request,
+        ino: INodeNo,
+        flags: WriteFlags,
+    ) -> Result<(), Errno> {
+        if !flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            return Ok(());
+        }
+        match self.volume.drop_setid_bits(ino.0, owner(req)) {
+            Ok(_) => Ok(()),
+            Err(error) => Err(self.failed(operation, &error)),
+        }
+    }
+
     fn open_handle(&self, ino: u64, flags: i32) -> foliofs::Result<(u64, FopenFlags)> {
         let open = self.open_flags(flags);
         let file = self.volume.open_file(ino, open)?;
@@ -380,12 +399,12 @@ impl Filesystem for FolioFs {
 
     fn write(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: fuser::OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -394,6 +413,9 @@ impl Filesystem for FolioFs {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
         };
+        if let Err(errno) = self.drop_setid_bits("write", req, ino, write_flags) {
+            return reply.error(errno);
+        }
         let written = if file.flags().direct {
             with_staging(data.len(), |staged| {
                 staged.copy_from_slice(data);
@@ -633,8 +655,8 @@ impl Filesystem for FolioFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
@@ -645,6 +667,12 @@ impl Filesystem for FolioFs {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
         };
+        // The kernel's fallocate neither strips set-ID bits nor says who may
+        // keep them: the caller's ids decide, in the library.
+        let kill = WriteFlags::FUSE_WRITE_KILL_SUIDGID;
+        if let Err(errno) = self.drop_setid_bits("fallocate", req, ino, kill) {
+            return reply.error(errno);
+        }
         let result =
             FallocateMode::from_flags(mode).and_then(|mode| file.fallocate(mode, offset, length));
         match result {

