@@ -485,9 +485,9 @@ impl Filesystem for FolioFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
-        match self.volume.readdir(ino.0) {
-            Ok(entries) => {
-                let fh = self.handles.insert(Handle::Dir(Arc::new(DirListing { entries })));
+        match self.volume.open_dir(ino.0) {
+            Ok(dir) => {
+                let fh = self.handles.insert(Handle::Dir(Arc::new(DirListing::new(dir))));
                 reply.opened(FileHandle(fh), FopenFlags::empty());
             }
             Err(error) => reply.error(self.failed("opendir", &error)),
@@ -505,15 +505,15 @@ impl Filesystem for FolioFs {
         let Some(listing) = self.handles.dir(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        let parent = match self.volume.parent_of(ino.0) {
-            Ok(parent) => parent,
+        let listed = listing.entries(offset).and_then(|entries| Ok((entries, listing.dir.parent()?)));
+        let (entries, parent) = match listed {
+            Ok(listed) => listed,
             Err(error) => return reply.error(self.failed("readdir", &error)),
         };
         // Offsets: 1 after ".", 2 after "..", 2 + i + 1 after entry i.
         let dots = [(ino.0, b".".as_slice()), (parent, b"..".as_slice())];
         let dot_entries = dots.iter().map(|&(ino, name)| (ino, fuser::FileType::Directory, name));
-        let entries = listing
-            .entries
+        let entries = entries
             .iter()
             .map(|entry| (entry.ino, file_type(entry.kind), entry.name.as_slice()));
         for (index, (entry_ino, kind, name)) in
@@ -534,9 +534,13 @@ impl Filesystem for FolioFs {
         _flags: fuser::OpenFlags,
         reply: ReplyEmpty,
     ) {
-        match self.handles.remove(fh.0) {
-            Some(Handle::Dir(_)) => reply.ok(),
-            _ => reply.error(Errno::EBADF),
+        let Some(Handle::Dir(listing)) = self.handles.remove(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        // As release: a readdir still running holds a clone and closes last.
+        match Arc::try_unwrap(listing).map(|listing| listing.dir.close()) {
+            Ok(Err(error)) => reply.error(self.failed("releasedir", &error)),
+            _ => reply.ok(),
         }
     }
 

@@ -6,8 +6,11 @@
 #[macro_use]
 mod common;
 
+use std::sync::Arc;
+
 use common::{new_volume, owner, ROOT};
-use foliofs::{InodeKind, Owner, SetAttr};
+use foliofs::dev::{Device, FaultDev, FuaMode};
+use foliofs::{Error, InodeKind, Owner, RenameFlags, SetAttr};
 
 const ROOT_CALLER: Owner = Owner { uid: 0, gid: 0 };
 
@@ -86,4 +89,43 @@ fn setgid_directories_pass_on_their_group_and_bit() {
     let plain = volume.mkdir(ROOT, b"plain", 0o755, Owner { uid: 5, gid: 6 }).unwrap();
     let inside = volume.create(plain.ino, b"f", 0o6755, creator).unwrap();
     assert_eq!((inside.mode, inside.gid), (0o6755, creator.gid));
+}
+
+/// generic/035: a directory replaced by a rename (or removed) while open
+/// stays, with nlink 0, until its last handle closes; it lists nothing and
+/// takes no new entries. A crash meanwhile leaves an orphan that fsck notes
+/// and the next mount frees.
+#[test]
+fn open_directory_outlives_its_name_with_nlink_zero() {
+    let (device, volume) = new_volume(16 << 20, 4096);
+    let source = volume.mkdir(ROOT, b"dir1", 0o755, owner()).unwrap();
+    let target = volume.mkdir(ROOT, b"dir2", 0o755, owner()).unwrap();
+    let open = volume.open_dir(target.ino).unwrap();
+    volume.rename(ROOT, b"dir1", ROOT, b"dir2", RenameFlags::default()).unwrap();
+    assert_eq!(open.attr().unwrap().nlink, 0);
+    assert_eq!(volume.getattr(target.ino).unwrap().nlink, 0, "fstat through the handle");
+    assert!(open.entries().unwrap().is_empty());
+    assert!(matches!(volume.create(target.ino, b"late", 0o644, owner()), Err(Error::NotFound(_))));
+    assert!(matches!(volume.mkdir(target.ino, b"late", 0o755, owner()), Err(Error::NotFound(_))));
+    assert_eq!(volume.getattr(ROOT).unwrap().nlink, 3, "one subdirectory left");
+    assert_eq!(volume.lookup(ROOT, b"dir2").unwrap().ino, source.ino);
+    open.close().unwrap();
+    assert!(matches!(volume.getattr(target.ino), Err(Error::NotFound(_))), "freed on close");
+
+    // rmdir of an open directory, then a crash before the close.
+    let open = volume.open_dir(source.ino).unwrap();
+    volume.rmdir(ROOT, b"dir2").unwrap();
+    assert_eq!(open.attr().unwrap().nlink, 0);
+    volume.sync().unwrap();
+    let crashed = device.image();
+    drop(open);
+    assert!(volume.getattr(source.ino).is_err());
+    drop(volume);
+    let raw = Arc::new(FaultDev::from_image(crashed.clone(), 512));
+    let report = foliofs::fsck::check(Arc::new(Device::new(raw, FuaMode::Native)));
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert!(report.notes.iter().any(|note| note.contains("orphan")), "{:?}", report.notes);
+    let (_, volume) = common::open_image(crashed).unwrap();
+    assert!(volume.getattr(source.ino).is_err(), "orphan freed at mount");
+    assert!(foliofs::fsck::check(volume.device().clone()).is_clean());
 }

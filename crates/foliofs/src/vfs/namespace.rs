@@ -74,6 +74,15 @@ fn dir_entries(state: &MetaState, dir: u64) -> Result<&std::collections::BTreeMa
     inode.entries().ok_or_else(|| Error::NotDir(format!("inode {dir}")))
 }
 
+/// A directory removed while open lists nothing and takes no new entries
+/// (ENOENT, as the kernel's IS_DEADDIR).
+fn check_not_removed(state: &MetaState, dir: u64) -> Result<()> {
+    if attrs_of(state, dir)?.nlink == 0 {
+        return Err(Error::NotFound(format!("directory {dir} was removed")));
+    }
+    Ok(())
+}
+
 fn attrs_of(state: &MetaState, ino: u64) -> Result<InodeAttrs> {
     state.inode(ino).map(|inode| inode.attrs).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
 }
@@ -96,13 +105,14 @@ fn touch_dir(txn: &mut Txn<'_>, dir: u64, nlink_delta: i32, now: Timestamp) {
     });
 }
 
-/// Drops one link of `ino` (named in a directory that is being changed);
-/// frees it when no link and no open handle remains.
+/// Drops one link of `ino` (named in a directory that is being changed; a
+/// directory's only one); frees it when no link and no open handle remains.
+/// An open one stays, with nlink 0, until its last handle closes.
 fn drop_link(txn: &mut Txn<'_>, ino: u64, now: Timestamp) {
     let inode = txn.state().inode(ino).expect("validated inode");
     let is_dir = inode.attrs.kind == InodeKind::Dir;
     let nlink = if is_dir { 0 } else { inode.attrs.nlink.saturating_sub(1) };
-    if nlink == 0 && (is_dir || inode.open_handles == 0) {
+    if nlink == 0 && inode.open_handles == 0 {
         txn.apply(Record::InodeFree { ino });
     } else {
         update_attrs(txn, ino, |attrs| {
@@ -110,6 +120,18 @@ fn drop_link(txn: &mut Txn<'_>, ino: u64, now: Timestamp) {
             attrs.ctime = now;
         });
     }
+}
+
+/// The entries of directory `dir`, sorted by name.
+pub(super) fn list(state: &MetaState, dir: u64) -> Result<Vec<DirEntry>> {
+    let entries = dir_entries(state, dir)?;
+    Ok(entries
+        .iter()
+        .filter_map(|(name, &ino)| {
+            let kind = state.inode(ino)?.attrs.kind;
+            Some(DirEntry { name: name.clone(), ino, kind })
+        })
+        .collect())
 }
 
 /// True if `ancestor` is `dir` or one of its parents.
@@ -169,15 +191,7 @@ impl Volume {
     }
 
     pub fn readdir(&self, dir: u64) -> Result<Vec<DirEntry>> {
-        let state = self.shared.meta.read();
-        let entries = dir_entries(&state, dir)?;
-        Ok(entries
-            .iter()
-            .filter_map(|(name, &ino)| {
-                let kind = state.inode(ino)?.attrs.kind;
-                Some(DirEntry { name: name.clone(), ino, kind })
-            })
-            .collect())
+        list(&self.shared.meta.read(), dir)
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -204,6 +218,7 @@ impl Volume {
             if dir_entries(txn.state(), parent)?.contains_key(name) {
                 return Err(Error::Exists(display(name)));
             }
+            check_not_removed(txn.state(), parent)?;
             let extra = 200 + name.len() as u64 + target.map_or(0, |target| target.len() as u64);
             txn.ensure_metadata_room(extra)?;
             let now = Timestamp::now();
@@ -285,6 +300,7 @@ impl Volume {
             if dir_entries(txn.state(), new_parent)?.contains_key(new_name) {
                 return Err(Error::Exists(display(new_name)));
             }
+            check_not_removed(txn.state(), new_parent)?;
             txn.ensure_metadata_room(100 + new_name.len() as u64)?;
             let now = Timestamp::now();
             update_attrs(txn, ino, |attrs| {
@@ -333,7 +349,7 @@ impl Volume {
             let now = Timestamp::now();
             txn.apply(Record::DirRemove { dir: parent, name: name.to_vec() });
             touch_dir(txn, parent, -1, now);
-            txn.apply(Record::InodeFree { ino });
+            drop_link(txn, ino, now);
             Ok(())
         })?;
         Ok(())
@@ -520,6 +536,7 @@ fn plan_rename(
     let ino = entry_of(state, parent, name)?;
     let ino_is_dir = attrs_of(state, ino)?.kind == InodeKind::Dir;
     let target_entries = dir_entries(state, new_parent)?;
+    check_not_removed(state, new_parent)?;
     let victim = match target_entries.get(new_name) {
         Some(&victim) => Some((victim, attrs_of(state, victim)?.kind == InodeKind::Dir)),
         None => None,
