@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use common::{new_volume, owner, ROOT};
 use foliofs::dev::{Device, FaultDev, FuaMode};
-use foliofs::{Error, InodeKind, Owner, RenameFlags, SetAttr};
+use foliofs::space::FallocateMode;
+use foliofs::{Error, InodeKind, OpenFlags, Owner, RenameFlags, SetAttr};
 
 const ROOT_CALLER: Owner = Owner { uid: 0, gid: 0 };
 
@@ -128,4 +129,25 @@ fn open_directory_outlives_its_name_with_nlink_zero() {
     let (_, volume) = common::open_image(crashed).unwrap();
     assert!(volume.getattr(source.ino).is_err(), "orphan freed at mount");
     assert!(foliofs::fsck::check(volume.device().clone()).is_clean());
+}
+
+/// generic/213: the space of a removed preallocated file is usable at once,
+/// by the next fallocate and in statfs, without waiting for a background
+/// commit (the tests' volumes have none) or a sync.
+#[test]
+fn freed_space_is_reusable_at_once() {
+    let (_device, volume) = new_volume(64 << 20, 4096);
+    let available = volume.statfs().available_blocks * 4096;
+    let big = available * 3 / 4;
+    for round in 0..3 {
+        let file = volume.create(ROOT, b"ouch", 0o644, owner()).unwrap();
+        let handle = volume.open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
+        handle
+            .fallocate(FallocateMode::Allocate { keep_size: false }, 0, big)
+            .unwrap_or_else(|error| panic!("round {round}: {error}"));
+        handle.set_len(100).unwrap();
+        handle.close().unwrap();
+        volume.unlink(ROOT, b"ouch").unwrap();
+    }
+    assert!(volume.statfs().available_blocks * 4096 >= available - (1 << 20));
 }

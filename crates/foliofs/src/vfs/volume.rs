@@ -243,7 +243,17 @@ impl Volume {
         }
     }
 
+    /// Volume figures. Space freed by a transaction not yet durable cannot
+    /// be reused until it is: when some waits, the journal is committed
+    /// first, so space freed by `rm` shows as free at once (FUSE passes no
+    /// syncfs to hurry it).
     pub fn statfs(&self) -> StatFs {
+        let frees_pending = self.shared.meta.read().pending_free_blocks() > 0;
+        if frees_pending && self.shared.meta.refusal().is_none() {
+            if let Err(error) = self.shared.meta.commit_all() {
+                tracing::warn!("statfs: committing freed space: {error}");
+            }
+        }
         let durable_lsn = self.shared.meta.journal().durable_lsn();
         self.shared.meta.update_memory(|state| state.release_pending_frees(durable_lsn));
         let state = self.shared.meta.read();
