@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use foliofs::options::{parse_size, OPTION_KEYS};
+use foliofs::options::{parse_size, AtimePolicy, OPTION_KEYS};
 use foliofs::{Error, Result, VolumeOptions};
 use fuser::{Config, MountOption, SessionACL};
 
@@ -27,6 +27,7 @@ pub const MOUNT_OPTION_KEYS: &[(&str, &str)] = &[
     ("fsname", "the source shown in /proc/mounts (default the image path)"),
     ("subtype", "the type suffix shown in /proc/mounts (default foliofs)"),
     ("dev, nodev, suid, nosuid, exec, noexec, atime, noatime, sync, async, dirsync", "as mount(8)"),
+    ("relatime, strictatime, noatime, nodiratime, lazytime", "access times, as ext4"),
 ];
 
 const DEFAULT_FUSE_THREADS: usize = 16;
@@ -172,15 +173,33 @@ impl MountOptions {
             "nosuid" => self.kernel_flags.push(flag(MountOption::NoSuid)?),
             "exec" => self.kernel_flags.push(flag(MountOption::Exec)?),
             "noexec" => self.kernel_flags.push(flag(MountOption::NoExec)?),
-            "atime" => self.kernel_flags.push(flag(MountOption::Atime)?),
-            "noatime" => self.kernel_flags.push(flag(MountOption::NoAtime)?),
+            // With a value, `atime` is the engine's policy (below).
+            "atime" if value.is_none() => self.kernel_flags.push(flag(MountOption::Atime)?),
+            // FUSE inodes are S_NOATIME: the kernel leaves access times to
+            // the file system, so these set the library's policy.
+            "noatime" => {
+                self.kernel_flags.push(flag(MountOption::NoAtime)?);
+                self.volume.atime = AtimePolicy::NoAtime;
+            }
+            "relatime" | "strictatime" => {
+                no_value()?;
+                self.volume.atime =
+                    if key == "relatime" { AtimePolicy::Relatime } else { AtimePolicy::Strict };
+            }
+            "nodiratime" | "diratime" => {
+                no_value()?;
+                self.volume.nodiratime = key == "nodiratime";
+            }
+            // Access times are always updated lazily (in memory until the
+            // inode's next record, fsync or checkpoint).
+            "lazytime" | "nolazytime" => no_value()?,
             "sync" => self.kernel_flags.push(flag(MountOption::Sync)?),
             "async" => self.kernel_flags.push(flag(MountOption::Async)?),
             "dirsync" => self.kernel_flags.push(flag(MountOption::DirSync)?),
             // What mount(8) and fstab pass through to a helper and mean
             // nothing to the file system itself.
             "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "_netdev" | "nofail"
-            | "relatime" | "strictatime" => {}
+ => {}
             _ if key.starts_with("x-") => {}
             _ if OPTION_KEYS.iter().any(|(name, _)| *name == key) => {
                 self.volume.set(key, value.unwrap_or("on"))?;
@@ -264,5 +283,19 @@ mod tests {
         assert!(bad_engine.contains("folio_max=3k"), "{bad_engine}");
         assert!(MountOptions::parse("allow_other=yes").is_err());
         assert!(MountOptions::parse("max_write=1k").is_err());
+    }
+
+    #[test]
+    fn access_time_options_set_the_library_policy() {
+        let policy = |list: &str| {
+            let options = MountOptions::parse(list).unwrap();
+            (options.volume.atime, options.volume.nodiratime)
+        };
+        assert_eq!(policy(""), (AtimePolicy::Relatime, false));
+        assert_eq!(policy("noatime"), (AtimePolicy::NoAtime, false));
+        assert_eq!(policy("strictatime,nodiratime,lazytime"), (AtimePolicy::Strict, true));
+        assert_eq!(policy("noatime,relatime"), (AtimePolicy::Relatime, false));
+        assert_eq!(policy("atime=strictatime"), (AtimePolicy::Strict, false));
+        assert!(MountOptions::parse("nodiratime=1").is_err());
     }
 }

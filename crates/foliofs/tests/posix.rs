@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::{new_volume, owner, ROOT};
 use foliofs::dev::{Device, FaultDev, FuaMode};
 use foliofs::space::FallocateMode;
-use foliofs::{Error, InodeKind, OpenFlags, Owner, RenameFlags, SetAttr};
+use foliofs::{Error, InodeKind, OpenFlags, Owner, RenameFlags, SetAttr, TimeSet};
 
 const ROOT_CALLER: Owner = Owner { uid: 0, gid: 0 };
 
@@ -150,4 +150,70 @@ fn freed_space_is_reusable_at_once() {
         volume.unlink(ROOT, b"ouch").unwrap();
     }
     assert!(volume.statfs().available_blocks * 4096 >= available - (1 << 20));
+}
+
+fn atime_of(volume: &foliofs::Volume, ino: u64) -> foliofs::Timestamp {
+    volume.getattr(ino).unwrap().atime
+}
+
+fn volume_with(options: &str) -> (Arc<FaultDev>, foliofs::Volume) {
+    let mut volume_options = common::options();
+    volume_options.apply_list(options).unwrap();
+    common::new_volume_with_options(16 << 20, 4096, None, &volume_options)
+}
+
+/// generic/003: reads advance the access time under relatime (when it is
+/// not after mtime/ctime), strictatime (always) and never under noatime;
+/// nodiratime spares directories; the update survives a clean close.
+#[test]
+fn reads_advance_atime_as_the_policy_says() {
+    let (device, volume) = volume_with("");
+    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let handle = volume.open_file(file, OpenFlags::READ_WRITE).unwrap();
+    handle.write_at(b"aaa", 0).unwrap();
+    let written = volume.getattr(file).unwrap();
+    let mut buffer = [0u8; 16];
+    handle.read_at(&mut buffer, 0).unwrap();
+    let first = atime_of(&volume, file);
+    assert!(first > written.atime && first >= written.mtime, "relatime: first read after a write");
+    handle.read_at(&mut buffer, 0).unwrap();
+    assert_eq!(atime_of(&volume, file), first, "relatime: atime already after mtime");
+    // (Writes advance mtime once per clock tick; setattr does at once.)
+    volume.setattr(file, &SetAttr { mtime: Some(TimeSet::Now), ..SetAttr::default() }).unwrap();
+    handle.read_at(&mut buffer, 0).unwrap();
+    let third = atime_of(&volume, file);
+    assert!(third > first, "relatime: read after a modification");
+    let mtime = volume.getattr(file).unwrap().mtime;
+    // Listing a directory is reading it.
+    let dir_atime = atime_of(&volume, ROOT);
+    volume.readdir(ROOT).unwrap();
+    assert!(atime_of(&volume, ROOT) > dir_atime);
+    handle.close().unwrap();
+    volume.close().unwrap();
+    let (_, volume) = common::open_image(device.image()).unwrap();
+    assert_eq!(atime_of(&volume, file), third, "kept by the checkpoint at close");
+    assert_eq!(volume.getattr(file).unwrap().mtime, mtime);
+    drop(volume);
+
+    let (_, volume) = volume_with("atime=strictatime,nodiratime");
+    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let handle = volume.open_file(file, OpenFlags::READ).unwrap();
+    handle.read_at(&mut buffer, 0).unwrap();
+    let first = atime_of(&volume, file);
+    handle.read_at(&mut buffer, 0).unwrap();
+    assert!(atime_of(&volume, file) > first, "strictatime: every read");
+    let dir = volume.open_dir(ROOT).unwrap();
+    let dir_atime = dir.attr().unwrap().atime;
+    dir.entries().unwrap();
+    assert_eq!(dir.attr().unwrap().atime, dir_atime, "nodiratime");
+    drop((dir, handle, volume));
+
+    let (_, volume) = volume_with("atime=noatime");
+    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let before = atime_of(&volume, file);
+    let handle = volume.open_file(file, OpenFlags::READ).unwrap();
+    handle.read_at(&mut buffer, 0).unwrap();
+    volume.readdir(ROOT).unwrap();
+    assert_eq!(atime_of(&volume, file), before, "noatime");
+    assert!(foliofs::VolumeOptions::parse("atime=sometimes").is_err());
 }

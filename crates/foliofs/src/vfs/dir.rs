@@ -44,7 +44,9 @@ impl Dir {
 
     /// The entries now, sorted by name ("." and ".." not included).
     pub fn entries(&self) -> Result<Vec<DirEntry>> {
-        super::namespace::list(&self.shared.meta.read(), self.ino)
+        let entries = super::namespace::list(&self.shared.meta.read(), self.ino)?;
+        self.shared.accessed(self.ino);
+        Ok(entries)
     }
 
     /// The directory holding this one when it was last named (a removed

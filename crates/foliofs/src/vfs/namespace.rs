@@ -191,7 +191,9 @@ impl Volume {
     }
 
     pub fn readdir(&self, dir: u64) -> Result<Vec<DirEntry>> {
-        list(&self.shared.meta.read(), dir)
+        let entries = list(&self.shared.meta.read(), dir)?;
+        self.shared.accessed(dir);
+        Ok(entries)
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
