@@ -505,7 +505,8 @@ impl Filesystem for FolioFs {
         let Some(listing) = self.handles.dir(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        let listed = listing.entries(offset).and_then(|entries| Ok((entries, listing.dir.parent()?)));
+        let listed =
+            listing.entries(offset).and_then(|entries| Ok((entries, listing.dir.parent()?)));
         let (entries, parent) = match listed {
             Ok(listed) => listed,
             Err(error) => return reply.error(self.failed("readdir", &error)),
@@ -513,9 +514,8 @@ impl Filesystem for FolioFs {
         // Offsets: 1 after ".", 2 after "..", 2 + i + 1 after entry i.
         let dots = [(ino.0, b".".as_slice()), (parent, b"..".as_slice())];
         let dot_entries = dots.iter().map(|&(ino, name)| (ino, fuser::FileType::Directory, name));
-        let entries = entries
-            .iter()
-            .map(|entry| (entry.ino, file_type(entry.kind), entry.name.as_slice()));
+        let entries =
+            entries.iter().map(|entry| (entry.ino, file_type(entry.kind), entry.name.as_slice()));
         for (index, (entry_ino, kind, name)) in
             dot_entries.chain(entries).enumerate().skip(offset as usize)
         {

@@ -198,8 +198,8 @@ impl MountOptions {
             "dirsync" => self.kernel_flags.push(flag(MountOption::DirSync)?),
             // What mount(8) and fstab pass through to a helper and mean
             // nothing to the file system itself.
-            "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "_netdev" | "nofail"
- => {}
+            "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "_netdev" | "nofail" => {
+            }
             _ if key.starts_with("x-") => {}
             _ if OPTION_KEYS.iter().any(|(name, _)| *name == key) => {
                 self.volume.set(key, value.unwrap_or("on"))?;

@@ -65,9 +65,7 @@ impl std::str::FromStr for AtimePolicy {
             "relatime" => Ok(Self::Relatime),
             "strictatime" | "strict" => Ok(Self::Strict),
             "noatime" | "off" => Ok(Self::NoAtime),
-            other => {
-                Err(format!("atime must be relatime, strictatime or noatime, not {other:?}"))
-            }
+            other => Err(format!("atime must be relatime, strictatime or noatime, not {other:?}")),
         }
     }
 }
