@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use foliofs::dev::AlignedBuf;
@@ -15,9 +15,9 @@ use foliofs::space::FallocateMode;
 use foliofs::{Attr, Error, File, OpenFlags, Owner, RenameFlags, SetAttr, TimeSet, Volume};
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    KernelConfig, LockOwner, Notifier, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 
 use crate::attr::{errno, file_attr, file_type, timestamp};
@@ -61,6 +61,8 @@ fn with_staging<R>(length: usize, work: impl FnOnce(&mut [u8]) -> R) -> R {
 pub struct FolioFs {
     volume: Arc<Volume>,
     handles: Handles,
+    /// Set once the session exists (it needs the file system first).
+    notifier: Arc<OnceLock<Notifier>>,
     page_cache: PageCacheUse,
     ttl: Duration,
     max_write_bytes: u32,
@@ -71,10 +73,16 @@ impl FolioFs {
         Self {
             volume,
             handles: Handles::new(),
+            notifier: Arc::new(OnceLock::new()),
             page_cache: options.page_cache,
             ttl: options.attr_timeout,
             max_write_bytes: options.max_write_bytes,
         }
+    }
+
+    /// Where [`crate::Mount`] puts the session's notifier.
+    pub(crate) fn notifier_slot(&self) -> Arc<OnceLock<Notifier>> {
+        Arc::clone(&self.notifier)
     }
 
     fn reply_entry(&self, reply: ReplyEntry, result: foliofs::Result<Attr>) {
@@ -136,7 +144,18 @@ impl FolioFs {
             return Ok(());
         }
         match self.volume.drop_setid_bits(ino.0, owner(req)) {
-            Ok(_) => Ok(()),
+            // The kernel keeps the old mode cached (a write or fallocate
+            // reply carries no attributes, and `stat -c %A` asks for the
+            // mode alone): drop its cached attributes.
+            Ok(true) => {
+                if let Some(notifier) = self.notifier.get() {
+                    if let Err(error) = notifier.inval_inode(ino, -1, 0) {
+                        tracing::debug!("{operation}: invalidating attributes: {error}");
+                    }
+                }
+                Ok(())
+            }
+            Ok(false) => Ok(()),
             Err(error) => Err(self.failed(operation, &error)),
         }
     }

@@ -38,10 +38,12 @@ impl Mount {
     pub fn new(image: &Path, mountpoint: &Path, options: &MountOptions) -> foliofs::Result<Self> {
         let volume = Arc::new(Volume::open(image, &options.volume)?);
         let fs = FolioFs::new(Arc::clone(&volume), options);
+        let notifier = fs.notifier_slot();
         let config = options.fuse_config(image);
         let session = fuser::Session::new(fs, mountpoint, &config).map_err(|error| {
             foliofs::Error::io(format!("mount on {}", mountpoint.display()), error)
         })?;
+        let _ = notifier.set(session.notifier());
         Ok(Self { session, volume })
     }
 
