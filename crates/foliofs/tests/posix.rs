@@ -13,6 +13,14 @@ use foliofs::dev::{Device, FaultDev, FuaMode};
 use foliofs::space::FallocateMode;
 use foliofs::{Error, InodeKind, OpenFlags, Owner, RenameFlags, SetAttr, TimeSet};
 
+block_size_tests!(
+    data_changes_by_unprivileged_callers_drop_setid_bits,
+    setgid_directories_pass_on_their_group_and_bit,
+    open_directory_outlives_its_name_with_nlink_zero,
+    freed_space_is_reusable_at_once,
+    reads_advance_atime_as_the_policy_says,
+);
+
 const ROOT_CALLER: Owner = Owner { uid: 0, gid: 0 };
 
 fn mode_of(volume: &foliofs::Volume, ino: u64) -> u32 {
@@ -26,9 +34,8 @@ fn chmod(volume: &foliofs::Volume, ino: u64, mode: u32) {
 /// generic/355, 683-685: a write, truncate or fallocate by a caller
 /// without CAP_FSETID drops set-user-ID, and set-group-ID where group
 /// execute is set or the caller is not in the file's group.
-#[test]
-fn data_changes_by_unprivileged_callers_drop_setid_bits() {
-    let (device, volume) = new_volume(16 << 20, 4096);
+fn data_changes_by_unprivileged_callers_drop_setid_bits(block_bytes: u32) {
+    let (device, volume) = new_volume(16 << 20, block_bytes);
     let file = volume.create(ROOT, b"f", 0o644, Owner { uid: 0, gid: 0 }).unwrap().ino;
     let member = Owner { uid: 1000, gid: 0 };
     let stranger = Owner { uid: 1000, gid: 1000 };
@@ -71,9 +78,8 @@ fn data_changes_by_unprivileged_callers_drop_setid_bits() {
 
 /// generic/314, 633, 696: in a set-group-ID directory new entries take the
 /// directory's group, and new directories its set-group-ID bit too.
-#[test]
-fn setgid_directories_pass_on_their_group_and_bit() {
-    let (_device, volume) = new_volume(16 << 20, 4096);
+fn setgid_directories_pass_on_their_group_and_bit(block_bytes: u32) {
+    let (_device, volume) = new_volume(16 << 20, block_bytes);
     let shared = volume.mkdir(ROOT, b"shared", 0o775, Owner { uid: 1000, gid: 12345 }).unwrap();
     chmod(&volume, shared.ino, 0o2775);
     let creator = owner();
@@ -96,9 +102,8 @@ fn setgid_directories_pass_on_their_group_and_bit() {
 /// stays, with nlink 0, until its last handle closes; it lists nothing and
 /// takes no new entries. A crash meanwhile leaves an orphan that fsck notes
 /// and the next mount frees.
-#[test]
-fn open_directory_outlives_its_name_with_nlink_zero() {
-    let (device, volume) = new_volume(16 << 20, 4096);
+fn open_directory_outlives_its_name_with_nlink_zero(block_bytes: u32) {
+    let (device, volume) = new_volume(16 << 20, block_bytes);
     let source = volume.mkdir(ROOT, b"dir1", 0o755, owner()).unwrap();
     let target = volume.mkdir(ROOT, b"dir2", 0o755, owner()).unwrap();
     let open = volume.open_dir(target.ino).unwrap();
@@ -134,10 +139,10 @@ fn open_directory_outlives_its_name_with_nlink_zero() {
 /// generic/213: the space of a removed preallocated file is usable at once,
 /// by the next fallocate and in statfs, without waiting for a background
 /// commit (the tests' volumes have none) or a sync.
-#[test]
-fn freed_space_is_reusable_at_once() {
-    let (_device, volume) = new_volume(64 << 20, 4096);
-    let available = volume.statfs().available_blocks * 4096;
+fn freed_space_is_reusable_at_once(block_bytes: u32) {
+    let (_device, volume) = new_volume(64 << 20, block_bytes);
+    let block = u64::from(block_bytes);
+    let available = volume.statfs().available_blocks * block;
     let big = available * 3 / 4;
     for round in 0..3 {
         let file = volume.create(ROOT, b"ouch", 0o644, owner()).unwrap();
@@ -149,25 +154,24 @@ fn freed_space_is_reusable_at_once() {
         handle.close().unwrap();
         volume.unlink(ROOT, b"ouch").unwrap();
     }
-    assert!(volume.statfs().available_blocks * 4096 >= available - (1 << 20));
+    assert!(volume.statfs().available_blocks * block >= available - (1 << 20));
 }
 
 fn atime_of(volume: &foliofs::Volume, ino: u64) -> foliofs::Timestamp {
     volume.getattr(ino).unwrap().atime
 }
 
-fn volume_with(options: &str) -> (Arc<FaultDev>, foliofs::Volume) {
+fn volume_with(block_bytes: u32, options: &str) -> (Arc<FaultDev>, foliofs::Volume) {
     let mut volume_options = common::options();
     volume_options.apply_list(options).unwrap();
-    common::new_volume_with_options(16 << 20, 4096, None, &volume_options)
+    common::new_volume_with_options(16 << 20, block_bytes, None, &volume_options)
 }
 
 /// generic/003: reads advance the access time under relatime (when it is
 /// not after mtime/ctime), strictatime (always) and never under noatime;
 /// nodiratime spares directories; the update survives a clean close.
-#[test]
-fn reads_advance_atime_as_the_policy_says() {
-    let (device, volume) = volume_with("");
+fn reads_advance_atime_as_the_policy_says(block_bytes: u32) {
+    let (device, volume) = volume_with(block_bytes, "");
     let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
     let handle = volume.open_file(file, OpenFlags::READ_WRITE).unwrap();
     handle.write_at(b"aaa", 0).unwrap();
@@ -195,7 +199,7 @@ fn reads_advance_atime_as_the_policy_says() {
     assert_eq!(volume.getattr(file).unwrap().mtime, mtime);
     drop(volume);
 
-    let (_, volume) = volume_with("atime=strictatime,nodiratime");
+    let (_, volume) = volume_with(block_bytes, "atime=strictatime,nodiratime");
     let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
     let handle = volume.open_file(file, OpenFlags::READ).unwrap();
     handle.read_at(&mut buffer, 0).unwrap();
@@ -208,7 +212,7 @@ fn reads_advance_atime_as_the_policy_says() {
     assert_eq!(dir.attr().unwrap().atime, dir_atime, "nodiratime");
     drop((dir, handle, volume));
 
-    let (_, volume) = volume_with("atime=noatime");
+    let (_, volume) = volume_with(block_bytes, "atime=noatime");
     let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
     let before = atime_of(&volume, file);
     let handle = volume.open_file(file, OpenFlags::READ).unwrap();
