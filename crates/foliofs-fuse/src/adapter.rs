@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use foliofs::dev::AlignedBuf;
@@ -15,9 +15,9 @@ use foliofs::space::FallocateMode;
 use foliofs::{Attr, Error, File, OpenFlags, Owner, RenameFlags, SetAttr, TimeSet, Volume};
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    KernelConfig, LockOwner, Notifier, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 
 use crate::attr::{errno, file_attr, file_type, timestamp};
@@ -64,6 +64,8 @@ fn with_staging<R>(length: usize, work: impl FnOnce(&mut [u8]) -> R) -> R {
 pub struct FolioFs {
     volume: Arc<Volume>,
     handles: Handles,
+    /// Set once the session exists (it needs the file system first).
+    notifier: Arc<OnceLock<Notifier>>,
     page_cache: PageCacheUse,
     ttl: Duration,
     max_write_bytes: u32,
@@ -74,10 +76,16 @@ impl FolioFs {
         Self {
             volume,
             handles: Handles::new(),
+            notifier: Arc::new(OnceLock::new()),
             page_cache: options.page_cache,
             ttl: options.attr_timeout,
             max_write_bytes: options.max_write_bytes,
         }
+    }
+
+    /// Where [`crate::Mount`] puts the session's notifier.
+    pub(crate) fn notifier_slot(&self) -> Arc<OnceLock<Notifier>> {
+        Arc::clone(&self.notifier)
     }
 
     fn reply_entry(&self, reply: ReplyEntry, result: foliofs::Result<Attr>) {
@@ -117,6 +125,36 @@ impl FolioFs {
             FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
         } else {
             FopenFlags::empty()
+        }
+    }
+
+    /// Before a data change: the kernel asks (FUSE_WRITE_KILL_SUIDGID, set on
+    /// direct writes when the caller lacks CAP_FSETID) and the library
+    /// applies the rule for the caller's ids.
+    fn drop_setid_bits(
+        &self,
+        operation: &str,
+        req: &Request,
+        ino: INodeNo,
+        flags: WriteFlags,
+    ) -> Result<(), Errno> {
+        if !flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            return Ok(());
+        }
+        match self.volume.drop_setid_bits(ino.0, owner(req)) {
+            // The kernel keeps the old mode cached (a write or fallocate
+            // reply carries no attributes, and `stat -c %A` asks for the
+            // mode alone): drop its cached attributes.
+            Ok(true) => {
+                if let Some(notifier) = self.notifier.get() {
+                    if let Err(error) = notifier.inval_inode(ino, -1, 0) {
+                        tracing::debug!("{operation}: invalidating attributes: {error}");
+                    }
+                }
+                Ok(())
+            }
+            Ok(false) => Ok(()),
+            Err(error) => Err(self.failed(operation, &error)),
         }
     }
 
@@ -400,8 +438,8 @@ impl Filesystem for FolioFs {
 
     fn write(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -414,6 +452,9 @@ impl Filesystem for FolioFs {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
         };
+        if let Err(errno) = self.drop_setid_bits("write", req, ino, write_flags) {
+            return reply.error(errno);
+        }
         let page_cache_writeback = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         if page_cache_writeback && file.flags().direct {
             // The kernel writing back its page cache (a shared mapping of an
@@ -503,9 +544,9 @@ impl Filesystem for FolioFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
-        match self.volume.readdir(ino.0) {
-            Ok(entries) => {
-                let fh = self.handles.insert(Handle::Dir(Arc::new(DirListing { entries })));
+        match self.volume.open_dir(ino.0) {
+            Ok(dir) => {
+                let fh = self.handles.insert(Handle::Dir(Arc::new(DirListing::new(dir))));
                 reply.opened(FileHandle(fh), FopenFlags::empty());
             }
             Err(error) => reply.error(self.failed("opendir", &error)),
@@ -523,17 +564,17 @@ impl Filesystem for FolioFs {
         let Some(listing) = self.handles.dir(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        let parent = match self.volume.parent_of(ino.0) {
-            Ok(parent) => parent,
+        let listed =
+            listing.entries(offset).and_then(|entries| Ok((entries, listing.dir.parent()?)));
+        let (entries, parent) = match listed {
+            Ok(listed) => listed,
             Err(error) => return reply.error(self.failed("readdir", &error)),
         };
         // Offsets: 1 after ".", 2 after "..", 2 + i + 1 after entry i.
         let dots = [(ino.0, b".".as_slice()), (parent, b"..".as_slice())];
         let dot_entries = dots.iter().map(|&(ino, name)| (ino, fuser::FileType::Directory, name));
-        let entries = listing
-            .entries
-            .iter()
-            .map(|entry| (entry.ino, file_type(entry.kind), entry.name.as_slice()));
+        let entries =
+            entries.iter().map(|entry| (entry.ino, file_type(entry.kind), entry.name.as_slice()));
         for (index, (entry_ino, kind, name)) in
             dot_entries.chain(entries).enumerate().skip(offset as usize)
         {
@@ -552,9 +593,13 @@ impl Filesystem for FolioFs {
         _flags: fuser::OpenFlags,
         reply: ReplyEmpty,
     ) {
-        match self.handles.remove(fh.0) {
-            Some(Handle::Dir(_)) => reply.ok(),
-            _ => reply.error(Errno::EBADF),
+        let Some(Handle::Dir(listing)) = self.handles.remove(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        // As release: a readdir still running holds a clone and closes last.
+        match Arc::try_unwrap(listing).map(|listing| listing.dir.close()) {
+            Ok(Err(error)) => reply.error(self.failed("releasedir", &error)),
+            _ => reply.ok(),
         }
     }
 
@@ -673,8 +718,8 @@ impl Filesystem for FolioFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
@@ -685,6 +730,12 @@ impl Filesystem for FolioFs {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
         };
+        // The kernel's fallocate neither strips set-ID bits nor says who may
+        // keep them: the caller's ids decide, in the library.
+        let kill = WriteFlags::FUSE_WRITE_KILL_SUIDGID;
+        if let Err(errno) = self.drop_setid_bits("fallocate", req, ino, kill) {
+            return reply.error(errno);
+        }
         let result =
             FallocateMode::from_flags(mode).and_then(|mode| file.fallocate(mode, offset, length));
         match result {

@@ -5,13 +5,31 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use foliofs::{DirEntry, File};
-use parking_lot::RwLock;
+use foliofs::{Dir, DirEntry, File};
+use parking_lot::{Mutex, RwLock};
 
-/// A directory as it was when opened: readdir pages through this snapshot,
-/// so entries added or removed meanwhile neither repeat nor vanish mid-walk.
+/// An open directory and the listing readdir pages through: a snapshot taken
+/// when a walk starts (offset 0: the first read, and every one after
+/// rewinddir), so entries added or removed mid-walk neither repeat nor
+/// vanish, and a rewound walk sees what was created since opendir.
 pub(crate) struct DirListing {
-    pub(crate) entries: Vec<DirEntry>,
+    pub(crate) dir: Dir,
+    snapshot: Mutex<Arc<Vec<DirEntry>>>,
+}
+
+impl DirListing {
+    pub(crate) fn new(dir: Dir) -> Self {
+        Self { dir, snapshot: Mutex::new(Arc::new(Vec::new())) }
+    }
+
+    /// The entries to list from `offset`: a fresh snapshot at offset 0.
+    pub(crate) fn entries(&self, offset: u64) -> foliofs::Result<Arc<Vec<DirEntry>>> {
+        let mut snapshot = self.snapshot.lock();
+        if offset == 0 {
+            *snapshot = Arc::new(self.dir.entries()?);
+        }
+        Ok(Arc::clone(&snapshot))
+    }
 }
 
 pub(crate) enum Handle {

@@ -44,6 +44,7 @@ impl Mount {
     pub fn new(image: &Path, mountpoint: &Path, options: &MountOptions) -> foliofs::Result<Self> {
         let volume = Arc::new(Volume::open(image, &options.volume)?);
         let fs = FolioFs::new(Arc::clone(&volume), options);
+        let notifier = fs.notifier_slot();
         let config = options.fuse_config(image);
         let failed =
             |error| foliofs::Error::io(format!("mount on {}", mountpoint.display()), error);
@@ -53,7 +54,7 @@ impl Mount {
         } else {
             mounting::mount_fuse(image, mountpoint, options)
         };
-        let (session, unmounter) = match own_mount {
+        let (session, unmounter): (fuser::Session<FolioFs>, Unmounter) = match own_mount {
             Ok(device) => {
                 let acl = config.acl;
                 let session = fuser::Session::from_fd(fs, device, acl, config).inspect_err(|_| {
@@ -70,6 +71,7 @@ impl Mount {
             }
             Err(error) => return Err(failed(error)),
         };
+        let _ = notifier.set(session.notifier());
         let watcher = RemountWatcher::start(mountpoint, Arc::downgrade(&volume));
         Ok(Self { session, volume, unmounter, watcher })
     }

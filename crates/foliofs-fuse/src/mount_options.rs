@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use libc::c_ulong;
 
-use foliofs::options::{parse_size, OPTION_KEYS};
+use foliofs::options::{parse_size, AtimePolicy, OPTION_KEYS};
 use foliofs::{Error, Result, VolumeOptions};
 use fuser::{Config, MountOption, SessionACL};
 
@@ -48,12 +48,9 @@ const fn standard_flag(name: &'static str, set: c_ulong, clear: c_ulong) -> Stan
     StandardFlag { name, set, clear }
 }
 
-// TODO(posix, atime): the atime flags (atime, noatime, diratime, nodiratime,
-// relatime, norelatime, strictatime, nostrictatime, lazytime, nolazytime)
-// only reach the kernel and /proc/mounts here: the kernel leaves atime to a
-// FUSE daemon, and the daemon cannot see its mount's flags. When the engine
-// gets an `atime=` policy, `MountOptions::set` should also set
-// `self.volume`'s policy from the last of these.
+// The atime flags reach the kernel and /proc/mounts, and also set the
+// engine's access-time policy (`set_atime_policy`): FUSE inodes are
+// S_NOATIME, so the kernel leaves access times to the daemon.
 const STANDARD_FLAGS: &[StandardFlag] = &[
     standard_flag("dev", 0, libc::MS_NODEV),
     standard_flag("nodev", libc::MS_NODEV, 0),
@@ -175,6 +172,22 @@ impl MountOptions {
         Ok(options)
     }
 
+    /// The engine's access-time policy after the standard flag `key` (the
+    /// last flag given wins, as with mount(8)). Access times are always
+    /// updated lazily, so lazytime changes nothing.
+    fn set_atime_policy(&mut self, key: &str) {
+        match key {
+            "noatime" => self.volume.atime = AtimePolicy::NoAtime,
+            "atime" if self.volume.atime == AtimePolicy::NoAtime => {
+                self.volume.atime = AtimePolicy::Relatime;
+            }
+            "relatime" | "nostrictatime" => self.volume.atime = AtimePolicy::Relatime,
+            "strictatime" | "norelatime" => self.volume.atime = AtimePolicy::Strict,
+            "nodiratime" | "diratime" => self.volume.nodiratime = key == "nodiratime",
+            _ => {}
+        }
+    }
+
     fn set(&mut self, key: &str, value: Option<&str>) -> Result<()> {
         let bad = |why: &str| {
             Error::invalid(format!("mount option {key}={}: {why}", value.unwrap_or("")))
@@ -248,12 +261,16 @@ impl MountOptions {
             "ro" | "rw" if value.is_none() => {
                 self.volume.read_only = key == "ro";
             }
-            _ if STANDARD_FLAGS.iter().any(|standard| standard.name == key) => {
+            // With a value, `atime` is the engine's policy (below).
+            _ if STANDARD_FLAGS.iter().any(|standard| standard.name == key)
+                && !(key == "atime" && value.is_some()) =>
+            {
                 no_value()?;
                 let standard = STANDARD_FLAGS.iter().find(|standard| standard.name == key);
                 let standard = standard.expect("matched");
                 self.mount_flags = (self.mount_flags & !standard.clear) | standard.set;
                 self.standard_options.push(standard.name);
+                self.set_atime_policy(key);
             }
             "mand" => return Err(bad("mandatory locks are gone from Linux (since 5.15)")),
             // What mount(8) and fstab pass through to a helper and mean
@@ -369,5 +386,19 @@ mod tests {
         let defaults = MountOptions::parse("").unwrap();
         assert_eq!(defaults.mount_flags, libc::MS_NODEV | libc::MS_NOSUID);
         assert!(MountOptions::parse("log=").is_err());
+    }
+
+    #[test]
+    fn access_time_options_set_the_library_policy() {
+        let policy = |list: &str| {
+            let options = MountOptions::parse(list).unwrap();
+            (options.volume.atime, options.volume.nodiratime)
+        };
+        assert_eq!(policy(""), (AtimePolicy::Relatime, false));
+        assert_eq!(policy("noatime"), (AtimePolicy::NoAtime, false));
+        assert_eq!(policy("strictatime,nodiratime,lazytime"), (AtimePolicy::Strict, true));
+        assert_eq!(policy("noatime,relatime"), (AtimePolicy::Relatime, false));
+        assert_eq!(policy("atime=strictatime"), (AtimePolicy::Strict, false));
+        assert!(MountOptions::parse("nodiratime=1").is_err());
     }
 }

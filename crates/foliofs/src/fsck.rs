@@ -148,6 +148,12 @@ fn check_dir(
     parents: &[u64],
     report: &mut FsckReport,
 ) {
+    if nlink == 0 && parents.is_empty() && entries.is_empty() && ino != ROOT_INO {
+        report.notes.push(format!(
+            "directory {ino} is an orphan (removed while open); the next mount frees it"
+        ));
+        return;
+    }
     let expected_names = usize::from(ino != ROOT_INO);
     if parents.len() != expected_names {
         report.problems.push(format!(

@@ -34,5 +34,5 @@ pub use error::{Error, Result};
 pub use format::{InodeKind, Timestamp};
 pub use options::VolumeOptions;
 pub use vfs::{
-    Attr, DirEntry, File, OpenFlags, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Volume,
+    Attr, Dir, DirEntry, File, OpenFlags, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Volume,
 };

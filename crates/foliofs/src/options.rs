@@ -34,7 +34,41 @@ pub const OPTION_KEYS: &[(&str, &str)] = &[
         "dirty cache above which writers write back themselves (default cache_bytes / 5)",
     ),
     ("writeback_interval_ms", "background writeback interval, 0 = only on demand (default 5000)"),
+    (
+        "atime",
+        "when reads update the access time: relatime (when older than mtime or ctime, or a day \
+         old) | strictatime (every read) | noatime (default relatime)",
+    ),
+    ("nodiratime", "listing a directory leaves its access time alone: on | off (default off)"),
 ];
+
+/// When a read advances the access time, as the mount options of the same
+/// names on ext4. Updates stay in memory until the inode's next record, an
+/// fsync or a checkpoint (as lazytime), so no read costs a journal write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AtimePolicy {
+    /// When the access time is not after the last modification or change,
+    /// or is a day old: programs that compare atime with mtime (mail
+    /// readers, tmp cleaners) keep working at a fraction of the updates.
+    #[default]
+    Relatime,
+    /// On every read.
+    Strict,
+    /// Never.
+    NoAtime,
+}
+
+impl std::str::FromStr for AtimePolicy {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "relatime" => Ok(Self::Relatime),
+            "strictatime" | "strict" => Ok(Self::Strict),
+            "noatime" | "off" => Ok(Self::NoAtime),
+            other => Err(format!("atime must be relatime, strictatime or noatime, not {other:?}")),
+        }
+    }
+}
 
 /// How a folio records what is dirty.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -101,6 +135,9 @@ pub struct VolumeOptions {
     /// None: a fifth of `cache_bytes`.
     pub dirty_bytes: Option<u64>,
     pub writeback_interval_ms: u64,
+    pub atime: AtimePolicy,
+    /// Directories' access times are never updated (on top of `atime`).
+    pub nodiratime: bool,
 }
 
 impl Default for VolumeOptions {
@@ -119,6 +156,8 @@ impl Default for VolumeOptions {
             dirty_background_bytes: None,
             dirty_bytes: None,
             writeback_interval_ms: 5000,
+            atime: AtimePolicy::Relatime,
+            nodiratime: false,
         }
     }
 }
@@ -196,6 +235,8 @@ impl VolumeOptions {
                 self.writeback_interval_ms =
                     value.parse().map_err(|_| bad("not a number".into()))?
             }
+            "atime" => self.atime = value.parse().map_err(bad)?,
+            "nodiratime" => self.nodiratime = parse_switch(value).map_err(bad)?,
             _ => {
                 let known: Vec<&str> = OPTION_KEYS.iter().map(|(name, _)| *name).collect();
                 return Err(Error::invalid(format!(

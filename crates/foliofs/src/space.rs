@@ -192,6 +192,27 @@ fn allocate(
     zero_written: bool,
     new_size: Option<u64>,
 ) -> Result<()> {
+    match allocate_once(engine, ino, first, last, zero_written, new_size) {
+        Err(Error::NoSpace(_)) if engine.meta.read().pending_free_blocks() > 0 => {
+            // Blocks a transaction freed are reusable only once it is
+            // durable (a crash would otherwise hand them to two files). Like
+            // XFS forcing its log, commit it now rather than fail while the
+            // background commit is seconds away (xfstests generic/213).
+            engine.meta.commit_all()?;
+            allocate_once(engine, ino, first, last, zero_written, new_size)
+        }
+        other => other,
+    }
+}
+
+fn allocate_once(
+    engine: &Engine,
+    ino: u64,
+    first: u64,
+    last: u64,
+    zero_written: bool,
+    new_size: Option<u64>,
+) -> Result<()> {
     let records_max = (engine.meta.journal().geometry().group_bytes_max() / 2 / 48) as usize;
     engine.meta.transact(|txn| {
         let state = txn.state();

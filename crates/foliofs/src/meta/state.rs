@@ -125,6 +125,15 @@ impl MetaState {
         }
     }
 
+    /// A read advanced the access time: memory only, like `touch_times`
+    /// (the inode's next record, fsync or checkpoint carries it).
+    pub fn touch_atime(&mut self, ino: u64, now: crate::format::Timestamp) {
+        if let Some(inode) = self.inodes.get_mut(&ino) {
+            inode.attrs.atime = now;
+            inode.times_dirty = true;
+        }
+    }
+
     pub fn inodes(&self) -> impl Iterator<Item = (u64, &Inode)> + '_ {
         self.inodes.iter().map(|(&ino, inode)| (ino, inode))
     }

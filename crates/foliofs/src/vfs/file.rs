@@ -142,11 +142,16 @@ impl File {
     pub fn read_at(&self, buffer: &mut [u8], pos: u64) -> Result<usize> {
         self.check_readable()?;
         let engine = &self.shared.engine;
-        if self.flags.direct {
-            return direct::read(engine, &self.inode, self.ino, buffer, pos);
+        let read = if self.flags.direct {
+            direct::read(engine, &self.inode, self.ino, buffer, pos)
+        } else {
+            let _shared = self.inode.io.shared();
+            buffered::read(engine, &self.inode, &self.readahead, buffer, pos)
+        };
+        if read.is_ok() && !buffer.is_empty() {
+            self.shared.accessed(self.ino);
         }
-        let _shared = self.inode.io.shared();
-        buffered::read(engine, &self.inode, &self.readahead, buffer, pos)
+        read
     }
 
     /// Writes at `pos` (at the end of file with `append`); returns the bytes
@@ -182,7 +187,12 @@ impl File {
     /// executor can drive the future; many may be in flight per thread.
     pub fn read_at_async(&self, buffer: AlignedBuf, pos: u64) -> DirectFuture {
         match self.check_direct().and_then(|()| self.check_readable()) {
-            Ok(()) => direct::read_async(&self.shared.engine, &self.inode, self.ino, buffer, pos),
+            Ok(()) => {
+                // At submission: a future may be dropped unpolled, but the
+                // read was asked for.
+                self.shared.accessed(self.ino);
+                direct::read_async(&self.shared.engine, &self.inode, self.ino, buffer, pos)
+            }
             Err(error) => DirectFuture::failed(buffer, error),
         }
     }

@@ -5,11 +5,13 @@
 //! through the data path; it never touches the device itself.
 
 mod attr;
+mod dir;
 mod file;
 mod namespace;
 mod volume;
 
 pub use attr::{Attr, DirEntry, Owner, SetAttr, StatFs, TimeSet};
+pub use dir::Dir;
 pub use file::{File, OpenFlags};
 pub use namespace::RenameFlags;
 pub use volume::{CacheStats, FiemapExtent, MkfsOptions, Volume};

@@ -15,6 +15,27 @@ use super::volume::Volume;
 /// Most links a file may have (as ext4's EXT4_LINK_MAX).
 const LINK_COUNT_MAX: u32 = 65000;
 
+const SET_UID: u32 = 0o4000;
+const SET_GID: u32 = 0o2000;
+const GROUP_EXEC: u32 = 0o010;
+
+/// The set-ID bits that a change of a file's data (write, truncate,
+/// fallocate) by `caller` removes, as the kernel's
+/// `setattr_should_drop_suidgid`: set-user-ID always; set-group-ID when
+/// group execute is set (without it the bit is a locking mark, not a
+/// privilege) or the caller is not in the file's group. Root (taken as
+/// holding CAP_FSETID) keeps both; only regular files lose them.
+fn setid_bits_to_drop(attrs: &InodeAttrs, caller: Owner) -> u32 {
+    if attrs.kind != InodeKind::File || caller.uid == 0 {
+        return 0;
+    }
+    let mut dropped = attrs.mode & SET_UID;
+    if attrs.mode & SET_GID != 0 && (attrs.mode & GROUP_EXEC != 0 || caller.gid != attrs.gid) {
+        dropped |= SET_GID;
+    }
+    dropped
+}
+
 /// renameat2 flags.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RenameFlags {
@@ -61,6 +82,15 @@ fn parent_dir_of(state: &MetaState, dir: u64) -> Result<u64> {
     Ok(attrs.parent)
 }
 
+/// A directory removed while open lists nothing and takes no new entries
+/// (ENOENT, as the kernel's IS_DEADDIR).
+fn check_not_removed(state: &MetaState, dir: u64) -> Result<()> {
+    if attrs_of(state, dir)?.nlink == 0 {
+        return Err(Error::NotFound(format!("directory {dir} was removed")));
+    }
+    Ok(())
+}
+
 fn attrs_of(state: &MetaState, ino: u64) -> Result<InodeAttrs> {
     state.inode(ino).map(|inode| inode.attrs).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
 }
@@ -83,13 +113,14 @@ fn touch_dir(txn: &mut Txn<'_>, dir: u64, nlink_delta: i32, now: Timestamp) {
     });
 }
 
-/// Drops one link of `ino` (named in a directory that is being changed);
-/// frees it when no link and no open handle remains.
+/// Drops one link of `ino` (named in a directory that is being changed; a
+/// directory's only one); frees it when no link and no open handle remains.
+/// An open one stays, with nlink 0, until its last handle closes.
 fn drop_link(txn: &mut Txn<'_>, ino: u64, now: Timestamp) {
     let inode = txn.state().inode(ino).expect("validated inode");
     let is_dir = inode.attrs.kind == InodeKind::Dir;
     let nlink = if is_dir { 0 } else { inode.attrs.nlink.saturating_sub(1) };
-    if nlink == 0 && (is_dir || inode.open_handles == 0) {
+    if nlink == 0 && inode.open_handles == 0 {
         txn.apply(Record::InodeFree { ino });
     } else {
         update_attrs(txn, ino, |attrs| {
@@ -97,6 +128,18 @@ fn drop_link(txn: &mut Txn<'_>, ino: u64, now: Timestamp) {
             attrs.ctime = now;
         });
     }
+}
+
+/// The entries of directory `dir`, sorted by name.
+pub(super) fn list(state: &MetaState, dir: u64) -> Result<Vec<DirEntry>> {
+    let entries = dir_entries(state, dir)?;
+    Ok(entries
+        .iter()
+        .filter_map(|(name, &ino)| {
+            let kind = state.inode(ino)?.attrs.kind;
+            Some(DirEntry { name: name.clone(), ino, kind })
+        })
+        .collect())
 }
 
 /// True if `ancestor` is `dir` or one of its parents.
@@ -159,15 +202,9 @@ impl Volume {
     }
 
     pub fn readdir(&self, dir: u64) -> Result<Vec<DirEntry>> {
-        let state = self.shared.meta.read();
-        let entries = dir_entries(&state, dir)?;
-        Ok(entries
-            .iter()
-            .filter_map(|(name, &ino)| {
-                let kind = state.inode(ino)?.attrs.kind;
-                Some(DirEntry { name: name.clone(), ino, kind })
-            })
-            .collect())
+        let entries = list(&self.shared.meta.read(), dir)?;
+        self.shared.accessed(dir);
+        Ok(entries)
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -194,6 +231,7 @@ impl Volume {
             if dir_entries(txn.state(), parent)?.contains_key(name) {
                 return Err(Error::Exists(display(name)));
             }
+            check_not_removed(txn.state(), parent)?;
             let extra = 200 + name.len() as u64 + target.map_or(0, |target| target.len() as u64);
             txn.ensure_metadata_room(extra)?;
             let now = Timestamp::now();
@@ -205,11 +243,20 @@ impl Volume {
                 return Err(Error::NoSpace("no inode numbers left".into()));
             }
             let is_dir = kind == InodeKind::Dir;
+            // A set-group-ID directory hands its group to what is created in
+            // it, and its set-group-ID bit to new directories, so a shared
+            // tree keeps one group (inode_init_owner). Stripping the bit from
+            // a new file whose creator is not in that group is the kernel's
+            // (vfs_prepare_mode), before the request reaches the adapter.
+            let parent_attrs = attrs_of(txn.state(), parent)?;
+            let inherits_group = parent_attrs.mode & SET_GID != 0;
+            let gid = if inherits_group { parent_attrs.gid } else { owner.gid };
+            let mode = if inherits_group && is_dir { mode | SET_GID } else { mode };
             let attrs = InodeAttrs {
                 kind,
                 mode: mode & 0o7777,
                 uid: owner.uid,
-                gid: owner.gid,
+                gid,
                 nlink: if is_dir { 2 } else { 1 },
                 size: target.map_or(0, |target| target.len() as u64),
                 atime: now,
@@ -266,6 +313,7 @@ impl Volume {
             if dir_entries(txn.state(), new_parent)?.contains_key(new_name) {
                 return Err(Error::Exists(display(new_name)));
             }
+            check_not_removed(txn.state(), new_parent)?;
             txn.ensure_metadata_room(100 + new_name.len() as u64)?;
             let now = Timestamp::now();
             update_attrs(txn, ino, |attrs| {
@@ -314,7 +362,7 @@ impl Volume {
             let now = Timestamp::now();
             txn.apply(Record::DirRemove { dir: parent, name: name.to_vec() });
             touch_dir(txn, parent, -1, now);
-            txn.apply(Record::InodeFree { ino });
+            drop_link(txn, ino, now);
             Ok(())
         })?;
         Ok(())
@@ -448,6 +496,32 @@ impl Volume {
         Ok(attr)
     }
 
+    /// Clears the set-ID bits that a write, truncate or fallocate by `caller`
+    /// must remove (see `setid_bits_to_drop`), before the change, as the
+    /// kernel's `file_remove_privs`. Front ends call it where the kernel
+    /// leaves the rule to the file system (FUSE direct writes carry
+    /// FUSE_WRITE_KILL_SUIDGID; fallocate carries nothing). Returns whether
+    /// a bit was cleared.
+    pub fn drop_setid_bits(&self, ino: u64, caller: Owner) -> Result<bool> {
+        // Most files have no set-ID bit, and this runs before every write of
+        // an unprivileged caller: a read lock decides.
+        if setid_bits_to_drop(&attrs_of(&self.shared.meta.read(), ino)?, caller) == 0 {
+            return Ok(false);
+        }
+        let (dropped, _) = self.shared.meta.transact(|txn| {
+            let dropped = setid_bits_to_drop(&attrs_of(txn.state(), ino)?, caller);
+            if dropped != 0 {
+                let now = Timestamp::now();
+                update_attrs(txn, ino, |attrs| {
+                    attrs.mode &= !dropped;
+                    attrs.ctime = now;
+                });
+            }
+            Ok(dropped != 0)
+        })?;
+        Ok(dropped)
+    }
+
     /// Makes the inode's changes durable: all of them (fsync), or only those
     /// needed to read its data back (fdatasync).
     pub fn fsync_inode(&self, ino: u64, data_only: bool) -> Result<()> {
@@ -475,6 +549,7 @@ fn plan_rename(
     let ino = entry_of(state, parent, name)?;
     let ino_is_dir = attrs_of(state, ino)?.kind == InodeKind::Dir;
     let target_entries = dir_entries(state, new_parent)?;
+    check_not_removed(state, new_parent)?;
     let victim = match target_entries.get(new_name) {
         Some(&victim) => Some((victim, attrs_of(state, victim)?.kind == InodeKind::Dir)),
         None => None,

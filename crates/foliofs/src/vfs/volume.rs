@@ -19,10 +19,14 @@ use crate::iomap::{self, Intent, MapKind};
 use crate::journal::JournalGeometry;
 use crate::layout;
 use crate::meta::{LoadReport, MetaState, MetaStore};
-use crate::options::VolumeOptions;
+use crate::options::{AtimePolicy, VolumeOptions};
 use crate::writeback;
 
 use super::attr::{Attr, Owner, StatFs};
+
+/// Under relatime an access time is advanced at least this often (a day, as
+/// the kernel).
+const RELATIME_AGE_SECS: i64 = 24 * 60 * 60;
 
 #[derive(Debug, Clone, Copy)]
 pub struct MkfsOptions {
@@ -65,6 +69,42 @@ impl Shared {
     pub(crate) fn attr_of(&self, state: &MetaState, ino: u64) -> Result<Attr> {
         let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
         Ok(Attr::of(ino, inode, self.superblock.block_bytes))
+    }
+
+    /// A read of `ino` (its data, or a directory's listing) happened:
+    /// advances its access time where the volume's policy says so
+    /// (`AtimePolicy`), in memory. Under relatime a read lock decides and most
+    /// reads change nothing.
+    pub(crate) fn accessed(&self, ino: u64) {
+        let policy = self.options.atime;
+        if policy == AtimePolicy::NoAtime || self.options.read_only {
+            return;
+        }
+        let nodiratime = self.options.nodiratime;
+        let now = Timestamp::now();
+        let due = |attrs: &InodeAttrs| {
+            if nodiratime && attrs.kind == InodeKind::Dir {
+                return false;
+            }
+            match policy {
+                AtimePolicy::NoAtime => false,
+                AtimePolicy::Strict => attrs.atime != now,
+                // The kernel's relatime_need_update.
+                AtimePolicy::Relatime => {
+                    attrs.mtime >= attrs.atime
+                        || attrs.ctime >= attrs.atime
+                        || now.secs - attrs.atime.secs >= RELATIME_AGE_SECS
+                }
+            }
+        };
+        if !self.meta.read().inode(ino).is_some_and(|inode| due(&inode.attrs)) {
+            return;
+        }
+        self.meta.update_memory(|state| {
+            if state.inode(ino).is_some_and(|inode| due(&inode.attrs)) {
+                state.touch_atime(ino, now);
+            }
+        });
     }
 
     /// Commits the journal up to the inode's last change (all changes, or
@@ -251,7 +291,17 @@ impl Volume {
         inode.folios_in(0, u64::MAX).iter().map(|folio| (folio.pos(), folio.bytes())).collect()
     }
 
+    /// Volume figures. Space freed by a transaction not yet durable cannot
+    /// be reused until it is: when some waits, the journal is committed
+    /// first, so space freed by `rm` shows as free at once (FUSE passes no
+    /// syncfs to hurry it).
     pub fn statfs(&self) -> StatFs {
+        let frees_pending = self.shared.meta.read().pending_free_blocks() > 0;
+        if frees_pending && self.shared.meta.refusal().is_none() {
+            if let Err(error) = self.shared.meta.commit_all() {
+                tracing::warn!("statfs: committing freed space: {error}");
+            }
+        }
         let durable_lsn = self.shared.meta.journal().durable_lsn();
         self.shared.meta.update_memory(|state| state.release_pending_frees(durable_lsn));
         let state = self.shared.meta.read();

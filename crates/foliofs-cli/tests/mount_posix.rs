@@ -1,0 +1,316 @@
+//! POSIX rules through a real FUSE mount, where the kernel leaves them to the
+//! file system (each test names the xfstests case it mirrors): set-ID bits
+//! dropped by unprivileged writes and fallocate, set-group-ID directories,
+//! rewinddir, fstat of a replaced open directory, freed space reused at
+//! once, access times.
+//!
+//! Needs root (to mount and to act as another user), /dev/fuse, dd and
+//! fallocate; FOLIOFS_SKIP_MOUNT_TESTS=1 skips these explicitly.
+
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const FOLIOFS: &str = env!("CARGO_BIN_EXE_foliofs");
+
+/// The unprivileged user the tests act as (nobody:nogroup).
+const USER_ID: u32 = 65534;
+
+fn skip_requested() -> bool {
+    if std::env::var_os("FOLIOFS_SKIP_MOUNT_TESTS").is_some_and(|value| value == "1") {
+        eprintln!("FOLIOFS_SKIP_MOUNT_TESTS=1: mount test skipped");
+        return true;
+    }
+    assert!(Path::new("/dev/fuse").exists(), "mount tests need /dev/fuse (modprobe fuse)");
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "these mount tests act as another user: run as root");
+    false
+}
+
+fn checked(output: Output, what: &str) -> String {
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Runs `program` as root.
+fn run(program: &str, args: &[&str]) -> String {
+    let output = Command::new(program).args(args).output().expect("spawn");
+    checked(output, &format!("{program} {args:?}"))
+}
+
+/// Runs `program` as nobody:nogroup, without supplementary groups or
+/// capabilities.
+fn run_as_user(program: &str, args: &[&str]) -> String {
+    let output =
+        Command::new(program).args(args).uid(USER_ID).gid(USER_ID).output().expect("spawn");
+    checked(output, &format!("{program} {args:?} as uid {USER_ID}"))
+}
+
+fn is_mounted(point: &Path) -> bool {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let point = point.to_str().unwrap();
+    mountinfo.lines().any(|line| line.split(' ').nth(4) == Some(point))
+}
+
+/// A volume mounted with allow_other under /tmp (every user can reach it).
+struct Mounted {
+    dir: tempfile::TempDir,
+    point: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl Mounted {
+    fn new(options: &str) -> Self {
+        let dir = tempfile::tempdir_in("/tmp").unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let image = dir.path().join("vol.img");
+        run(FOLIOFS, &["mkfs", image.to_str().unwrap(), "--size", "96M"]);
+        let point = dir.path().join("mnt");
+        fs::create_dir(&point).unwrap();
+        let mut mounted = Self { dir, point, daemon: None };
+        mounted.mount(options);
+        fs::set_permissions(&mounted.point, fs::Permissions::from_mode(0o777)).unwrap();
+        mounted
+    }
+
+    fn mount(&mut self, options: &str) {
+        let options = format!("allow_other{}{options}", if options.is_empty() { "" } else { "," });
+        let mut daemon = Command::new(FOLIOFS)
+            .args(["mount", "-f", "-o", &options])
+            .arg(self.dir.path().join("vol.img"))
+            .arg(&self.point)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start foliofs mount");
+        let started = Instant::now();
+        while !is_mounted(&self.point) {
+            if let Some(status) = daemon.try_wait().unwrap() {
+                panic!("foliofs mount exited early ({status})");
+            }
+            assert!(started.elapsed() < Duration::from_secs(20), "mount did not appear");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.daemon = Some(daemon);
+    }
+
+    fn unmount(&mut self) {
+        let mut daemon = self.daemon.take().expect("mounted");
+        let started = Instant::now();
+        while !Command::new("umount").arg(&self.point).status().unwrap().success() {
+            assert!(started.elapsed() < Duration::from_secs(10), "unmount failed");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(daemon.wait().unwrap().success(), "foliofs mount failed after unmount");
+    }
+
+    fn remount(&mut self, options: &str) {
+        self.unmount();
+        self.mount(options);
+    }
+
+    fn path(&self, relative: &str) -> String {
+        self.point.join(relative).to_str().unwrap().to_string()
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(mut daemon) = self.daemon.take() {
+            let _ = Command::new("umount").arg("-l").arg(&self.point).status();
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+        }
+    }
+}
+
+/// The mode as `stat -c %a` shows it: a statx for the mode alone, which
+/// the kernel answers from its attribute cache unless told it changed.
+fn mode_of(path: &str) -> u32 {
+    u32::from_str_radix(run("stat", &["-c", "%a", path]).trim(), 8).unwrap()
+}
+
+fn chmod(path: &str, mode: u32) {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// generic/355, 683, 684: a write (direct or buffered) or fallocate by an
+/// unprivileged user drops set-user-ID and set-group-ID; root's keeps them.
+/// The kernel strips nothing on FOPEN_DIRECT_IO writes (every write with
+/// page_cache=engine) and on fallocate: it leaves the rule to the file
+/// system. (With page_cache=kernel a buffered write is the kernel's own,
+/// which strips set-group-ID only with group execute, whatever the group.)
+#[test]
+fn unprivileged_writes_and_fallocate_drop_setid_bits() {
+    if skip_requested() {
+        return;
+    }
+    for page_cache in ["page_cache=engine", "page_cache=kernel"] {
+        let mut mounted = Mounted::new(page_cache);
+        let file = mounted.path("f");
+        fs::write(&file, vec![b'X'; 65536]).unwrap();
+        let of = format!("of={file}");
+        let buffered_by_kernel = page_cache == "page_cache=kernel";
+        let changes: [(&str, &[&str], bool); 4] = [
+            (
+                "dd",
+                &["if=/dev/zero", &of, "bs=4k", "count=1", "oflag=direct", "conv=notrunc"],
+                true,
+            ),
+            ("dd", &["if=/dev/zero", &of, "bs=4k", "count=1", "conv=notrunc"], !buffered_by_kernel),
+            ("fallocate", &["-o", "64k", "-l", "64k", &file], true),
+            ("fallocate", &["-p", "-o", "0", "-l", "4k", &file], true),
+        ];
+        for (program, args, by_library) in changes {
+            // Group execute set: both bits go. Without it, set-group-ID goes
+            // because the user is outside the file's group (root's).
+            let modes: &[(u32, u32)] =
+                if by_library { &[(0o6676, 0o676), (0o6666, 0o666)] } else { &[(0o6676, 0o676)] };
+            for &(before, after) in modes {
+                chmod(&file, before);
+                run(program, args);
+                assert_eq!(mode_of(&file), before, "{page_cache}: root's {program} {args:?}");
+                run_as_user(program, args);
+                assert_eq!(mode_of(&file), after, "{page_cache}: {program} {args:?} as a user");
+            }
+        }
+        // Set-group-ID without group execute is a locking mark: kept for a
+        // member of the file's group.
+        fs::remove_file(&file).unwrap();
+        fs::write(&file, b"x").unwrap();
+        std::os::unix::fs::chown(&file, Some(USER_ID), Some(USER_ID)).unwrap();
+        chmod(&file, 0o6644);
+        run_as_user("dd", &["if=/dev/zero", &of, "bs=4k", "count=1", "oflag=direct"]);
+        assert_eq!(mode_of(&file), 0o2644, "{page_cache}");
+        mounted.unmount();
+    }
+}
+
+/// generic/314, 633: in a set-group-ID directory, entries created by a user
+/// outside its group take its group; directories take its bit too.
+#[test]
+fn setgid_directories_pass_on_group_and_bit() {
+    if skip_requested() {
+        return;
+    }
+    let mut mounted = Mounted::new("");
+    let shared = mounted.path("shared");
+    fs::create_dir(&shared).unwrap();
+    std::os::unix::fs::chown(&shared, Some(USER_ID), Some(12345)).unwrap();
+    chmod(&shared, 0o2775);
+    run_as_user("sh", &["-c", &format!("umask 022; mkdir {shared}/sub; touch {shared}/file")]);
+    let sub = fs::metadata(format!("{shared}/sub")).unwrap();
+    assert_eq!((sub.mode() & 0o7777, sub.uid(), sub.gid()), (0o2755, USER_ID, 12345));
+    let file = fs::metadata(format!("{shared}/file")).unwrap();
+    assert_eq!((file.mode() & 0o7777, file.gid()), (0o644, 12345));
+    mounted.unmount();
+}
+
+/// generic/471 and generic/035: a rewound directory stream lists entries
+/// created since opendir; fstat of an open directory replaced by rename
+/// answers nlink 0.
+#[test]
+fn rewinddir_and_fstat_of_a_replaced_directory() {
+    if skip_requested() {
+        return;
+    }
+    let mut mounted = Mounted::new("");
+    let dir = mounted.path("d");
+    fs::create_dir(&dir).unwrap();
+    let c_dir = CString::new(dir.as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; the stream is closed below.
+    let stream = unsafe { libc::opendir(c_dir.as_ptr()) };
+    assert!(!stream.is_null());
+    for index in 0..100 {
+        fs::write(format!("{dir}/{index}"), b"").unwrap();
+    }
+    // SAFETY: `stream` is the open stream from opendir.
+    unsafe { libc::rewinddir(stream) };
+    let mut names = Vec::new();
+    loop {
+        // SAFETY: `stream` is open; the entry is read before the next call.
+        let entry = unsafe { libc::readdir(stream) };
+        if entry.is_null() {
+            break;
+        }
+        // SAFETY: readdir returned a valid entry with a NUL-terminated name.
+        let name = unsafe { std::ffi::CStr::from_ptr((*entry).d_name.as_ptr()) };
+        names.push(name.to_string_lossy().into_owned());
+    }
+    // SAFETY: `stream` is open and not used afterwards.
+    assert_eq!(unsafe { libc::closedir(stream) }, 0);
+    assert_eq!(names.len(), 102, "., .. and the 100 files created after opendir");
+
+    let replaced = mounted.path("replaced");
+    fs::create_dir(&replaced).unwrap();
+    let open = fs::File::open(&replaced).unwrap();
+    fs::rename(&dir, &replaced).unwrap();
+    assert_eq!(open.metadata().unwrap().nlink(), 0);
+    drop(open);
+    assert_eq!(fs::read_dir(&replaced).unwrap().count(), 100);
+    mounted.unmount();
+    run(FOLIOFS, &["fsck", mounted.dir.path().join("vol.img").to_str().unwrap()]);
+}
+
+/// generic/213: the space of a removed preallocated file is usable at once,
+/// and df shows it, without waiting for the background commit.
+#[test]
+fn space_of_a_removed_file_is_reusable_at_once() {
+    if skip_requested() {
+        return;
+    }
+    let mut mounted = Mounted::new("");
+    let file = mounted.path("ouch");
+    for _ in 0..3 {
+        run("fallocate", &["-l", "64M", &file]);
+        fs::remove_file(&file).unwrap();
+    }
+    let available = run("stat", &["-f", "-c", "%a %S", &mounted.path("")]);
+    let mut fields = available.split_whitespace().map(|field| field.parse::<u64>().unwrap());
+    let available_bytes = fields.next().unwrap() * fields.next().unwrap();
+    assert!(available_bytes > 64 << 20, "df after rm: {available_bytes} bytes available");
+    mounted.unmount();
+}
+
+/// generic/003: reads advance the access time under relatime (the default)
+/// and strictatime, never under noatime; nodiratime spares directories.
+#[test]
+fn access_times_follow_the_mount_options() {
+    if skip_requested() {
+        return;
+    }
+    let mut mounted = Mounted::new("");
+    let file = mounted.path("f");
+    let dir = mounted.path("d");
+    fs::write(&file, b"aaa").unwrap();
+    fs::create_dir(&dir).unwrap();
+    let atime = |path: &str| run("stat", &["-c", "%X", path]).trim().parse::<i64>().unwrap();
+    let age = |path: &str| run("touch", &["-a", "-d", "@1000000000", path]);
+    age(&file);
+    age(&dir);
+    fs::read(&file).unwrap();
+    fs::read_dir(&dir).unwrap().count();
+    assert!(atime(&file) > 1_000_000_000, "relatime: an atime older than ctime advances");
+    assert!(atime(&dir) > 1_000_000_000);
+    for (options, file_moves, dir_moves) in
+        [("noatime", false, false), ("strictatime,nodiratime", true, false)]
+    {
+        mounted.remount(options);
+        age(&file);
+        age(&dir);
+        fs::read(&file).unwrap();
+        fs::read_dir(&dir).unwrap().count();
+        assert_eq!(atime(&file) > 1_000_000_000, file_moves, "{options}");
+        assert_eq!(atime(&dir) > 1_000_000_000, dir_moves, "{options}");
+    }
+    mounted.unmount();
+}

@@ -1,0 +1,106 @@
+//! Open directories. An open directory keeps its inode: removed or replaced
+//! by a rename meanwhile, it answers `attr` with nlink 0 and lists nothing,
+//! as on ext4, instead of vanishing under its handle.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::format::{InodeKind, Record};
+
+use super::attr::{Attr, DirEntry};
+use super::volume::{Shared, Volume};
+
+/// An open directory. Closing (or dropping) the last handle of a removed
+/// directory frees it.
+pub struct Dir {
+    shared: Arc<Shared>,
+    ino: u64,
+    released: bool,
+}
+
+impl Volume {
+    pub fn open_dir(&self, ino: u64) -> Result<Dir> {
+        self.shared.meta.update_memory(|state| {
+            let inode =
+                state.inode_mut(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            if inode.attrs.kind != InodeKind::Dir {
+                return Err(Error::NotDir(format!("inode {ino}")));
+            }
+            inode.open_handles += 1;
+            Ok(())
+        })?;
+        Ok(Dir { shared: Arc::clone(&self.shared), ino, released: false })
+    }
+}
+
+impl Dir {
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    pub fn attr(&self) -> Result<Attr> {
+        self.shared.attr_of(&self.shared.meta.read(), self.ino)
+    }
+
+    /// The entries now, sorted by name ("." and ".." not included).
+    pub fn entries(&self) -> Result<Vec<DirEntry>> {
+        let entries = super::namespace::list(&self.shared.meta.read(), self.ino)?;
+        self.shared.accessed(self.ino);
+        Ok(entries)
+    }
+
+    /// The directory holding this one when it was last named (a removed
+    /// directory keeps its last parent, for "..").
+    pub fn parent(&self) -> Result<u64> {
+        let state = self.shared.meta.read();
+        let inode =
+            state.inode(self.ino).ok_or_else(|| Error::NotFound(format!("inode {}", self.ino)))?;
+        Ok(inode.attrs.parent)
+    }
+
+    /// Closes the handle, reporting an error freeing a removed directory.
+    pub fn close(mut self) -> Result<()> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.released, true) {
+            return Ok(());
+        }
+        let ino = self.ino;
+        let orphaned = self.shared.meta.update_memory(|state| {
+            let Some(inode) = state.inode_mut(ino) else { return false };
+            inode.open_handles -= 1;
+            inode.open_handles == 0 && inode.attrs.nlink == 0
+        });
+        if !orphaned || self.shared.meta.refusal().is_some() {
+            // A read-only volume frees orphans at its next writable mount.
+            return Ok(());
+        }
+        self.shared.meta.transact(|txn| {
+            let still_orphaned = txn
+                .state()
+                .inode(ino)
+                .is_some_and(|inode| inode.open_handles == 0 && inode.attrs.nlink == 0);
+            if still_orphaned {
+                txn.apply(Record::InodeFree { ino });
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Dir {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("Dir").field("ino", &self.ino).finish()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        if let Err(error) = self.release() {
+            tracing::error!("closing directory {}: {error}", self.ino);
+        }
+    }
+}

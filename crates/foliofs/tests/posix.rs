@@ -1,0 +1,223 @@
+//! POSIX rules the kernel leaves to the file system, as ext4 and XFS keep
+//! them (each named after the xfstests case that checks it through a mount):
+//! set-ID bits dropped by data changes, set-group-ID directories, open
+//! directories outliving their name, freed space reused at once.
+
+#[macro_use]
+mod common;
+
+use std::sync::Arc;
+
+use common::{new_volume, owner, ROOT};
+use foliofs::dev::{Device, FaultDev, FuaMode};
+use foliofs::space::FallocateMode;
+use foliofs::{Error, InodeKind, OpenFlags, Owner, RenameFlags, SetAttr, TimeSet};
+
+block_size_tests!(
+    data_changes_by_unprivileged_callers_drop_setid_bits,
+    setgid_directories_pass_on_their_group_and_bit,
+    open_directory_outlives_its_name_with_nlink_zero,
+    freed_space_is_reusable_at_once,
+    reads_advance_atime_as_the_policy_says,
+);
+
+const ROOT_CALLER: Owner = Owner { uid: 0, gid: 0 };
+
+fn mode_of(volume: &foliofs::Volume, ino: u64) -> u32 {
+    volume.getattr(ino).unwrap().mode
+}
+
+fn chmod(volume: &foliofs::Volume, ino: u64, mode: u32) {
+    volume.setattr(ino, &SetAttr { mode: Some(mode), ..SetAttr::default() }).unwrap();
+}
+
+/// generic/355, 683-685: a write, truncate or fallocate by a caller
+/// without CAP_FSETID drops set-user-ID, and set-group-ID where group
+/// execute is set or the caller is not in the file's group.
+fn data_changes_by_unprivileged_callers_drop_setid_bits(block_bytes: u32) {
+    let (device, volume) = new_volume(16 << 20, block_bytes);
+    let file = volume.create(ROOT, b"f", 0o644, Owner { uid: 0, gid: 0 }).unwrap().ino;
+    let member = Owner { uid: 1000, gid: 0 };
+    let stranger = Owner { uid: 1000, gid: 1000 };
+    // (mode before, caller, mode after): 355's table for a caller in the
+    // group, 683's for one outside it, and root keeping everything.
+    let cases = [
+        (0o6644, member, 0o2644),
+        (0o6744, member, 0o2744),
+        (0o6654, member, 0o0654),
+        (0o6754, member, 0o0754),
+        (0o6666, stranger, 0o0666),
+        (0o6676, stranger, 0o0676),
+        (0o6766, stranger, 0o0766),
+        (0o2676, stranger, 0o0676),
+        (0o6777, ROOT_CALLER, 0o6777),
+        (0o6666, ROOT_CALLER, 0o6666),
+        (0o0644, stranger, 0o0644),
+    ];
+    for (before, caller, after) in cases {
+        chmod(&volume, file, before);
+        let ctime = volume.getattr(file).unwrap().ctime;
+        let changed = volume.drop_setid_bits(file, caller).unwrap();
+        assert_eq!(mode_of(&volume, file), after, "{before:o} by {caller:?}");
+        assert_eq!(changed, before != after);
+        if changed {
+            assert!(volume.getattr(file).unwrap().ctime >= ctime);
+        }
+    }
+    // Directories keep their set-group-ID bit: it is not a privilege there.
+    let dir = volume.mkdir(ROOT, b"d", 0o2775, ROOT_CALLER).unwrap().ino;
+    assert!(!volume.drop_setid_bits(dir, stranger).unwrap());
+    assert_eq!(mode_of(&volume, dir), 0o2775);
+    // The change is a journalled one: it survives reopening.
+    chmod(&volume, file, 0o4755);
+    volume.drop_setid_bits(file, stranger).unwrap();
+    volume.close().unwrap();
+    let (_, volume) = common::open_image(device.image()).unwrap();
+    assert_eq!(mode_of(&volume, file), 0o755);
+}
+
+/// generic/314, 633, 696: in a set-group-ID directory new entries take the
+/// directory's group, and new directories its set-group-ID bit too.
+fn setgid_directories_pass_on_their_group_and_bit(block_bytes: u32) {
+    let (_device, volume) = new_volume(16 << 20, block_bytes);
+    let shared = volume.mkdir(ROOT, b"shared", 0o775, Owner { uid: 1000, gid: 12345 }).unwrap();
+    chmod(&volume, shared.ino, 0o2775);
+    let creator = owner();
+    let subdir = volume.mkdir(shared.ino, b"subdir", 0o755, creator).unwrap();
+    assert_eq!((subdir.mode, subdir.uid, subdir.gid), (0o2755, creator.uid, 12345));
+    let file = volume.create(shared.ino, b"file", 0o644, creator).unwrap();
+    assert_eq!((file.mode, file.gid), (0o644, 12345), "files take the group, not the bit");
+    let link = volume.symlink(shared.ino, b"link", b"file", creator).unwrap();
+    assert_eq!((link.kind, link.gid), (InodeKind::Symlink, 12345));
+    // The inherited bit carries on down the tree.
+    let deeper = volume.mkdir(subdir.ino, b"deeper", 0o700, creator).unwrap();
+    assert_eq!((deeper.mode, deeper.gid), (0o2700, 12345));
+    // Without the bit the creator's group is used.
+    let plain = volume.mkdir(ROOT, b"plain", 0o755, Owner { uid: 5, gid: 6 }).unwrap();
+    let inside = volume.create(plain.ino, b"f", 0o6755, creator).unwrap();
+    assert_eq!((inside.mode, inside.gid), (0o6755, creator.gid));
+}
+
+/// generic/035: a directory replaced by a rename (or removed) while open
+/// stays, with nlink 0, until its last handle closes; it lists nothing and
+/// takes no new entries. A crash meanwhile leaves an orphan that fsck notes
+/// and the next mount frees.
+fn open_directory_outlives_its_name_with_nlink_zero(block_bytes: u32) {
+    let (device, volume) = new_volume(16 << 20, block_bytes);
+    let source = volume.mkdir(ROOT, b"dir1", 0o755, owner()).unwrap();
+    let target = volume.mkdir(ROOT, b"dir2", 0o755, owner()).unwrap();
+    let open = volume.open_dir(target.ino).unwrap();
+    volume.rename(ROOT, b"dir1", ROOT, b"dir2", RenameFlags::default()).unwrap();
+    assert_eq!(open.attr().unwrap().nlink, 0);
+    assert_eq!(volume.getattr(target.ino).unwrap().nlink, 0, "fstat through the handle");
+    assert!(open.entries().unwrap().is_empty());
+    assert!(matches!(volume.create(target.ino, b"late", 0o644, owner()), Err(Error::NotFound(_))));
+    assert!(matches!(volume.mkdir(target.ino, b"late", 0o755, owner()), Err(Error::NotFound(_))));
+    assert_eq!(volume.getattr(ROOT).unwrap().nlink, 3, "one subdirectory left");
+    assert_eq!(volume.lookup(ROOT, b"dir2").unwrap().ino, source.ino);
+    open.close().unwrap();
+    assert!(matches!(volume.getattr(target.ino), Err(Error::NotFound(_))), "freed on close");
+
+    // rmdir of an open directory, then a crash before the close.
+    let open = volume.open_dir(source.ino).unwrap();
+    volume.rmdir(ROOT, b"dir2").unwrap();
+    assert_eq!(open.attr().unwrap().nlink, 0);
+    volume.sync().unwrap();
+    let crashed = device.image();
+    drop(open);
+    assert!(volume.getattr(source.ino).is_err());
+    drop(volume);
+    let raw = Arc::new(FaultDev::from_image(crashed.clone(), 512));
+    let report = foliofs::fsck::check(Arc::new(Device::new(raw, FuaMode::Native)));
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert!(report.notes.iter().any(|note| note.contains("orphan")), "{:?}", report.notes);
+    let (_, volume) = common::open_image(crashed).unwrap();
+    assert!(volume.getattr(source.ino).is_err(), "orphan freed at mount");
+    assert!(foliofs::fsck::check(volume.device().clone()).is_clean());
+}
+
+/// generic/213: the space of a removed preallocated file is usable at once,
+/// by the next fallocate and in statfs, without waiting for a background
+/// commit (the tests' volumes have none) or a sync.
+fn freed_space_is_reusable_at_once(block_bytes: u32) {
+    let (_device, volume) = new_volume(64 << 20, block_bytes);
+    let block = u64::from(block_bytes);
+    let available = volume.statfs().available_blocks * block;
+    let big = available * 3 / 4;
+    for round in 0..3 {
+        let file = volume.create(ROOT, b"ouch", 0o644, owner()).unwrap();
+        let handle = volume.open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
+        handle
+            .fallocate(FallocateMode::Allocate { keep_size: false }, 0, big)
+            .unwrap_or_else(|error| panic!("round {round}: {error}"));
+        handle.set_len(100).unwrap();
+        handle.close().unwrap();
+        volume.unlink(ROOT, b"ouch").unwrap();
+    }
+    assert!(volume.statfs().available_blocks * block >= available - (1 << 20));
+}
+
+fn atime_of(volume: &foliofs::Volume, ino: u64) -> foliofs::Timestamp {
+    volume.getattr(ino).unwrap().atime
+}
+
+fn volume_with(block_bytes: u32, options: &str) -> (Arc<FaultDev>, foliofs::Volume) {
+    let mut volume_options = common::options();
+    volume_options.apply_list(options).unwrap();
+    common::new_volume_with_options(16 << 20, block_bytes, None, &volume_options)
+}
+
+/// generic/003: reads advance the access time under relatime (when it is
+/// not after mtime/ctime), strictatime (always) and never under noatime;
+/// nodiratime spares directories; the update survives a clean close.
+fn reads_advance_atime_as_the_policy_says(block_bytes: u32) {
+    let (device, volume) = volume_with(block_bytes, "");
+    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let handle = volume.open_file(file, OpenFlags::READ_WRITE).unwrap();
+    handle.write_at(b"aaa", 0).unwrap();
+    let written = volume.getattr(file).unwrap();
+    let mut buffer = [0u8; 16];
+    handle.read_at(&mut buffer, 0).unwrap();
+    let first = atime_of(&volume, file);
+    assert!(first > written.atime && first >= written.mtime, "relatime: first read after a write");
+    handle.read_at(&mut buffer, 0).unwrap();
+    assert_eq!(atime_of(&volume, file), first, "relatime: atime already after mtime");
+    // (Writes advance mtime once per clock tick; setattr does at once.)
+    volume.setattr(file, &SetAttr { mtime: Some(TimeSet::Now), ..SetAttr::default() }).unwrap();
+    handle.read_at(&mut buffer, 0).unwrap();
+    let third = atime_of(&volume, file);
+    assert!(third > first, "relatime: read after a modification");
+    let mtime = volume.getattr(file).unwrap().mtime;
+    // Listing a directory is reading it.
+    let dir_atime = atime_of(&volume, ROOT);
+    volume.readdir(ROOT).unwrap();
+    assert!(atime_of(&volume, ROOT) > dir_atime);
+    handle.close().unwrap();
+    volume.close().unwrap();
+    let (_, volume) = common::open_image(device.image()).unwrap();
+    assert_eq!(atime_of(&volume, file), third, "kept by the checkpoint at close");
+    assert_eq!(volume.getattr(file).unwrap().mtime, mtime);
+    drop(volume);
+
+    let (_, volume) = volume_with(block_bytes, "atime=strictatime,nodiratime");
+    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let handle = volume.open_file(file, OpenFlags::READ).unwrap();
+    handle.read_at(&mut buffer, 0).unwrap();
+    let first = atime_of(&volume, file);
+    handle.read_at(&mut buffer, 0).unwrap();
+    assert!(atime_of(&volume, file) > first, "strictatime: every read");
+    let dir = volume.open_dir(ROOT).unwrap();
+    let dir_atime = dir.attr().unwrap().atime;
+    dir.entries().unwrap();
+    assert_eq!(dir.attr().unwrap().atime, dir_atime, "nodiratime");
+    drop((dir, handle, volume));
+
+    let (_, volume) = volume_with(block_bytes, "atime=noatime");
+    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let before = atime_of(&volume, file);
+    let handle = volume.open_file(file, OpenFlags::READ).unwrap();
+    handle.read_at(&mut buffer, 0).unwrap();
+    volume.readdir(ROOT).unwrap();
+    assert_eq!(atime_of(&volume, file), before, "noatime");
+    assert!(foliofs::VolumeOptions::parse("atime=sometimes").is_err());
+}
