@@ -415,6 +415,12 @@ fn seed_000(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
     if let Some(value) = ratio(&group, Metric::Iops, "dio_unaligned=overwrite", "raw device") {
         goals.push(goal("overwrite / raw device >= 0.9", value, 0.9));
     }
+    if let Some(value) = ratio(&group, Metric::Iops, "foliofs fuse", "dio_unaligned=overwrite") {
+        goals.push(goal("through the mount / in process >= 0.5", value, 0.5));
+    }
+    if let Some(value) = ratio(&group, Metric::Iops, "foliofs fuse", "kernel ext4") {
+        goals.push(goal("through the mount / kernel ext4 >= 1.5", value, 1.5));
+    }
     Ok(SeedResult {
         id: "000",
         title: "Seed 000: concurrent sub-block direct overwrites".into(),
@@ -482,6 +488,10 @@ fn seed_002(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
             if let Some(value) = ratio(&group, Metric::Iops, "foliofs", "raw device") {
                 goals.push(goal(format!("{rw} {bs}: foliofs / raw device >= 0.9"), value, 0.9));
             }
+            if let Some(value) = ratio(&group, Metric::Iops, "foliofs fuse", "foliofs") {
+                let text = format!("{rw} {bs}: through the mount / in process >= 0.9");
+                goals.push(goal(text, value, 0.9));
+            }
             for kernel in ["kernel ext4", "kernel xfs"] {
                 if let Some(value) = ratio(&group, Metric::Iops, "foliofs", kernel) {
                     goals.push(goal(format!("{rw} {bs}: foliofs / {kernel} >= 1"), value, 1.0));
@@ -490,6 +500,18 @@ fn seed_002(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
             groups.push(group);
         }
     }
+    if let Some(group) = round_trip(lab, scale)? {
+        if let Some(fuse) = group.row("foliofs fuse").filter(|row| row.iops > 0.0) {
+            let round_trip_us = 1e6 / fuse.iops;
+            goals.push(Goal {
+                text: "a FUSE round trip (4 KiB cached read) <= 10 us".into(),
+                value: round_trip_us,
+                target: 10.0,
+                met: round_trip_us <= 10.0,
+            });
+        }
+        groups.push(group);
+    }
     Ok(SeedResult {
         id: "002",
         title: "Seed 002: the cost of the direct I/O path".into(),
@@ -497,6 +519,28 @@ fn seed_002(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
         groups,
         goals,
     })
+}
+
+/// One thread reading one cached 4 KiB block again and again: through the
+/// mount every read is a FUSE request answered from the engine's cache, so
+/// 1/IOPS is the crossing's cost. Only with the FUSE rows.
+fn round_trip(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<Option<Group>> {
+    if !lab.fuse_enabled() {
+        return Ok(None);
+    }
+    let command = format!(
+        "--name=roundtrip --ioengine=psync --direct=0 --rw=read --bs=4k --size=4k \
+         --runtime={} --time_based --filename=/fio",
+        scale.runtime
+    );
+    let mut rows = vec![lab.engine("foliofs", &command, "")?];
+    lab.fuse("foliofs fuse", &command, "", &mut rows)?;
+    lab.kernel(&command, &mut rows)?;
+    Ok(Some(Group {
+        name: "round trip: 4 KiB reads of one cached block, psync".into(),
+        command,
+        rows,
+    }))
 }
 
 fn seed_003(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
@@ -672,7 +716,7 @@ pub fn planned_rows(options: &SeedOptions) -> usize {
     let rows = [
         ("000", 3 + peers + fuse),
         ("001", 2 + peers),
-        ("002", 4 * (2 + peers + fuse)),
+        ("002", 4 * (2 + peers + fuse) + fuse * (2 + peers)),
         ("003", 6),
         ("004", 6 * (3 + peers + 2 * fuse) + 2),
     ];
