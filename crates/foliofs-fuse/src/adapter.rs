@@ -12,7 +12,10 @@ use std::time::Duration;
 
 use foliofs::dev::AlignedBuf;
 use foliofs::space::FallocateMode;
-use foliofs::{Attr, Error, File, OpenFlags, Owner, RenameFlags, SetAttr, TimeSet, Volume};
+use foliofs::{
+    Attr, Error, File, OpenFlags, Owner, Privilege, RenameFlags, SetAttr, TimeSet, Volume,
+    XattrFlags,
+};
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
@@ -145,6 +148,46 @@ fn time_set(time: TimeOrNow) -> TimeSet {
     }
 }
 
+/// getxattr/listxattr answers: the size when asked for it (size 0), ERANGE
+/// when the caller's buffer is too small, the bytes otherwise.
+fn reply_sized(reply: ReplyXattr, size: u32, bytes: &[u8]) {
+    if size == 0 {
+        reply.size(bytes.len() as u32);
+    } else if bytes.len() > size as usize {
+        reply.error(Errno::from_i32(libc::ERANGE));
+    } else {
+        reply.data(bytes);
+    }
+}
+
+/// Whether the process behind `req` holds CAP_SYS_ADMIN, from its
+/// effective capability set (the kernel sends only the caller's ids).
+/// A caller gone before the lookup counts as unprivileged.
+fn caller_privilege(req: &Request) -> Privilege {
+    const CAP_SYS_ADMIN: u32 = 21;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", req.pid())).unwrap_or_default();
+    let effective = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|bits| u64::from_str_radix(bits.trim(), 16).ok())
+        .unwrap_or(0);
+    if effective & (1 << CAP_SYS_ADMIN) != 0 {
+        Privilege::SysAdmin
+    } else {
+        Privilege::Unprivileged
+    }
+}
+
+/// The caller's privilege where it matters for `name` (only `trusted.`
+/// names need it), sparing the /proc read for every other attribute.
+fn xattr_privilege(req: &Request, name: &[u8]) -> Privilege {
+    if name.starts_with(b"trusted.") {
+        caller_privilege(req)
+    } else {
+        Privilege::Unprivileged
+    }
+}
+
 /// Whether `uid`/`gid` may access a node with `mode` for `mask` (R_OK, W_OK,
 /// X_OK), by the owner/group/other bits; root passes except execute, which
 /// needs some execute bit.
@@ -255,16 +298,22 @@ impl Filesystem for FolioFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        // The volume stores regular files, directories and symlinks only;
-        // mknod(2) documents EPERM for a node type the file system lacks.
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            reply.error(Errno::EPERM);
-            return;
-        }
-        let result = self.volume.create(parent.0, name_bytes(name), mode & !umask, owner(req));
+        let kind = match mode & libc::S_IFMT {
+            0 | libc::S_IFREG => foliofs::InodeKind::File,
+            libc::S_IFIFO => foliofs::InodeKind::Fifo,
+            libc::S_IFSOCK => foliofs::InodeKind::Socket,
+            libc::S_IFCHR => foliofs::InodeKind::CharDevice,
+            libc::S_IFBLK => foliofs::InodeKind::BlockDevice,
+            _ => {
+                reply.error(Errno::EINVAL);
+                return;
+            }
+        };
+        let mode = mode & !umask & 0o7777;
+        let result = self.volume.mknod(parent.0, name_bytes(name), kind, mode, rdev, owner(req));
         self.reply_entry(reply, result);
     }
 
@@ -550,42 +599,53 @@ impl Filesystem for FolioFs {
         );
     }
 
-    // No extended attributes are stored: an empty list, no such attribute,
-    // and EOPNOTSUPP for setting one (so `cp -a` carries on without them).
     fn setxattr(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
-    }
-
-    fn getxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
-        reply: ReplyXattr,
-    ) {
-        reply.error(Errno::from_i32(libc::ENODATA));
-    }
-
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
+        let name = name_bytes(name);
+        let result = XattrFlags::from_bits(flags).and_then(|flags| {
+            self.volume.set_xattr(ino.0, name, value, flags, xattr_privilege(req, name))
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(self.failed("setxattr", &error)),
         }
     }
 
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::from_i32(libc::ENODATA));
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = name_bytes(name);
+        match self.volume.get_xattr(ino.0, name, xattr_privilege(req, name)) {
+            Ok(value) => reply_sized(reply, size, &value),
+            Err(error) => reply.error(self.failed("getxattr", &error)),
+        }
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.volume.list_xattr(ino.0, caller_privilege(req)) {
+            Ok(names) => {
+                let list: Vec<u8> = names
+                    .iter()
+                    .flat_map(|name| name.iter().copied().chain(std::iter::once(0)))
+                    .collect();
+                reply_sized(reply, size, &list);
+            }
+            Err(error) => reply.error(self.failed("listxattr", &error)),
+        }
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name_bytes(name);
+        match self.volume.remove_xattr(ino.0, name, xattr_privilege(req, name)) {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(self.failed("removexattr", &error)),
+        }
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
@@ -701,6 +761,7 @@ mod tests {
             mtime: time,
             ctime: time,
             block_bytes: 4096,
+            rdev: 0,
         }
     }
 

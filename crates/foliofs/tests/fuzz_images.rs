@@ -51,7 +51,7 @@ use foliofs::format::{
 };
 use foliofs::space::FallocateMode;
 use foliofs::vfs::MkfsOptions;
-use foliofs::{OpenFlags, Volume, VolumeOptions};
+use foliofs::{OpenFlags, Privilege, Volume, VolumeOptions};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -592,8 +592,13 @@ fn mutate_attrs(rng: &mut ChaCha8Rng, attrs: &mut InodeAttrs, near: &[u64]) {
         0 => attrs.size = interesting_u64(rng, near),
         1 => attrs.nlink = interesting_u32(rng),
         2 => {
-            attrs.kind =
-                [InodeKind::File, InodeKind::Dir, InodeKind::Symlink][rng.random_range(0..3)]
+            attrs.kind = [
+                InodeKind::File,
+                InodeKind::Dir,
+                InodeKind::Symlink,
+                InodeKind::Fifo,
+                InodeKind::CharDevice,
+            ][rng.random_range(0..5)]
         }
         3 => attrs.parent = interesting_u64(rng, near),
         4 => attrs.mode = interesting_u32(rng) & 0o7777,
@@ -664,6 +669,25 @@ fn mutate_record(rng: &mut ChaCha8Rng, record: &mut Record, near: &[u64]) {
             }
             *block_count = (*block_count).min(u64::MAX - *file_block).max(1);
         }
+        Record::XattrSet { ino, name, value } => match rng.random_range(0..3) {
+            0 => *ino = interesting_u64(rng, near).max(1),
+            1 => *value = vec![0xA5; rng.random_range(0..=65536)],
+            _ => *name = [&b"trusted."[..], &vec![b'n'; rng.random_range(1..=247)]].concat(),
+        },
+        Record::XattrRemove { ino, name } => {
+            if rng.random_bool(0.5) {
+                *ino = interesting_u64(rng, near).max(1);
+            } else {
+                name.push(b'x');
+            }
+        }
+        Record::DeviceSet { ino, rdev } => {
+            if rng.random_bool(0.5) {
+                *ino = interesting_u64(rng, near).max(1);
+            } else {
+                *rdev = interesting_u32(rng);
+            }
+        }
     }
 }
 
@@ -690,7 +714,18 @@ fn hostile_record(rng: &mut ChaCha8Rng, near: &[u64], superblock: &Superblock) -
         ctime: Timestamp::default(),
         parent,
     };
-    match rng.random_range(0..9) {
+    match rng.random_range(0..13) {
+        9 => Record::XattrSet {
+            ino: pick(rng),
+            name: b"user.fuzz".to_vec(),
+            value: vec![0x5A; rng.random_range(0..=65536)],
+        },
+        10 => Record::XattrRemove { ino: pick(rng), name: b"user.fuzz".to_vec() },
+        11 => Record::DeviceSet { ino: pick(rng), rdev: interesting_u32(rng) },
+        12 => Record::InodeSet {
+            ino: interesting_u64(rng, near).max(2),
+            attrs: attrs(InodeKind::Socket, 0, 1, 0),
+        },
         0 => Record::DirAdd { dir: pick(rng), name: b"loop".to_vec(), ino: ROOT },
         1 => {
             let ino = pick(rng);
@@ -743,7 +778,10 @@ fn numbers_of(records: &[Record], superblock: &Superblock) -> Vec<u64> {
         match record {
             Record::InodeSet { ino, .. }
             | Record::InodeFree { ino }
-            | Record::SymlinkSet { ino, .. } => out.push(*ino),
+            | Record::SymlinkSet { ino, .. }
+            | Record::XattrSet { ino, .. }
+            | Record::XattrRemove { ino, .. }
+            | Record::DeviceSet { ino, .. } => out.push(*ino),
             Record::DirAdd { dir, ino, .. } => out.extend([*dir, *ino]),
             Record::DirRemove { dir, .. } => out.push(*dir),
             Record::ExtentMap { ino, file_block, dev_block, .. } => {
@@ -1186,6 +1224,9 @@ fn walk(volume: &Volume, image_bytes: usize) -> (Vec<FoundFile>, Vec<u64>) {
         for entry in entries {
             let _ = volume.lookup(dir, &entry.name);
             let _ = volume.getattr(entry.ino);
+            for name in volume.list_xattr(entry.ino, Privilege::SysAdmin).unwrap_or_default() {
+                let _ = volume.get_xattr(entry.ino, &name, Privilege::SysAdmin);
+            }
             match entry.kind {
                 InodeKind::Dir => {
                     if seen.insert(entry.ino) && seen.len() < 100_000 {
@@ -1195,6 +1236,12 @@ fn walk(volume: &Volume, image_bytes: usize) -> (Vec<FoundFile>, Vec<u64>) {
                 }
                 InodeKind::Symlink => {
                     let _ = volume.readlink(entry.ino);
+                }
+                InodeKind::Fifo
+                | InodeKind::Socket
+                | InodeKind::CharDevice
+                | InodeKind::BlockDevice => {
+                    let _ = volume.open_file(entry.ino, OpenFlags::READ);
                 }
                 InodeKind::File => {
                     if seen.insert(entry.ino) {

@@ -7,9 +7,12 @@
 mod attr;
 mod file;
 mod namespace;
+mod special;
 mod volume;
+mod xattr;
 
 pub use attr::{Attr, DirEntry, Owner, SetAttr, StatFs, TimeSet};
 pub use file::{File, OpenFlags};
 pub use namespace::RenameFlags;
 pub use volume::{CacheStats, FiemapExtent, MkfsOptions, Volume};
+pub use xattr::{Privilege, XattrFlags};

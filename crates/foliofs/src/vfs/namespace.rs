@@ -168,8 +168,10 @@ impl Volume {
         }
     }
 
-    /// Creates a regular file, directory or symlink named `name` in `parent`.
-    fn make_node(
+    /// Creates a node of any kind named `name` in `parent`; `rdev` is a
+    /// device node's number (0 for other kinds).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn make_node(
         &self,
         parent: u64,
         name: &[u8],
@@ -177,6 +179,7 @@ impl Volume {
         mode: u32,
         owner: Owner,
         target: Option<&[u8]>,
+        rdev: u32,
     ) -> Result<Attr> {
         check_name(name)?;
         let (attr, _) = self.shared.meta.transact(|txn| {
@@ -210,6 +213,9 @@ impl Volume {
             if let Some(target) = target {
                 txn.apply(Record::SymlinkSet { ino, target: target.to_vec() });
             }
+            if rdev != 0 {
+                txn.apply(Record::DeviceSet { ino, rdev });
+            }
             txn.apply(Record::DirAdd { dir: parent, name: name.to_vec(), ino });
             touch_dir(txn, parent, i32::from(is_dir), now);
             self.shared.attr_of(txn.state(), ino)
@@ -218,11 +224,11 @@ impl Volume {
     }
 
     pub fn create(&self, parent: u64, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
-        self.make_node(parent, name, InodeKind::File, mode, owner, None)
+        self.make_node(parent, name, InodeKind::File, mode, owner, None, 0)
     }
 
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
-        self.make_node(parent, name, InodeKind::Dir, mode, owner, None)
+        self.make_node(parent, name, InodeKind::Dir, mode, owner, None, 0)
     }
 
     pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], owner: Owner) -> Result<Attr> {
@@ -232,7 +238,7 @@ impl Volume {
         if target.len() > SYMLINK_BYTES_MAX {
             return Err(Error::NameTooLong(format!("symlink target of {} bytes", target.len())));
         }
-        self.make_node(parent, name, InodeKind::Symlink, 0o777, owner, Some(target))
+        self.make_node(parent, name, InodeKind::Symlink, 0o777, owner, Some(target), 0)
     }
 
     /// Adds the name `new_name` in `new_parent` for the existing inode `ino`.
@@ -402,6 +408,7 @@ impl Volume {
                 InodeKind::Dir => return Err(Error::IsDir(format!("inode {ino}"))),
                 InodeKind::Symlink => return Err(Error::invalid("truncating a symlink")),
                 InodeKind::File => {}
+                _ => return Err(Error::invalid("truncating a special file")),
             }
             if let Some(refusal) = self.shared.meta.refusal() {
                 return Err(refusal);
