@@ -943,3 +943,66 @@ fn drop_sys_admin_in_this_thread() {
         assert_eq!(libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()), 0);
     }
 }
+
+/// Runs `script` with sh as uid and gid 1000, no supplementary groups.
+fn as_uid_1000(script: &str) -> Output {
+    run("setpriv", &["--reuid=1000", "--regid=1000", "--clear-groups", "sh", "-c", script])
+}
+
+#[test]
+fn posix_acls_are_enforced_inherited_and_kept_in_sync_with_the_mode() {
+    if skip_requested() {
+        return;
+    }
+    require(&["setfacl", "getfacl", "setpriv", "stat"]);
+    let mut mounted = Mounted::new(4096, "64M", "allow_other");
+    // Let uid 1000 reach the mount point.
+    fs::set_permissions(mounted.point.parent().unwrap(), fs::Permissions::from_mode(0o755))
+        .unwrap();
+    let root = mounted.point.clone();
+    fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+    let path = |name: &str| root.join(name).to_str().unwrap().to_string();
+    let file = path("secret");
+    fs::write(&file, b"for 1000 only").unwrap();
+    fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
+    let read_as_1000 = || as_uid_1000(&format!("cat {file}"));
+    assert!(!read_as_1000().status.success(), "mode 0600 keeps uid 1000 out");
+    // A named-user entry lets uid 1000 read; the mode's group bits show the mask.
+    ok("setfacl", &["-m", "u:1000:r", &file]);
+    let read = read_as_1000();
+    assert!(read.status.success(), "{read:?}");
+    assert_eq!(read.stdout, b"for 1000 only");
+    assert_eq!(ok("stat", &["-c", "%a", &file]).trim(), "640");
+    let acl = ok("getfacl", &["-c", "-n", &file]);
+    assert!(acl.contains("user:1000:r--") && acl.contains("mask::r--"), "{acl}");
+    // chmod sets the mask: with group bits 0 the entry grants nothing.
+    ok("chmod", &["600", &file]);
+    assert!(ok("getfacl", &["-c", "-n", &file]).contains("mask::---"));
+    assert!(!read_as_1000().status.success(), "the mask now denies uid 1000");
+    ok("chmod", &["640", &file]);
+    assert!(read_as_1000().status.success(), "the mask allows again");
+
+    // A default ACL: new files inherit it in place of the umask.
+    let dir = path("shared");
+    fs::create_dir(&dir).unwrap();
+    ok("setfacl", &["-m", "u:1000:rwx", &dir]);
+    ok("setfacl", &["-d", "-m", "u:1000:rwx", &dir]);
+    let made = as_uid_1000(&format!("umask 077 && echo hi > {dir}/by1000 && mkdir {dir}/sub"));
+    assert!(made.status.success(), "{made:?}");
+    ok("sh", &["-c", &format!("umask 077 && touch {dir}/byroot")]);
+    assert_eq!(ok("stat", &["-c", "%a", &format!("{dir}/byroot")]).trim(), "664");
+    let inherited = ok("getfacl", &["-c", "-n", &format!("{dir}/byroot")]);
+    assert!(inherited.contains("user:1000:rwx\t#effective:rw-"), "{inherited}");
+    let sub = ok("getfacl", &["-c", "-n", &format!("{dir}/sub")]);
+    assert!(sub.contains("default:user:1000:rwx"), "{sub}");
+    // uid 1000 can write root's new file through the inherited entry.
+    let wrote = as_uid_1000(&format!("echo more >> {dir}/byroot"));
+    assert!(wrote.status.success(), "{wrote:?}");
+    let before = ok("getfacl", &["-R", "-n", &path("shared"), &file]);
+    mounted.remount("allow_other");
+    let after = ok("getfacl", &["-R", "-n", &path("shared"), &file]);
+    assert_eq!(after, before, "ACLs changed across the remount");
+    assert!(read_as_1000().status.success());
+    mounted.unmount();
+    mounted.fsck_clean();
+}

@@ -67,6 +67,9 @@ pub struct FolioFs {
     page_cache: PageCacheUse,
     ttl: Duration,
     max_write_bytes: u32,
+    /// The kernel enforces POSIX ACLs (FUSE_POSIX_ACL); it needs the
+    /// kernel's permission checks, so only with default_permissions.
+    posix_acl: bool,
 }
 
 impl FolioFs {
@@ -77,6 +80,7 @@ impl FolioFs {
             page_cache: options.page_cache,
             ttl: options.attr_timeout,
             max_write_bytes: options.max_write_bytes,
+            posix_acl: options.default_permissions,
         }
     }
 
@@ -213,6 +217,14 @@ impl Filesystem for FolioFs {
                 tracing::info!("the kernel does not offer {capability:?}");
             }
         }
+        // POSIX ACLs: the kernel checks them and leaves the umask to the
+        // volume (FUSE_DONT_MASK), which skips it under a default ACL.
+        if self.posix_acl {
+            let acl = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
+            if config.add_capabilities(acl).is_err() {
+                tracing::info!("the kernel does not offer POSIX ACLs");
+            }
+        }
         if let Err(nearest) = config.set_max_write(self.max_write_bytes) {
             let _ = config.set_max_write(nearest);
         }
@@ -312,7 +324,7 @@ impl Filesystem for FolioFs {
                 return;
             }
         };
-        let mode = mode & !umask & 0o7777;
+        let mode = self.volume.creation_mode(parent.0, mode, umask) & 0o7777;
         let result = self.volume.mknod(parent.0, name_bytes(name), kind, mode, rdev, owner(req));
         self.reply_entry(reply, result);
     }
@@ -326,7 +338,8 @@ impl Filesystem for FolioFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let result = self.volume.mkdir(parent.0, name_bytes(name), mode & !umask, owner(req));
+        let mode = self.volume.creation_mode(parent.0, mode, umask);
+        let result = self.volume.mkdir(parent.0, name_bytes(name), mode, owner(req));
         self.reply_entry(reply, result);
     }
 
@@ -667,7 +680,8 @@ impl Filesystem for FolioFs {
         reply: ReplyCreate,
     ) {
         let name = name_bytes(name);
-        let created = match self.volume.create(parent.0, name, mode & !umask, owner(req)) {
+        let mode = self.volume.creation_mode(parent.0, mode, umask);
+        let created = match self.volume.create(parent.0, name, mode, owner(req)) {
             // Another opener created it since the kernel's lookup: without
             // O_EXCL, open(2) opens the existing file.
             Err(Error::Exists(_)) if flags & libc::O_EXCL == 0 => {

@@ -141,7 +141,8 @@ fn count_inode(inode: &crate::meta::Inode, report: &mut FsckReport) {
 
 /// Rules the live path keeps that replay does not check: user attributes
 /// only on regular files and directories (as the kernel allows them), a
-/// default ACL only on directories, and listxattr's 64 KiB fits every name.
+/// default ACL only on directories, ACLs that decode, and listxattr's 64 KiB
+/// fits every name.
 fn check_xattrs(ino: u64, inode: &crate::meta::Inode, report: &mut FsckReport) {
     let kind = inode.attrs.kind;
     let holds_user = matches!(kind, InodeKind::File | InodeKind::Dir);
@@ -152,6 +153,10 @@ fn check_xattrs(ino: u64, inode: &crate::meta::Inode, report: &mut FsckReport) {
         }
         if name.as_slice() == b"system.posix_acl_default" && kind != InodeKind::Dir {
             report.problems.push(format!("inode {ino} ({kind:?}) holds a default ACL"));
+        }
+        if name.starts_with(b"system.posix_acl_") && !crate::vfs::is_valid_acl(&inode.xattrs[name])
+        {
+            report.problems.push(format!("inode {ino}: {shown} is not a valid ACL"));
         }
     }
     let list_bytes = inode.xattr_list_bytes();

@@ -313,7 +313,16 @@ fn build_seed_image(block_bytes: u32, journal_bytes: Option<u64>) -> Vec<u8> {
     set(small, b"user.mime", 10);
     set(small, b"trusted.big", 3000);
     set(dir.ino, b"security.label", 30);
-    set(ROOT, b"system.posix_acl_default", 28);
+    // user::rwx user:1000:rw- group::r-x mask::rwx other::---
+    let acl: &[u8] = &[
+        2, 0, 0, 0, 1, 0, 7, 0, 255, 255, 255, 255, 2, 0, 6, 0, 232, 3, 0, 0, 4, 0, 5, 0, 255, 255,
+        255, 255, 16, 0, 7, 0, 255, 255, 255, 255, 32, 0, 0, 0, 255, 255, 255, 255,
+    ];
+    let flags = XattrFlags::default();
+    volume
+        .set_xattr(dir.ino, b"system.posix_acl_default", acl, flags, Privilege::SysAdmin)
+        .unwrap();
+    volume.mkdir(dir.ino, b"inherits", 0o755, owner()).unwrap();
     let fifo = volume.mknod(sub.ino, b"fifo", InodeKind::Fifo, 0o644, 0, owner()).unwrap();
     set(fifo.ino, b"security.fifo", 5);
     volume.checkpoint().unwrap();

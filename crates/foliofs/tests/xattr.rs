@@ -30,6 +30,47 @@ block_size_tests!(
     special_files_survive_remount_crash_and_fsck,
 );
 
+const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+const USER_OBJ: u16 = 0x01;
+const NAMED_USER: u16 = 0x02;
+const GROUP_OBJ: u16 = 0x04;
+const NAMED_GROUP: u16 = 0x08;
+const MASK: u16 = 0x10;
+const OTHER: u16 = 0x20;
+
+/// An ACL in the kernel's xattr format from `(tag, perm, id)` entries.
+fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut bytes = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        let id = if matches!(tag, NAMED_USER | NAMED_GROUP) { id } else { u32::MAX };
+        bytes.extend_from_slice(&tag.to_le_bytes());
+        bytes.extend_from_slice(&perm.to_le_bytes());
+        bytes.extend_from_slice(&id.to_le_bytes());
+    }
+    bytes
+}
+
+fn minimal_acl() -> Vec<u8> {
+    acl(&[(USER_OBJ, 7, 0), (GROUP_OBJ, 5, 0), (OTHER, 5, 0)])
+}
+
+/// user::rwx user:1000:rw- group::r-x group:50:r-- mask::<mask> other::<other>
+fn named_acl(mask: u16, other: u16) -> Vec<u8> {
+    owned_named_acl(7, mask, other)
+}
+
+fn owned_named_acl(owner: u16, mask: u16, other: u16) -> Vec<u8> {
+    acl(&[
+        (USER_OBJ, owner, 0),
+        (NAMED_USER, 6, 1000),
+        (GROUP_OBJ, 5, 0),
+        (NAMED_GROUP, 4, 50),
+        (MASK, mask, 0),
+        (OTHER, other, 0),
+    ])
+}
+
 fn errno<T: std::fmt::Debug>(result: foliofs::Result<T>) -> i32 {
     result.expect_err("the call should fail").errno()
 }
@@ -78,7 +119,11 @@ fn set_get_list_and_remove() {
     assert_eq!(errno(volume.remove_xattr(file.ino, b"user.mime", USER)), libc::ENODATA);
     let dir = volume.mkdir(ROOT, b"d", 0o755, owner()).unwrap();
     volume.set_xattr(dir.ino, b"user.tag", b"1", ANY, USER).unwrap();
-    volume.set_xattr(dir.ino, b"system.posix_acl_default", b"\x02\0\0\0", ANY, USER).unwrap();
+    volume.set_xattr(dir.ino, b"system.posix_acl_default", &minimal_acl(), ANY, USER).unwrap();
+    assert_eq!(
+        errno(volume.set_xattr(dir.ino, b"system.posix_acl_default", b"\x02\0\0\0", ANY, USER)),
+        libc::EINVAL
+    );
     assert_eq!(volume.list_xattr(dir.ino, USER).unwrap().len(), 2);
 }
 
@@ -344,4 +389,150 @@ fn special_files_survive_remount_crash_and_fsck(block_bytes: u32) {
     volume.close().unwrap();
     let report = fsck(device.image());
     assert_eq!((report.special_files, report.xattrs), (0, 0));
+}
+
+#[test]
+fn access_acls_set_the_mode_and_chmod_rewrites_them() {
+    let (device, volume) = new_volume(VOLUME_BYTES, 4096);
+    let file = volume.create(ROOT, b"f", 0o4644, owner()).unwrap().ino;
+    volume.set_xattr(file, ACL_ACCESS, &named_acl(6, 4), ANY, USER).unwrap();
+    // The mask gives the group bits; the setuid bit stays.
+    assert_eq!(volume.getattr(file).unwrap().mode, 0o4764);
+    assert_eq!(volume.get_xattr(file, ACL_ACCESS, USER).unwrap(), named_acl(6, 4));
+    // chmod rewrites owner, mask and other; named entries stay.
+    let chmod = foliofs::SetAttr { mode: Some(0o710), ..Default::default() };
+    volume.setattr(file, &chmod).unwrap();
+    assert_eq!(volume.get_xattr(file, ACL_ACCESS, USER).unwrap(), named_acl(1, 0));
+    // An ACL the mode says whole is not kept.
+    volume.set_xattr(file, ACL_ACCESS, &minimal_acl(), ANY, USER).unwrap();
+    assert_eq!(volume.getattr(file).unwrap().mode & 0o777, 0o755);
+    assert_eq!(errno(volume.get_xattr(file, ACL_ACCESS, USER)), libc::ENODATA);
+    for bad in [b"\x02\0\0\0".to_vec(), named_acl(8, 0), acl(&[(USER_OBJ, 7, 0), (OTHER, 0, 0)])] {
+        assert_eq!(errno(volume.set_xattr(file, ACL_ACCESS, &bad, ANY, USER)), libc::EINVAL);
+    }
+    let link = volume.symlink(ROOT, b"l", b"f", owner()).unwrap().ino;
+    assert_eq!(
+        errno(volume.set_xattr(link, ACL_ACCESS, &named_acl(6, 4), ANY, USER)),
+        libc::EOPNOTSUPP
+    );
+    volume.set_xattr(file, ACL_ACCESS, &named_acl(7, 5), ANY, USER).unwrap();
+    volume.close().unwrap();
+    let (_, volume) = open_image(device.image()).unwrap();
+    assert_eq!(volume.getattr(file).unwrap().mode & 0o777, 0o775);
+    assert_eq!(volume.get_xattr(file, ACL_ACCESS, USER).unwrap(), named_acl(7, 5));
+    drop(volume);
+    fsck(device.image());
+}
+
+#[test]
+fn default_acls_are_inherited_instead_of_the_umask() {
+    let (device, volume) = new_volume(VOLUME_BYTES, 4096);
+    let plain = volume.mkdir(ROOT, b"plain", 0o755, owner()).unwrap().ino;
+    assert_eq!(volume.creation_mode(plain, 0o666, 0o022), 0o644);
+    let dir = volume.mkdir(ROOT, b"d", 0o755, owner()).unwrap().ino;
+    volume.set_xattr(dir, ACL_DEFAULT, &named_acl(7, 5), ANY, USER).unwrap();
+    assert_eq!(volume.creation_mode(dir, 0o666, 0o022), 0o666, "no umask under a default ACL");
+    // A file asking for rw-rw-rw-: owner rw-, mask rw- (the named entries
+    // stay), other r-x & rw- = r--.
+    let file = volume.create(dir, b"f", 0o666, owner()).unwrap();
+    assert_eq!(file.mode, 0o664);
+    assert_eq!(volume.get_xattr(file.ino, ACL_ACCESS, USER).unwrap(), owned_named_acl(6, 6, 4));
+    assert_eq!(errno(volume.get_xattr(file.ino, ACL_DEFAULT, USER)), libc::ENODATA);
+    // A directory inherits the default as its default too.
+    let sub = volume.mkdir(dir, b"sub", 0o750, owner()).unwrap();
+    assert_eq!(sub.mode, 0o750);
+    assert_eq!(volume.get_xattr(sub.ino, ACL_ACCESS, USER).unwrap(), named_acl(5, 0));
+    assert_eq!(volume.get_xattr(sub.ino, ACL_DEFAULT, USER).unwrap(), named_acl(7, 5));
+    let deeper = volume.create(sub.ino, b"g", 0o600, owner()).unwrap();
+    assert_eq!(deeper.mode, 0o600);
+    // Special files inherit; symlinks do not.
+    let fifo = volume.mknod(dir, b"p", InodeKind::Fifo, 0o640, 0, owner()).unwrap();
+    assert_eq!(volume.get_xattr(fifo.ino, ACL_ACCESS, USER).unwrap(), owned_named_acl(6, 4, 0));
+    let link = volume.symlink(dir, b"l", b"f", owner()).unwrap();
+    assert!(volume.list_xattr(link.ino, USER).unwrap().is_empty());
+    // A minimal default ACL gives a minimal access ACL: none is stored.
+    let minimal = volume.mkdir(ROOT, b"m", 0o755, owner()).unwrap().ino;
+    volume.set_xattr(minimal, ACL_DEFAULT, &minimal_acl(), ANY, USER).unwrap();
+    let file = volume.create(minimal, b"f", 0o666, owner()).unwrap();
+    assert_eq!(file.mode, 0o644);
+    assert!(volume.list_xattr(file.ino, USER).unwrap().is_empty());
+    volume.close().unwrap();
+    let report = fsck(device.image());
+    assert_eq!(report.xattrs, 7);
+}
+
+block_size_tests!(acl_and_mode_changes_are_crash_consistent);
+
+/// chmods and access-ACL changes on one file, crashed at every durability
+/// point: the recovered mode and ACL always agree with each other (the
+/// mode's bits are the ACL's owner, mask and other entries: both change in
+/// one transaction) and are a pair the file had no earlier than its last
+/// fsync.
+fn acl_and_mode_changes_are_crash_consistent(block_bytes: u32) {
+    let mut rng = ChaCha8Rng::seed_from_u64(u64::from(block_bytes));
+    let (device, volume) = new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(256 << 10));
+    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let handle = volume.open_file(file, OpenFlags::READ).unwrap();
+    volume.sync().unwrap();
+    device.reset_log();
+    let state_of = |volume: &Volume| {
+        let mode = volume.getattr(file).unwrap().mode;
+        (mode, volume.get_xattr(file, ACL_ACCESS, USER).ok())
+    };
+    let mut states = vec![(0usize, state_of(&volume))];
+    let mut synced = vec![(0usize, 0usize)];
+    for _ in 0..50 {
+        match rng.random_range(0..8) {
+            0..=2 => {
+                let mode = rng.random_range(0..0o1000);
+                volume
+                    .setattr(file, &foliofs::SetAttr { mode: Some(mode), ..Default::default() })
+                    .unwrap();
+            }
+            3..=4 => {
+                let value = named_acl(rng.random_range(0..8), rng.random_range(0..8));
+                volume.set_xattr(file, ACL_ACCESS, &value, ANY, USER).unwrap();
+            }
+            5 => {
+                let _ = volume.remove_xattr(file, ACL_ACCESS, USER);
+            }
+            6 => volume.checkpoint().unwrap(),
+            _ => {
+                handle.fsync().unwrap();
+                synced.push((device.log_len(), states.len() - 1));
+            }
+        }
+        states.push((device.log_len(), state_of(&volume)));
+    }
+    let mut cuts = device.durability_points();
+    cuts.extend(synced.iter().map(|&(cut, _)| cut));
+    cuts.sort_unstable();
+    cuts.dedup();
+    for &cut in &cuts {
+        for variant in 0..2 {
+            let keep = if variant == 0 { Keep::Nothing } else { Keep::All };
+            let image = device.crash_image(cut, &|_| keep.clone());
+            let (_, recovered) = open_image(image.clone()).unwrap();
+            let found = state_of(&recovered);
+            drop(recovered);
+            let context = format!("crash at {cut}, variant {variant}: {found:?}");
+            if let Some(value) = &found.1 {
+                let perm = |tag: u16| {
+                    value[4..].chunks(8).find(|entry| entry[..2] == tag.to_le_bytes()).unwrap()[2]
+                        as u32
+                };
+                let bits = perm(USER_OBJ) << 6 | perm(MASK) << 3 | perm(OTHER);
+                assert_eq!(found.0 & 0o777, bits, "{context}: the mode and the ACL disagree");
+            }
+            let reached = states.iter().take_while(|(end, _)| *end <= cut).count();
+            let last = reached.min(states.len() - 1);
+            let durable =
+                synced.iter().filter(|&&(at, _)| at <= cut).map(|&(_, i)| i).max().unwrap();
+            assert!(
+                (durable..=last).any(|index| states[index].1 == found),
+                "{context}: not a state from {durable} to {last}"
+            );
+            fsck(image);
+        }
+    }
 }

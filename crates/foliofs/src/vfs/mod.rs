@@ -4,6 +4,7 @@
 //! validates, then changes metadata through `MetaStore::transact` and data
 //! through the data path; it never touches the device itself.
 
+mod acl;
 mod attr;
 mod file;
 mod namespace;
@@ -11,6 +12,7 @@ mod special;
 mod volume;
 mod xattr;
 
+pub use acl::is_valid_acl;
 pub use attr::{Attr, DirEntry, Owner, SetAttr, StatFs, TimeSet};
 pub use file::{File, OpenFlags};
 pub use namespace::RenameFlags;

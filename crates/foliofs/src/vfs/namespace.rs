@@ -197,6 +197,9 @@ impl Volume {
                 return Err(Error::NoSpace("no inode numbers left".into()));
             }
             let is_dir = kind == InodeKind::Dir;
+            let (mode, inherited) = super::acl::inherit(txn.state(), parent, ino, kind, mode);
+            let inherited_bytes: usize = inherited.iter().map(Record::encoded_bytes_max).sum();
+            txn.ensure_metadata_room(extra + inherited_bytes as u64)?;
             let attrs = InodeAttrs {
                 kind,
                 mode: mode & 0o7777,
@@ -210,6 +213,9 @@ impl Volume {
                 parent: if is_dir { parent } else { 0 },
             };
             txn.apply(Record::InodeSet { ino, attrs });
+            for record in inherited {
+                txn.apply(record);
+            }
             if let Some(target) = target {
                 txn.apply(Record::SymlinkSet { ino, target: target.to_vec() });
             }
@@ -439,6 +445,9 @@ impl Volume {
             attrs.mtime = changes.mtime.map_or(attrs.mtime, |time| time.resolve(now));
             attrs.ctime = now;
             txn.apply(Record::InodeSet { ino, attrs });
+            if changes.mode.is_some() {
+                super::acl::sync_access_acl(txn, ino, attrs.mode);
+            }
             self.shared.attr_of(txn.state(), ino)
         })?;
         Ok(attr)

@@ -18,6 +18,7 @@ use crate::format::{
 };
 use crate::meta::Inode;
 
+use super::acl;
 use super::volume::Volume;
 
 /// setxattr(2)'s flags.
@@ -141,12 +142,14 @@ impl Volume {
                 value.len()
             )));
         }
-        let record = Record::XattrSet { ino, name: name.to_vec(), value: value.to_vec() };
-        let record_bytes = record.encoded_bytes_max() as u64;
-        // With the inode's InodeSet, the transaction must fit one journal
-        // group; only a journal smaller than mkfs's default makes that fail.
+        let record_bytes = (15 + name.len() + value.len()) as u64;
+        // The transaction must fit one journal group: this record and an
+        // InodeSet, or for a default ACL the two copies a mkdir under it
+        // inherits with the new inode's records. Only a journal smaller than
+        // mkfs's default makes that fail.
         let group_bytes_max = self.shared.meta.journal().geometry().group_bytes_max();
-        let transaction_bytes = record_bytes + 2 * GROUP_HEADER_BYTES as u64 + 128;
+        let copies = if name == acl::DEFAULT { 2 } else { 1 };
+        let transaction_bytes = copies * record_bytes + GROUP_HEADER_BYTES as u64 + 1024;
         if transaction_bytes > group_bytes_max {
             return Err(Error::NoSpace(format!(
                 "an extended attribute of {} bytes does not fit this volume's journal groups \
@@ -159,14 +162,14 @@ impl Volume {
             if let Some(why) = refusal(namespace, inode.attrs.kind, privilege, name) {
                 return Err(Error::NotPermitted(why));
             }
-            if namespace == Namespace::System
-                && name == b"system.posix_acl_default"
-                && inode.attrs.kind != InodeKind::Dir
-            {
-                return Err(Error::NotPermitted(format!(
-                    "inode {ino}: a default ACL exists only on directories"
-                )));
-            }
+            // An ACL is checked, stored in its canonical encoding, and an
+            // access ACL sets the mode (and is dropped when the mode says
+            // all it does).
+            let (value, mode) = if namespace == Namespace::System {
+                acl::prepare_set(name, value, inode)?
+            } else {
+                (Some(value.to_vec()), None)
+            };
             let exists = inode.xattrs.contains_key(name);
             if flags.replace && !exists {
                 return Err(Error::NoAttribute(shown(name)));
@@ -183,7 +186,12 @@ impl Volume {
             txn.ensure_metadata_room(record_bytes)?;
             let mut attrs = inode.attrs;
             attrs.ctime = Timestamp::now();
-            txn.apply(record);
+            attrs.mode = mode.unwrap_or(attrs.mode);
+            match value {
+                Some(value) => txn.apply(Record::XattrSet { ino, name: name.to_vec(), value }),
+                None if exists => txn.apply(Record::XattrRemove { ino, name: name.to_vec() }),
+                None => {}
+            }
             txn.apply(Record::InodeSet { ino, attrs });
             Ok(())
         })?;
