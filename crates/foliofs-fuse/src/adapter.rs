@@ -164,18 +164,44 @@ fn reply_sized(reply: ReplyXattr, size: u32, bytes: &[u8]) {
     }
 }
 
-/// Whether the process behind `req` holds CAP_SYS_ADMIN, from its
-/// effective capability set (the kernel sends only the caller's ids).
-/// A caller gone before the lookup counts as unprivileged.
+const CAP_FSETID: u32 = 4;
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// What the kernel does not send about a caller: its effective
+/// capabilities and supplementary groups, from /proc. A caller gone
+/// before the lookup has neither.
+struct CallerStatus {
+    capabilities: u64,
+    groups: Vec<u32>,
+}
+
+impl CallerStatus {
+    fn of(req: &Request) -> Self {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", req.pid())).unwrap_or_default();
+        let field = |name: &str| status.lines().find_map(|line| line.strip_prefix(name));
+        let capabilities = field("CapEff:")
+            .and_then(|bits| u64::from_str_radix(bits.trim(), 16).ok())
+            .unwrap_or(0);
+        let groups = field("Groups:")
+            .map(|list| list.split_whitespace().filter_map(|gid| gid.parse().ok()).collect())
+            .unwrap_or_default();
+        Self { capabilities, groups }
+    }
+
+    fn has_capability(&self, capability: u32) -> bool {
+        self.capabilities & (1 << capability) != 0
+    }
+
+    /// in_group_p: the caller's file-system gid or a supplementary group.
+    fn in_group(&self, req: &Request, gid: u32) -> bool {
+        req.gid() == gid || self.groups.contains(&gid)
+    }
+}
+
+/// Whether the process behind `req` holds CAP_SYS_ADMIN.
 fn caller_privilege(req: &Request) -> Privilege {
-    const CAP_SYS_ADMIN: u32 = 21;
-    let status = std::fs::read_to_string(format!("/proc/{}/status", req.pid())).unwrap_or_default();
-    let effective = status
-        .lines()
-        .find_map(|line| line.strip_prefix("CapEff:"))
-        .and_then(|bits| u64::from_str_radix(bits.trim(), 16).ok())
-        .unwrap_or(0);
-    if effective & (1 << CAP_SYS_ADMIN) != 0 {
+    if CallerStatus::of(req).has_capability(CAP_SYS_ADMIN) {
         Privilege::SysAdmin
     } else {
         Privilege::Unprivileged
@@ -623,7 +649,13 @@ impl Filesystem for FolioFs {
         reply: ReplyEmpty,
     ) {
         let name = name_bytes(name);
-        let result = XattrFlags::from_bits(flags).and_then(|flags| {
+        let result = XattrFlags::from_bits(flags).and_then(|mut flags| {
+            if name == b"system.posix_acl_access" {
+                flags.acl_kill_sgid = !self.volume.getattr(ino.0).is_ok_and(|attr| {
+                    let caller = CallerStatus::of(req);
+                    caller.has_capability(CAP_FSETID) || caller.in_group(req, attr.gid)
+                });
+            }
             self.volume.set_xattr(ino.0, name, value, flags, xattr_privilege(req, name))
         });
         match result {

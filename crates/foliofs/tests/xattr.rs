@@ -20,9 +20,10 @@ use common::{new_volume, new_volume_with_journal, open_image, open_image_with, o
 const VOLUME_BYTES: u64 = 16 << 20;
 const ADMIN: Privilege = Privilege::SysAdmin;
 const USER: Privilege = Privilege::Unprivileged;
-const ANY: XattrFlags = XattrFlags { create: false, replace: false };
-const CREATE: XattrFlags = XattrFlags { create: true, replace: false };
-const REPLACE: XattrFlags = XattrFlags { create: false, replace: true };
+const ANY: XattrFlags = XattrFlags { create: false, replace: false, acl_kill_sgid: false };
+const CREATE: XattrFlags = XattrFlags { create: true, ..ANY };
+const REPLACE: XattrFlags = XattrFlags { replace: true, ..ANY };
+const KILL_SGID: XattrFlags = XattrFlags { acl_kill_sgid: true, ..ANY };
 
 block_size_tests!(
     attributes_survive_remount_checkpoint_and_fsck,
@@ -403,6 +404,12 @@ fn access_acls_set_the_mode_and_chmod_rewrites_them() {
     let chmod = foliofs::SetAttr { mode: Some(0o710), ..Default::default() };
     volume.setattr(file, &chmod).unwrap();
     assert_eq!(volume.get_xattr(file, ACL_ACCESS, USER).unwrap(), named_acl(1, 0));
+    // Set by a caller outside the group without CAP_FSETID: setgid goes.
+    volume.setattr(file, &foliofs::SetAttr { mode: Some(0o2770), ..Default::default() }).unwrap();
+    volume.set_xattr(file, ACL_ACCESS, &named_acl(7, 0), ANY, USER).unwrap();
+    assert_eq!(volume.getattr(file).unwrap().mode, 0o2770);
+    volume.set_xattr(file, ACL_ACCESS, &named_acl(5, 0), KILL_SGID, USER).unwrap();
+    assert_eq!(volume.getattr(file).unwrap().mode, 0o750);
     // An ACL the mode says whole is not kept.
     volume.set_xattr(file, ACL_ACCESS, &minimal_acl(), ANY, USER).unwrap();
     assert_eq!(volume.getattr(file).unwrap().mode & 0o777, 0o755);

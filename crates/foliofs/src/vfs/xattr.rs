@@ -28,6 +28,10 @@ pub struct XattrFlags {
     pub create: bool,
     /// XATTR_REPLACE: fail with ENODATA if it does not.
     pub replace: bool,
+    /// Setting an access ACL clears the setgid bit: the caller is neither
+    /// in the file's group nor holds CAP_FSETID (FUSE's
+    /// FUSE_SETXATTR_ACL_KILL_SGID; `posix_acl_update_mode`).
+    pub acl_kill_sgid: bool,
 }
 
 impl XattrFlags {
@@ -39,6 +43,7 @@ impl XattrFlags {
         Ok(Self {
             create: bits & libc::XATTR_CREATE != 0,
             replace: bits & libc::XATTR_REPLACE != 0,
+            acl_kill_sgid: false,
         })
     }
 }
@@ -187,6 +192,9 @@ impl Volume {
             let mut attrs = inode.attrs;
             attrs.ctime = Timestamp::now();
             attrs.mode = mode.unwrap_or(attrs.mode);
+            if flags.acl_kill_sgid && name == acl::ACCESS {
+                attrs.mode &= !(libc::S_ISGID as u32);
+            }
             match value {
                 Some(value) => txn.apply(Record::XattrSet { ino, name: name.to_vec(), value }),
                 None if exists => txn.apply(Record::XattrRemove { ino, name: name.to_vec() }),
@@ -262,7 +270,7 @@ mod tests {
         assert_eq!(XattrFlags::from_bits(4).map_err(|error| error.errno()), Err(libc::EINVAL));
         assert_eq!(
             XattrFlags::from_bits(libc::XATTR_CREATE).unwrap(),
-            XattrFlags { create: true, replace: false }
+            XattrFlags { create: true, replace: false, acl_kill_sgid: false }
         );
     }
 }
