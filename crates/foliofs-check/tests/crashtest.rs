@@ -158,14 +158,14 @@ fn extended_attributes_are_checked_at_every_crash_point() {
         Op::SetXattr { path: path(), name: 3, len: 900, data: 6 },
         Op::Fsync { path: "/log".to_string(), data_only: false },
     ];
-    let workload = Workload::replay(config, &[ops.clone()]);
+    let workload = Workload::replay(config, std::slice::from_ref(&ops));
     assert!(workload.failure.is_none(), "{:?}", workload.failure);
     let mut stats = Stats::default();
     if let Err(violation) = check_workload(&workload, 2, &mut stats) {
         panic!("{violation}");
     }
     // The checker must see a wrong fsynced set of attributes...
-    let mut wrong = Workload::replay(config, &[ops.clone()]);
+    let mut wrong = Workload::replay(config, std::slice::from_ref(&ops));
     let span = wrong
         .spans
         .iter_mut()

@@ -193,7 +193,7 @@ impl Volume {
             attrs.ctime = Timestamp::now();
             attrs.mode = mode.unwrap_or(attrs.mode);
             if flags.acl_kill_sgid && name == acl::ACCESS {
-                attrs.mode &= !(libc::S_ISGID as u32);
+                attrs.mode &= !libc::S_ISGID;
             }
             match value {
                 Some(value) => txn.apply(Record::XattrSet { ino, name: name.to_vec(), value }),
