@@ -902,6 +902,8 @@ fn special_files_through_the_mount() {
     check(&root);
     mounted.unmount();
     mounted.fsck_clean();
+    let report = ok(FOLIOFS, &["fsck", mounted.image_str()]);
+    assert!(report.contains(" 4 special files"), "{report}");
     let listing = ok(FOLIOFS, &["ls", "-l", &format!("{}:/", mounted.image_str())]);
     for kind in ['p', 's', 'c', 'b'] {
         assert!(listing.lines().any(|line| line.starts_with(kind)), "{kind}: {listing}");
