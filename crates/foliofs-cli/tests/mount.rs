@@ -33,7 +33,7 @@ fn require(tools: &[&str]) {
             .stdout(Stdio::null())
             .status()
             .is_ok_and(|status| status.success());
-        assert!(found, "mount tests need {tool} (apt-get install fio xfsprogs sqlite3 fuse3 attr)");
+        assert!(found, "mount tests need {tool} (apt-get install fio xfsprogs sqlite3 fuse3 attr acl)");
     }
 }
 
