@@ -23,10 +23,13 @@
 //!   a size never covers a block whose write did not complete), at least
 //!   as long as its last fsync;
 //! - a file fsynced (or fdatasynced) before the cut and not changed after
-//!   has exactly the fsynced content; a thread's subtree after a syncfs it
-//!   issued, with no later op of it started, is exactly the model's.
+//!   has exactly the fsynced content (and, after fsync, the fsynced
+//!   extended attributes); a thread's subtree after a syncfs it issued,
+//!   with no later op of it started, is exactly the model's;
+//! - every file's extended attributes are a set it had after one of its
+//!   setxattr/removexattr ops (each is atomic), the same on every mount.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,8 +40,8 @@ use foliofs::{InodeKind, VolumeOptions};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::model::{read_tree, subtree, tree_diff, Tree};
-use crate::workload::{LiveFailure, Op, SpanKind, Workload, WorkloadConfig};
+use crate::model::{read_tree, read_tree_xattrs, subtree, tree_diff, Tree};
+use crate::workload::{LiveFailure, Op, SpanKind, Workload, WorkloadConfig, Xattrs};
 use crate::{mix, open_image, SECTOR_BYTES};
 
 /// How thoroughly each workload is crashed.
@@ -294,10 +297,18 @@ fn check_image(workload: &Workload, cut: usize, image: Vec<u8>) -> Result<(), St
     }
     let ballast = workload.ballast.1;
     let skip = HashSet::from([ballast]);
-    let full = {
+    let (full, xattrs) = {
         let (_, volume) = open_image(image.clone(), &read_only(workload))
             .map_err(|error| format!("mount: {error}"))?;
-        read_tree(&volume, &HashSet::new())?
+        let tree = read_tree(&volume, &HashSet::new())?;
+        let xattrs = read_tree_xattrs(&volume, &tree)?;
+        (tree, xattrs)
+    };
+    let same_xattrs = |volume: &foliofs::Volume, when: &str| -> Result<(), String> {
+        if read_tree_xattrs(volume, &full)? != xattrs {
+            return Err(format!("extended attributes differ {when}"));
+        }
+        Ok(())
     };
     let mut first = full.clone();
     if let Some(entry) = first.get_mut(&workload.ballast.0) {
@@ -310,6 +321,7 @@ fn check_image(workload: &Workload, cut: usize, image: Vec<u8>) -> Result<(), St
     if seen != first {
         return Err(format!("the writable mount differs: {}", tree_diff(&first, &seen)));
     }
+    same_xattrs(&recovered, "on the writable mount")?;
     // A crash right after the recovery mount: only what it made durable.
     let again = recovered_raw.crash_image(recovered_raw.log_len(), &|_| Keep::Nothing);
     let (_, volume) = open_image(again, &read_only(workload))
@@ -321,6 +333,7 @@ fn check_image(workload: &Workload, cut: usize, image: Vec<u8>) -> Result<(), St
             tree_diff(&first, &seen)
         ));
     }
+    same_xattrs(&volume, "replaying again after recovery")?;
     drop(volume);
     recovered.close().map_err(|error| format!("closing the recovered volume: {error}"))?;
     let (_, volume) = open_image(recovered_raw.image(), &read_only(workload))
@@ -329,10 +342,16 @@ fn check_image(workload: &Workload, cut: usize, image: Vec<u8>) -> Result<(), St
     if seen != first {
         return Err(format!("mount after a clean close differs: {}", tree_diff(&first, &seen)));
     }
-    check_against_model(workload, cut, &full)
+    same_xattrs(&volume, "after recovery and a clean close")?;
+    check_against_model(workload, cut, &full, &xattrs)
 }
 
-fn check_against_model(workload: &Workload, cut: usize, tree: &Tree) -> Result<(), String> {
+fn check_against_model(
+    workload: &Workload,
+    cut: usize,
+    tree: &Tree,
+    xattrs: &BTreeMap<u64, Xattrs>,
+) -> Result<(), String> {
     let block_bytes = u64::from(workload.config.block_bytes);
     let (ballast_path, ballast_ino, ballast_content) = &workload.ballast;
     for (path, (ino, kind, content)) in tree {
@@ -347,6 +366,16 @@ fn check_against_model(workload: &Workload, cut: usize, tree: &Tree) -> Result<(
         }
         let inode =
             workload.inode(*ino).ok_or_else(|| format!("{path}: inode {ino} was never created"))?;
+        let found_xattrs = &xattrs[ino];
+        if !inode.xattr_states.contains(found_xattrs) {
+            return Err(format!(
+                "{path}: extended attributes {:?} were never the file's",
+                found_xattrs
+                    .iter()
+                    .map(|(name, value)| (String::from_utf8_lossy(name), value.len()))
+                    .collect::<Vec<_>>()
+            ));
+        }
         if let Some(pos) = inode.history.first_foreign(content) {
             return Err(format!(
                 "{path}: byte {pos} = {:#04x} was never written there",
@@ -403,7 +432,7 @@ fn check_against_model(workload: &Workload, cut: usize, tree: &Tree) -> Result<(
         }
     }
     for span in &workload.spans {
-        let SpanKind::Fsync { ino, content } = &span.kind else {
+        let SpanKind::Fsync { ino, content, xattrs: synced_xattrs } = &span.kind else {
             continue;
         };
         if span.log_end > cut {
@@ -436,6 +465,14 @@ fn check_against_model(workload: &Workload, cut: usize, tree: &Tree) -> Result<(
         });
         if modified_later {
             continue;
+        }
+        if let (Some(expected), Some((found_ino, _, _))) = (synced_xattrs, found) {
+            if &xattrs[found_ino] != expected {
+                return Err(format!(
+                    "thread {} op {} ({}): the extended attributes differ from the fsynced ones",
+                    span.thread, span.op_index, span.description
+                ));
+            }
         }
         match found {
             Some((_, _, recovered)) if recovered == content => {}

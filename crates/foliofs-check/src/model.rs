@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use foliofs::space::FallocateMode;
-use foliofs::{InodeKind, OpenFlags, Volume};
+use foliofs::{InodeKind, OpenFlags, Privilege, Volume};
 
 use crate::ROOT;
 
@@ -97,6 +97,36 @@ pub fn read_tree(volume: &Volume, skip: &HashSet<u64>) -> Result<Tree, String> {
         }
     }
     Ok(tree)
+}
+
+/// The extended attributes of `ino`, all namespaces.
+pub fn read_xattrs(volume: &Volume, ino: u64) -> Result<crate::workload::Xattrs, String> {
+    let names = volume
+        .list_xattr(ino, Privilege::SysAdmin)
+        .map_err(|error| format!("listxattr of inode {ino}: {error}"))?;
+    names
+        .into_iter()
+        .map(|name| {
+            let value = volume
+                .get_xattr(ino, &name, Privilege::SysAdmin)
+                .map_err(|error| format!("getxattr of inode {ino}: {error}"))?;
+            Ok((name, value))
+        })
+        .collect()
+}
+
+/// The extended attributes of every inode in `tree`.
+pub fn read_tree_xattrs(
+    volume: &Volume,
+    tree: &Tree,
+) -> Result<BTreeMap<u64, crate::workload::Xattrs>, String> {
+    let mut out = BTreeMap::new();
+    for (ino, _, _) in tree.values() {
+        if !out.contains_key(ino) {
+            out.insert(*ino, read_xattrs(volume, *ino)?);
+        }
+    }
+    Ok(out)
 }
 
 /// A whole file, read through the cache.

@@ -19,11 +19,11 @@ use std::sync::Arc;
 
 use foliofs::dev::{AlignedBuf, FaultDev};
 use foliofs::space::FallocateMode;
-use foliofs::{InodeKind, OpenFlags, RenameFlags, Volume, VolumeOptions};
+use foliofs::{InodeKind, OpenFlags, Privilege, RenameFlags, Volume, VolumeOptions, XattrFlags};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::model::{apply_fallocate, read_file, ByteHistory, Tree};
+use crate::model::{apply_fallocate, read_file, read_xattrs, ByteHistory, Tree};
 use crate::{mix, owner, pattern, ROOT, SECTOR_BYTES};
 
 /// What one workload is.
@@ -151,7 +151,26 @@ pub enum Op {
     /// syncfs: `Volume::sync`.
     Sync,
     Checkpoint,
+    /// Sets `user.x{name}` to `len` bytes of `pattern(data, len)`.
+    SetXattr {
+        path: String,
+        name: u8,
+        len: usize,
+        data: u64,
+    },
+    RemoveXattr {
+        path: String,
+        name: u8,
+    },
 }
+
+/// The name of the workload's extended attribute number `index`.
+pub fn xattr_name(index: u8) -> Vec<u8> {
+    format!("user.x{index}").into_bytes()
+}
+
+/// One inode's extended attributes: name -> value.
+pub type Xattrs = BTreeMap<Vec<u8>, Vec<u8>>;
 
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -176,6 +195,10 @@ impl fmt::Display for Op {
             Op::Fsync { path, data_only: true } => write!(f, "fdatasync {path}"),
             Op::Sync => write!(f, "syncfs"),
             Op::Checkpoint => write!(f, "checkpoint"),
+            Op::SetXattr { path, name, len, data } => {
+                write!(f, "setxattr {path} user.x{name} {len} bytes data={data:#x}")
+            }
+            Op::RemoveXattr { path, name } => write!(f, "removexattr {path} user.x{name}"),
         }
     }
 }
@@ -191,11 +214,20 @@ pub struct InodeModel {
     pub sizes_seen: HashSet<u64>,
     /// Only ever appended to: a recovered version must be a prefix of `content`.
     pub append_only: bool,
+    /// The extended attributes now, and every set of them the inode had
+    /// (each change is one transaction, so a crash recovers one of these).
+    pub xattrs: Xattrs,
+    pub xattr_states: Vec<Xattrs>,
 }
 
 impl InodeModel {
     fn new(append_only: bool) -> Self {
-        Self { sizes_seen: HashSet::from([0]), append_only, ..Self::default() }
+        Self {
+            sizes_seen: HashSet::from([0]),
+            append_only,
+            xattr_states: vec![Xattrs::new()],
+            ..Self::default()
+        }
     }
 }
 
@@ -216,10 +248,12 @@ pub struct Span {
 #[derive(Debug, Clone)]
 pub enum SpanKind {
     Other,
-    /// fsync or fdatasync of `ino` returned with this content.
+    /// fsync or fdatasync of `ino` returned with this content (and, for
+    /// fsync, these extended attributes).
     Fsync {
         ino: u64,
         content: Vec<u8>,
+        xattrs: Option<Xattrs>,
     },
     /// syncfs returned with the thread's subtree like this.
     Sync(Tree),
@@ -460,7 +494,7 @@ impl ThreadModel {
         let data = mix(&[config.seed, self.index as u64, op_index as u64]);
         let block = u64::from(config.block_bytes);
         let sector = u64::from(SECTOR_BYTES);
-        let choice = rng.random_range(0..100);
+        let choice = rng.random_range(0..108);
         let Some(path) = Self::pick(rng, &self.files).cloned() else {
             return match choice {
                 0..=69 => Op::Create { path: self.fresh_path(rng) },
@@ -526,6 +560,20 @@ impl ThreadModel {
                 Op::Fsync { path, data_only: rng.random_bool(0.5) }
             }
             86..=89 => Op::Checkpoint,
+            100..=107 => {
+                let path = if rng.random_bool(0.2) {
+                    self.logs.keys().next().cloned().expect("every thread has a log")
+                } else {
+                    path
+                };
+                let name = rng.random_range(0..4);
+                if choice >= 105 {
+                    Op::RemoveXattr { path, name }
+                } else {
+                    let len = [0, 16, 900, 4000][rng.random_range(0..4)];
+                    Op::SetXattr { path, name, len, data }
+                }
+            }
             _ => Op::Sync,
         }
     }
@@ -680,8 +728,17 @@ impl ThreadModel {
                 if *data_only { file.fdatasync() } else { file.fsync() }
                     .map_err(|error| format!("fsync: {error}"))?;
                 let content = self.inodes[&ino].content.clone();
+                let xattrs = self.inodes[&ino].xattrs.clone();
                 // The model must agree with the live file, or every crash
                 // check after this would be wrong.
+                let live_xattrs = read_xattrs(volume, ino)?;
+                if live_xattrs != xattrs {
+                    return Err(format!(
+                        "live extended attributes differ from the model: {:?} vs {:?}",
+                        live_xattrs.keys().collect::<Vec<_>>(),
+                        xattrs.keys().collect::<Vec<_>>()
+                    ));
+                }
                 let live = read_file(volume, ino).map_err(|error| format!("read: {error}"))?;
                 if live != content {
                     let at = live.iter().zip(&content).position(|(a, b)| a != b);
@@ -691,7 +748,8 @@ impl ThreadModel {
                         content.len()
                     ));
                 }
-                Ok((Vec::new(), SpanKind::Fsync { ino, content }))
+                let xattrs = (!*data_only).then_some(xattrs);
+                Ok((Vec::new(), SpanKind::Fsync { ino, content, xattrs }))
             }
             Op::Sync => {
                 volume.sync().map_err(|error| format!("syncfs: {error}"))?;
@@ -700,6 +758,35 @@ impl ThreadModel {
             Op::Checkpoint => {
                 volume.checkpoint().map_err(|error| format!("checkpoint: {error}"))?;
                 Ok((Vec::new(), SpanKind::Other))
+            }
+            Op::SetXattr { path, name, len, data } => {
+                let Some(&ino) = self.files.get(path).or_else(|| self.logs.get(path)) else {
+                    return skipped();
+                };
+                let (name, value) = (xattr_name(*name), pattern(*data, *len));
+                volume
+                    .set_xattr(ino, &name, &value, XattrFlags::default(), Privilege::Unprivileged)
+                    .map_err(|error| format!("setxattr: {error}"))?;
+                let inode = self.inodes.get_mut(&ino).expect("known");
+                inode.xattrs.insert(name, value);
+                inode.xattr_states.push(inode.xattrs.clone());
+                Ok((vec![ino], SpanKind::Other))
+            }
+            Op::RemoveXattr { path, name } => {
+                let Some(&ino) = self.files.get(path).or_else(|| self.logs.get(path)) else {
+                    return skipped();
+                };
+                let name = xattr_name(*name);
+                let inode = self.inodes.get_mut(&ino).expect("known");
+                if !inode.xattrs.contains_key(&name) {
+                    return skipped();
+                }
+                volume
+                    .remove_xattr(ino, &name, Privilege::Unprivileged)
+                    .map_err(|error| format!("removexattr: {error}"))?;
+                inode.xattrs.remove(&name);
+                inode.xattr_states.push(inode.xattrs.clone());
+                Ok((vec![ino], SpanKind::Other))
             }
         }
     }

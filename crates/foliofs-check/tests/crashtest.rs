@@ -134,3 +134,54 @@ fn direct_write_below_unwritten_buffered_data_moves_the_disk_size_to_its_end() {
         panic!("{violation}");
     }
 }
+
+/// Extended attributes in the checker: a replayed op list that sets,
+/// replaces and removes attributes around fsyncs, data writes and
+/// checkpoints passes at every crash point, and a model that remembers the
+/// fsynced attributes wrongly, or one missing a state the file had, is
+/// caught.
+#[test]
+fn extended_attributes_are_checked_at_every_crash_point() {
+    let config = WorkloadConfig::new(5150, 4096, 1, 12);
+    let path = || "/n1".to_string();
+    let ops = vec![
+        Op::Create { path: path() },
+        Op::SetXattr { path: path(), name: 0, len: 900, data: 1 },
+        Op::Write { path: path(), pos: 0, len: 5000, data: 2, direct: false },
+        Op::SetXattr { path: path(), name: 1, len: 4000, data: 3 },
+        Op::Fsync { path: path(), data_only: false },
+        Op::SetXattr { path: path(), name: 0, len: 16, data: 4 },
+        Op::Checkpoint,
+        Op::RemoveXattr { path: path(), name: 1 },
+        Op::SetXattr { path: "/log".to_string(), name: 2, len: 0, data: 5 },
+        Op::Sync,
+        Op::SetXattr { path: path(), name: 3, len: 900, data: 6 },
+        Op::Fsync { path: "/log".to_string(), data_only: false },
+    ];
+    let workload = Workload::replay(config, std::slice::from_ref(&ops));
+    assert!(workload.failure.is_none(), "{:?}", workload.failure);
+    let mut stats = Stats::default();
+    if let Err(violation) = check_workload(&workload, 2, &mut stats) {
+        panic!("{violation}");
+    }
+    // The checker must see a wrong fsynced set of attributes...
+    let mut wrong = Workload::replay(config, std::slice::from_ref(&ops));
+    let span = wrong
+        .spans
+        .iter_mut()
+        .find(|span| matches!(&span.kind, SpanKind::Fsync { xattrs: Some(x), .. } if !x.is_empty()))
+        .expect("an fsync with attributes");
+    let SpanKind::Fsync { xattrs: Some(xattrs), .. } = &mut span.kind else { unreachable!() };
+    xattrs.values_mut().next().unwrap().push(0);
+    let violation = check_workload(&wrong, 0, &mut Stats::default())
+        .expect_err("wrong fsynced attributes are reported");
+    assert!(violation.message.contains("extended attributes"), "{violation}");
+    // ...and attributes the model never had.
+    let mut wrong = Workload::replay(config, &[ops]);
+    let ino = wrong.threads[0].files["/n1"];
+    let model = wrong.threads[0].inodes.get_mut(&ino).unwrap();
+    model.xattr_states.retain(|state| state.is_empty());
+    let violation = check_workload(&wrong, 0, &mut Stats::default())
+        .expect_err("unknown attributes are reported");
+    assert!(violation.message.contains("were never the file's"), "{violation}");
+}

@@ -33,7 +33,7 @@ fn require(tools: &[&str]) {
             .stdout(Stdio::null())
             .status()
             .is_ok_and(|status| status.success());
-        assert!(found, "mount tests need {tool} (apt-get install fio xfsprogs sqlite3 fuse3)");
+        assert!(found, "mount tests need {tool} (apt-get install fio xfsprogs sqlite3 fuse3 attr acl)");
     }
 }
 
@@ -621,10 +621,7 @@ fn errnos_and_namespace_semantics_through_the_mount() {
     assert_eq!(errno_of(fs::read_dir(root.join("d/f"))), libc::ENOTDIR);
     assert_eq!(errno_of(fs::write(root.join("n".repeat(256)), b"")), libc::ENAMETOOLONG);
     assert_eq!(errno_of(fs::rename(root.join("d"), root.join("d/inside"))), libc::EINVAL);
-    // mknod of a FIFO: the volume stores no special files.
-    let fifo = Command::new("mkfifo").arg(root.join("fifo")).output().unwrap();
-    assert!(!fifo.status.success());
-    assert!(String::from_utf8_lossy(&fifo.stderr).contains("not permitted"));
+    // Special files: special_files_through_the_mount.
 
     // rename(2) replaces; RENAME_NOREPLACE and RENAME_EXCHANGE via renameat2.
     fs::write(root.join("a"), b"A").unwrap();
@@ -1173,4 +1170,292 @@ fn mmap_of_an_o_direct_file_writes_back_through_msync() {
         mounted.unmount();
         mounted.fsck_clean();
     }
+}
+
+fn c_path(path: &Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap()
+}
+
+fn last_errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap()
+}
+
+/// lsetxattr(2): 0 or the errno.
+fn set_xattr(path: &Path, name: &str, value: &[u8], flags: i32) -> i32 {
+    let (path, name) = (c_path(path), std::ffi::CString::new(name).unwrap());
+    // SAFETY: both strings are NUL-terminated and the value slice is valid
+    // for its length, all outliving the call.
+    let result = unsafe {
+        libc::lsetxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags)
+    };
+    if result == 0 {
+        0
+    } else {
+        last_errno()
+    }
+}
+
+/// lgetxattr(2) into a buffer of `size` bytes: the value or the errno.
+fn get_xattr(path: &Path, name: &str, size: usize) -> Result<Vec<u8>, i32> {
+    let (path, name) = (c_path(path), std::ffi::CString::new(name).unwrap());
+    let mut buffer = vec![0u8; size];
+    // SAFETY: the strings are NUL-terminated; the buffer is writable for
+    // `size` bytes (a null pointer with size 0 asks for the length).
+    let length = unsafe {
+        let pointer = if size == 0 { std::ptr::null_mut() } else { buffer.as_mut_ptr().cast() };
+        libc::lgetxattr(path.as_ptr(), name.as_ptr(), pointer, size)
+    };
+    if length < 0 {
+        return Err(last_errno());
+    }
+    buffer.truncate(length as usize);
+    Ok(buffer)
+}
+
+/// llistxattr(2) into a buffer of `size` bytes: the list or the errno.
+fn list_xattr(path: &Path, size: usize) -> Result<Vec<u8>, i32> {
+    let path = c_path(path);
+    let mut buffer = vec![0u8; size];
+    // SAFETY: as in get_xattr.
+    let length = unsafe {
+        let pointer = if size == 0 { std::ptr::null_mut() } else { buffer.as_mut_ptr().cast() };
+        libc::llistxattr(path.as_ptr(), pointer, size)
+    };
+    if length < 0 {
+        return Err(last_errno());
+    }
+    buffer.truncate(length as usize);
+    Ok(buffer)
+}
+
+#[test]
+fn xattrs_through_the_mount_with_setfattr_and_getfattr() {
+    if skip_requested() {
+        return;
+    }
+    require(&["setfattr", "getfattr", "setpriv", "cp"]);
+    let mut mounted = Mounted::new(4096, "64M", "");
+    let root = mounted.point.clone();
+    let file = root.join("f");
+    fs::write(&file, b"data").unwrap();
+    fs::create_dir(root.join("d")).unwrap();
+    let file_str = file.to_str().unwrap();
+    ok("setfattr", &["-n", "user.mime", "-v", "text/plain", file_str]);
+    ok("setfattr", &["-n", "trusted.overlay.opaque", "-v", "y", file_str]);
+    ok("setfattr", &["-n", "security.test", "-v", "0x00ff00", file_str]);
+    ok("setfattr", &["-n", "user.dir", "-v", "yes", root.join("d").to_str().unwrap()]);
+    let dump = ok("getfattr", &["--absolute-names", "-d", "-m", "-", "-e", "text", file_str]);
+    assert!(dump.contains("user.mime=\"text/plain\""), "{dump}");
+    assert!(dump.contains("trusted.overlay.opaque=\"y\""), "{dump}");
+    let missing = run("getfattr", &["-n", "user.missing", file_str]);
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("No such attribute"), "{missing:?}");
+
+    // Limits and errnos, from the kernel's checks and the volume's.
+    assert_eq!(set_xattr(&file, "user.big", &vec![1; 65536], 0), 0);
+    assert_eq!(get_xattr(&file, "user.big", 65536).unwrap().len(), 65536);
+    assert_eq!(get_xattr(&file, "user.big", 0).unwrap().len(), 0, "size query");
+    assert_eq!(get_xattr(&file, "user.big", 100), Err(libc::ERANGE));
+    assert_eq!(set_xattr(&file, "user.big", &vec![1; 65537], 0), libc::E2BIG);
+    assert_eq!(set_xattr(&file, &format!("user.{}", "n".repeat(251)), b"v", 0), libc::ERANGE);
+    assert_eq!(set_xattr(&file, &format!("user.{}", "n".repeat(250)), b"v", 0), 0);
+    assert_eq!(set_xattr(&file, "user.mime", b"x", libc::XATTR_CREATE), libc::EEXIST);
+    assert_eq!(set_xattr(&file, "user.none", b"x", libc::XATTR_REPLACE), libc::ENODATA);
+    assert_eq!(set_xattr(&file, "os2.name", b"x", 0), libc::EOPNOTSUPP);
+    assert_eq!(get_xattr(&file, "user.none", 100), Err(libc::ENODATA));
+    std::os::unix::fs::symlink("f", root.join("link")).unwrap();
+    assert_eq!(set_xattr(&root.join("link"), "user.x", b"x", 0), libc::EPERM);
+    let list_length = list_xattr(&file, 0).unwrap().len();
+    assert_eq!(list_length, 0, "a size query returns no bytes");
+    assert_eq!(list_xattr(&file, 8), Err(libc::ERANGE));
+    let names = list_xattr(&file, 65536).unwrap();
+    assert!(names.split(|&byte| byte == 0).any(|name| name == b"trusted.overlay.opaque"));
+    // A caller without CAP_SYS_ADMIN sees neither trusted names nor values.
+    let as_user = |args: &[&str]| {
+        let mut all = vec!["--bounding-set=-sys_admin", "--inh-caps=-sys_admin"];
+        all.extend_from_slice(args);
+        run("setpriv", &all)
+    };
+    let listed = as_user(&["getfattr", "--absolute-names", "-d", "-m", "-", file_str]);
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(listed.contains("user.mime") && !listed.contains("trusted."), "{listed}");
+    let unprivileged_list = std::thread::spawn({
+        let file = file.clone();
+        move || {
+            drop_sys_admin_in_this_thread();
+            list_xattr(&file, 65536).unwrap()
+        }
+    });
+    let names = unprivileged_list.join().unwrap();
+    let names: Vec<&[u8]> = names.split(|&byte| byte == 0).filter(|n| !n.is_empty()).collect();
+    assert!(names.contains(&&b"user.mime"[..]), "{names:?}");
+    assert!(!names.iter().any(|name| name.starts_with(b"trusted.")), "{names:?}");
+    let refused = as_user(&["setfattr", "-n", "trusted.x", "-v", "1", file_str]);
+    assert!(!refused.status.success());
+    // Removal, then a remount and cp -a, which carries user attributes.
+    ok("setfattr", &["-x", "user.big", file_str]);
+    assert_eq!(get_xattr(&file, "user.big", 10), Err(libc::ENODATA));
+    let before = ok("getfattr", &["--absolute-names", "-d", "-m", "-", "-e", "hex", file_str]);
+    mounted.remount("");
+    let after = ok("getfattr", &["--absolute-names", "-d", "-m", "-", "-e", "hex", file_str]);
+    assert_eq!(after, before, "attributes changed across the remount");
+    assert!(after.contains("user.mime=0x746578742f706c61696e"), "{after}");
+    ok("cp", &["-a", file_str, root.join("copy").to_str().unwrap()]);
+    assert_eq!(get_xattr(&root.join("copy"), "user.mime", 100).unwrap(), b"text/plain");
+    mounted.unmount();
+    mounted.fsck_clean();
+}
+
+#[test]
+fn special_files_through_the_mount() {
+    if skip_requested() {
+        return;
+    }
+    require(&["mkfifo", "mknod", "stat"]);
+    let mut mounted = Mounted::new(4096, "64M", "");
+    let root = mounted.point.clone();
+    let path = |name: &str| root.join(name).to_str().unwrap().to_string();
+    ok("mkfifo", &["-m", "0640", &path("fifo")]);
+    ok("mknod", &["-m", "0620", &path("null"), "c", "1", "3"]);
+    ok("mknod", &["-m", "0660", &path("loop"), "b", "7", "200"]);
+    let listener = std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap();
+    // A FIFO carries data between two openers (the kernel's pipe).
+    let reader = std::thread::spawn({
+        let fifo = root.join("fifo");
+        move || fs::read(fifo).unwrap()
+    });
+    fs::write(root.join("fifo"), b"through the pipe").unwrap();
+    assert_eq!(reader.join().unwrap(), b"through the pipe");
+    // A unix socket accepts a connection.
+    let client = std::os::unix::net::UnixStream::connect(root.join("sock")).unwrap();
+    let (mut server, _) = listener.accept().unwrap();
+    (&client).write_all(b"ping").unwrap();
+    let mut ping = [0u8; 4];
+    server.read_exact(&mut ping).unwrap();
+    assert_eq!(&ping, b"ping");
+    drop((client, server, listener));
+    // nodev by default: device nodes exist but do not open.
+    assert_eq!(errno_of(fs::File::open(root.join("null"))), libc::EACCES);
+    let expected = [
+        ("fifo", "fifo 0 0 640"),
+        ("sock", "socket 0 0 "),
+        ("null", "character special file 1 3 620"),
+        ("loop", "block special file 7 c8 660"),
+    ];
+    let check = |root: &Path| {
+        for (name, want) in expected {
+            let shown = ok("stat", &["-c", "%F %t %T %a", root.join(name).to_str().unwrap()]);
+            assert!(shown.trim().starts_with(want), "{name}: {shown}");
+        }
+    };
+    check(&root);
+    mounted.remount("");
+    check(&root);
+    mounted.unmount();
+    mounted.fsck_clean();
+    let report = ok(FOLIOFS, &["fsck", mounted.image_str()]);
+    assert!(report.contains(" 4 special files"), "{report}");
+    let listing = ok(FOLIOFS, &["ls", "-l", &format!("{}:/", mounted.image_str())]);
+    for kind in ['p', 's', 'c', 'b'] {
+        assert!(listing.lines().any(|line| line.starts_with(kind)), "{kind}: {listing}");
+    }
+    mounted.mount("");
+    for name in ["fifo", "sock", "null", "loop"] {
+        fs::remove_file(root.join(name)).unwrap();
+    }
+    mounted.unmount();
+    mounted.fsck_clean();
+}
+
+/// Clears CAP_SYS_ADMIN from the calling thread's effective set
+/// (capabilities are per thread), so requests it makes come from a caller
+/// without it.
+fn drop_sys_admin_in_this_thread() {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    const CAP_SYS_ADMIN: u32 = 21;
+    let mut header = Header { version: VERSION_3, pid: 0 };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget/capset have no libc wrapper; version 3 takes a header
+    // and two data structs, both valid and writable for the calls, and pid
+    // 0 means the calling thread.
+    unsafe {
+        assert_eq!(libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()), 0);
+        data[0].effective &= !(1 << CAP_SYS_ADMIN);
+        assert_eq!(libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()), 0);
+    }
+}
+
+/// Runs `script` with sh as uid and gid 1000, no supplementary groups.
+fn as_uid_1000(script: &str) -> Output {
+    run("setpriv", &["--reuid=1000", "--regid=1000", "--clear-groups", "sh", "-c", script])
+}
+
+#[test]
+fn posix_acls_are_enforced_inherited_and_kept_in_sync_with_the_mode() {
+    if skip_requested() {
+        return;
+    }
+    require(&["setfacl", "getfacl", "setpriv", "stat"]);
+    let mut mounted = Mounted::new(4096, "64M", "allow_other");
+    // Let uid 1000 reach the mount point.
+    fs::set_permissions(mounted.point.parent().unwrap(), fs::Permissions::from_mode(0o755))
+        .unwrap();
+    let root = mounted.point.clone();
+    fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+    let path = |name: &str| root.join(name).to_str().unwrap().to_string();
+    let file = path("secret");
+    fs::write(&file, b"for 1000 only").unwrap();
+    fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
+    let read_as_1000 = || as_uid_1000(&format!("cat {file}"));
+    assert!(!read_as_1000().status.success(), "mode 0600 keeps uid 1000 out");
+    // A named-user entry lets uid 1000 read; the mode's group bits show the mask.
+    ok("setfacl", &["-m", "u:1000:r", &file]);
+    let read = read_as_1000();
+    assert!(read.status.success(), "{read:?}");
+    assert_eq!(read.stdout, b"for 1000 only");
+    assert_eq!(ok("stat", &["-c", "%a", &file]).trim(), "640");
+    let acl = ok("getfacl", &["-c", "-n", &file]);
+    assert!(acl.contains("user:1000:r--") && acl.contains("mask::r--"), "{acl}");
+    // chmod sets the mask: with group bits 0 the entry grants nothing.
+    ok("chmod", &["600", &file]);
+    assert!(ok("getfacl", &["-c", "-n", &file]).contains("mask::---"));
+    assert!(!read_as_1000().status.success(), "the mask now denies uid 1000");
+    ok("chmod", &["640", &file]);
+    assert!(read_as_1000().status.success(), "the mask allows again");
+
+    // A default ACL: new files inherit it in place of the umask.
+    let dir = path("shared");
+    fs::create_dir(&dir).unwrap();
+    ok("setfacl", &["-m", "u:1000:rwx", &dir]);
+    ok("setfacl", &["-d", "-m", "u:1000:rwx", &dir]);
+    let made = as_uid_1000(&format!("umask 077 && echo hi > {dir}/by1000 && mkdir {dir}/sub"));
+    assert!(made.status.success(), "{made:?}");
+    ok("sh", &["-c", &format!("umask 077 && touch {dir}/byroot")]);
+    assert_eq!(ok("stat", &["-c", "%a", &format!("{dir}/byroot")]).trim(), "664");
+    let inherited = ok("getfacl", &["-c", "-n", &format!("{dir}/byroot")]);
+    assert!(inherited.contains("user:1000:rwx\t#effective:rw-"), "{inherited}");
+    let sub = ok("getfacl", &["-c", "-n", &format!("{dir}/sub")]);
+    assert!(sub.contains("default:user:1000:rwx"), "{sub}");
+    // uid 1000 can write root's new file through the inherited entry.
+    let wrote = as_uid_1000(&format!("echo more >> {dir}/byroot"));
+    assert!(wrote.status.success(), "{wrote:?}");
+    let before = ok("getfacl", &["-R", "-n", &path("shared"), &file]);
+    mounted.remount("allow_other");
+    let after = ok("getfacl", &["-R", "-n", &path("shared"), &file]);
+    assert_eq!(after, before, "ACLs changed across the remount");
+    assert!(read_as_1000().status.success());
+    mounted.unmount();
+    mounted.fsck_clean();
 }

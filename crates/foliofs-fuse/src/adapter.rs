@@ -12,7 +12,10 @@ use std::time::Duration;
 
 use foliofs::dev::AlignedBuf;
 use foliofs::space::FallocateMode;
-use foliofs::{Attr, Error, File, OpenFlags, Owner, RenameFlags, SetAttr, TimeSet, Volume};
+use foliofs::{
+    Attr, Error, File, OpenFlags, Owner, Privilege, RenameFlags, SetAttr, TimeSet, Volume,
+    XattrFlags,
+};
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, Notifier, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
@@ -69,6 +72,9 @@ pub struct FolioFs {
     page_cache: PageCacheUse,
     ttl: Duration,
     max_write_bytes: u32,
+    /// The kernel enforces POSIX ACLs (FUSE_POSIX_ACL); it needs the
+    /// kernel's permission checks, so only with default_permissions.
+    posix_acl: bool,
 }
 
 impl FolioFs {
@@ -80,6 +86,7 @@ impl FolioFs {
             page_cache: options.page_cache,
             ttl: options.attr_timeout,
             max_write_bytes: options.max_write_bytes,
+            posix_acl: options.default_permissions,
         }
     }
 
@@ -192,6 +199,72 @@ fn time_set(time: TimeOrNow) -> TimeSet {
     }
 }
 
+/// getxattr/listxattr answers: the size when asked for it (size 0), ERANGE
+/// when the caller's buffer is too small, the bytes otherwise.
+fn reply_sized(reply: ReplyXattr, size: u32, bytes: &[u8]) {
+    if size == 0 {
+        reply.size(bytes.len() as u32);
+    } else if bytes.len() > size as usize {
+        reply.error(Errno::from_i32(libc::ERANGE));
+    } else {
+        reply.data(bytes);
+    }
+}
+
+const CAP_FSETID: u32 = 4;
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// What the kernel does not send about a caller: its effective
+/// capabilities and supplementary groups, from /proc. A caller gone
+/// before the lookup has neither.
+struct CallerStatus {
+    capabilities: u64,
+    groups: Vec<u32>,
+}
+
+impl CallerStatus {
+    fn of(req: &Request) -> Self {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", req.pid())).unwrap_or_default();
+        let field = |name: &str| status.lines().find_map(|line| line.strip_prefix(name));
+        let capabilities = field("CapEff:")
+            .and_then(|bits| u64::from_str_radix(bits.trim(), 16).ok())
+            .unwrap_or(0);
+        let groups = field("Groups:")
+            .map(|list| list.split_whitespace().filter_map(|gid| gid.parse().ok()).collect())
+            .unwrap_or_default();
+        Self { capabilities, groups }
+    }
+
+    fn has_capability(&self, capability: u32) -> bool {
+        self.capabilities & (1 << capability) != 0
+    }
+
+    /// in_group_p: the caller's file-system gid or a supplementary group.
+    fn in_group(&self, req: &Request, gid: u32) -> bool {
+        req.gid() == gid || self.groups.contains(&gid)
+    }
+}
+
+/// Whether the process behind `req` holds CAP_SYS_ADMIN.
+fn caller_privilege(req: &Request) -> Privilege {
+    if CallerStatus::of(req).has_capability(CAP_SYS_ADMIN) {
+        Privilege::SysAdmin
+    } else {
+        Privilege::Unprivileged
+    }
+}
+
+/// The caller's privilege where it matters for `name` (only `trusted.`
+/// names need it), sparing the /proc read for every other attribute.
+fn xattr_privilege(req: &Request, name: &[u8]) -> Privilege {
+    if name.starts_with(b"trusted.") {
+        caller_privilege(req)
+    } else {
+        Privilege::Unprivileged
+    }
+}
+
 /// Whether `uid`/`gid` may access a node with `mode` for `mask` (R_OK, W_OK,
 /// X_OK), by the owner/group/other bits; root passes except execute, which
 /// needs some execute bit.
@@ -215,6 +288,14 @@ impl Filesystem for FolioFs {
         for &capability in WANTED_CAPABILITIES {
             if config.add_capabilities(capability).is_err() {
                 tracing::info!("the kernel does not offer {capability:?}");
+            }
+        }
+        // POSIX ACLs: the kernel checks them and leaves the umask to the
+        // volume (FUSE_DONT_MASK), which skips it under a default ACL.
+        if self.posix_acl {
+            let acl = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
+            if config.add_capabilities(acl).is_err() {
+                tracing::info!("the kernel does not offer POSIX ACLs");
             }
         }
         if let Err(nearest) = config.set_max_write(self.max_write_bytes) {
@@ -302,16 +383,22 @@ impl Filesystem for FolioFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        // The volume stores regular files, directories and symlinks only;
-        // mknod(2) documents EPERM for a node type the file system lacks.
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            reply.error(Errno::EPERM);
-            return;
-        }
-        let result = self.volume.create(parent.0, name_bytes(name), mode & !umask, owner(req));
+        let kind = match mode & libc::S_IFMT {
+            0 | libc::S_IFREG => foliofs::InodeKind::File,
+            libc::S_IFIFO => foliofs::InodeKind::Fifo,
+            libc::S_IFSOCK => foliofs::InodeKind::Socket,
+            libc::S_IFCHR => foliofs::InodeKind::CharDevice,
+            libc::S_IFBLK => foliofs::InodeKind::BlockDevice,
+            _ => {
+                reply.error(Errno::EINVAL);
+                return;
+            }
+        };
+        let mode = self.volume.creation_mode(parent.0, mode, umask) & 0o7777;
+        let result = self.volume.mknod(parent.0, name_bytes(name), kind, mode, rdev, owner(req));
         self.reply_entry(reply, result);
     }
 
@@ -324,7 +411,8 @@ impl Filesystem for FolioFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let result = self.volume.mkdir(parent.0, name_bytes(name), mode & !umask, owner(req));
+        let mode = self.volume.creation_mode(parent.0, mode, umask);
+        let result = self.volume.mkdir(parent.0, name_bytes(name), mode, owner(req));
         self.reply_entry(reply, result);
     }
 
@@ -635,42 +723,59 @@ impl Filesystem for FolioFs {
         );
     }
 
-    // No extended attributes are stored: an empty list, no such attribute,
-    // and EOPNOTSUPP for setting one (so `cp -a` carries on without them).
     fn setxattr(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
-    }
-
-    fn getxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
-        reply: ReplyXattr,
-    ) {
-        reply.error(Errno::from_i32(libc::ENODATA));
-    }
-
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
+        let name = name_bytes(name);
+        let result = XattrFlags::from_bits(flags).and_then(|mut flags| {
+            if name == b"system.posix_acl_access" {
+                flags.acl_kill_sgid = !self.volume.getattr(ino.0).is_ok_and(|attr| {
+                    let caller = CallerStatus::of(req);
+                    caller.has_capability(CAP_FSETID) || caller.in_group(req, attr.gid)
+                });
+            }
+            self.volume.set_xattr(ino.0, name, value, flags, xattr_privilege(req, name))
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(self.failed("setxattr", &error)),
         }
     }
 
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::from_i32(libc::ENODATA));
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = name_bytes(name);
+        match self.volume.get_xattr(ino.0, name, xattr_privilege(req, name)) {
+            Ok(value) => reply_sized(reply, size, &value),
+            Err(error) => reply.error(self.failed("getxattr", &error)),
+        }
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.volume.list_xattr(ino.0, caller_privilege(req)) {
+            Ok(names) => {
+                let list: Vec<u8> = names
+                    .iter()
+                    .flat_map(|name| name.iter().copied().chain(std::iter::once(0)))
+                    .collect();
+                reply_sized(reply, size, &list);
+            }
+            Err(error) => reply.error(self.failed("listxattr", &error)),
+        }
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name_bytes(name);
+        match self.volume.remove_xattr(ino.0, name, xattr_privilege(req, name)) {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(self.failed("removexattr", &error)),
+        }
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
@@ -692,7 +797,8 @@ impl Filesystem for FolioFs {
         reply: ReplyCreate,
     ) {
         let name = name_bytes(name);
-        let created = match self.volume.create(parent.0, name, mode & !umask, owner(req)) {
+        let mode = self.volume.creation_mode(parent.0, mode, umask);
+        let created = match self.volume.create(parent.0, name, mode, owner(req)) {
             // Another opener created it since the kernel's lookup: without
             // O_EXCL, open(2) opens the existing file.
             Err(Error::Exists(_)) if flags & libc::O_EXCL == 0 => {
@@ -792,6 +898,7 @@ mod tests {
             mtime: time,
             ctime: time,
             block_bytes: 4096,
+            rdev: 0,
         }
     }
 

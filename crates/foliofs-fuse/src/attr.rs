@@ -10,6 +10,10 @@ pub(crate) fn file_type(kind: InodeKind) -> FileType {
         InodeKind::File => FileType::RegularFile,
         InodeKind::Dir => FileType::Directory,
         InodeKind::Symlink => FileType::Symlink,
+        InodeKind::Fifo => FileType::NamedPipe,
+        InodeKind::Socket => FileType::Socket,
+        InodeKind::CharDevice => FileType::CharDevice,
+        InodeKind::BlockDevice => FileType::BlockDevice,
     }
 }
 
@@ -50,7 +54,7 @@ pub(crate) fn file_attr(attr: &Attr) -> FileAttr {
         nlink: attr.nlink,
         uid: attr.uid,
         gid: attr.gid,
-        rdev: 0,
+        rdev: attr.rdev,
         blksize: attr.block_bytes,
         flags: 0,
     }

@@ -39,6 +39,12 @@ pub enum Error {
     PastEnd(String),
     #[error("operation not supported: {0}")]
     Unsupported(String),
+    #[error("{0}: no such attribute")]
+    NoAttribute(String),
+    #[error("{0}: out of range")]
+    OutOfRange(String),
+    #[error("{0}: argument too big")]
+    TooBig(String),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -66,6 +72,9 @@ impl Error {
             Error::Corrupt(_) => libc::EUCLEAN,
             Error::PastEnd(_) => libc::ENXIO,
             Error::Unsupported(_) => libc::EOPNOTSUPP,
+            Error::NoAttribute(_) => libc::ENODATA,
+            Error::OutOfRange(_) => libc::ERANGE,
+            Error::TooBig(_) => libc::E2BIG,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
         }
     }

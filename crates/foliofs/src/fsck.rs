@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::dev::Device;
-use crate::format::{InodeKind, ROOT_INO};
+use crate::format::{InodeKind, ROOT_INO, XATTR_LIST_BYTES_MAX};
 use crate::layout;
 use crate::meta::{InodeBody, LoadReport, MetaState};
 use crate::options::VolumeOptions;
@@ -22,7 +22,12 @@ pub struct FsckReport {
     pub files: u64,
     pub directories: u64,
     pub symlinks: u64,
+    /// FIFOs, sockets and device nodes.
+    pub special_files: u64,
     pub extents: u64,
+    /// Extended attributes, and the bytes of their names and values.
+    pub xattrs: u64,
+    pub xattr_bytes: u64,
     pub data_blocks_used: u64,
 }
 
@@ -113,6 +118,7 @@ fn check_tree(state: &MetaState, report: &mut FsckReport) {
             }
             _ => check_links(ino, inode.attrs.nlink, parents.len(), report),
         }
+        check_xattrs(ino, inode, report);
     }
     check_reachable(state, report);
 }
@@ -126,6 +132,39 @@ fn count_inode(inode: &crate::meta::Inode, report: &mut FsckReport) {
         }
         InodeBody::Dir(_) => report.directories += 1,
         InodeBody::Symlink(_) => report.symlinks += 1,
+        InodeBody::Special { .. } => report.special_files += 1,
+    }
+    report.xattrs += inode.xattrs.len() as u64;
+    report.xattr_bytes +=
+        inode.xattrs.iter().map(|(name, value)| (name.len() + value.len()) as u64).sum::<u64>();
+}
+
+/// Rules the live path keeps that replay does not check: user attributes
+/// only on regular files and directories (as the kernel allows them), a
+/// default ACL only on directories, ACLs that decode, and listxattr's 64 KiB
+/// fits every name.
+fn check_xattrs(ino: u64, inode: &crate::meta::Inode, report: &mut FsckReport) {
+    let kind = inode.attrs.kind;
+    let holds_user = matches!(kind, InodeKind::File | InodeKind::Dir);
+    for name in inode.xattrs.keys() {
+        let shown = String::from_utf8_lossy(name);
+        if name.starts_with(b"user.") && !holds_user {
+            report.problems.push(format!("inode {ino} ({kind:?}) holds user attribute {shown:?}"));
+        }
+        if name.as_slice() == b"system.posix_acl_default" && kind != InodeKind::Dir {
+            report.problems.push(format!("inode {ino} ({kind:?}) holds a default ACL"));
+        }
+        if name.starts_with(b"system.posix_acl_") && !crate::vfs::is_valid_acl(&inode.xattrs[name])
+        {
+            report.problems.push(format!("inode {ino}: {shown} is not a valid ACL"));
+        }
+    }
+    let list_bytes = inode.xattr_list_bytes();
+    if list_bytes > XATTR_LIST_BYTES_MAX {
+        report.problems.push(format!(
+            "inode {ino}: its attribute names take {list_bytes} bytes, more than listxattr \
+             returns ({XATTR_LIST_BYTES_MAX})"
+        ));
     }
 }
 

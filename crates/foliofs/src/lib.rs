@@ -36,3 +36,4 @@ pub use options::VolumeOptions;
 pub use vfs::{
     Attr, Dir, DirEntry, File, OpenFlags, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Volume,
 };
+pub use vfs::{Privilege, XattrFlags};

@@ -61,6 +61,10 @@ fn tree_of(volume: &Volume) -> Tree {
                     Vec::new()
                 }
                 InodeKind::Symlink => volume.readlink(entry.ino).unwrap(),
+                InodeKind::Fifo
+                | InodeKind::Socket
+                | InodeKind::CharDevice
+                | InodeKind::BlockDevice => Vec::new(),
                 InodeKind::File => {
                     let size = volume.getattr(entry.ino).unwrap().size as usize;
                     let mut data = vec![0u8; size];

@@ -52,7 +52,11 @@ fn read_tree(volume: &Volume) -> Tree {
                     stack.push((child.clone(), entry.ino));
                     Vec::new()
                 }
-                InodeKind::Symlink => Vec::new(),
+                InodeKind::Symlink
+                | InodeKind::Fifo
+                | InodeKind::Socket
+                | InodeKind::CharDevice
+                | InodeKind::BlockDevice => Vec::new(),
             };
             tree.insert(child, (entry.ino, entry.kind, content));
         }

@@ -51,7 +51,7 @@ use foliofs::format::{
 };
 use foliofs::space::FallocateMode;
 use foliofs::vfs::MkfsOptions;
-use foliofs::{OpenFlags, Volume, VolumeOptions};
+use foliofs::{OpenFlags, Privilege, Volume, VolumeOptions, XattrFlags};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -265,14 +265,22 @@ fn load_seeds() -> Vec<SeedImage> {
 }
 
 /// Name, block size and journal size of each seed volume. The 4 KiB one has
-/// the smallest journal, so its log has wrapped.
-const SEED_SHAPES: [(&str, u32, Option<u64>); 3] =
-    [("vol-1k", 1024, None), ("vol-4k", 4096, Some(64 << 10)), ("vol-64k", 65536, None)];
+/// the smallest journal, so its log has wrapped. `vol-4k-xattr` came later:
+/// the first three were made before extended attributes and special files
+/// existed (and the regressions patch them as they are), so only it holds
+/// those in its checkpoint and journal; a regeneration puts them in all.
+const SEED_SHAPES: [(&str, u32, Option<u64>); 4] = [
+    ("vol-1k", 1024, None),
+    ("vol-4k", 4096, Some(64 << 10)),
+    ("vol-64k", 65536, None),
+    ("vol-4k-xattr", 4096, None),
+];
 
 /// A small volume that has a bit of everything: nested directories, files
 /// with holes, unwritten extents and several extents, a symlink, a hard
-/// link, an unlinked file still open (an orphan), a checkpoint and journal
-/// groups after it.
+/// link, an unlinked file still open (an orphan), special files, extended
+/// attributes (set, replaced, removed, on every kind), a checkpoint and
+/// journal groups after it.
 fn build_seed_image(block_bytes: u32, journal_bytes: Option<u64>) -> Vec<u8> {
     let size_bytes = 8 << 20;
     let raw = Arc::new(FaultDev::new(size_bytes, 512));
@@ -298,7 +306,32 @@ fn build_seed_image(block_bytes: u32, journal_bytes: Option<u64>) -> Vec<u8> {
     prealloc.fallocate(FallocateMode::Allocate { keep_size: false }, 0, 4 * block).unwrap();
     prealloc.fallocate(FallocateMode::PunchHole, 2 * block, block).unwrap();
     prealloc.fsync().unwrap();
+    let set = |ino: u64, name: &[u8], length: usize| {
+        let value = pattern(ino ^ name.len() as u64, length);
+        volume.set_xattr(ino, name, &value, XattrFlags::default(), Privilege::SysAdmin).unwrap();
+    };
+    set(small, b"user.mime", 10);
+    set(small, b"trusted.big", 3000);
+    set(dir.ino, b"security.label", 30);
+    // user::rwx user:1000:rw- group::r-x mask::rwx other::---
+    let acl: &[u8] = &[
+        2, 0, 0, 0, 1, 0, 7, 0, 255, 255, 255, 255, 2, 0, 6, 0, 232, 3, 0, 0, 4, 0, 5, 0, 255, 255,
+        255, 255, 16, 0, 7, 0, 255, 255, 255, 255, 32, 0, 0, 0, 255, 255, 255, 255,
+    ];
+    let flags = XattrFlags::default();
+    volume
+        .set_xattr(dir.ino, b"system.posix_acl_default", acl, flags, Privilege::SysAdmin)
+        .unwrap();
+    volume.mkdir(dir.ino, b"inherits", 0o755, owner()).unwrap();
+    let fifo = volume.mknod(sub.ino, b"fifo", InodeKind::Fifo, 0o644, 0, owner()).unwrap();
+    set(fifo.ino, b"security.fifo", 5);
     volume.checkpoint().unwrap();
+    let tty = volume.mknod(dir.ino, b"tty", InodeKind::CharDevice, 0o620, 0x0501, owner()).unwrap();
+    volume.mknod(ROOT, b"sock", InodeKind::Socket, 0o755, 0, owner()).unwrap();
+    volume.mknod(ROOT, b"sda", InodeKind::BlockDevice, 0o660, 0x0800, owner()).unwrap();
+    set(tty.ino, b"trusted.tty", 1);
+    set(small, b"user.mime", 20);
+    volume.remove_xattr(dir.ino, b"security.label", Privilege::SysAdmin).unwrap();
     volume.symlink(dir.ino, b"link", b"../small", owner()).unwrap();
     volume.link(small, sub.ino, b"hard").unwrap();
     let (_, _) = write_file(ROOT, b"later", &[(0, 3000), (5000, 10)]);
@@ -328,7 +361,13 @@ fn build_seed_image(block_bytes: u32, journal_bytes: Option<u64>) -> Vec<u8> {
 #[ignore = "rewrites tests/corpus; run by hand when the format changes"]
 fn regenerate_corpus() {
     std::fs::create_dir_all(corpus_dir()).unwrap();
+    // FOLIOFS_FUZZ_REGENERATE=name rebuilds one seed only (one added
+    // later), leaving the others, and the regressions against them, alone.
+    let only = std::env::var("FOLIOFS_FUZZ_REGENERATE").ok();
     for (name, block_bytes, journal_bytes) in SEED_SHAPES {
+        if only.as_ref().is_some_and(|only| only != name) {
+            continue;
+        }
         let image = build_seed_image(block_bytes, journal_bytes);
         std::fs::write(corpus_dir().join(format!("{name}.sparse")), sparse_encode(&image)).unwrap();
         let structures = Structures::of(&image).expect("a seed image decodes");
@@ -592,8 +631,13 @@ fn mutate_attrs(rng: &mut ChaCha8Rng, attrs: &mut InodeAttrs, near: &[u64]) {
         0 => attrs.size = interesting_u64(rng, near),
         1 => attrs.nlink = interesting_u32(rng),
         2 => {
-            attrs.kind =
-                [InodeKind::File, InodeKind::Dir, InodeKind::Symlink][rng.random_range(0..3)]
+            attrs.kind = [
+                InodeKind::File,
+                InodeKind::Dir,
+                InodeKind::Symlink,
+                InodeKind::Fifo,
+                InodeKind::CharDevice,
+            ][rng.random_range(0..5)]
         }
         3 => attrs.parent = interesting_u64(rng, near),
         4 => attrs.mode = interesting_u32(rng) & 0o7777,
@@ -664,6 +708,25 @@ fn mutate_record(rng: &mut ChaCha8Rng, record: &mut Record, near: &[u64]) {
             }
             *block_count = (*block_count).min(u64::MAX - *file_block).max(1);
         }
+        Record::XattrSet { ino, name, value } => match rng.random_range(0..3) {
+            0 => *ino = interesting_u64(rng, near).max(1),
+            1 => *value = vec![0xA5; rng.random_range(0..=65536)],
+            _ => *name = [&b"trusted."[..], &vec![b'n'; rng.random_range(1..=247)]].concat(),
+        },
+        Record::XattrRemove { ino, name } => {
+            if rng.random_bool(0.5) {
+                *ino = interesting_u64(rng, near).max(1);
+            } else {
+                name.push(b'x');
+            }
+        }
+        Record::DeviceSet { ino, rdev } => {
+            if rng.random_bool(0.5) {
+                *ino = interesting_u64(rng, near).max(1);
+            } else {
+                *rdev = interesting_u32(rng);
+            }
+        }
     }
 }
 
@@ -690,7 +753,18 @@ fn hostile_record(rng: &mut ChaCha8Rng, near: &[u64], superblock: &Superblock) -
         ctime: Timestamp::default(),
         parent,
     };
-    match rng.random_range(0..9) {
+    match rng.random_range(0..13) {
+        9 => Record::XattrSet {
+            ino: pick(rng),
+            name: b"user.fuzz".to_vec(),
+            value: vec![0x5A; rng.random_range(0..=65536)],
+        },
+        10 => Record::XattrRemove { ino: pick(rng), name: b"user.fuzz".to_vec() },
+        11 => Record::DeviceSet { ino: pick(rng), rdev: interesting_u32(rng) },
+        12 => Record::InodeSet {
+            ino: interesting_u64(rng, near).max(2),
+            attrs: attrs(InodeKind::Socket, 0, 1, 0),
+        },
         0 => Record::DirAdd { dir: pick(rng), name: b"loop".to_vec(), ino: ROOT },
         1 => {
             let ino = pick(rng);
@@ -743,7 +817,10 @@ fn numbers_of(records: &[Record], superblock: &Superblock) -> Vec<u64> {
         match record {
             Record::InodeSet { ino, .. }
             | Record::InodeFree { ino }
-            | Record::SymlinkSet { ino, .. } => out.push(*ino),
+            | Record::SymlinkSet { ino, .. }
+            | Record::XattrSet { ino, .. }
+            | Record::XattrRemove { ino, .. }
+            | Record::DeviceSet { ino, .. } => out.push(*ino),
             Record::DirAdd { dir, ino, .. } => out.extend([*dir, *ino]),
             Record::DirRemove { dir, .. } => out.push(*dir),
             Record::ExtentMap { ino, file_block, dev_block, .. } => {
@@ -1186,6 +1263,9 @@ fn walk(volume: &Volume, image_bytes: usize) -> (Vec<FoundFile>, Vec<u64>) {
         for entry in entries {
             let _ = volume.lookup(dir, &entry.name);
             let _ = volume.getattr(entry.ino);
+            for name in volume.list_xattr(entry.ino, Privilege::SysAdmin).unwrap_or_default() {
+                let _ = volume.get_xattr(entry.ino, &name, Privilege::SysAdmin);
+            }
             match entry.kind {
                 InodeKind::Dir => {
                     if seen.insert(entry.ino) && seen.len() < 100_000 {
@@ -1195,6 +1275,12 @@ fn walk(volume: &Volume, image_bytes: usize) -> (Vec<FoundFile>, Vec<u64>) {
                 }
                 InodeKind::Symlink => {
                     let _ = volume.readlink(entry.ino);
+                }
+                InodeKind::Fifo
+                | InodeKind::Socket
+                | InodeKind::CharDevice
+                | InodeKind::BlockDevice => {
+                    let _ = volume.open_file(entry.ino, OpenFlags::READ);
                 }
                 InodeKind::File => {
                     if seen.insert(entry.ino) {

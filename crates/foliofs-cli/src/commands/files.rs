@@ -31,6 +31,10 @@ fn kind_char(kind: InodeKind) -> char {
         InodeKind::File => '-',
         InodeKind::Dir => 'd',
         InodeKind::Symlink => 'l',
+        InodeKind::Fifo => 'p',
+        InodeKind::Socket => 's',
+        InodeKind::CharDevice => 'c',
+        InodeKind::BlockDevice => 'b',
     }
 }
 
@@ -326,6 +330,9 @@ fn copy_out(volume: &Volume, ino: u64, target: &Path) -> anyhow::Result<()> {
                 std::fs::File::create(target).with_context(|| format!("{}", target.display()))?;
             copy_file_out(&file, &mut output)?;
             output.set_permissions(std::fs::Permissions::from_mode(attr.mode))?;
+        }
+        InodeKind::Fifo | InodeKind::Socket | InodeKind::CharDevice | InodeKind::BlockDevice => {
+            eprintln!("{}: a special file ({:?}), not copied", target.display(), attr.kind);
         }
     }
     Ok(())

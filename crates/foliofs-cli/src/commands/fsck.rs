@@ -19,12 +19,15 @@ pub fn run(image: &Path, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
     }
     if let Some(load) = report.load {
         println!(
-            "{}: {} files, {} directories, {} symlinks, {} extents, {} data blocks; \
-             checkpoint generation {}, {} journal groups replayed",
+            "{}: {} files, {} directories, {} symlinks, {} special files, {} extended \
+             attributes, {} extents, {} data blocks; checkpoint generation {}, {} journal \
+             groups replayed",
             image.display(),
             report.files,
             report.directories,
             report.symlinks,
+            report.special_files,
+            report.xattrs,
             report.extents,
             report.data_blocks_used,
             load.checkpoint_generation,

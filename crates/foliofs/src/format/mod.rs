@@ -36,6 +36,13 @@ pub const HEADER_BYTES: usize = 512;
 pub const NAME_BYTES_MAX: usize = 255;
 /// Longest symlink target we store (PATH_MAX - 1).
 pub const SYMLINK_BYTES_MAX: usize = 4095;
+/// Longest extended attribute name, prefix included (XATTR_NAME_MAX).
+pub const XATTR_NAME_BYTES_MAX: usize = 255;
+/// Largest extended attribute value (XATTR_SIZE_MAX).
+pub const XATTR_VALUE_BYTES_MAX: usize = 65536;
+/// Most bytes listxattr returns (XATTR_LIST_MAX): the names of one inode's
+/// attributes, each with its NUL, never take more.
+pub const XATTR_LIST_BYTES_MAX: usize = 65536;
 /// The root directory's inode number.
 pub const ROOT_INO: u64 = 1;
 

@@ -5,7 +5,9 @@
 //! record twice gives the same state as applying it once; replay relies on it.
 
 use super::codec::{Reader, Writer};
-use super::{FormatError, NAME_BYTES_MAX, SYMLINK_BYTES_MAX};
+use super::{
+    FormatError, NAME_BYTES_MAX, SYMLINK_BYTES_MAX, XATTR_NAME_BYTES_MAX, XATTR_VALUE_BYTES_MAX,
+};
 
 const WHAT: &str = "metadata record";
 
@@ -43,6 +45,12 @@ pub enum InodeKind {
     File = 1,
     Dir = 2,
     Symlink = 3,
+    /// Special files: no content on the volume. Device nodes carry their
+    /// device number in a `DeviceSet` record; the kernel opens all four.
+    Fifo = 4,
+    Socket = 5,
+    CharDevice = 6,
+    BlockDevice = 7,
 }
 
 impl InodeKind {
@@ -51,8 +59,21 @@ impl InodeKind {
             1 => Ok(Self::File),
             2 => Ok(Self::Dir),
             3 => Ok(Self::Symlink),
+            4 => Ok(Self::Fifo),
+            5 => Ok(Self::Socket),
+            6 => Ok(Self::CharDevice),
+            7 => Ok(Self::BlockDevice),
             other => Err(FormatError::invalid(WHAT, "inode kind", other.to_string())),
         }
+    }
+
+    /// A FIFO, socket or device node.
+    pub fn is_special(self) -> bool {
+        matches!(self, Self::Fifo | Self::Socket | Self::CharDevice | Self::BlockDevice)
+    }
+
+    pub fn is_device(self) -> bool {
+        matches!(self, Self::CharDevice | Self::BlockDevice)
     }
 }
 
@@ -168,6 +189,23 @@ pub enum Record {
         file_block: u64,
         block_count: u64,
     },
+    /// Creates or replaces one extended attribute (the name includes its
+    /// namespace prefix, as in `user.comment`).
+    XattrSet {
+        ino: u64,
+        name: Vec<u8>,
+        value: Vec<u8>,
+    },
+    XattrRemove {
+        ino: u64,
+        name: Vec<u8>,
+    },
+    /// Sets a character or block device's number (Linux's 32-bit `dev_t`
+    /// encoding, as `st_rdev`).
+    DeviceSet {
+        ino: u64,
+        rdev: u32,
+    },
 }
 
 const TAG_INODE_SET: u8 = 1;
@@ -177,6 +215,9 @@ const TAG_DIR_ADD: u8 = 4;
 const TAG_DIR_REMOVE: u8 = 5;
 const TAG_EXTENT_MAP: u8 = 6;
 const TAG_EXTENT_UNMAP: u8 = 7;
+const TAG_XATTR_SET: u8 = 8;
+const TAG_XATTR_REMOVE: u8 = 9;
+const TAG_DEVICE_SET: u8 = 10;
 
 impl Record {
     pub fn encode(&self, writer: &mut Writer) {
@@ -219,6 +260,24 @@ impl Record {
                 writer.u64(*ino);
                 writer.u64(*file_block);
                 writer.u64(*block_count);
+            }
+            Record::XattrSet { ino, name, value } => {
+                writer.u8(TAG_XATTR_SET);
+                writer.u64(*ino);
+                writer.bytes16(name);
+                let length = u32::try_from(value.len()).expect("xattr value bounded by callers");
+                writer.u32(length);
+                writer.raw(value);
+            }
+            Record::XattrRemove { ino, name } => {
+                writer.u8(TAG_XATTR_REMOVE);
+                writer.u64(*ino);
+                writer.bytes16(name);
+            }
+            Record::DeviceSet { ino, rdev } => {
+                writer.u8(TAG_DEVICE_SET);
+                writer.u64(*ino);
+                writer.u32(*rdev);
             }
         }
     }
@@ -263,6 +322,23 @@ impl Record {
                 let block_count = decode_block_count(reader, file_block)?;
                 Record::ExtentUnmap { ino, file_block, block_count }
             }
+            TAG_XATTR_SET => {
+                let ino = decode_ino(reader)?;
+                let name = decode_xattr_name(reader)?;
+                let length = reader.u32()? as usize;
+                if length > XATTR_VALUE_BYTES_MAX {
+                    return Err(FormatError::invalid(
+                        WHAT,
+                        "xattr value",
+                        format!("{length} bytes"),
+                    ));
+                }
+                Record::XattrSet { ino, name, value: reader.take(length)?.to_vec() }
+            }
+            TAG_XATTR_REMOVE => {
+                Record::XattrRemove { ino: decode_ino(reader)?, name: decode_xattr_name(reader)? }
+            }
+            TAG_DEVICE_SET => Record::DeviceSet { ino: decode_ino(reader)?, rdev: reader.u32()? },
             other => return Err(FormatError::invalid(WHAT, "tag", other.to_string())),
         };
         Ok(record)
@@ -278,6 +354,9 @@ impl Record {
             Record::DirRemove { name, .. } => 11 + name.len(),
             Record::ExtentMap { .. } => 34,
             Record::ExtentUnmap { .. } => 25,
+            Record::XattrSet { name, value, .. } => 15 + name.len() + value.len(),
+            Record::XattrRemove { name, .. } => 11 + name.len(),
+            Record::DeviceSet { .. } => 13,
         }
     }
 }
@@ -304,6 +383,35 @@ fn decode_name(reader: &mut Reader<'_>) -> Result<Vec<u8>, FormatError> {
         return Err(FormatError::invalid(WHAT, "name", String::from_utf8_lossy(name).into_owned()));
     }
     Ok(name.to_vec())
+}
+
+fn decode_xattr_name(reader: &mut Reader<'_>) -> Result<Vec<u8>, FormatError> {
+    let name = reader.bytes16()?;
+    if !is_valid_xattr_name(name) {
+        return Err(FormatError::invalid(
+            WHAT,
+            "xattr name",
+            String::from_utf8_lossy(name).into_owned(),
+        ));
+    }
+    Ok(name.to_vec())
+}
+
+/// The namespaces an extended attribute name may start with. `system.`
+/// holds only the two POSIX ACL names, as on Linux.
+pub const XATTR_PREFIXES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
+pub const XATTR_SYSTEM_NAMES: [&[u8]; 2] =
+    [b"system.posix_acl_access", b"system.posix_acl_default"];
+
+/// An extended attribute name as stored: 1..=255 bytes, no NUL, in a known
+/// namespace with a non-empty rest.
+pub fn is_valid_xattr_name(name: &[u8]) -> bool {
+    name.len() <= XATTR_NAME_BYTES_MAX
+        && !name.contains(&0)
+        && (XATTR_SYSTEM_NAMES.contains(&name)
+            || XATTR_PREFIXES
+                .iter()
+                .any(|prefix| name.len() > prefix.len() && name.starts_with(prefix)))
 }
 
 /// A directory entry name: 1..=255 bytes, no '/', no NUL, not "." or "..".
@@ -370,6 +478,14 @@ pub(crate) mod tests {
                 state: ExtentState::Unwritten,
             },
             Record::ExtentUnmap { ino: 5, file_block: 11, block_count: 1 },
+            Record::XattrSet { ino: 2, name: b"user.mime".to_vec(), value: b"text/x".to_vec() },
+            Record::XattrSet {
+                ino: 2,
+                name: b"trusted.big".to_vec(),
+                value: vec![7; XATTR_VALUE_BYTES_MAX],
+            },
+            Record::XattrRemove { ino: 2, name: b"security.selinux".to_vec() },
+            Record::DeviceSet { ino: 6, rdev: 0x0103 },
         ]
     }
 
@@ -393,8 +509,57 @@ pub(crate) mod tests {
         assert!(is_valid_name(&[b'x'; 255]));
         assert!(!is_valid_name(&[b'x'; 256]));
         let bytes = encode_all(&sample_records());
-        assert!(decode_all(&bytes, 6).is_err(), "trailing bytes must be an error");
-        assert!(decode_all(&bytes, 8).is_err(), "missing record must be an error");
+        let count = sample_records().len() as u32;
+        assert!(decode_all(&bytes, count - 1).is_err(), "trailing bytes must be an error");
+        assert!(decode_all(&bytes, count + 1).is_err(), "missing record must be an error");
         assert!(decode_all(&bytes, u32::MAX).is_err());
+    }
+}
+
+#[cfg(test)]
+mod xattr_tests {
+    use super::*;
+
+    fn encoded(record: &Record) -> Vec<u8> {
+        encode_all(std::slice::from_ref(record))
+    }
+
+    #[test]
+    fn xattr_names_need_a_known_namespace_and_a_rest() {
+        for good in
+            [&b"user.x"[..], b"trusted.a.b", b"security.selinux", b"system.posix_acl_access"]
+        {
+            assert!(is_valid_xattr_name(good), "{good:?}");
+        }
+        let long = [b"user.".as_slice(), &[b'x'; 251]].concat();
+        assert!(!is_valid_xattr_name(&long));
+        assert!(is_valid_xattr_name(&long[..255]));
+        for bad in [&b""[..], b"user.", b"user", b"os2.x", b"system.other", b"user.a\0b"] {
+            assert!(!is_valid_xattr_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn hostile_xattr_records_are_errors() {
+        let record = Record::XattrSet { ino: 3, name: b"user.k".to_vec(), value: b"v".to_vec() };
+        let bytes = encoded(&record);
+        assert_eq!(decode_all(&bytes, 1).unwrap(), vec![record]);
+        // Every truncation fails cleanly.
+        for cut in 0..bytes.len() {
+            assert!(decode_all(&bytes[..cut], 1).is_err(), "cut at {cut}");
+        }
+        // A value length past the limit, or past the input, is refused
+        // before anything is allocated for it.
+        let value_length_at = 1 + 8 + 2 + b"user.k".len();
+        for length in [u32::MAX, XATTR_VALUE_BYTES_MAX as u32 + 1, 2] {
+            let mut hostile = bytes.clone();
+            hostile[value_length_at..value_length_at + 4].copy_from_slice(&length.to_le_bytes());
+            assert!(decode_all(&hostile, 1).is_err(), "length {length}");
+        }
+        let mut bad_name = bytes.clone();
+        bad_name[1 + 8 + 2..1 + 8 + 2 + 4].copy_from_slice(b"os2.");
+        assert!(decode_all(&bad_name, 1).is_err());
+        let zero_ino = encoded(&Record::XattrRemove { ino: 0, name: b"user.k".to_vec() });
+        assert!(decode_all(&zero_ino, 1).is_err());
     }
 }

@@ -4,5 +4,5 @@
 mod state;
 mod store;
 
-pub use state::{ApplyError, Inode, InodeBody, MetaState};
+pub use state::{ApplyError, Inode, InodeBody, MetaState, Xattrs};
 pub use store::{LoadReport, MetaStore, Txn};

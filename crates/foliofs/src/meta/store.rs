@@ -112,6 +112,11 @@ impl Txn<'_> {
             Record::ExtentMap { ino, .. } | Record::ExtentUnmap { ino, .. } => {
                 self.touched.push((*ino, true))
             }
+            // Not needed to read the data back: fdatasync skips them.
+            Record::XattrSet { ino, .. } | Record::XattrRemove { ino, .. } => {
+                self.touched.push((*ino, false))
+            }
+            Record::DeviceSet { ino, .. } => self.touched.push((*ino, true)),
         }
     }
 

@@ -20,6 +20,8 @@ pub struct Attr {
     pub ctime: Timestamp,
     /// Preferred I/O size (st_blksize): the volume's block size.
     pub block_bytes: u32,
+    /// A device node's number (st_rdev); 0 for other kinds.
+    pub rdev: u32,
 }
 
 impl Attr {
@@ -41,6 +43,7 @@ impl Attr {
             mtime: attrs.mtime,
             ctime: attrs.ctime,
             block_bytes,
+            rdev: inode.rdev(),
         }
     }
 }

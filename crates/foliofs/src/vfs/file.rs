@@ -85,6 +85,8 @@ impl Volume {
                 InodeKind::Symlink => {
                     return Err(Error::invalid(format!("inode {ino} is a symlink")))
                 }
+                // The kernel opens FIFOs, sockets and devices itself.
+                _ => return Err(Error::invalid(format!("inode {ino} is a special file"))),
             }
             inode.open_handles += 1;
             Ok(())

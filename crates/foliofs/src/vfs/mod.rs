@@ -4,14 +4,19 @@
 //! validates, then changes metadata through `MetaStore::transact` and data
 //! through the data path; it never touches the device itself.
 
+mod acl;
 mod attr;
 mod dir;
 mod file;
 mod namespace;
+mod special;
 mod volume;
+mod xattr;
 
+pub use acl::is_valid_acl;
 pub use attr::{Attr, DirEntry, Owner, SetAttr, StatFs, TimeSet};
 pub use dir::Dir;
 pub use file::{File, OpenFlags};
 pub use namespace::RenameFlags;
 pub use volume::{CacheStats, FiemapExtent, MkfsOptions, Volume};
+pub use xattr::{Privilege, XattrFlags};

@@ -216,8 +216,10 @@ impl Volume {
         }
     }
 
-    /// Creates a regular file, directory or symlink named `name` in `parent`.
-    fn make_node(
+    /// Creates a node of any kind named `name` in `parent`; `rdev` is a
+    /// device node's number (0 for other kinds).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn make_node(
         &self,
         parent: u64,
         name: &[u8],
@@ -225,6 +227,7 @@ impl Volume {
         mode: u32,
         owner: Owner,
         target: Option<&[u8]>,
+        rdev: u32,
     ) -> Result<Attr> {
         check_name(name)?;
         let (attr, _) = self.shared.meta.transact(|txn| {
@@ -243,6 +246,9 @@ impl Volume {
                 return Err(Error::NoSpace("no inode numbers left".into()));
             }
             let is_dir = kind == InodeKind::Dir;
+            let (mode, inherited) = super::acl::inherit(txn.state(), parent, ino, kind, mode);
+            let inherited_bytes: usize = inherited.iter().map(Record::encoded_bytes_max).sum();
+            txn.ensure_metadata_room(extra + inherited_bytes as u64)?;
             // A set-group-ID directory hands its group to what is created in
             // it, and its set-group-ID bit to new directories, so a shared
             // tree keeps one group (inode_init_owner). Stripping the bit from
@@ -265,8 +271,14 @@ impl Volume {
                 parent: if is_dir { parent } else { 0 },
             };
             txn.apply(Record::InodeSet { ino, attrs });
+            for record in inherited {
+                txn.apply(record);
+            }
             if let Some(target) = target {
                 txn.apply(Record::SymlinkSet { ino, target: target.to_vec() });
+            }
+            if rdev != 0 {
+                txn.apply(Record::DeviceSet { ino, rdev });
             }
             txn.apply(Record::DirAdd { dir: parent, name: name.to_vec(), ino });
             touch_dir(txn, parent, i32::from(is_dir), now);
@@ -276,11 +288,11 @@ impl Volume {
     }
 
     pub fn create(&self, parent: u64, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
-        self.make_node(parent, name, InodeKind::File, mode, owner, None)
+        self.make_node(parent, name, InodeKind::File, mode, owner, None, 0)
     }
 
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
-        self.make_node(parent, name, InodeKind::Dir, mode, owner, None)
+        self.make_node(parent, name, InodeKind::Dir, mode, owner, None, 0)
     }
 
     pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], owner: Owner) -> Result<Attr> {
@@ -290,7 +302,7 @@ impl Volume {
         if target.len() > SYMLINK_BYTES_MAX {
             return Err(Error::NameTooLong(format!("symlink target of {} bytes", target.len())));
         }
-        self.make_node(parent, name, InodeKind::Symlink, 0o777, owner, Some(target))
+        self.make_node(parent, name, InodeKind::Symlink, 0o777, owner, Some(target), 0)
     }
 
     /// Adds the name `new_name` in `new_parent` for the existing inode `ino`.
@@ -461,6 +473,7 @@ impl Volume {
                 InodeKind::Dir => return Err(Error::IsDir(format!("inode {ino}"))),
                 InodeKind::Symlink => return Err(Error::invalid("truncating a symlink")),
                 InodeKind::File => {}
+                _ => return Err(Error::invalid("truncating a special file")),
             }
             if let Some(refusal) = self.shared.meta.refusal() {
                 return Err(refusal);
@@ -491,6 +504,9 @@ impl Volume {
             attrs.mtime = changes.mtime.map_or(attrs.mtime, |time| time.resolve(now));
             attrs.ctime = now;
             txn.apply(Record::InodeSet { ino, attrs });
+            if changes.mode.is_some() {
+                super::acl::sync_access_acl(txn, ino, attrs.mode);
+            }
             self.shared.attr_of(txn.state(), ino)
         })?;
         Ok(attr)
