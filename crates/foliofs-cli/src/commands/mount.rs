@@ -41,13 +41,9 @@ pub fn run(image: &Path, mountpoint: &Path, options: &str, mode: Mode) -> anyhow
     if !mountpoint.is_dir() {
         bail!("mount point {} is not a directory", mountpoint.display());
     }
+    // Quietly, as mount(8) helpers succeed: one daemon serves both views
+    // until the last is unmounted.
     if mode != Mode::Daemon && foliofs_fuse::bind_if_mounted(image, &mountpoint)? {
-        eprintln!(
-            "foliofs: {} is already mounted; {} is another view of that mount (one daemon \
-             serves both until the last is unmounted)",
-            image.display(),
-            mountpoint.display()
-        );
         return Ok(ExitCode::SUCCESS);
     }
     match mode {
