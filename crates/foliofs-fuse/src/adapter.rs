@@ -138,17 +138,18 @@ impl FolioFs {
     /// Before a data change: the kernel asks (FUSE_WRITE_KILL_SUIDGID, set on
     /// direct writes when the caller lacks CAP_FSETID) and the library
     /// applies the rule for the caller's ids.
-    fn drop_setid_bits(
+    /// What a data change takes away first (`Volume::remove_privileges`):
+    /// file capabilities always, set-ID bits when the kernel says the caller
+    /// may not keep them (FUSE_WRITE_KILL_SUIDGID).
+    fn remove_privileges(
         &self,
         operation: &str,
         req: &Request,
         ino: INodeNo,
         flags: WriteFlags,
     ) -> Result<(), Errno> {
-        if !flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            return Ok(());
-        }
-        match self.volume.drop_setid_bits(ino.0, owner(req)) {
+        let kill_setid = flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.volume.remove_privileges(ino.0, owner(req), kill_setid) {
             // The kernel keeps the old mode cached (a write or fallocate
             // reply carries no attributes, and `stat -c %A` asks for the
             // mode alone): drop its cached attributes.
@@ -540,7 +541,7 @@ impl Filesystem for FolioFs {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
         };
-        if let Err(errno) = self.drop_setid_bits("write", req, ino, write_flags) {
+        if let Err(errno) = self.remove_privileges("write", req, ino, write_flags) {
             return reply.error(errno);
         }
         let page_cache_writeback = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
@@ -839,7 +840,7 @@ impl Filesystem for FolioFs {
         // The kernel's fallocate neither strips set-ID bits nor says who may
         // keep them: the caller's ids decide, in the library.
         let kill = WriteFlags::FUSE_WRITE_KILL_SUIDGID;
-        if let Err(errno) = self.drop_setid_bits("fallocate", req, ino, kill) {
+        if let Err(errno) = self.remove_privileges("fallocate", req, ino, kill) {
             return reply.error(errno);
         }
         let result =

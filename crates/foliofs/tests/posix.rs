@@ -11,10 +11,13 @@ use std::sync::Arc;
 use common::{new_volume, owner, ROOT};
 use foliofs::dev::{Device, FaultDev, FuaMode};
 use foliofs::space::FallocateMode;
-use foliofs::{Error, InodeKind, OpenFlags, Owner, RenameFlags, SetAttr, TimeSet};
+use foliofs::{
+    Error, InodeKind, OpenFlags, Owner, Privilege, RenameFlags, SetAttr, TimeSet, XattrFlags,
+};
 
 block_size_tests!(
     data_changes_by_unprivileged_callers_drop_setid_bits,
+    data_changes_remove_file_capabilities_and_keep_other_attributes,
     setgid_directories_pass_on_their_group_and_bit,
     open_directory_outlives_its_name_with_nlink_zero,
     freed_space_is_reusable_at_once,
@@ -57,7 +60,7 @@ fn data_changes_by_unprivileged_callers_drop_setid_bits(block_bytes: u32) {
     for (before, caller, after) in cases {
         chmod(&volume, file, before);
         let ctime = volume.getattr(file).unwrap().ctime;
-        let changed = volume.drop_setid_bits(file, caller).unwrap();
+        let changed = volume.remove_privileges(file, caller, true).unwrap();
         assert_eq!(mode_of(&volume, file), after, "{before:o} by {caller:?}");
         assert_eq!(changed, before != after);
         if changed {
@@ -66,11 +69,11 @@ fn data_changes_by_unprivileged_callers_drop_setid_bits(block_bytes: u32) {
     }
     // Directories keep their set-group-ID bit: it is not a privilege there.
     let dir = volume.mkdir(ROOT, b"d", 0o2775, ROOT_CALLER).unwrap().ino;
-    assert!(!volume.drop_setid_bits(dir, stranger).unwrap());
+    assert!(!volume.remove_privileges(dir, stranger, true).unwrap());
     assert_eq!(mode_of(&volume, dir), 0o2775);
     // The change is a journalled one: it survives reopening.
     chmod(&volume, file, 0o4755);
-    volume.drop_setid_bits(file, stranger).unwrap();
+    volume.remove_privileges(file, stranger, true).unwrap();
     volume.close().unwrap();
     let (_, volume) = common::open_image(device.image()).unwrap();
     assert_eq!(mode_of(&volume, file), 0o755);
@@ -220,4 +223,26 @@ fn reads_advance_atime_as_the_policy_says(block_bytes: u32) {
     volume.readdir(ROOT).unwrap();
     assert_eq!(atime_of(&volume, file), before, "noatime");
     assert!(foliofs::VolumeOptions::parse("atime=sometimes").is_err());
+}
+
+/// generic/093: any data change, root's too, removes the file's capabilities
+/// (security.capability) and only them; the mode is untouched without
+/// kill_setid.
+fn data_changes_remove_file_capabilities_and_keep_other_attributes(block_bytes: u32) {
+    let (device, volume) = new_volume(16 << 20, block_bytes);
+    let file = volume.create(ROOT, b"f", 0o4755, ROOT_CALLER).unwrap().ino;
+    let set = |name: &[u8], value: &[u8]| {
+        volume.set_xattr(file, name, value, XattrFlags::default(), Privilege::SysAdmin).unwrap()
+    };
+    set(b"security.capability", &[1, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    set(b"trusted.name", b"value");
+    assert!(!volume.remove_privileges(file, ROOT_CALLER, false).unwrap(), "the mode stays");
+    let names = volume.list_xattr(file, Privilege::SysAdmin).unwrap();
+    assert_eq!(names, [b"trusted.name".to_vec()]);
+    assert_eq!(mode_of(&volume, file), 0o4755);
+    // Nothing left to remove: no transaction.
+    assert!(!volume.remove_privileges(file, ROOT_CALLER, false).unwrap());
+    volume.close().unwrap();
+    let (_, volume) = common::open_image(device.image()).unwrap();
+    assert_eq!(volume.list_xattr(file, Privilege::SysAdmin).unwrap(), [b"trusted.name".to_vec()]);
 }

@@ -25,6 +25,9 @@ const GROUP_EXEC: u32 = 0o010;
 /// group execute is set (without it the bit is a locking mark, not a
 /// privilege) or the caller is not in the file's group. Root (taken as
 /// holding CAP_FSETID) keeps both; only regular files lose them.
+/// The extended attribute that holds a file's capabilities (setcap).
+const FILE_CAPABILITIES: &[u8] = b"security.capability";
+
 fn setid_bits_to_drop(attrs: &InodeAttrs, caller: Owner) -> u32 {
     if attrs.kind != InodeKind::File || caller.uid == 0 {
         return 0;
@@ -512,27 +515,39 @@ impl Volume {
         Ok(attr)
     }
 
-    /// Clears the set-ID bits that a write, truncate or fallocate by `caller`
-    /// must remove (see `setid_bits_to_drop`), before the change, as the
-    /// kernel's `file_remove_privs`. Front ends call it where the kernel
-    /// leaves the rule to the file system (FUSE direct writes carry
-    /// FUSE_WRITE_KILL_SUIDGID; fallocate carries nothing). Returns whether
-    /// a bit was cleared.
-    pub fn drop_setid_bits(&self, ino: u64, caller: Owner) -> Result<bool> {
-        // Most files have no set-ID bit, and this runs before every write of
-        // an unprivileged caller: a read lock decides.
-        if setid_bits_to_drop(&attrs_of(&self.shared.meta.read(), ino)?, caller) == 0 {
+    /// Takes away what a write, truncate or fallocate by `caller` must take
+    /// away before the change, as the kernel's `file_remove_privs`: the
+    /// set-ID bits `setid_bits_to_drop` names (when `kill_setid`: the kernel
+    /// says so for unprivileged callers), and the file capabilities
+    /// (`security.capability`), which any data change removes, root's too.
+    /// Front ends call it where the kernel leaves the rule to the file
+    /// system (FUSE direct writes; fallocate). Returns whether the mode
+    /// changed.
+    pub fn remove_privileges(&self, ino: u64, caller: Owner, kill_setid: bool) -> Result<bool> {
+        let to_remove = |state: &MetaState| -> Result<(u32, bool)> {
+            let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            let setid = if kill_setid { setid_bits_to_drop(&inode.attrs, caller) } else { 0 };
+            let capability = inode.xattrs.contains_key(FILE_CAPABILITIES);
+            Ok((setid, capability))
+        };
+        // Most files have neither, and this runs before every write: a read
+        // lock decides.
+        if to_remove(&self.shared.meta.read())? == (0, false) {
             return Ok(false);
         }
         let (dropped, _) = self.shared.meta.transact(|txn| {
-            let dropped = setid_bits_to_drop(&attrs_of(txn.state(), ino)?, caller);
-            if dropped != 0 {
-                let now = Timestamp::now();
-                update_attrs(txn, ino, |attrs| {
-                    attrs.mode &= !dropped;
-                    attrs.ctime = now;
-                });
+            let (dropped, capability) = to_remove(txn.state())?;
+            if dropped == 0 && !capability {
+                return Ok(false);
             }
+            if capability {
+                txn.apply(Record::XattrRemove { ino, name: FILE_CAPABILITIES.to_vec() });
+            }
+            let now = Timestamp::now();
+            update_attrs(txn, ino, |attrs| {
+                attrs.mode &= !dropped;
+                attrs.ctime = now;
+            });
             Ok(dropped != 0)
         })?;
         Ok(dropped)
