@@ -523,14 +523,16 @@ fn seed_002(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
 
 /// One thread reading one cached 4 KiB block again and again: through the
 /// mount every read is a FUSE request answered from the engine's cache, so
-/// 1/IOPS is the crossing's cost. Only with the FUSE rows.
+/// 1/IOPS is the crossing's cost. Only with the FUSE rows. invalidate=0:
+/// fio would otherwise drop the kernel peers' page cache at every pass over
+/// the 4 KiB file.
 fn round_trip(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<Option<Group>> {
     if !lab.fuse_enabled() {
         return Ok(None);
     }
     let command = format!(
         "--name=roundtrip --ioengine=psync --direct=0 --rw=read --bs=4k --size=4k \
-         --runtime={} --time_based --filename=/fio",
+         --invalidate=0 --runtime={} --time_based --filename=/fio",
         scale.runtime
     );
     let mut rows = vec![lab.engine("foliofs", &command, "")?];
