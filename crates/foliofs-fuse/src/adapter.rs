@@ -23,6 +23,7 @@ use fuser::{
 use crate::attr::{errno, file_attr, file_type, timestamp};
 use crate::handles::{DirListing, Handle, Handles};
 use crate::in_flight;
+use crate::invalidate::{self, Invalidator};
 use crate::mount_options::{MountOptions, PageCacheUse};
 
 /// statfs reports free inodes as the checkpoint's free metadata bytes over
@@ -67,17 +68,27 @@ pub struct FolioFs {
     /// Set once the session exists (it needs the file system first).
     notifier: Arc<OnceLock<Notifier>>,
     page_cache: PageCacheUse,
+    /// In the page cache modes: tells the kernel which cached pages went
+    /// stale.
+    invalidator: Option<Arc<Invalidator>>,
     ttl: Duration,
     max_write_bytes: u32,
 }
 
 impl FolioFs {
     pub fn new(volume: Arc<Volume>, options: &MountOptions) -> Self {
+        let notifier = Arc::new(OnceLock::new());
+        let invalidator = (options.page_cache != PageCacheUse::Engine).then(|| {
+            let invalidator = Invalidator::start(Arc::clone(&notifier));
+            volume.set_change_observer(Some(invalidator.observer()));
+            invalidator
+        });
         Self {
             volume,
             handles: Handles::new(),
-            notifier: Arc::new(OnceLock::new()),
+            notifier,
             page_cache: options.page_cache,
+            invalidator,
             ttl: options.attr_timeout,
             max_write_bytes: options.max_write_bytes,
         }
@@ -121,10 +132,15 @@ impl FolioFs {
     }
 
     fn fopen_flags(&self, open: OpenFlags) -> FopenFlags {
-        if open.direct || self.page_cache == PageCacheUse::Engine {
-            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
-        } else {
-            FopenFlags::empty()
+        match self.page_cache {
+            _ if open.direct => {
+                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+            }
+            PageCacheUse::Engine => {
+                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+            }
+            PageCacheUse::Kernel => FopenFlags::empty(),
+            PageCacheUse::Keep => FopenFlags::FOPEN_KEEP_CACHE,
         }
     }
 
@@ -162,7 +178,13 @@ impl FolioFs {
         let open = self.open_flags(flags);
         let file = self.volume.open_file(ino, open)?;
         let fh = self.handles.insert(Handle::File(Arc::new(file)));
-        Ok((fh, self.fopen_flags(open)))
+        let fopen = self.fopen_flags(open);
+        if let Some(invalidator) = &self.invalidator {
+            if !fopen.contains(FopenFlags::FOPEN_DIRECT_IO) {
+                invalidator.page_cached(ino);
+            }
+        }
+        Ok((fh, fopen))
     }
 }
 
@@ -227,6 +249,8 @@ impl Filesystem for FolioFs {
     }
 
     fn destroy(&mut self) {
+        // Ends the invalidation thread; nothing is mounted to invalidate.
+        self.volume.set_change_observer(None);
         // After a forced unmount the kernel may not have released every
         // handle; close them so unlinked files are freed before the volume
         // closes.
@@ -274,6 +298,7 @@ impl Filesystem for FolioFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        invalidate::mark_serving();
         let changes = SetAttr {
             mode,
             uid,
@@ -448,6 +473,7 @@ impl Filesystem for FolioFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        invalidate::mark_serving();
         let file = match self.file(fh) {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
@@ -463,7 +489,7 @@ impl Filesystem for FolioFs {
             // take the buffered path through a handle of their own.
             let cached = OpenFlags { direct: false, truncate: false, ..file.flags() };
             let written = self.volume.open_file(file.ino(), cached).and_then(|buffered| {
-                let written = buffered.write_at(data, offset);
+                let written = invalidate::kernel_sees(|| buffered.write_at(data, offset));
                 buffered.close().and(written)
             });
             return match written {
@@ -477,13 +503,18 @@ impl Filesystem for FolioFs {
             // is sent from the write's completion.
             let write = file.write_at_async(AlignedBuf::from_slice(data), offset);
             return in_flight::spawn(async move {
+                // The write's change event comes from the thread that
+                // completes it.
+                invalidate::mark_serving();
                 match write.await {
                     (_, Ok(count)) => reply.written(count as u32),
                     (_, Err(error)) => reply.error(failed("write", &error)),
                 }
             });
         }
-        match file.write_at(data, offset) {
+        // A buffered handle: the kernel's page cache took the write first
+        // (write-through), or there is none (`page_cache=engine`).
+        match invalidate::kernel_sees(|| file.write_at(data, offset)) {
             Ok(count) => reply.written(count as u32),
             Err(error) => reply.error(self.failed("write", &error)),
         }
@@ -691,6 +722,7 @@ impl Filesystem for FolioFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        invalidate::mark_serving();
         let name = name_bytes(name);
         let created = match self.volume.create(parent.0, name, mode & !umask, owner(req)) {
             // Another opener created it since the kernel's lookup: without
@@ -726,6 +758,7 @@ impl Filesystem for FolioFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        invalidate::mark_serving();
         let file = match self.file(fh) {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),

@@ -92,8 +92,13 @@ pub enum PageCacheUse {
     #[default]
     Engine,
     /// Buffered opens go through the kernel's page cache (write-through):
-    /// reads of cached pages never cross into the daemon.
+    /// reads of cached pages never cross into the daemon. Each open drops
+    /// what the kernel cached of the file.
     Kernel,
+    /// As `Kernel`, but the kernel keeps its cached pages across opens
+    /// (FOPEN_KEEP_CACHE); the daemon invalidates them when the data changes
+    /// by a path the kernel did not see.
+    Keep,
 }
 
 #[derive(Debug, Clone)]
@@ -204,7 +209,8 @@ impl MountOptions {
                 self.page_cache = match value {
                     Some("engine") => PageCacheUse::Engine,
                     Some("kernel") => PageCacheUse::Kernel,
-                    _ => return Err(bad("expected engine or kernel")),
+                    Some("keep") => PageCacheUse::Keep,
+                    _ => return Err(bad("expected engine, kernel or keep")),
                 }
             }
             "fuse_threads" => {

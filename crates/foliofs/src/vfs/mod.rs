@@ -8,10 +8,12 @@ mod attr;
 mod dir;
 mod file;
 mod namespace;
+mod observe;
 mod volume;
 
 pub use attr::{Attr, DirEntry, Owner, SetAttr, StatFs, TimeSet};
 pub use dir::Dir;
 pub use file::{File, OpenFlags};
 pub use namespace::RenameFlags;
+pub use observe::{ChangeEvent, ChangeObserver};
 pub use volume::{CacheStats, FiemapExtent, MkfsOptions, Volume};
