@@ -16,8 +16,8 @@ use foliofs::{Attr, Error, File, OpenFlags, Owner, RenameFlags, SetAttr, TimeSet
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, Notifier, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::attr::{errno, file_attr, file_type, timestamp};
@@ -40,6 +40,11 @@ const WANTED_CAPABILITIES: &[InitFlags] = &[
     // Lookups and readdirs in one directory run in parallel.
     InitFlags::FUSE_PARALLEL_DIROPS,
     InitFlags::FUSE_CACHE_SYMLINKS,
+    // A listing carries each entry's attributes, so `ls -l` and `find`
+    // need no lookup per name; the kernel asks for it only where lookups
+    // followed the last listing of the directory (AUTO).
+    InitFlags::FUSE_DO_READDIRPLUS,
+    InitFlags::FUSE_READDIRPLUS_AUTO,
     // File handles outlive the kernel's inode cache: it looks up "." (and
     // "..") by inode number, so open_by_handle_at and NFS re-export work.
     InitFlags::FUSE_EXPORT_SUPPORT,
@@ -132,15 +137,11 @@ impl FolioFs {
     }
 
     fn fopen_flags(&self, open: OpenFlags) -> FopenFlags {
-        match self.page_cache {
-            _ if open.direct => {
-                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
-            }
-            PageCacheUse::Engine => {
-                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
-            }
-            PageCacheUse::Kernel => FopenFlags::empty(),
-            PageCacheUse::Keep => FopenFlags::FOPEN_KEEP_CACHE,
+        if open.direct || self.page_cache == PageCacheUse::Engine {
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+        } else {
+            // Kept coherent by the invalidator, not by dropping it at open.
+            FopenFlags::FOPEN_KEEP_CACHE
         }
     }
 
@@ -610,6 +611,53 @@ impl Filesystem for FolioFs {
             dot_entries.chain(entries).enumerate().skip(offset as usize)
         {
             if reply.add(INodeNo(entry_ino), index as u64 + 1, kind, OsStr::from_bytes(name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let Some(listing) = self.handles.dir(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        let listed =
+            listing.entries(offset).and_then(|entries| Ok((entries, listing.dir.parent()?)));
+        let (entries, parent) = match listed {
+            Ok(listed) => listed,
+            Err(error) => return reply.error(self.failed("readdirplus", &error)),
+        };
+        // Offsets as readdir's.
+        let dots = [(ino.0, b".".as_slice()), (parent, b"..".as_slice())];
+        let names = dots
+            .into_iter()
+            .chain(entries.iter().map(|entry| (entry.ino, entry.name.as_slice())))
+            .enumerate()
+            .skip(offset as usize);
+        for (index, (entry_ino, name)) in names {
+            let attr = match self.volume.getattr(entry_ino) {
+                Ok(attr) => attr,
+                // Removed since the listing was taken: left out.
+                Err(Error::NotFound(_)) => continue,
+                Err(error) => return reply.error(self.failed("readdirplus", &error)),
+            };
+            let name = OsStr::from_bytes(name);
+            let offset = index as u64 + 1;
+            if reply.add(
+                INodeNo(entry_ino),
+                offset,
+                name,
+                &self.ttl,
+                &file_attr(&attr),
+                Generation(0),
+            ) {
                 break;
             }
         }

@@ -1,4 +1,4 @@
-//! `page_cache=keep`: the kernel keeps a file's pages across opens and
+//! `page_cache=kernel`: the kernel keeps a file's pages across opens and
 //! serves reads of them without asking the daemon, so every change to the
 //! data it did not make in its own cache must drop them. A reader that
 //! cached a file (through read and through a shared mapping) sees each
@@ -70,12 +70,12 @@ impl Drop for CachedReader {
     }
 }
 
-/// `mount`, `page_cache=keep`, unless the test is skipped.
-fn keep_mount() -> Option<InProcessMount> {
+/// A volume mounted with `page_cache=kernel`, unless the test is skipped.
+fn kernel_cache_mount() -> Option<InProcessMount> {
     if skip_requested() {
         return None;
     }
-    Some(InProcessMount::new(256 << 20, "page_cache=keep"))
+    Some(InProcessMount::new(256 << 20, "page_cache=kernel"))
 }
 
 /// What a fresh open of `path` reads (the kernel keeps its pages across opens).
@@ -108,7 +108,7 @@ fn check_sees(reader: &CachedReader, path: &Path, offset: u64, expected: &[u8], 
 
 #[test]
 fn a_cached_reader_sees_a_direct_write_through_another_handle() {
-    let Some(mount) = keep_mount() else { return };
+    let Some(mount) = kernel_cache_mount() else { return };
     let path = mount.point.join("direct");
     let reader = CachedReader::new(&path);
     let writer = OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&path).unwrap();
@@ -129,7 +129,7 @@ fn a_cached_reader_sees_a_direct_write_through_another_handle() {
 
 #[test]
 fn a_cached_reader_sees_a_write_through_a_second_handle() {
-    let Some(mount) = keep_mount() else { return };
+    let Some(mount) = kernel_cache_mount() else { return };
     let path = mount.point.join("second");
     let reader = CachedReader::new(&path);
     let writer = OpenOptions::new().write(true).open(&path).unwrap();
@@ -141,7 +141,7 @@ fn a_cached_reader_sees_a_write_through_a_second_handle() {
 
 #[test]
 fn a_cached_reader_sees_a_truncate_and_a_punched_hole() {
-    let Some(mount) = keep_mount() else { return };
+    let Some(mount) = kernel_cache_mount() else { return };
     let path = mount.point.join("space");
     let reader = CachedReader::new(&path);
     let writer = OpenOptions::new().write(true).open(&path).unwrap();
@@ -161,7 +161,7 @@ fn a_cached_reader_sees_a_truncate_and_a_punched_hole() {
 
 #[test]
 fn a_cached_reader_sees_changes_by_a_library_user_of_the_volume() {
-    let Some(mount) = keep_mount() else { return };
+    let Some(mount) = kernel_cache_mount() else { return };
     let path = mount.point.join("library");
     let reader = CachedReader::new(&path);
     let ino = std::fs::metadata(&path).unwrap().ino();
@@ -201,10 +201,10 @@ fn fio(directory: &Path, args: &[&str]) {
 
 #[test]
 fn fio_verifies_buffered_and_mixed_direct_buffered_io() {
-    let Some(mount) = keep_mount() else { return };
+    let Some(mount) = kernel_cache_mount() else { return };
     let dir = &mount.point;
     // Buffered random reads and writes from two jobs, verified.
-    fio(dir, &["--name=keep", "--rw=randrw", "--bs=3k", "--size=8M", "--numjobs=2"]);
+    fio(dir, &["--name=kernelcache", "--rw=randrw", "--bs=3k", "--size=8M", "--numjobs=2"]);
     fio(dir, &["--name=mmap", "--ioengine=mmap", "--rw=randwrite", "--bs=4k", "--size=4M"]);
     // One file written and verified buffered (its pages stay cached), then
     // rewritten direct with another pattern, then verified buffered again:
@@ -216,5 +216,44 @@ fn fio_verifies_buffered_and_mixed_direct_buffered_io() {
     fio(dir, &direct_b);
     let check_b = [&shared[..], &["--name=b", "--verify_pattern=0xbb", "--verify_only"]].concat();
     fio(dir, &check_b);
+    mount.unmount();
+}
+
+#[test]
+fn a_listing_carries_each_entrys_attributes_and_sees_library_changes() {
+    let Some(mount) = kernel_cache_mount() else { return };
+    let dir = mount.point.join("listed");
+    std::fs::create_dir(&dir).unwrap();
+    for index in 0..300 {
+        std::fs::write(dir.join(format!("f{index}")), vec![b'x'; index]).unwrap();
+    }
+    let sizes = |dir: &Path| -> Vec<(String, u64)> {
+        let mut sizes: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| {
+                let entry = entry.unwrap();
+                (entry.file_name().into_string().unwrap(), entry.metadata().unwrap().len())
+            })
+            .collect();
+        sizes.sort();
+        sizes
+    };
+    let mut expected: Vec<_> = (0..300).map(|index| (format!("f{index}"), index as u64)).collect();
+    expected.sort();
+    assert_eq!(sizes(&dir), expected);
+    // A library user grows one file: stat (the kernel cached its
+    // attributes from the listing) and the next listing show its new size.
+    let ino = std::fs::metadata(dir.join("f7")).unwrap().ino();
+    let file = mount.volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    file.write_at(b"grown", 1000).unwrap();
+    file.close().unwrap();
+    assert_eq!(
+        std::fs::metadata(dir.join("f7")).unwrap().len(),
+        1005,
+        "stat after a library write"
+    );
+    let f7 = expected.iter_mut().find(|(name, _)| name == "f7").unwrap();
+    f7.1 = 1005;
+    assert_eq!(sizes(&dir), expected);
     mount.unmount();
 }
