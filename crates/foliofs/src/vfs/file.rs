@@ -256,7 +256,13 @@ impl File {
             space::fallocate(&self.shared.engine, &self.inode, mode, offset, length)?;
         }
         // Collapse and insert move every byte after `offset`.
-        self.shared.changed(ChangeEvent::from_offset(self.ino, offset));
+        let changed = match mode {
+            FallocateMode::CollapseRange | FallocateMode::InsertRange => {
+                ChangeEvent::from_offset(self.ino, offset)
+            }
+            _ => ChangeEvent { ino: self.ino, offset, length },
+        };
+        self.shared.changed(changed);
         Ok(())
     }
 

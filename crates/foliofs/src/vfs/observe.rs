@@ -60,3 +60,57 @@ impl Volume {
         *slot = observer;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::dev::AlignedBuf;
+    use crate::space::FallocateMode;
+    use crate::vfs::{MkfsOptions, OpenFlags, Owner, SetAttr};
+    use crate::VolumeOptions;
+
+    #[test]
+    fn every_data_and_size_change_is_reported_after_it_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("vol.img");
+        let options = VolumeOptions::default();
+        Volume::mkfs_path(&image, Some(64 << 20), &MkfsOptions::default(), &options).unwrap();
+        let volume = Arc::new(Volume::open(&image, &options).unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = Arc::clone(&seen);
+        let reader = Arc::downgrade(&volume);
+        volume.set_change_observer(Some(Arc::new(move |event: ChangeEvent| {
+            // Made before it is reported: the size already shows it.
+            let size = reader.upgrade().unwrap().getattr(event.ino).unwrap().size;
+            record.lock().unwrap().push((event, size));
+        })));
+        let ino = volume.create(1, b"f", 0o644, Owner { uid: 0, gid: 0 }).unwrap().ino;
+        let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+        file.write_at(b"hello", 10).unwrap();
+        file.set_len(8192).unwrap();
+        file.fallocate(FallocateMode::PunchHole, 4096, 4096).unwrap();
+        let direct = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+        direct.write_at(&AlignedBuf::zeroed(4096), 8192).unwrap();
+        let (_, written) =
+            crate::completion::block_on(direct.write_at_async(AlignedBuf::zeroed(4096), 16384));
+        written.unwrap();
+        volume.setattr(ino, &SetAttr { size: Some(100), ..SetAttr::default() }).unwrap();
+        let event = |offset, length| ChangeEvent { ino, offset, length };
+        let expected = [
+            (event(10, 5), 15),
+            (ChangeEvent::from_offset(ino, 8192), 8192),
+            (event(4096, 4096), 8192),
+            (event(8192, 4096), 12288),
+            (event(16384, 4096), 20480),
+            (ChangeEvent::from_offset(ino, 100), 100),
+        ];
+        assert_eq!(*seen.lock().unwrap(), expected);
+        volume.set_change_observer(None);
+        file.write_at(b"unseen", 0).unwrap();
+        assert_eq!(seen.lock().unwrap().len(), expected.len());
+        direct.close().unwrap();
+        file.close().unwrap();
+    }
+}
