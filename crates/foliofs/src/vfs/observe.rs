@@ -69,7 +69,7 @@ mod tests {
     use crate::dev::AlignedBuf;
     use crate::space::FallocateMode;
     use crate::vfs::{MkfsOptions, OpenFlags, Owner, SetAttr};
-    use crate::VolumeOptions;
+    use crate::options::VolumeOptions;
 
     #[test]
     fn every_data_and_size_change_is_reported_after_it_is_made() {
