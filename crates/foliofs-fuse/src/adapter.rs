@@ -73,9 +73,8 @@ pub struct FolioFs {
     /// Set once the session exists (it needs the file system first).
     notifier: Arc<OnceLock<Notifier>>,
     page_cache: PageCacheUse,
-    /// In the page cache modes: tells the kernel which cached pages went
-    /// stale.
-    invalidator: Option<Arc<Invalidator>>,
+    /// Tells the kernel which of its cached pages and attributes went stale.
+    invalidator: Arc<Invalidator>,
     ttl: Duration,
     max_write_bytes: u32,
 }
@@ -83,11 +82,12 @@ pub struct FolioFs {
 impl FolioFs {
     pub fn new(volume: Arc<Volume>, options: &MountOptions) -> Self {
         let notifier = Arc::new(OnceLock::new());
-        let invalidator = (options.page_cache != PageCacheUse::Engine).then(|| {
-            let invalidator = Invalidator::start(Arc::clone(&notifier));
-            volume.set_change_observer(Some(invalidator.observer()));
-            invalidator
-        });
+        // With FOPEN_DIRECT_IO everywhere the kernel caches pages only for
+        // mmap, and its direct I/O path keeps those coherent with the
+        // writes it sends: only a library user's changes need telling.
+        let served_changes = options.page_cache == PageCacheUse::Kernel;
+        let invalidator = Invalidator::start(Arc::clone(&notifier), served_changes);
+        volume.set_change_observer(Some(invalidator.observer()));
         Self {
             volume,
             handles: Handles::new(),
@@ -179,13 +179,9 @@ impl FolioFs {
         let open = self.open_flags(flags);
         let file = self.volume.open_file(ino, open)?;
         let fh = self.handles.insert(Handle::File(Arc::new(file)));
-        let fopen = self.fopen_flags(open);
-        if let Some(invalidator) = &self.invalidator {
-            if !fopen.contains(FopenFlags::FOPEN_DIRECT_IO) {
-                invalidator.page_cached(ino);
-            }
-        }
-        Ok((fh, fopen))
+        // Any open file may be cached: through the page cache, or mapped.
+        self.invalidator.page_cached(ino);
+        Ok((fh, self.fopen_flags(open)))
     }
 }
 

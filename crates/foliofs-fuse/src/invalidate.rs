@@ -5,10 +5,13 @@
 //!
 //! Which changes the kernel already knows: a buffered write through a handle
 //! that goes through its page cache (write-through: it filled its pages
-//! before sending the write) and the write-back of its own pages. Every
-//! other change is invalidated: direct writes, truncates and fallocate
-//! through the mount (cheap, and the kernel's own handling of them varies
-//! by version) and every change a library user of the volume makes.
+//! before sending the write) and the write-back of its own pages. With
+//! `page_cache=kernel` every other change is invalidated: direct writes,
+//! truncates and fallocate through the mount (cheap, and the kernel's own
+//! handling of them varies by version; Linux 6.18 needs none of them) and
+//! every change a library user of the volume makes. With
+//! `page_cache=engine` the kernel caches pages only for mmap and its direct
+//! I/O path keeps them coherent: only a library user's changes are sent.
 //!
 //! Deadlock rule: invalidating waits for the page locks of the range, and
 //! the kernel holds those while it waits for some replies of this daemon (a
@@ -34,7 +37,7 @@ thread_local! {
 }
 
 /// Marks the calling thread as one that serves the kernel's requests: its
-/// changes are invalidated from the notification thread.
+/// changes are invalidated from the notification thread, if at all.
 pub(crate) fn mark_serving() {
     SERVING.with(|serving| serving.set(true));
 }
@@ -49,15 +52,17 @@ pub(crate) fn kernel_sees<R>(work: impl FnOnce() -> R) -> R {
 
 pub(crate) struct Invalidator {
     notifier: Arc<OnceLock<Notifier>>,
-    /// Files the kernel may hold pages of: opened through its page cache
-    /// at least once. Changes to others need no notification.
+    /// Files the kernel may hold pages or attributes of: opened through the
+    /// mount at least once. Changes to others need no notification.
     page_cached: Mutex<HashSet<u64>>,
+    /// Whether changes made while serving a request are sent.
+    served_changes: bool,
     queue: mpsc::Sender<ChangeEvent>,
 }
 
 impl Invalidator {
     /// Starts the notification thread; it ends once the observer is gone.
-    pub(crate) fn start(notifier: Arc<OnceLock<Notifier>>) -> Arc<Self> {
+    pub(crate) fn start(notifier: Arc<OnceLock<Notifier>>, served_changes: bool) -> Arc<Self> {
         let (queue, queued) = mpsc::channel::<ChangeEvent>();
         let sender = Arc::clone(&notifier);
         let spawned = std::thread::Builder::new().name("foliofs-inval".into()).spawn(move || {
@@ -68,7 +73,7 @@ impl Invalidator {
         if let Err(error) = spawned {
             tracing::warn!("no thread for page cache invalidations: {error}");
         }
-        Arc::new(Self { notifier, page_cached: Mutex::default(), queue })
+        Arc::new(Self { notifier, page_cached: Mutex::default(), served_changes, queue })
     }
 
     /// The kernel may cache pages of `ino` from now on.
@@ -83,7 +88,8 @@ impl Invalidator {
     }
 
     fn changed(&self, event: ChangeEvent) {
-        if KERNEL_SEES.with(Cell::get) {
+        let serving = SERVING.with(Cell::get);
+        if KERNEL_SEES.with(Cell::get) || (serving && !self.served_changes) {
             return;
         }
         let cached = self.page_cached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -91,7 +97,7 @@ impl Invalidator {
             return;
         }
         drop(cached);
-        if SERVING.with(Cell::get) {
+        if serving {
             let _ = self.queue.send(event);
         } else {
             send(&self.notifier, event);

@@ -257,3 +257,22 @@ fn a_listing_carries_each_entrys_attributes_and_sees_library_changes() {
     assert_eq!(sizes(&dir), expected);
     mount.unmount();
 }
+
+#[test]
+fn with_the_engines_cache_only_a_mapping_and_stat_see_a_library_write() {
+    if skip_requested() {
+        return;
+    }
+    let mount = InProcessMount::new(256 << 20, "page_cache=engine");
+    let path = mount.point.join("engine");
+    let reader = CachedReader::new(&path);
+    let ino = std::fs::metadata(&path).unwrap().ino();
+    let file = mount.volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    file.write_at(&[b'E'; 4096], 8192).unwrap();
+    file.write_at(b"end", FILE_BYTES as u64).unwrap();
+    file.close().unwrap();
+    check_sees(&reader, &path, 8192, &[b'E'; 4096], "a library write");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), FILE_BYTES as u64 + 3);
+    drop(reader);
+    mount.unmount();
+}

@@ -67,9 +67,9 @@ mod tests {
 
     use super::*;
     use crate::dev::AlignedBuf;
+    use crate::options::VolumeOptions;
     use crate::space::FallocateMode;
     use crate::vfs::{MkfsOptions, OpenFlags, Owner, SetAttr};
-    use crate::options::VolumeOptions;
 
     #[test]
     fn every_data_and_size_change_is_reported_after_it_is_made() {
