@@ -499,10 +499,9 @@ impl Filesystem for FolioFs {
             // payload follows the request headers and never is); the reply
             // is sent from the write's completion.
             let write = file.write_at_async(AlignedBuf::from_slice(data), offset);
+            // Its change event comes from the thread that completes it.
+            let write = invalidate::serving(write);
             return in_flight::spawn(async move {
-                // The write's change event comes from the thread that
-                // completes it.
-                invalidate::mark_serving();
                 match write.await {
                     (_, Ok(count)) => reply.written(count as u32),
                     (_, Err(error)) => reply.error(failed("write", &error)),

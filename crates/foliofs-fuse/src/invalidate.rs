@@ -17,14 +17,19 @@
 //! the kernel holds those while it waits for some replies of this daemon (a
 //! write-through write holds its pages until its WRITE is answered). So a
 //! change made while serving a request is queued and sent from a thread of
-//! its own, never from the serving thread; a library user's change is sent
-//! before its call returns (it holds no lock of the volume by then), so a
-//! reader through the mount sees it at once.
+//! its own, never from the serving thread, and so is a change reported by
+//! the thread that completed asynchronous I/O (an engine completion thread,
+//! which the kernel's page-lock holder may be waiting on); a library user's
+//! other changes are sent before its call returns (it holds no lock of the
+//! volume by then), so a reader through the mount sees them at once.
 
 use std::cell::Cell;
 use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
 
 use foliofs::{ChangeEvent, ChangeObserver};
 use fuser::{INodeNo, Notifier};
@@ -40,6 +45,26 @@ thread_local! {
 /// changes are invalidated from the notification thread, if at all.
 pub(crate) fn mark_serving() {
     SERVING.with(|serving| serving.set(true));
+}
+
+/// `future`, a served request's I/O: its change events count as served on
+/// whichever thread polls it (the one that completes it may be an engine
+/// thread that serves nothing else).
+pub(crate) fn serving<F: Future + Unpin>(future: F) -> Serving<F> {
+    Serving(future)
+}
+
+pub(crate) struct Serving<F>(F);
+
+impl<F: Future + Unpin> Future for Serving<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<F::Output> {
+        let before = SERVING.with(|serving| serving.replace(true));
+        let polled = Pin::new(&mut self.0).poll(context);
+        SERVING.with(|serving| serving.set(before));
+        polled
+    }
 }
 
 /// Runs `work`, a change the kernel already holds in its page cache.
@@ -97,7 +122,7 @@ impl Invalidator {
             return;
         }
         drop(cached);
-        if serving {
+        if serving || event.deferred {
             let _ = self.queue.send(event);
         } else {
             send(&self.notifier, event);

@@ -216,6 +216,29 @@ fn fio_verifies_buffered_and_mixed_direct_buffered_io() {
     fio(dir, &direct_b);
     let check_b = [&shared[..], &["--name=b", "--verify_pattern=0xbb", "--verify_only"]].concat();
     fio(dir, &check_b);
+    // Direct writes (each invalidating the range) racing buffered readers
+    // and a mapping of the same pages, whose page locks the kernel holds
+    // while it waits for the daemon: must finish, not deadlock.
+    let directory = format!("--directory={}", dir.display());
+    let race = [
+        directory.as_str(),
+        "--filename=mixed",
+        "--size=4M",
+        "--bs=4k",
+        "--number_ios=4000",
+        "--name=direct",
+        "--direct=1",
+        "--rw=randwrite",
+        "--ioengine=libaio",
+        "--iodepth=8",
+        "--name=buffered",
+        "--rw=randread",
+        "--name=mapped",
+        "--ioengine=mmap",
+        "--rw=randread",
+    ];
+    let output = Command::new("fio").args(race).output().expect("fio");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     mount.unmount();
 }
 

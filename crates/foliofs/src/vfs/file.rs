@@ -169,7 +169,7 @@ impl File {
         if self.flags.direct && !self.flags.append {
             let written =
                 direct::write(engine, &self.inode, self.ino, data, pos, self.flags.dsync)?;
-            self.shared.changed(ChangeEvent { ino: self.ino, offset: pos, length: written as u64 });
+            self.shared.changed(ChangeEvent::range(self.ino, pos, written as u64));
             return Ok(written);
         }
         if data.is_empty() {
@@ -180,7 +180,7 @@ impl File {
             let pos = if self.flags.append { self.shared.size_of(self.ino)? } else { pos };
             (pos, buffered::write(engine, &self.inode, data, pos)?)
         };
-        self.shared.changed(ChangeEvent { ino: self.ino, offset: pos, length: written as u64 });
+        self.shared.changed(ChangeEvent::range(self.ino, pos, written as u64));
         writeback::balance_dirty(engine, &self.inode);
         if self.flags.dsync {
             self.sync_range(pos, pos + written as u64, true)?;
@@ -214,7 +214,8 @@ impl File {
                 let (shared, ino) = (Arc::clone(&self.shared), self.ino);
                 direct::write_async(engine, &self.inode, self.ino, buffer, pos, self.flags.dsync)
                     .on_success(move |written| {
-                        shared.changed(ChangeEvent { ino, offset: pos, length: written as u64 })
+                        let changed = ChangeEvent::range(ino, pos, written as u64);
+                        shared.changed(ChangeEvent { deferred: true, ..changed })
                     })
             }
             Err(error) => DirectFuture::failed(buffer, error),
@@ -260,7 +261,7 @@ impl File {
             FallocateMode::CollapseRange | FallocateMode::InsertRange => {
                 ChangeEvent::from_offset(self.ino, offset)
             }
-            _ => ChangeEvent { ino: self.ino, offset, length },
+            _ => ChangeEvent::range(self.ino, offset, length),
         };
         self.shared.changed(changed);
         Ok(())

@@ -15,17 +15,27 @@ pub struct ChangeEvent {
     pub ino: u64,
     pub offset: u64,
     pub length: u64,
+    /// Reported by whichever thread completed asynchronous I/O (often one
+    /// of the engine's completion threads, which other requests wait on):
+    /// the observer must not block on this call.
+    pub deferred: bool,
 }
 
 impl ChangeEvent {
+    /// `length` bytes at `offset`, reported by the caller's own thread.
+    pub fn range(ino: u64, offset: u64, length: u64) -> Self {
+        Self { ino, offset, length, deferred: false }
+    }
+
     /// From `offset` to wherever the file now ends, and past the old end.
     pub fn from_offset(ino: u64, offset: u64) -> Self {
-        Self { ino, offset, length: u64::MAX }
+        Self::range(ino, offset, u64::MAX)
     }
 }
 
-/// Called on the thread that made the change, once it is visible to readers
-/// of the volume.
+/// Called once the change is visible to readers of the volume: on the
+/// thread that made it, or for asynchronous I/O on the thread that completed
+/// it (`deferred`).
 pub type ChangeObserver = Arc<dyn Fn(ChangeEvent) + Send + Sync>;
 
 #[derive(Default)]
@@ -97,13 +107,13 @@ mod tests {
             crate::completion::block_on(direct.write_at_async(AlignedBuf::zeroed(4096), 16384));
         written.unwrap();
         volume.setattr(ino, &SetAttr { size: Some(100), ..SetAttr::default() }).unwrap();
-        let event = |offset, length| ChangeEvent { ino, offset, length };
+        let event = |offset, length| ChangeEvent::range(ino, offset, length);
         let expected = [
             (event(10, 5), 15),
             (ChangeEvent::from_offset(ino, 8192), 8192),
             (event(4096, 4096), 8192),
             (event(8192, 4096), 12288),
-            (event(16384, 4096), 20480),
+            (ChangeEvent { deferred: true, ..event(16384, 4096) }, 20480),
             (ChangeEvent::from_offset(ino, 100), 100),
         ];
         assert_eq!(*seen.lock().unwrap(), expected);
