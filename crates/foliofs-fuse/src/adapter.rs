@@ -19,13 +19,14 @@ use foliofs::{
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, Notifier, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::attr::{errno, file_attr, file_type, timestamp};
 use crate::handles::{DirListing, Handle, Handles};
 use crate::in_flight;
+use crate::invalidate::{self, Invalidator};
 use crate::mount_options::{MountOptions, PageCacheUse};
 
 /// statfs reports free inodes as the checkpoint's free metadata bytes over
@@ -42,6 +43,11 @@ const WANTED_CAPABILITIES: &[InitFlags] = &[
     // Lookups and readdirs in one directory run in parallel.
     InitFlags::FUSE_PARALLEL_DIROPS,
     InitFlags::FUSE_CACHE_SYMLINKS,
+    // A listing carries each entry's attributes, so `ls -l` and `find`
+    // need no lookup per name; the kernel asks for it only where lookups
+    // followed the last listing of the directory (AUTO).
+    InitFlags::FUSE_DO_READDIRPLUS,
+    InitFlags::FUSE_READDIRPLUS_AUTO,
     // File handles outlive the kernel's inode cache: it looks up "." (and
     // "..") by inode number, so open_by_handle_at and NFS re-export work.
     InitFlags::FUSE_EXPORT_SUPPORT,
@@ -70,6 +76,8 @@ pub struct FolioFs {
     /// Set once the session exists (it needs the file system first).
     notifier: Arc<OnceLock<Notifier>>,
     page_cache: PageCacheUse,
+    /// Tells the kernel which of its cached pages and attributes went stale.
+    invalidator: Arc<Invalidator>,
     ttl: Duration,
     max_write_bytes: u32,
     /// The kernel enforces POSIX ACLs (FUSE_POSIX_ACL); it needs the
@@ -79,11 +87,19 @@ pub struct FolioFs {
 
 impl FolioFs {
     pub fn new(volume: Arc<Volume>, options: &MountOptions) -> Self {
+        let notifier = Arc::new(OnceLock::new());
+        // With FOPEN_DIRECT_IO everywhere the kernel caches pages only for
+        // mmap, and its direct I/O path keeps those coherent with the
+        // writes it sends: only a library user's changes need telling.
+        let served_changes = options.page_cache == PageCacheUse::Kernel;
+        let invalidator = Invalidator::start(Arc::clone(&notifier), served_changes);
+        volume.set_change_observer(Some(invalidator.observer()));
         Self {
             volume,
             handles: Handles::new(),
-            notifier: Arc::new(OnceLock::new()),
+            notifier,
             page_cache: options.page_cache,
+            invalidator,
             ttl: options.attr_timeout,
             max_write_bytes: options.max_write_bytes,
             posix_acl: options.default_permissions,
@@ -131,7 +147,8 @@ impl FolioFs {
         if open.direct || self.page_cache == PageCacheUse::Engine {
             FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
         } else {
-            FopenFlags::empty()
+            // Kept coherent by the invalidator, not by dropping it at open.
+            FopenFlags::FOPEN_KEEP_CACHE
         }
     }
 
@@ -170,6 +187,8 @@ impl FolioFs {
         let open = self.open_flags(flags);
         let file = self.volume.open_file(ino, open)?;
         let fh = self.handles.insert(Handle::File(Arc::new(file)));
+        // Any open file may be cached: through the page cache, or mapped.
+        self.invalidator.page_cached(ino);
         Ok((fh, self.fopen_flags(open)))
     }
 }
@@ -309,6 +328,8 @@ impl Filesystem for FolioFs {
     }
 
     fn destroy(&mut self) {
+        // Ends the invalidation thread; nothing is mounted to invalidate.
+        self.volume.set_change_observer(None);
         // After a forced unmount the kernel may not have released every
         // handle; close them so unlinked files are freed before the volume
         // closes.
@@ -356,6 +377,7 @@ impl Filesystem for FolioFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        invalidate::mark_serving();
         let changes = SetAttr {
             mode,
             uid,
@@ -537,6 +559,7 @@ impl Filesystem for FolioFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        invalidate::mark_serving();
         let file = match self.file(fh) {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
@@ -552,7 +575,7 @@ impl Filesystem for FolioFs {
             // take the buffered path through a handle of their own.
             let cached = OpenFlags { direct: false, truncate: false, ..file.flags() };
             let written = self.volume.open_file(file.ino(), cached).and_then(|buffered| {
-                let written = buffered.write_at(data, offset);
+                let written = invalidate::kernel_sees(|| buffered.write_at(data, offset));
                 buffered.close().and(written)
             });
             return match written {
@@ -565,6 +588,8 @@ impl Filesystem for FolioFs {
             // payload follows the request headers and never is); the reply
             // is sent from the write's completion.
             let write = file.write_at_async(AlignedBuf::from_slice(data), offset);
+            // Its change event comes from the thread that completes it.
+            let write = invalidate::serving(write);
             return in_flight::spawn(async move {
                 match write.await {
                     (_, Ok(count)) => reply.written(count as u32),
@@ -572,7 +597,9 @@ impl Filesystem for FolioFs {
                 }
             });
         }
-        match file.write_at(data, offset) {
+        // A buffered handle: the kernel's page cache took the write first
+        // (write-through), or there is none (`page_cache=engine`).
+        match invalidate::kernel_sees(|| file.write_at(data, offset)) {
             Ok(count) => reply.written(count as u32),
             Err(error) => reply.error(self.failed("write", &error)),
         }
@@ -668,6 +695,53 @@ impl Filesystem for FolioFs {
             dot_entries.chain(entries).enumerate().skip(offset as usize)
         {
             if reply.add(INodeNo(entry_ino), index as u64 + 1, kind, OsStr::from_bytes(name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let Some(listing) = self.handles.dir(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        let listed =
+            listing.entries(offset).and_then(|entries| Ok((entries, listing.dir.parent()?)));
+        let (entries, parent) = match listed {
+            Ok(listed) => listed,
+            Err(error) => return reply.error(self.failed("readdirplus", &error)),
+        };
+        // Offsets as readdir's.
+        let dots = [(ino.0, b".".as_slice()), (parent, b"..".as_slice())];
+        let names = dots
+            .into_iter()
+            .chain(entries.iter().map(|entry| (entry.ino, entry.name.as_slice())))
+            .enumerate()
+            .skip(offset as usize);
+        for (index, (entry_ino, name)) in names {
+            let attr = match self.volume.getattr(entry_ino) {
+                Ok(attr) => attr,
+                // Removed since the listing was taken: left out.
+                Err(Error::NotFound(_)) => continue,
+                Err(error) => return reply.error(self.failed("readdirplus", &error)),
+            };
+            let name = OsStr::from_bytes(name);
+            let offset = index as u64 + 1;
+            if reply.add(
+                INodeNo(entry_ino),
+                offset,
+                name,
+                &self.ttl,
+                &file_attr(&attr),
+                Generation(0),
+            ) {
                 break;
             }
         }
@@ -797,6 +871,7 @@ impl Filesystem for FolioFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        invalidate::mark_serving();
         let name = name_bytes(name);
         let mode = self.volume.creation_mode(parent.0, mode, umask);
         let created = match self.volume.create(parent.0, name, mode, owner(req)) {
@@ -833,6 +908,7 @@ impl Filesystem for FolioFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        invalidate::mark_serving();
         let file = match self.file(fh) {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),

@@ -11,12 +11,15 @@
 //! measurement). Direct writes are marked FOPEN_PARALLEL_DIRECT_WRITES so the
 //! kernel does not serialize them per inode, and FUSE_DIRECT_IO_ALLOW_MMAP
 //! keeps shared mmap working on such files. `page_cache=kernel` switches to
-//! the kernel's page cache for buffered opens instead.
+//! the kernel's page cache for buffered opens instead, kept across opens,
+//! so reads of cached pages never reach the daemon; the library's change
+//! events tell the kernel which cached pages went stale (`invalidate`).
 
 mod adapter;
 mod attr;
 mod handles;
 mod in_flight;
+mod invalidate;
 mod mount_options;
 mod mounting;
 

@@ -39,11 +39,20 @@ pub type DirectResult = (AlignedBuf, Result<usize>);
 pub struct DirectFuture {
     inner: IoFuture<DirectResult>,
     engine: Option<Arc<Engine>>,
+    /// Run with the bytes transferred once the request succeeded.
+    on_success: Option<Box<dyn FnOnce(usize) + Send>>,
 }
 
 impl DirectFuture {
     fn ready(result: DirectResult) -> Self {
-        Self { inner: completion::ready(result), engine: None }
+        Self { inner: completion::ready(result), engine: None, on_success: None }
+    }
+
+    /// Runs `action` with the bytes transferred when the request succeeds,
+    /// before the future resolves.
+    pub(crate) fn on_success(mut self, action: impl FnOnce(usize) + Send + 'static) -> Self {
+        self.on_success = Some(Box::new(action));
+        self
     }
 
     /// A request refused before it reached the device.
@@ -60,10 +69,18 @@ impl std::future::Future for DirectFuture {
         context: &mut std::task::Context<'_>,
     ) -> std::task::Poll<DirectResult> {
         let polled = std::pin::Pin::new(&mut self.inner).poll(context);
-        if polled.is_pending() {
-            if let Some(engine) = &self.engine {
-                engine.device.unplug();
+        match &polled {
+            std::task::Poll::Pending => {
+                if let Some(engine) = &self.engine {
+                    engine.device.unplug();
+                }
             }
+            std::task::Poll::Ready((_, Ok(count))) => {
+                if let Some(action) = self.on_success.take() {
+                    action(*count);
+                }
+            }
+            std::task::Poll::Ready(_) => {}
         }
         polled
     }
@@ -540,7 +557,7 @@ fn submit_write(
         completer.complete((buffer, result));
     });
     submit_group(engine, requests, finish);
-    DirectFuture { inner: future, engine: Some(Arc::clone(engine)) }
+    DirectFuture { inner: future, engine: Some(Arc::clone(engine)), on_success: None }
 }
 
 /// Asynchronous direct read into `buffer` from `pos`.
@@ -587,7 +604,7 @@ pub fn read_async(
     let (future, completer) = completion::pair();
     let finish = read_finish(Arc::clone(inode), count, on_disk, kept, completer);
     submit_group(engine, requests, finish);
-    DirectFuture { inner: future, engine: Some(Arc::clone(engine)) }
+    DirectFuture { inner: future, engine: Some(Arc::clone(engine)), on_success: None }
 }
 
 fn read_finish(

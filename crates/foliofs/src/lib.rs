@@ -34,6 +34,7 @@ pub use error::{Error, Result};
 pub use format::{InodeKind, Timestamp};
 pub use options::VolumeOptions;
 pub use vfs::{
-    Attr, Dir, DirEntry, File, OpenFlags, Owner, RenameFlags, SetAttr, StatFs, TimeSet, Volume,
+    Attr, ChangeEvent, ChangeObserver, Dir, DirEntry, File, OpenFlags, Owner, RenameFlags, SetAttr,
+    StatFs, TimeSet, Volume,
 };
 pub use vfs::{Privilege, XattrFlags};

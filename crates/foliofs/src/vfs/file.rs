@@ -14,6 +14,7 @@ use crate::space::{self, FallocateMode, Whence};
 use crate::writeback;
 
 use super::attr::Attr;
+use super::observe::ChangeEvent;
 use super::volume::{Shared, Volume};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -168,7 +169,10 @@ impl File {
             return Err(refusal);
         }
         if self.flags.direct && !self.flags.append {
-            return direct::write(engine, &self.inode, self.ino, data, pos, self.flags.dsync);
+            let written =
+                direct::write(engine, &self.inode, self.ino, data, pos, self.flags.dsync)?;
+            self.shared.changed(ChangeEvent::range(self.ino, pos, written as u64));
+            return Ok(written);
         }
         if data.is_empty() {
             return Ok(0);
@@ -178,6 +182,7 @@ impl File {
             let pos = if self.flags.append { self.shared.size_of(self.ino)? } else { pos };
             (pos, buffered::write(engine, &self.inode, data, pos)?)
         };
+        self.shared.changed(ChangeEvent::range(self.ino, pos, written as u64));
         writeback::balance_dirty(engine, &self.inode);
         if self.flags.dsync {
             self.sync_range(pos, pos + written as u64, true)?;
@@ -208,7 +213,12 @@ impl File {
         match checked {
             Ok(()) => {
                 let engine = &self.shared.engine;
+                let (shared, ino) = (Arc::clone(&self.shared), self.ino);
                 direct::write_async(engine, &self.inode, self.ino, buffer, pos, self.flags.dsync)
+                    .on_success(move |written| {
+                        let changed = ChangeEvent::range(ino, pos, written as u64);
+                        shared.changed(ChangeEvent { deferred: true, ..changed })
+                    })
             }
             Err(error) => DirectFuture::failed(buffer, error),
         }
@@ -229,8 +239,12 @@ impl File {
         if let Some(refusal) = self.shared.meta.refusal() {
             return Err(refusal);
         }
-        let _exclusive = self.inode.io.exclusive(|| self.shared.engine.device.unplug());
-        buffered::set_size(&self.shared.engine, &self.inode, size)
+        {
+            let _exclusive = self.inode.io.exclusive(|| self.shared.engine.device.unplug());
+            buffered::set_size(&self.shared.engine, &self.inode, size)?;
+        }
+        self.shared.changed(ChangeEvent::from_offset(self.ino, size));
+        Ok(())
     }
 
     /// fallocate(2): preallocate, punch a hole, zero, collapse or insert a
@@ -240,8 +254,19 @@ impl File {
         if let Some(refusal) = self.shared.meta.refusal() {
             return Err(refusal);
         }
-        let _exclusive = self.inode.io.exclusive(|| self.shared.engine.device.unplug());
-        space::fallocate(&self.shared.engine, &self.inode, mode, offset, length)
+        {
+            let _exclusive = self.inode.io.exclusive(|| self.shared.engine.device.unplug());
+            space::fallocate(&self.shared.engine, &self.inode, mode, offset, length)?;
+        }
+        // Collapse and insert move every byte after `offset`.
+        let changed = match mode {
+            FallocateMode::CollapseRange | FallocateMode::InsertRange => {
+                ChangeEvent::from_offset(self.ino, offset)
+            }
+            _ => ChangeEvent::range(self.ino, offset, length),
+        };
+        self.shared.changed(changed);
+        Ok(())
     }
 
     /// lseek(SEEK_DATA): the first data at or after `pos`; ENXIO past it.

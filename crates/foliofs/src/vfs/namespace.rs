@@ -488,6 +488,7 @@ impl Volume {
             }
             drop(inode);
             self.shared.cache.release_inode(ino, 0);
+            self.shared.changed(super::observe::ChangeEvent::from_offset(ino, size));
         }
         let (attr, _) = self.shared.meta.transact(|txn| {
             let mut attrs = attrs_of(txn.state(), ino)?;

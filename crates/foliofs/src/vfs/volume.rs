@@ -50,6 +50,7 @@ pub(crate) struct Shared {
     pub(crate) load_report: LoadReport,
     stop: Mutex<bool>,
     stop_signal: Condvar,
+    pub(crate) observers: super::observe::Observers,
 }
 
 impl std::ops::Deref for Shared {
@@ -234,6 +235,7 @@ impl Volume {
             load_report,
             stop: Mutex::new(false),
             stop_signal: Condvar::new(),
+            observers: Default::default(),
         });
         if !options.read_only {
             free_orphans(&shared)?;

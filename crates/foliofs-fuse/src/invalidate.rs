@@ -1,0 +1,144 @@
+//! Keeps the kernel's page cache and attribute cache of a mount coherent
+//! with changes it did not make itself: the library reports every change to
+//! a file's data or size ([`foliofs::ChangeEvent`]); this turns the ones the
+//! kernel cannot know about into FUSE_NOTIFY_INVAL_INODE.
+//!
+//! Which changes the kernel already knows: a buffered write through a handle
+//! that goes through its page cache (write-through: it filled its pages
+//! before sending the write) and the write-back of its own pages. With
+//! `page_cache=kernel` every other change is invalidated: direct writes,
+//! truncates and fallocate through the mount (cheap, and the kernel's own
+//! handling of them varies by version; Linux 6.18 needs none of them) and
+//! every change a library user of the volume makes. With
+//! `page_cache=engine` the kernel caches pages only for mmap and its direct
+//! I/O path keeps them coherent: only a library user's changes are sent.
+//!
+//! Deadlock rule: invalidating waits for the page locks of the range, and
+//! the kernel holds those while it waits for some replies of this daemon (a
+//! write-through write holds its pages until its WRITE is answered). So a
+//! change made while serving a request is queued and sent from a thread of
+//! its own, never from the serving thread, and so is a change reported by
+//! the thread that completed asynchronous I/O (an engine completion thread,
+//! which the kernel's page-lock holder may be waiting on); a library user's
+//! other changes are sent before its call returns (it holds no lock of the
+//! volume by then), so a reader through the mount sees them at once.
+
+use std::cell::Cell;
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+
+use foliofs::{ChangeEvent, ChangeObserver};
+use fuser::{INodeNo, Notifier};
+
+thread_local! {
+    /// Set while a change the kernel made in its own page cache is applied.
+    static KERNEL_SEES: Cell<bool> = const { Cell::new(false) };
+    /// Set for good on threads that serve the kernel's requests.
+    static SERVING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as one that serves the kernel's requests: its
+/// changes are invalidated from the notification thread, if at all.
+pub(crate) fn mark_serving() {
+    SERVING.with(|serving| serving.set(true));
+}
+
+/// `future`, a served request's I/O: its change events count as served on
+/// whichever thread polls it (the one that completes it may be an engine
+/// thread that serves nothing else).
+pub(crate) fn serving<F: Future + Unpin>(future: F) -> Serving<F> {
+    Serving(future)
+}
+
+pub(crate) struct Serving<F>(F);
+
+impl<F: Future + Unpin> Future for Serving<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<F::Output> {
+        let before = SERVING.with(|serving| serving.replace(true));
+        let polled = Pin::new(&mut self.0).poll(context);
+        SERVING.with(|serving| serving.set(before));
+        polled
+    }
+}
+
+/// Runs `work`, a change the kernel already holds in its page cache.
+pub(crate) fn kernel_sees<R>(work: impl FnOnce() -> R) -> R {
+    KERNEL_SEES.with(|sees| sees.set(true));
+    let result = work();
+    KERNEL_SEES.with(|sees| sees.set(false));
+    result
+}
+
+pub(crate) struct Invalidator {
+    notifier: Arc<OnceLock<Notifier>>,
+    /// Files the kernel may hold pages or attributes of: opened through the
+    /// mount at least once. Changes to others need no notification.
+    page_cached: Mutex<HashSet<u64>>,
+    /// Whether changes made while serving a request are sent.
+    served_changes: bool,
+    queue: mpsc::Sender<ChangeEvent>,
+}
+
+impl Invalidator {
+    /// Starts the notification thread; it ends once the observer is gone.
+    pub(crate) fn start(notifier: Arc<OnceLock<Notifier>>, served_changes: bool) -> Arc<Self> {
+        let (queue, queued) = mpsc::channel::<ChangeEvent>();
+        let sender = Arc::clone(&notifier);
+        let spawned = std::thread::Builder::new().name("foliofs-inval".into()).spawn(move || {
+            for event in queued {
+                send(&sender, event);
+            }
+        });
+        if let Err(error) = spawned {
+            tracing::warn!("no thread for page cache invalidations: {error}");
+        }
+        Arc::new(Self { notifier, page_cached: Mutex::default(), served_changes, queue })
+    }
+
+    /// The kernel may cache pages of `ino` from now on.
+    pub(crate) fn page_cached(&self, ino: u64) {
+        let mut cached = self.page_cached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        cached.insert(ino);
+    }
+
+    pub(crate) fn observer(self: &Arc<Self>) -> ChangeObserver {
+        let invalidator = Arc::clone(self);
+        Arc::new(move |event: ChangeEvent| invalidator.changed(event))
+    }
+
+    fn changed(&self, event: ChangeEvent) {
+        let serving = SERVING.with(Cell::get);
+        if KERNEL_SEES.with(Cell::get) || (serving && !self.served_changes) {
+            return;
+        }
+        let cached = self.page_cached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !cached.contains(&event.ino) {
+            return;
+        }
+        drop(cached);
+        if serving || event.deferred {
+            let _ = self.queue.send(event);
+        } else {
+            send(&self.notifier, event);
+        }
+    }
+}
+
+fn send(notifier: &OnceLock<Notifier>, event: ChangeEvent) {
+    let Some(notifier) = notifier.get() else { return };
+    let offset = i64::try_from(event.offset).unwrap_or(i64::MAX);
+    // 0: to the end of the file.
+    let length = i64::try_from(event.length).unwrap_or(0);
+    match notifier.inval_inode(INodeNo(event.ino), offset, length) {
+        Ok(()) => {}
+        // The kernel no longer knows the inode: nothing cached to drop.
+        Err(error) if error.raw_os_error() == Some(libc::ENOENT) => {}
+        Err(error) => tracing::debug!("invalidating inode {}: {error}", event.ino),
+    }
+}

@@ -1,0 +1,301 @@
+//! `page_cache=kernel`: the kernel keeps a file's pages across opens and
+//! serves reads of them without asking the daemon, so every change to the
+//! data it did not make in its own cache must drop them. A reader that
+//! cached a file (through read and through a shared mapping) sees each
+//! change at once: a direct write, a truncate, a hole punched, a write
+//! through a second handle, and a write and truncate by a library user of
+//! the same volume.
+
+mod common;
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::process::Command;
+
+use common::{skip_requested, InProcessMount};
+use foliofs::OpenFlags;
+
+const FILE_BYTES: usize = 64 * 1024;
+
+/// A file of `FILE_BYTES` of `b'a'`, read once (the kernel caches it), with
+/// a reader that keeps it open and mapped.
+struct CachedReader {
+    file: File,
+    map: *const u8,
+}
+
+impl CachedReader {
+    fn new(path: &Path) -> Self {
+        std::fs::write(path, vec![b'a'; FILE_BYTES]).unwrap();
+        let file = File::open(path).unwrap();
+        // SAFETY: a fresh shared read-only mapping of a file we keep open;
+        // unmapped in Drop, read only within FILE_BYTES while the file is
+        // at least that long (the checks that truncate read past nothing).
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                FILE_BYTES,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+        let reader = Self { file, map: map as *const u8 };
+        assert_eq!(reader.read(0, FILE_BYTES), vec![b'a'; FILE_BYTES]);
+        assert_eq!(reader.mapped(0, FILE_BYTES), vec![b'a'; FILE_BYTES]);
+        reader
+    }
+
+    fn read(&self, offset: u64, length: usize) -> Vec<u8> {
+        let mut buffer = vec![0; length];
+        let count = self.file.read_at(&mut buffer, offset).unwrap();
+        buffer.truncate(count);
+        buffer
+    }
+
+    fn mapped(&self, offset: usize, length: usize) -> Vec<u8> {
+        // SAFETY: within the mapping, which lives as long as self.
+        unsafe { std::slice::from_raw_parts(self.map.add(offset), length) }.to_vec()
+    }
+}
+
+impl Drop for CachedReader {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in new, unmapped once.
+        unsafe { libc::munmap(self.map as *mut libc::c_void, FILE_BYTES) };
+    }
+}
+
+/// A volume mounted with `page_cache=kernel`, unless the test is skipped.
+fn kernel_cache_mount() -> Option<InProcessMount> {
+    if skip_requested() {
+        return None;
+    }
+    Some(InProcessMount::new(256 << 20, "page_cache=kernel"))
+}
+
+/// What a fresh open of `path` reads (the kernel keeps its pages across opens).
+fn reopened(path: &Path, offset: u64, length: usize) -> Vec<u8> {
+    let mut buffer = vec![0; length];
+    let count = File::open(path).unwrap().read_at(&mut buffer, offset).unwrap();
+    buffer.truncate(count);
+    buffer
+}
+
+fn check_sees(reader: &CachedReader, path: &Path, offset: u64, expected: &[u8], what: &str) {
+    let length = expected.len();
+    let seen = [
+        ("read", reader.read(offset, length)),
+        ("mmap", reader.mapped(offset as usize, length)),
+        ("reopen", reopened(path, offset, length)),
+    ];
+    for (how, got) in seen {
+        if got != expected {
+            let at = got.iter().zip(expected).position(|(a, b)| a != b).unwrap_or(got.len());
+            panic!(
+                "{how} after {what}: {} bytes at {offset}, byte {at} is {:?}, expected {:?}",
+                got.len(),
+                got.get(at),
+                expected.get(at)
+            );
+        }
+    }
+}
+
+#[test]
+fn a_cached_reader_sees_a_direct_write_through_another_handle() {
+    let Some(mount) = kernel_cache_mount() else { return };
+    let path = mount.point.join("direct");
+    let reader = CachedReader::new(&path);
+    let writer = OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&path).unwrap();
+    let layout = std::alloc::Layout::from_size_align(8192, 4096).unwrap();
+    // SAFETY: a non-zero-sized layout; freed below with the same layout.
+    let buffer = unsafe { std::alloc::alloc(layout) };
+    // SAFETY: buffer holds 8192 bytes.
+    let data = unsafe { std::slice::from_raw_parts_mut(buffer, 8192) };
+    data.fill(b'D');
+    writer.write_all_at(data, 4096).unwrap();
+    // SAFETY: allocated above with this layout.
+    unsafe { std::alloc::dealloc(buffer, layout) };
+    check_sees(&reader, &path, 4096, &[b'D'; 8192], "a direct write");
+    check_sees(&reader, &path, 0, &[b'a'; 4096], "a direct write (untouched)");
+    drop((reader, writer));
+    mount.unmount();
+}
+
+#[test]
+fn a_cached_reader_sees_a_write_through_a_second_handle() {
+    let Some(mount) = kernel_cache_mount() else { return };
+    let path = mount.point.join("second");
+    let reader = CachedReader::new(&path);
+    let writer = OpenOptions::new().write(true).open(&path).unwrap();
+    writer.write_all_at(&[b'w'; 100], 5000).unwrap();
+    check_sees(&reader, &path, 5000, &[b'w'; 100], "a write through a second handle");
+    drop((reader, writer));
+    mount.unmount();
+}
+
+#[test]
+fn a_cached_reader_sees_a_truncate_and_a_punched_hole() {
+    let Some(mount) = kernel_cache_mount() else { return };
+    let path = mount.point.join("space");
+    let reader = CachedReader::new(&path);
+    let writer = OpenOptions::new().write(true).open(&path).unwrap();
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: fallocate on an open descriptor, no memory involved.
+    let punched = unsafe { libc::fallocate(writer.as_raw_fd(), punch, 8192, 8192) };
+    assert_eq!(punched, 0, "punch: {}", std::io::Error::last_os_error());
+    check_sees(&reader, &path, 8192, &[0; 8192], "a punched hole");
+    // Shrink, then grow back: the cut-off tail reads as zeros.
+    writer.set_len(20000).unwrap();
+    writer.set_len(FILE_BYTES as u64).unwrap();
+    check_sees(&reader, &path, 20000, &vec![0; FILE_BYTES - 20000], "a truncate");
+    check_sees(&reader, &path, 16384, &[b'a'; 20000 - 16384], "a truncate (kept)");
+    drop((reader, writer));
+    mount.unmount();
+}
+
+#[test]
+fn a_cached_reader_sees_changes_by_a_library_user_of_the_volume() {
+    let Some(mount) = kernel_cache_mount() else { return };
+    let path = mount.point.join("library");
+    let reader = CachedReader::new(&path);
+    let ino = std::fs::metadata(&path).unwrap().ino();
+    let file = mount.volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    file.write_at(&[b'L'; 3000], 10000).unwrap();
+    check_sees(&reader, &path, 10000, &[b'L'; 3000], "a library write");
+    // A size change the kernel never saw: a longer file, then a shorter one.
+    file.write_at(b"tail", FILE_BYTES as u64).unwrap();
+    assert!(reader.read(FILE_BYTES as u64 - 2, 100) == b"aatail", "read past the old end");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), FILE_BYTES as u64 + 4);
+    file.set_len(40000).unwrap();
+    file.set_len(FILE_BYTES as u64).unwrap();
+    check_sees(&reader, &path, 40000, &vec![0; FILE_BYTES - 40000], "a library truncate");
+    // A direct library write too.
+    let direct = mount.volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+    let mut buffer = foliofs::dev::AlignedBuf::zeroed(4096);
+    buffer.fill(b'X');
+    direct.write_at(&buffer, 0).unwrap();
+    check_sees(&reader, &path, 0, &[b'X'; 4096], "a direct library write");
+    direct.close().unwrap();
+    file.close().unwrap();
+    drop(reader);
+    mount.unmount();
+}
+
+fn fio(directory: &Path, args: &[&str]) {
+    let directory = format!("--directory={}", directory.display());
+    let mut all =
+        vec![directory.as_str(), "--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0"];
+    all.extend_from_slice(args);
+    let output = Command::new("fio").args(&all).output().expect("fio (apt-get install fio)");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "fio {all:?} failed:\n{text}");
+    assert!(!text.contains("verify:"), "fio reported a verify failure:\n{text}");
+}
+
+#[test]
+fn fio_verifies_buffered_and_mixed_direct_buffered_io() {
+    let Some(mount) = kernel_cache_mount() else { return };
+    let dir = &mount.point;
+    // Buffered random reads and writes from two jobs, verified.
+    fio(dir, &["--name=kernelcache", "--rw=randrw", "--bs=3k", "--size=8M", "--numjobs=2"]);
+    fio(dir, &["--name=mmap", "--ioengine=mmap", "--rw=randwrite", "--bs=4k", "--size=4M"]);
+    // One file written and verified buffered (its pages stay cached), then
+    // rewritten direct with another pattern, then verified buffered again:
+    // the kernel's kept pages must not answer.
+    let shared = ["--filename=mixed", "--size=4M", "--bs=16k", "--rw=write"];
+    let buffered_a = [&shared[..], &["--name=a", "--verify_pattern=0xaa"]].concat();
+    fio(dir, &buffered_a);
+    let direct_b = [&shared[..], &["--name=b", "--direct=1", "--verify_pattern=0xbb"]].concat();
+    fio(dir, &direct_b);
+    let check_b = [&shared[..], &["--name=b", "--verify_pattern=0xbb", "--verify_only"]].concat();
+    fio(dir, &check_b);
+    // Direct writes (each invalidating the range) racing buffered readers
+    // and a mapping of the same pages, whose page locks the kernel holds
+    // while it waits for the daemon: must finish, not deadlock.
+    let directory = format!("--directory={}", dir.display());
+    let race = [
+        directory.as_str(),
+        "--filename=mixed",
+        "--size=4M",
+        "--bs=4k",
+        "--number_ios=4000",
+        "--name=direct",
+        "--direct=1",
+        "--rw=randwrite",
+        "--ioengine=libaio",
+        "--iodepth=8",
+        "--name=buffered",
+        "--rw=randread",
+        "--name=mapped",
+        "--ioengine=mmap",
+        "--rw=randread",
+    ];
+    let output = Command::new("fio").args(race).output().expect("fio");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    mount.unmount();
+}
+
+#[test]
+fn a_listing_carries_each_entrys_attributes_and_sees_library_changes() {
+    let Some(mount) = kernel_cache_mount() else { return };
+    let dir = mount.point.join("listed");
+    std::fs::create_dir(&dir).unwrap();
+    for index in 0..300 {
+        std::fs::write(dir.join(format!("f{index}")), vec![b'x'; index]).unwrap();
+    }
+    let sizes = |dir: &Path| -> Vec<(String, u64)> {
+        let mut sizes: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| {
+                let entry = entry.unwrap();
+                (entry.file_name().into_string().unwrap(), entry.metadata().unwrap().len())
+            })
+            .collect();
+        sizes.sort();
+        sizes
+    };
+    let mut expected: Vec<_> = (0..300).map(|index| (format!("f{index}"), index as u64)).collect();
+    expected.sort();
+    assert_eq!(sizes(&dir), expected);
+    // A library user grows one file: stat (the kernel cached its
+    // attributes from the listing) and the next listing show its new size.
+    let ino = std::fs::metadata(dir.join("f7")).unwrap().ino();
+    let file = mount.volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    file.write_at(b"grown", 1000).unwrap();
+    file.close().unwrap();
+    assert_eq!(
+        std::fs::metadata(dir.join("f7")).unwrap().len(),
+        1005,
+        "stat after a library write"
+    );
+    let f7 = expected.iter_mut().find(|(name, _)| name == "f7").unwrap();
+    f7.1 = 1005;
+    assert_eq!(sizes(&dir), expected);
+    mount.unmount();
+}
+
+#[test]
+fn with_the_engines_cache_only_a_mapping_and_stat_see_a_library_write() {
+    if skip_requested() {
+        return;
+    }
+    let mount = InProcessMount::new(256 << 20, "page_cache=engine");
+    let path = mount.point.join("engine");
+    let reader = CachedReader::new(&path);
+    let ino = std::fs::metadata(&path).unwrap().ino();
+    let file = mount.volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    file.write_at(&[b'E'; 4096], 8192).unwrap();
+    file.write_at(b"end", FILE_BYTES as u64).unwrap();
+    file.close().unwrap();
+    check_sees(&reader, &path, 8192, &[b'E'; 4096], "a library write");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), FILE_BYTES as u64 + 3);
+    drop(reader);
+    mount.unmount();
+}
