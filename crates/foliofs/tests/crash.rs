@@ -2,7 +2,8 @@
 //! device, each on 1 KiB, 4 KiB and 64 KiB blocks: freed blocks are reused
 //! only after their free is durable, shifted blocks are overwritten only
 //! after the shift is durable, buffered appends recover as exact prefixes,
-//! and syncfs waits for a writeback the flusher already started. Random workloads crashed at every durability point are the
+//! syncfs waits for a writeback the flusher already started, and an
+//! O_DSYNC direct write past the on-disk size is durable. Random workloads crashed at every durability point are the
 //! `foliofs-check` crate's (`foliofs crashtest`, and its CI slice in
 //! `crates/foliofs-check/tests/crashtest.rs`).
 
@@ -29,6 +30,7 @@ block_size_tests!(
     buffered_appends_recover_as_exact_prefixes,
     shifted_blocks_are_overwritten_only_after_the_shift_is_durable,
     syncfs_waits_for_writeback_already_in_progress,
+    dsync_direct_write_past_the_disk_size_is_durable,
 );
 
 /// What a recovered tree holds: path -> (ino, kind, content for files).
@@ -254,5 +256,37 @@ fn syncfs_waits_for_writeback_already_in_progress(block_bytes: u32) {
         let (_, recovered) = open_image(image).unwrap();
         let tree = read_tree(&recovered);
         assert!(tree["/f"].2 == data, "round {round}: the synced file is not all there");
+    }
+}
+
+/// A direct write inside the size callers see but past the on-disk size (a
+/// buffered write further on not yet written back) left the on-disk size
+/// where it was, so its data sat past the size on disk: with O_DSYNC it
+/// returned, and a crash right after showed the file empty. Found by
+/// `foliofs crashtest` with O_DSYNC writes (seed 4006, 4 KiB blocks).
+fn dsync_direct_write_past_the_disk_size_is_durable(block_bytes: u32) {
+    let (device, volume) = new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(JOURNAL_BYTES));
+    let ino = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let block = block_bytes as usize;
+    // Buffered, past where the direct write goes, and not written back.
+    let far = pattern(1, 1000);
+    let buffered = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    assert_eq!(buffered.write_at(&far, 4 * block as u64 + 17).unwrap(), far.len());
+    for (round, pos) in [(2u64, 2 * block), (3, block / 2)] {
+        // Whole blocks, then sectors (sub-block where blocks are larger).
+        let length = if round == 2 { block } else { 512 };
+        let data = pattern(round, length);
+        let direct = volume.open_file(ino, OpenFlags::WRITE.with_direct().with_dsync()).unwrap();
+        let buffer = foliofs::dev::AlignedBuf::from_slice(&data);
+        assert_eq!(direct.write_at(&buffer, pos as u64).unwrap(), length);
+        let image = device.crash_image(device.log_len(), &|_| Keep::Nothing);
+        let (_, recovered) = open_image(image).unwrap();
+        let content = &read_tree(&recovered)["/f"].2;
+        assert!(
+            content.len() >= pos + length && content[pos..pos + length] == data[..],
+            "round {round}: {} bytes recovered, the O_DSYNC write ended at {}",
+            content.len(),
+            pos + length
+        );
     }
 }
