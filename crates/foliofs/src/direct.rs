@@ -275,12 +275,23 @@ fn finish_write(
     if !dsync {
         return Ok(());
     }
-    match lsn {
-        Some(lsn) => engine.meta.make_durable(lsn),
-        None if fua_sent => Ok(()),
-        // Aligned overwrites that needed no conversion, written without FUA.
-        None => engine.device.flush_if_needed().map(|_| ()).context(|| "flush".into()),
+    // The blocks are reachable only through records (their allocation and
+    // conversion, the size, the file's name) that an earlier writeback or
+    // direct write may have left uncommitted; a FUA write alone is durable
+    // only when those are, as iomap writes through with FUA only when the
+    // inode has no dirty metadata (found by `foliofs crashtest`: a
+    // writeback for this very write converted the blocks, the FUA overwrite
+    // returned, and a crash lost the file).
+    let data_lsn = engine.meta.read().inode(ino).map_or(0, |found| found.data_lsn);
+    let lsn = lsn.unwrap_or(0).max(data_lsn);
+    if lsn > engine.meta.journal().durable_lsn() {
+        return engine.meta.make_durable(lsn);
     }
+    if fua_sent {
+        return Ok(());
+    }
+    // Aligned overwrites with nothing to commit, written without FUA.
+    engine.device.flush_if_needed().map(|_| ()).context(|| "flush".into())
 }
 
 /// Blocking direct write of `data` (address-aligned) at `pos`.
