@@ -529,11 +529,9 @@ impl ThreadModel {
                     return op;
                 }
             }
-            6..=7 => {
-                if self.dirs.len() > 1 {
-                    let path = self.dirs[rng.random_range(1..self.dirs.len())].0.clone();
-                    return Op::Rmdir { path };
-                }
+            6..=7 if self.dirs.len() > 1 => {
+                let path = self.dirs[rng.random_range(1..self.dirs.len())].0.clone();
+                return Op::Rmdir { path };
             }
             8..=11 => {
                 let path = self.dirs[rng.random_range(0..self.dirs.len())].0.clone();
