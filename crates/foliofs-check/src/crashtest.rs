@@ -41,7 +41,9 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::model::{read_tree, read_tree_xattrs, subtree, tree_diff, Tree};
-use crate::workload::{LiveFailure, Op, SpanKind, Workload, WorkloadConfig, Xattrs};
+use crate::workload::{
+    LiveFailure, Op, Span, SpanKind, ThreadModel, Workload, WorkloadConfig, Xattrs,
+};
 use crate::{mix, open_image, SECTOR_BYTES};
 
 /// How thoroughly each workload is crashed.
@@ -431,6 +433,46 @@ fn check_against_model(
             }
         }
     }
+    for thread in &workload.threads {
+        check_namespace(workload, thread, cut, tree)?;
+    }
+    for span in &workload.spans {
+        let SpanKind::DsyncWrite { ino, pos, data } = &span.kind else {
+            continue;
+        };
+        if span.log_end > cut {
+            continue;
+        }
+        let inode = workload.inode(*ino).expect("written files are known");
+        if !inode.append_only && modified_later(workload, span, *ino, cut) {
+            continue;
+        }
+        let end = *pos as usize + data.len();
+        let found = tree.values().find(|(found_ino, _, _)| found_ino == ino);
+        match found {
+            Some((_, _, recovered))
+                if recovered.len() >= end && recovered[*pos as usize..end] == data[..] => {}
+            Some((_, _, recovered)) => {
+                let at = recovered
+                    .get(*pos as usize..)
+                    .and_then(|tail| tail.iter().zip(data).position(|(a, b)| a != b));
+                return Err(format!(
+                    "thread {} op {} ({}): the O_DSYNC write is not durable: {} bytes \
+                     recovered, first difference inside the write at {at:?}",
+                    span.thread,
+                    span.op_index,
+                    span.description,
+                    recovered.len()
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "thread {} op {} ({}): the file written with O_DSYNC is missing",
+                    span.thread, span.op_index, span.description
+                ))
+            }
+        }
+    }
     for span in &workload.spans {
         let SpanKind::Fsync { ino, content, xattrs: synced_xattrs } = &span.kind else {
             continue;
@@ -457,13 +499,7 @@ fn check_against_model(
             }
             continue;
         }
-        let modified_later = workload.spans.iter().any(|later| {
-            later.thread == span.thread
-                && later.op_index > span.op_index
-                && later.touched.contains(ino)
-                && later.log_start < cut
-        });
-        if modified_later {
+        if modified_later(workload, span, *ino, cut) {
             continue;
         }
         if let (Some(expected), Some((found_ino, _, _))) = (synced_xattrs, found) {
@@ -497,4 +533,82 @@ fn check_against_model(
         }
     }
     Ok(())
+}
+
+/// Whether a later op of the span's thread, started before the cut,
+/// changed `ino` (its data, size or names).
+fn modified_later(workload: &Workload, span: &Span, ino: u64, cut: usize) -> bool {
+    workload.spans.iter().any(|later| {
+        later.thread == span.thread
+            && later.op_index > span.op_index
+            && later.touched.contains(&ino)
+            && later.log_start < cut
+    })
+}
+
+/// Namespace operations are atomic and journaled in the order they
+/// return, so the thread's recovered names (paths, inodes, kinds, symlink
+/// targets) must be exactly its names after some prefix of its ops: no
+/// longer than the ops started before the cut, and at least as long as
+/// every durability promise that returned before the cut requires:
+///
+/// - its own syncfs: every op before it;
+/// - another thread's syncfs: every op of this thread that returned before
+///   that syncfs began;
+/// - fsync of a directory: every op before it up to the last that changed
+///   that directory's entries (or created it).
+///
+/// A create, rename, link or unlink that no such call covers may be lost
+/// (only together with everything after it).
+fn check_namespace(
+    workload: &Workload,
+    thread: &ThreadModel,
+    cut: usize,
+    tree: &Tree,
+) -> Result<(), String> {
+    let mut own: Vec<&Span> =
+        workload.spans.iter().filter(|span| span.thread == thread.index).collect();
+    own.sort_by_key(|span| span.op_index);
+    let started = own.iter().take_while(|span| span.log_start < cut).count();
+    let mut required = 0;
+    let mut reason = String::from("nothing");
+    for span in workload.spans.iter().filter(|span| span.log_end <= cut) {
+        let needs = match &span.kind {
+            SpanKind::Sync(_) if span.thread == thread.index => span.op_index + 1,
+            SpanKind::Sync(_) => own.iter().take_while(|op| op.log_end < span.log_start).count(),
+            SpanKind::FsyncDir { ino } if span.thread == thread.index => own[..span.op_index]
+                .iter()
+                .rposition(|op| op.touched.contains(ino))
+                .map_or(0, |last| last + 1),
+            _ => continue,
+        };
+        if needs > required {
+            required = needs;
+            reason = format!("thread {} op {} ({})", span.thread, span.op_index, span.description);
+        }
+    }
+    let mut found = subtree(tree, &thread.base);
+    found.remove(&workload.ballast.0);
+    for (_, kind, content) in found.values_mut() {
+        if *kind == InodeKind::File {
+            content.clear();
+        }
+    }
+    let namespace_after =
+        |ops: usize| if ops == 0 { &thread.initial_namespace } else { &own[ops - 1].namespace };
+    if (required..=started.max(required)).any(|ops| *namespace_after(ops) == found) {
+        return Ok(());
+    }
+    let closest = (0..=started).find(|&ops| *namespace_after(ops) == found);
+    Err(format!(
+        "thread {}: the names are not those after any op from {required} (required by \
+         {reason}) to {started} (started before the cut){}; against the names after op \
+         {started}: {}",
+        thread.index,
+        match closest {
+            Some(ops) => format!(", but those after {ops} ops"),
+            None => String::new(),
+        },
+        tree_diff(namespace_after(started), &found)
+    ))
 }

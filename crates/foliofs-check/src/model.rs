@@ -7,7 +7,8 @@ use foliofs::{InodeKind, OpenFlags, Privilege, Volume};
 
 use crate::ROOT;
 
-/// What a recovered tree holds: path -> (ino, kind, content for files).
+/// What a recovered tree holds: path -> (ino, kind, content for files,
+/// target for symbolic links).
 pub type Tree = BTreeMap<String, (u64, InodeKind, Vec<u8>)>;
 
 /// Which byte values each offset of an inode was ever given. Zero is always
@@ -91,6 +92,9 @@ pub fn read_tree(volume: &Volume, skip: &HashSet<u64>) -> Result<Tree, String> {
                     stack.push((child.clone(), entry.ino));
                     Vec::new()
                 }
+                InodeKind::Symlink => volume
+                    .readlink(entry.ino)
+                    .map_err(|error| format!("readlink {child}: {error}"))?,
                 _ => Vec::new(),
             };
             tree.insert(child, (entry.ino, entry.kind, content));

@@ -108,12 +108,16 @@ pub enum Op {
     },
     /// `len` bytes of `pattern(data, len)` at `pos`; direct writes are
     /// sector aligned (sub-block when the block is larger than a sector).
+    /// `dsync`: through a handle opened with O_DSYNC (the library's O_SYNC
+    /// is the same flag: the FUSE adapter maps both to it), so the write is
+    /// durable when it returns.
     Write {
         path: String,
         pos: u64,
         len: usize,
         data: u64,
         direct: bool,
+        dsync: bool,
     },
     /// `len` bytes at the end of an append-only log; direct only where the
     /// end is sector aligned (otherwise buffered).
@@ -122,6 +126,7 @@ pub enum Op {
         len: usize,
         data: u64,
         direct: bool,
+        dsync: bool,
     },
     Truncate {
         path: String,
@@ -142,6 +147,26 @@ pub enum Op {
         to: String,
     },
     Unlink {
+        path: String,
+    },
+    Symlink {
+        path: String,
+        target: String,
+    },
+    /// Renames a directory (not the thread's own), to a new name or over an
+    /// empty directory, within or across directories.
+    RenameDir {
+        from: String,
+        to: String,
+    },
+    /// rmdir; on a directory that is not empty it must fail with ENOTEMPTY
+    /// and change nothing.
+    Rmdir {
+        path: String,
+    },
+    /// fsync of a directory ("" is the root): its entries are durable on
+    /// return.
+    FsyncDir {
         path: String,
     },
     Fsync {
@@ -175,14 +200,15 @@ pub type Xattrs = BTreeMap<Vec<u8>, Vec<u8>>;
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let how = |direct: &bool| if *direct { "direct" } else { "buffered" };
+        let sync = |dsync: &bool| if *dsync { " dsync" } else { "" };
         match self {
             Op::Create { path } => write!(f, "create {path}"),
             Op::Mkdir { path } => write!(f, "mkdir {path}"),
-            Op::Write { path, pos, len, data, direct } => {
-                write!(f, "write {path} {pos}+{len} {} data={data:#x}", how(direct))
+            Op::Write { path, pos, len, data, direct, dsync } => {
+                write!(f, "write {path} {pos}+{len} {}{} data={data:#x}", how(direct), sync(dsync))
             }
-            Op::Append { path, len, data, direct } => {
-                write!(f, "append {path} +{len} {} data={data:#x}", how(direct))
+            Op::Append { path, len, data, direct, dsync } => {
+                write!(f, "append {path} +{len} {}{} data={data:#x}", how(direct), sync(dsync))
             }
             Op::Truncate { path, size } => write!(f, "truncate {path} {size}"),
             Op::Fallocate { path, mode, offset, len } => {
@@ -191,6 +217,10 @@ impl fmt::Display for Op {
             Op::Rename { from, to } => write!(f, "rename {from} {to}"),
             Op::Link { from, to } => write!(f, "link {from} {to}"),
             Op::Unlink { path } => write!(f, "unlink {path}"),
+            Op::Symlink { path, target } => write!(f, "symlink {path} -> {target}"),
+            Op::RenameDir { from, to } => write!(f, "rename-dir {from} {to}"),
+            Op::Rmdir { path } => write!(f, "rmdir {path}"),
+            Op::FsyncDir { path } => write!(f, "fsync-dir {path}/"),
             Op::Fsync { path, data_only: false } => write!(f, "fsync {path}"),
             Op::Fsync { path, data_only: true } => write!(f, "fdatasync {path}"),
             Op::Sync => write!(f, "syncfs"),
@@ -243,6 +273,9 @@ pub struct Span {
     /// Inodes whose content or names the op changed.
     pub touched: Vec<u64>,
     pub kind: SpanKind,
+    /// The thread's namespace when the op returned (see
+    /// [`ThreadModel::namespace`]).
+    pub namespace: Tree,
 }
 
 #[derive(Debug, Clone)]
@@ -257,6 +290,17 @@ pub enum SpanKind {
     },
     /// syncfs returned with the thread's subtree like this.
     Sync(Tree),
+    /// A write through an O_DSYNC handle returned having written all of
+    /// `data` at `pos` of `ino`.
+    DsyncWrite {
+        ino: u64,
+        pos: u64,
+        data: Vec<u8>,
+    },
+    /// fsync of the directory `ino` returned.
+    FsyncDir {
+        ino: u64,
+    },
 }
 
 /// One thread's namespace and files.
@@ -271,6 +315,10 @@ pub struct ThreadModel {
     pub files: BTreeMap<String, u64>,
     /// Append-only logs by path.
     pub logs: BTreeMap<String, u64>,
+    /// Symbolic links by path: inode and target.
+    pub symlinks: BTreeMap<String, (u64, String)>,
+    /// The namespace before the first op.
+    pub initial_namespace: Tree,
     /// Every inode the thread created, linked or not.
     pub inodes: HashMap<u64, InodeModel>,
     next_name: u32,
@@ -426,6 +474,7 @@ fn run_thread(
                 description: op.to_string(),
                 touched,
                 kind,
+                namespace: model.namespace(),
             }),
             Err(message) => {
                 let failure = Some(LiveFailure { thread: model.index, op_index, message });
@@ -440,6 +489,14 @@ type Executed = Result<(Vec<u64>, SpanKind), String>;
 
 fn skipped() -> Executed {
     Ok((Vec::new(), SpanKind::Other))
+}
+
+fn dsync_kind(durable: bool, ino: u64, pos: u64, data: Vec<u8>) -> SpanKind {
+    if durable {
+        SpanKind::DsyncWrite { ino, pos, data }
+    } else {
+        SpanKind::Other
+    }
 }
 
 fn split(path: &str) -> (&str, &str) {
@@ -463,10 +520,13 @@ impl ThreadModel {
             dirs: vec![(base.clone(), base_ino)],
             files: BTreeMap::new(),
             logs: BTreeMap::from([(format!("{base}/log"), log.ino)]),
+            symlinks: BTreeMap::new(),
+            initial_namespace: Tree::new(),
             inodes: HashMap::new(),
             next_name: 0,
         };
         model.inodes.insert(log.ino, InodeModel::new(true));
+        model.initial_namespace = model.namespace();
         model
     }
 
@@ -495,18 +555,36 @@ impl ThreadModel {
         let block = u64::from(config.block_bytes);
         let sector = u64::from(SECTOR_BYTES);
         let choice = rng.random_range(0..108);
+        // Namespace ops that need no file come first in every draw.
+        match choice {
+            0..=2 => return Op::Symlink { path: self.fresh_path(rng), target: self.target(rng) },
+            3..=5 => {
+                if let Some(op) = self.rename_dir(rng) {
+                    return op;
+                }
+            }
+            6..=7 if self.dirs.len() > 1 => {
+                let path = self.dirs[rng.random_range(1..self.dirs.len())].0.clone();
+                return Op::Rmdir { path };
+            }
+            8..=11 => {
+                let path = self.dirs[rng.random_range(0..self.dirs.len())].0.clone();
+                return Op::FsyncDir { path };
+            }
+            _ => {}
+        }
         let Some(path) = Self::pick(rng, &self.files).cloned() else {
             return match choice {
-                0..=69 => Op::Create { path: self.fresh_path(rng) },
+                12..=69 => Op::Create { path: self.fresh_path(rng) },
                 70..=79 => self.append(rng, geometry, data),
                 _ => Op::Mkdir { path: self.fresh_path(rng) },
             };
         };
         let length_now = self.inodes[&self.files[&path]].content.len() as u64;
         match choice {
-            0..=10 => Op::Create { path: self.fresh_path(rng) },
-            11..=14 => Op::Mkdir { path: self.fresh_path(rng) },
-            15..=33 => {
+            0..=17 => Op::Create { path: self.fresh_path(rng) },
+            18..=22 => Op::Mkdir { path: self.fresh_path(rng) },
+            23..=37 => {
                 let direct = rng.random_bool(0.35);
                 let mut pos = rng.random_range(0..geometry.file_bytes_max);
                 let mut len = rng.random_range(1..=geometry.write_bytes_max);
@@ -516,10 +594,10 @@ impl ThreadModel {
                     pos -= pos % unit;
                     len = len.div_ceil(unit as usize) * unit as usize;
                 }
-                Op::Write { path, pos, len, data, direct }
+                Op::Write { path, pos, len, data, direct, dsync: rng.random_bool(0.2) }
             }
-            34..=41 => self.append(rng, geometry, data),
-            42..=48 => {
+            38..=43 => self.append(rng, geometry, data),
+            44..=49 => {
                 let mode = match rng.random_range(0..6) {
                     0 => FallocateMode::Allocate { keep_size: rng.random_bool(0.5) },
                     1 | 2 => FallocateMode::PunchHole,
@@ -539,19 +617,32 @@ impl ThreadModel {
                 };
                 Op::Fallocate { path, mode, offset, len }
             }
-            49..=54 => Op::Truncate { path, size: rng.random_range(0..geometry.file_bytes_max) },
-            55..=59 => Op::Unlink { path },
+            50..=54 => Op::Truncate { path, size: rng.random_range(0..geometry.file_bytes_max) },
+            55..=59 => {
+                // Now and then a symbolic link instead of a file.
+                let link = Self::pick_symlink(rng, &self.symlinks).filter(|_| rng.random_bool(0.3));
+                Op::Unlink { path: link.unwrap_or(path) }
+            }
             60..=65 => {
-                // Half the time onto another file of the thread, replacing it.
-                let victim = Self::pick(rng, &self.files).filter(|victim| **victim != path);
+                let from = Self::pick_symlink(rng, &self.symlinks)
+                    .filter(|_| rng.random_bool(0.2))
+                    .unwrap_or(path);
+                // Half the time onto another file (or link) of the thread,
+                // replacing it.
+                let victim = Self::pick(rng, &self.files).filter(|victim| **victim != from);
                 let to = match victim {
                     Some(victim) if rng.random_bool(0.5) => victim.clone(),
                     _ => self.fresh_path(rng),
                 };
-                Op::Rename { from: path, to }
+                Op::Rename { from, to }
             }
-            66..=69 => Op::Link { from: path, to: self.fresh_path(rng) },
-            70..=85 => {
+            66..=69 => {
+                let from = Self::pick_symlink(rng, &self.symlinks)
+                    .filter(|_| rng.random_bool(0.2))
+                    .unwrap_or(path);
+                Op::Link { from, to: self.fresh_path(rng) }
+            }
+            70..=83 => {
                 let path = if rng.random_bool(0.25) {
                     self.logs.keys().next().cloned().expect("every thread has a log")
                 } else {
@@ -559,7 +650,7 @@ impl ThreadModel {
                 };
                 Op::Fsync { path, data_only: rng.random_bool(0.5) }
             }
-            86..=89 => Op::Checkpoint,
+            84..=89 => Op::Checkpoint,
             100..=107 => {
                 let path = if rng.random_bool(0.2) {
                     self.logs.keys().next().cloned().expect("every thread has a log")
@@ -578,6 +669,70 @@ impl ThreadModel {
         }
     }
 
+    fn pick_symlink(rng: &mut ChaCha8Rng, map: &BTreeMap<String, (u64, String)>) -> Option<String> {
+        if map.is_empty() {
+            return None;
+        }
+        map.keys().nth(rng.random_range(0..map.len())).cloned()
+    }
+
+    /// A symlink target: a path of the thread (in another directory, often),
+    /// relative or absolute, or a name that does not exist.
+    fn target(&self, rng: &mut ChaCha8Rng) -> String {
+        let known: Vec<&String> = self.files.keys().chain(self.dirs.iter().map(|d| &d.0)).collect();
+        match rng.random_range(0..3) {
+            0 => format!("dangling-{}", rng.random_range(0..1000)),
+            1 => format!("..{}", known[rng.random_range(0..known.len())]),
+            _ => format!("{}/", known[rng.random_range(0..known.len())]),
+        }
+    }
+
+    /// A directory rename: to a fresh name (in the same or another
+    /// directory) or over an empty directory; never into itself.
+    fn rename_dir(&mut self, rng: &mut ChaCha8Rng) -> Option<Op> {
+        if self.dirs.len() < 2 {
+            return None;
+        }
+        let from = self.dirs[rng.random_range(1..self.dirs.len())].0.clone();
+        let inside = |path: &str| path == from || path.starts_with(&format!("{from}/"));
+        let empty: Vec<String> = self
+            .dirs
+            .iter()
+            .skip(1)
+            .map(|(path, _)| path.clone())
+            .filter(|path| !inside(path) && self.is_empty_dir(path))
+            .collect();
+        if !empty.is_empty() && rng.random_bool(0.6) {
+            let to = empty[rng.random_range(0..empty.len())].clone();
+            return Some(Op::RenameDir { from, to });
+        }
+        if empty.is_empty() && rng.random_bool(0.5) {
+            // An empty directory for a later rename to replace.
+            return Some(Op::Mkdir { path: self.fresh_path(rng) });
+        }
+        let parents: Vec<String> =
+            self.dirs.iter().map(|(path, _)| path.clone()).filter(|path| !inside(path)).collect();
+        let parent = parents[rng.random_range(0..parents.len())].clone();
+        self.next_name += 1;
+        Some(Op::RenameDir { from, to: format!("{parent}/d{}", self.next_name) })
+    }
+
+    fn is_empty_dir(&self, path: &str) -> bool {
+        let prefix = format!("{path}/");
+        !self.namespace_paths().any(|other| other.starts_with(&prefix))
+    }
+
+    /// Every path of the thread (its base excluded).
+    fn namespace_paths(&self) -> impl Iterator<Item = &String> {
+        self.dirs
+            .iter()
+            .skip(1)
+            .map(|(path, _)| path)
+            .chain(self.files.keys())
+            .chain(self.logs.keys())
+            .chain(self.symlinks.keys())
+    }
+
     fn append(&mut self, rng: &mut ChaCha8Rng, geometry: &Geometry, data: u64) -> Op {
         let path = self.logs.keys().next().cloned().expect("every thread has a log");
         let length_now = self.inodes[&self.logs[&path]].content.len();
@@ -586,7 +741,7 @@ impl ThreadModel {
         if direct {
             len = len.div_ceil(SECTOR_BYTES as usize) * SECTOR_BYTES as usize;
         }
-        Op::Append { path, len, data, direct }
+        Op::Append { path, len, data, direct, dsync: rng.random_bool(0.2) }
     }
 
     fn dir_ino(&self, dir_path: &str) -> Option<u64> {
@@ -596,6 +751,7 @@ impl ThreadModel {
     fn exists(&self, path: &str) -> bool {
         self.files.contains_key(path)
             || self.logs.contains_key(path)
+            || self.symlinks.contains_key(path)
             || self.dirs.iter().any(|(dir, _)| dir == path)
     }
 
@@ -614,26 +770,28 @@ impl ThreadModel {
                         .mkdir(dir, name.as_bytes(), 0o755, owner())
                         .map_err(|error| format!("mkdir: {error}"))?;
                     self.dirs.push((path.clone(), attr.ino));
-                    return Ok((Vec::new(), SpanKind::Other));
+                    return Ok((vec![dir, attr.ino], SpanKind::Other));
                 }
                 let attr = volume
                     .create(dir, name.as_bytes(), 0o644, owner())
                     .map_err(|error| format!("create: {error}"))?;
                 self.files.insert(path.clone(), attr.ino);
                 self.inodes.insert(attr.ino, InodeModel::new(false));
-                Ok((vec![attr.ino], SpanKind::Other))
+                Ok((vec![dir, attr.ino], SpanKind::Other))
             }
-            Op::Write { path, pos, len, data, direct } => {
+            Op::Write { path, pos, len, data, direct, dsync } => {
                 let Some(&ino) = self.files.get(path) else { return skipped() };
-                self.write(volume, ino, *pos, &pattern(*data, *len), *direct)?;
-                Ok((vec![ino], SpanKind::Other))
+                let data = pattern(*data, *len);
+                let whole = self.write(volume, ino, *pos, &data, *direct, *dsync)?;
+                Ok((vec![ino], dsync_kind(*dsync && whole, ino, *pos, data)))
             }
-            Op::Append { path, len, data, direct } => {
+            Op::Append { path, len, data, direct, dsync } => {
                 let Some(&ino) = self.logs.get(path) else { return skipped() };
                 let pos = self.inodes[&ino].content.len() as u64;
                 let direct = *direct && pos.is_multiple_of(u64::from(SECTOR_BYTES));
-                self.write(volume, ino, pos, &pattern(*data, *len), direct)?;
-                Ok((vec![ino], SpanKind::Other))
+                let data = pattern(*data, *len);
+                let whole = self.write(volume, ino, pos, &data, direct, *dsync)?;
+                Ok((vec![ino], dsync_kind(*dsync && whole, ino, pos, data)))
             }
             Op::Truncate { path, size } => {
                 let Some(&ino) = self.files.get(path) else { return skipped() };
@@ -673,7 +831,10 @@ impl ThreadModel {
                 }
             }
             Op::Rename { from, to } => {
-                let Some(&ino) = self.files.get(from) else { return skipped() };
+                let Some(ino) = self.files.get(from).copied().or_else(|| self.symlink_ino(from))
+                else {
+                    return skipped();
+                };
                 let (from_dir, from_name) = split(from);
                 let (to_dir_path, to_name) = split(to);
                 let Some(to_dir) = self.dir_ino(to_dir_path) else { return skipped() };
@@ -682,6 +843,7 @@ impl ThreadModel {
                 {
                     return skipped();
                 }
+                let target_ino = self.files.get(to).copied().or_else(|| self.symlink_ino(to));
                 volume
                     .rename(
                         from_dir,
@@ -691,16 +853,24 @@ impl ThreadModel {
                         RenameFlags::default(),
                     )
                     .map_err(|error| format!("rename: {error}"))?;
-                if self.files.get(to) == Some(&ino) {
+                if target_ino == Some(ino) {
                     // Both names are links to one inode: POSIX says do nothing.
                     return Ok((Vec::new(), SpanKind::Other));
                 }
-                self.files.remove(from);
-                let victim = self.files.insert(to.clone(), ino);
-                Ok(([Some(ino), victim].into_iter().flatten().collect(), SpanKind::Other))
+                let victim = self.files.remove(to).or(self.symlinks.remove(to).map(|(ino, _)| ino));
+                if let Some(ino) = self.files.remove(from) {
+                    self.files.insert(to.clone(), ino);
+                } else if let Some(link) = self.symlinks.remove(from) {
+                    self.symlinks.insert(to.clone(), link);
+                }
+                let touched = [Some(ino), victim, Some(from_dir), Some(to_dir)];
+                Ok((touched.into_iter().flatten().collect(), SpanKind::Other))
             }
             Op::Link { from, to } => {
-                let Some(&ino) = self.files.get(from) else { return skipped() };
+                let Some(ino) = self.files.get(from).copied().or_else(|| self.symlink_ino(from))
+                else {
+                    return skipped();
+                };
                 let (to_dir_path, to_name) = split(to);
                 let Some(to_dir) = self.dir_ino(to_dir_path) else { return skipped() };
                 if self.exists(to) {
@@ -709,16 +879,60 @@ impl ThreadModel {
                 volume
                     .link(ino, to_dir, to_name.as_bytes())
                     .map_err(|error| format!("link: {error}"))?;
-                self.files.insert(to.clone(), ino);
-                Ok((vec![ino], SpanKind::Other))
+                if let Some(link) = self.symlinks.get(from).cloned() {
+                    self.symlinks.insert(to.clone(), link);
+                } else {
+                    self.files.insert(to.clone(), ino);
+                }
+                Ok((vec![ino, to_dir], SpanKind::Other))
             }
             Op::Unlink { path } => {
-                let Some(&ino) = self.files.get(path) else { return skipped() };
+                let Some(ino) = self.files.get(path).copied().or_else(|| self.symlink_ino(path))
+                else {
+                    return skipped();
+                };
                 let (dir_path, name) = split(path);
                 let dir = self.dir_ino(dir_path).expect("a file's directory is known");
                 volume.unlink(dir, name.as_bytes()).map_err(|error| format!("unlink: {error}"))?;
                 self.files.remove(path);
-                Ok((vec![ino], SpanKind::Other))
+                self.symlinks.remove(path);
+                Ok((vec![ino, dir], SpanKind::Other))
+            }
+            Op::Symlink { path, target } => {
+                let (dir_path, name) = split(path);
+                let Some(dir) = self.dir_ino(dir_path) else { return skipped() };
+                if self.exists(path) {
+                    return skipped();
+                }
+                let attr = volume
+                    .symlink(dir, name.as_bytes(), target.as_bytes(), owner())
+                    .map_err(|error| format!("symlink: {error}"))?;
+                self.symlinks.insert(path.clone(), (attr.ino, target.clone()));
+                Ok((vec![dir, attr.ino], SpanKind::Other))
+            }
+            Op::RenameDir { from, to } => self.rename_dir_op(volume, from, to),
+            Op::Rmdir { path } => {
+                let Some(ino) = self.dir_ino(path).filter(|_| *path != self.base) else {
+                    return skipped();
+                };
+                let (parent_path, name) = split(path);
+                let parent = self.dir_ino(parent_path).expect("a directory's parent is known");
+                let result = volume.rmdir(parent, name.as_bytes());
+                if !self.is_empty_dir(path) {
+                    return match result {
+                        Err(error) if error.errno() == libc::ENOTEMPTY => skipped(),
+                        Err(error) => Err(format!("rmdir of a non-empty directory: {error}")),
+                        Ok(()) => Err("rmdir removed a directory that is not empty".into()),
+                    };
+                }
+                result.map_err(|error| format!("rmdir: {error}"))?;
+                self.dirs.retain(|(dir, _)| dir != path);
+                Ok((vec![parent, ino], SpanKind::Other))
+            }
+            Op::FsyncDir { path } => {
+                let Some(ino) = self.dir_ino(path) else { return skipped() };
+                volume.fsync_inode(ino, false).map_err(|error| format!("fsync dir: {error}"))?;
+                Ok((Vec::new(), SpanKind::FsyncDir { ino }))
             }
             Op::Fsync { path, data_only } => {
                 let Some(&ino) = self.files.get(path).or_else(|| self.logs.get(path)) else {
@@ -791,10 +1005,55 @@ impl ThreadModel {
         }
     }
 
+    fn symlink_ino(&self, path: &str) -> Option<u64> {
+        self.symlinks.get(path).map(|(ino, _)| *ino)
+    }
+
+    fn rename_dir_op(&mut self, volume: &Volume, from: &str, to: &str) -> Executed {
+        let Some(ino) = self.dir_ino(from).filter(|_| from != self.base) else {
+            return skipped();
+        };
+        let (from_parent_path, from_name) = split(from);
+        let (to_parent_path, to_name) = split(to);
+        let Some(to_parent) = self.dir_ino(to_parent_path) else { return skipped() };
+        let from_parent = self.dir_ino(from_parent_path).expect("a directory's parent is known");
+        let inside = |path: &str| path == from || path.starts_with(&format!("{from}/"));
+        let victim = self.dir_ino(to);
+        let over_empty_dir = victim.is_some() && self.is_empty_dir(to);
+        if inside(to) || (self.exists(to) && !over_empty_dir) {
+            return skipped();
+        }
+        volume
+            .rename(
+                from_parent,
+                from_name.as_bytes(),
+                to_parent,
+                to_name.as_bytes(),
+                RenameFlags::default(),
+            )
+            .map_err(|error| format!("rename of a directory: {error}"))?;
+        self.dirs.retain(|(dir, _)| dir != to);
+        let moved = |path: &String| -> String {
+            if inside(path) {
+                format!("{to}{}", &path[from.len()..])
+            } else {
+                path.clone()
+            }
+        };
+        for (dir, _) in &mut self.dirs {
+            *dir = moved(dir);
+        }
+        self.files = self.files.iter().map(|(path, ino)| (moved(path), *ino)).collect();
+        self.symlinks =
+            self.symlinks.iter().map(|(path, link)| (moved(path), link.clone())).collect();
+        let touched = [Some(ino), victim, Some(from_parent), Some(to_parent)];
+        Ok((touched.into_iter().flatten().collect(), SpanKind::Other))
+    }
+
     /// Writes `data` at `pos`, buffered or direct, and updates the model.
     /// A write refused or cut short for want of space must leave every byte
     /// either as it was or as written; the model then takes what the file
-    /// holds.
+    /// holds. Whether the whole write went in.
     fn write(
         &mut self,
         volume: &Volume,
@@ -802,8 +1061,10 @@ impl ThreadModel {
         pos: u64,
         data: &[u8],
         direct: bool,
-    ) -> Result<(), String> {
+        dsync: bool,
+    ) -> Result<bool, String> {
         let flags = if direct { OpenFlags::WRITE.with_direct() } else { OpenFlags::WRITE };
+        let flags = if dsync { flags.with_dsync() } else { flags };
         let file = open(volume, ino, flags)?;
         let result = if direct {
             file.write_at(&AlignedBuf::from_slice(data), pos)
@@ -827,11 +1088,11 @@ impl ThreadModel {
                     // back makes the file longer.
                     inode.sizes_seen.insert((start + written) as u64);
                 }
-                Ok(())
+                Ok(true)
             }
-            Ok(_) => self.adopt_partial(volume, ino, start, data),
+            Ok(_) => self.adopt_partial(volume, ino, start, data).map(|()| false),
             Err(error) if error.errno() == libc::ENOSPC => {
-                self.adopt_partial(volume, ino, start, data)
+                self.adopt_partial(volume, ino, start, data).map(|()| false)
             }
             Err(error) => Err(format!("write: {error}")),
         }
@@ -870,8 +1131,20 @@ impl ThreadModel {
         Ok(())
     }
 
-    /// The thread's subtree as the model has it.
+    /// The thread's subtree as the model has it (symlinks with their
+    /// targets as content).
     pub fn tree(&self) -> Tree {
+        let mut tree = self.namespace();
+        for (path, ino) in self.files.iter().chain(&self.logs) {
+            tree.insert(path.clone(), (*ino, InodeKind::File, self.inodes[ino].content.clone()));
+        }
+        tree
+    }
+
+    /// The thread's names only: [`Self::tree`] with file contents left
+    /// empty (symlink targets kept). Namespace operations are atomic and
+    /// journaled in order, so a recovered namespace must be one of these.
+    pub fn namespace(&self) -> Tree {
         let mut tree = Tree::new();
         for (path, ino) in &self.dirs {
             if !path.is_empty() {
@@ -879,7 +1152,10 @@ impl ThreadModel {
             }
         }
         for (path, ino) in self.files.iter().chain(&self.logs) {
-            tree.insert(path.clone(), (*ino, InodeKind::File, self.inodes[ino].content.clone()));
+            tree.insert(path.clone(), (*ino, InodeKind::File, Vec::new()));
+        }
+        for (path, (ino, target)) in &self.symlinks {
+            tree.insert(path.clone(), (*ino, InodeKind::Symlink, target.as_bytes().to_vec()));
         }
         tree
     }

@@ -70,18 +70,29 @@ fn throttled_writeback_4k() {
     slice_with("dirty_bytes=64k,dirty_background_bytes=32k", 4096, 4200..4204, 1, 40);
 }
 
+/// The first of the seeded workloads from 7 on with a span of this kind.
+fn workload_with(wanted: impl Fn(&SpanKind) -> bool) -> Workload {
+    (7..100)
+        .map(|seed| Workload::generate(WorkloadConfig::new(seed, 4096, 1, 40)))
+        .find(|workload| {
+            assert!(workload.failure.is_none(), "{:?}", workload.failure);
+            workload.spans.iter().any(|span| wanted(&span.kind))
+        })
+        .expect("a workload with such an op")
+}
+
 /// The checker itself: a model that remembers an fsync wrongly must be
 /// caught, so a clean run means something.
 #[test]
 fn checker_catches_a_wrong_fsync_model() {
-    let config = WorkloadConfig::new(7, 4096, 1, 40);
-    let mut workload = Workload::generate(config);
-    assert!(workload.failure.is_none(), "{:?}", workload.failure);
+    let mut workload = workload_with(
+        |kind| matches!(kind, SpanKind::Fsync { content, .. } if !content.is_empty()),
+    );
     let span = workload
         .spans
         .iter_mut()
         .find(|span| matches!(&span.kind, SpanKind::Fsync { content, .. } if !content.is_empty()))
-        .expect("the workload fsyncs a non-empty file");
+        .expect("found above");
     let SpanKind::Fsync { content, .. } = &mut span.kind else { unreachable!() };
     content[0] ^= 0xFF;
     let violation = check_workload(&workload, 0, &mut Stats::default())
@@ -120,11 +131,25 @@ fn direct_write_below_unwritten_buffered_data_moves_the_disk_size_to_its_end() {
     let path = || "/n3".to_string();
     let ops = vec![
         Op::Create { path: path() },
-        Op::Write { path: path(), pos: 18432, len: 7680, data, direct: true },
+        Op::Write { path: path(), pos: 18432, len: 7680, data, direct: true, dsync: false },
         Op::Fsync { path: path(), data_only: true },
         Op::Truncate { path: path(), size: 22359 },
-        Op::Write { path: path(), pos: 46151, len: 3431, data: data + 1, direct: false },
-        Op::Write { path: path(), pos: 18944, len: 9216, data: data + 2, direct: true },
+        Op::Write {
+            path: path(),
+            pos: 46151,
+            len: 3431,
+            data: data + 1,
+            direct: false,
+            dsync: false,
+        },
+        Op::Write {
+            path: path(),
+            pos: 18944,
+            len: 9216,
+            data: data + 2,
+            direct: true,
+            dsync: false,
+        },
         Op::Checkpoint,
     ];
     let workload = Workload::replay(config, &[ops]);
@@ -147,7 +172,7 @@ fn extended_attributes_are_checked_at_every_crash_point() {
     let ops = vec![
         Op::Create { path: path() },
         Op::SetXattr { path: path(), name: 0, len: 900, data: 1 },
-        Op::Write { path: path(), pos: 0, len: 5000, data: 2, direct: false },
+        Op::Write { path: path(), pos: 0, len: 5000, data: 2, direct: false, dsync: false },
         Op::SetXattr { path: path(), name: 1, len: 4000, data: 3 },
         Op::Fsync { path: path(), data_only: false },
         Op::SetXattr { path: path(), name: 0, len: 16, data: 4 },
@@ -184,4 +209,37 @@ fn extended_attributes_are_checked_at_every_crash_point() {
     let violation = check_workload(&wrong, 0, &mut Stats::default())
         .expect_err("unknown attributes are reported");
     assert!(violation.message.contains("were never the file's"), "{violation}");
+}
+
+/// The checker itself: an O_DSYNC write remembered wrongly is caught.
+#[test]
+fn checker_catches_a_wrong_dsync_model() {
+    let mut workload = workload_with(|kind| matches!(kind, SpanKind::DsyncWrite { .. }));
+    let span = workload
+        .spans
+        .iter_mut()
+        .find(|span| matches!(&span.kind, SpanKind::DsyncWrite { .. }))
+        .expect("found above");
+    let SpanKind::DsyncWrite { data, .. } = &mut span.kind else { unreachable!() };
+    data[0] ^= 0xFF;
+    let violation = check_workload(&workload, 0, &mut Stats::default())
+        .expect_err("a wrong O_DSYNC write is reported");
+    assert!(violation.message.contains("O_DSYNC"), "{violation}");
+}
+
+/// The checker itself: names that no prefix of the ops had are caught, and
+/// a directory fsync requires the names it covers.
+#[test]
+fn checker_catches_a_wrong_namespace_model() {
+    let mut workload = workload_with(|kind| matches!(kind, SpanKind::FsyncDir { .. }));
+    let bogus = |tree: &mut foliofs_check::model::Tree| {
+        tree.insert("/bogus".into(), (u64::MAX, foliofs::InodeKind::Dir, Vec::new()));
+    };
+    for span in &mut workload.spans {
+        bogus(&mut span.namespace);
+    }
+    bogus(&mut workload.threads[0].initial_namespace);
+    let violation = check_workload(&workload, 0, &mut Stats::default())
+        .expect_err("a wrong namespace is reported");
+    assert!(violation.message.contains("names"), "{violation}");
 }

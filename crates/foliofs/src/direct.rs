@@ -227,8 +227,9 @@ fn pieces_for(
 
 /// After the device completed (or failed) the pieces of a write under the
 /// shared or exclusive lock: converts what was written, gives back what was
-/// allocated and not written, advances the times, and with `dsync` makes the
-/// write durable (a pure overwrite already is: it went out with FUA).
+/// allocated and not written, moves the on-disk size up to the write's end,
+/// advances the times, and with `dsync` makes the write durable (a pure
+/// overwrite that went out with FUA, `fua_sent`, already is).
 fn finish_write(
     engine: &Engine,
     inode: &InodeCache,
@@ -236,6 +237,7 @@ fn finish_write(
     pieces: &[Piece],
     written: bool,
     dsync: bool,
+    fua_sent: bool,
 ) -> Result<()> {
     let mut lsn = None;
     for piece in pieces.iter().filter(|piece| piece.mapping.kind == MapKind::Unwritten) {
@@ -258,10 +260,31 @@ fn finish_write(
         return Ok(());
     }
     inode.note_direct_write();
-    if let (Some(first), Some(last), true) = (pieces.first(), pieces.last(), inode.has_folios()) {
-        // A buffered read racing with this write may have cached old bytes.
+    if let (Some(first), Some(last)) = (pieces.first(), pieces.last()) {
         let start = first.mapping.offset + (first.dev_offset - first.mapping.dev_offset);
-        inode.remove_clean_range(start, start + (last.end - first.start) as u64);
+        let end = start + (last.end - first.start) as u64;
+        if inode.has_folios() {
+            // A buffered read racing with this write may have cached old bytes.
+            inode.remove_clean_range(start, end);
+        }
+        // A write inside the size callers see but past the on-disk size (a
+        // buffered write further on not yet written back) must move the
+        // on-disk size to its end, as ext4 moves i_disksize: else its data
+        // sits past the size on disk, lost to a crash even after O_DSYNC
+        // returned (found by `foliofs crashtest`). Everything below it was
+        // written back first (`sync_for_direct`).
+        let behind = engine
+            .meta
+            .read()
+            .inode(ino)
+            .is_some_and(|found| found.attrs.size < end.min(found.size));
+        if behind {
+            let (_, size_lsn) = engine.meta.transact(|txn| {
+                writeback::advance_disk_size(txn, ino, end);
+                Ok(())
+            })?;
+            lsn = Some(size_lsn);
+        }
     }
     if inode.io.times_due() {
         engine.touch_times(ino);
@@ -269,11 +292,23 @@ fn finish_write(
     if !dsync {
         return Ok(());
     }
-    match lsn {
-        Some(lsn) => engine.meta.make_durable(lsn),
-        // Aligned overwrites that needed no conversion, written without FUA.
-        None => engine.device.flush_if_needed().map(|_| ()).context(|| "flush".into()),
+    // The blocks are reachable only through records (their allocation and
+    // conversion, the size, the file's name) that an earlier writeback or
+    // direct write may have left uncommitted; a FUA write alone is durable
+    // only when those are, as iomap writes through with FUA only when the
+    // inode has no dirty metadata (found by `foliofs crashtest`: a
+    // writeback for this very write converted the blocks, the FUA overwrite
+    // returned, and a crash lost the file).
+    let data_lsn = engine.meta.read().inode(ino).map_or(0, |found| found.data_lsn);
+    let lsn = lsn.unwrap_or(0).max(data_lsn);
+    if lsn > engine.meta.journal().durable_lsn() {
+        return engine.meta.make_durable(lsn);
     }
+    if fua_sent {
+        return Ok(());
+    }
+    // Aligned overwrites with nothing to commit, written without FUA.
+    engine.device.flush_if_needed().map(|_| ()).context(|| "flush".into())
 }
 
 /// Blocking direct write of `data` (address-aligned) at `pos`.
@@ -343,15 +378,15 @@ fn write_mapped(
     for (index, piece) in pieces.iter().enumerate() {
         let result = engine.device.write(piece.dev_offset, &data[piece.start..piece.end], fua);
         if let Err(error) = result {
-            finish_write(engine, inode, ino, &pieces[..index], true, false)?;
-            finish_write(engine, inode, ino, &pieces[index..], false, false)?;
+            finish_write(engine, inode, ino, &pieces[..index], true, false, false)?;
+            finish_write(engine, inode, ino, &pieces[index..], false, false, false)?;
             return Err(Error::io(
                 format!("direct write at device offset {}", piece.dev_offset),
                 error,
             ));
         }
     }
-    finish_write(engine, inode, ino, &pieces, true, dsync && !fua)?;
+    finish_write(engine, inode, ino, &pieces, true, dsync, fua)?;
     Ok(data.len())
 }
 
@@ -547,7 +582,7 @@ fn submit_write(
     let finish: Finish = Box::new(move |mut returned, failure| {
         let buffer = kept.or_else(|| returned[0].take()).expect("the caller's buffer comes back");
         let finished =
-            finish_write(&owned_engine, &inode, ino, &pieces, failure.is_none(), dsync && !fua);
+            finish_write(&owned_engine, &inode, ino, &pieces, failure.is_none(), dsync, fua);
         inode.io.dio_finished();
         let result = match (failure, finished) {
             (Some(error), _) => Err(Error::io("direct write", error)),

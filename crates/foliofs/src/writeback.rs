@@ -425,7 +425,7 @@ fn finish_piece(
 }
 
 /// Moves the on-disk size up to `end`, capped by the size callers see.
-fn advance_disk_size(txn: &mut Txn<'_>, ino: u64, end: u64) {
+pub(crate) fn advance_disk_size(txn: &mut Txn<'_>, ino: u64, end: u64) {
     let Some(inode) = txn.state().inode(ino) else { return };
     let target = inode.size.min(end);
     if target <= inode.attrs.size {

@@ -2,7 +2,9 @@
 //! device, each on 1 KiB, 4 KiB and 64 KiB blocks: freed blocks are reused
 //! only after their free is durable, shifted blocks are overwritten only
 //! after the shift is durable, buffered appends recover as exact prefixes,
-//! and syncfs waits for a writeback the flusher already started. Random workloads crashed at every durability point are the
+//! syncfs waits for a writeback the flusher already started, an O_DSYNC
+//! direct write past the on-disk size is durable, and so is an O_DSYNC
+//! overwrite of blocks whose allocation is not yet committed. Random workloads crashed at every durability point are the
 //! `foliofs-check` crate's (`foliofs crashtest`, and its CI slice in
 //! `crates/foliofs-check/tests/crashtest.rs`).
 
@@ -29,6 +31,8 @@ block_size_tests!(
     buffered_appends_recover_as_exact_prefixes,
     shifted_blocks_are_overwritten_only_after_the_shift_is_durable,
     syncfs_waits_for_writeback_already_in_progress,
+    dsync_direct_write_past_the_disk_size_is_durable,
+    dsync_direct_overwrite_commits_the_metadata_it_depends_on,
 );
 
 /// What a recovered tree holds: path -> (ino, kind, content for files).
@@ -258,5 +262,80 @@ fn syncfs_waits_for_writeback_already_in_progress(block_bytes: u32) {
         let (_, recovered) = open_image(image).unwrap();
         let tree = read_tree(&recovered);
         assert!(tree["/f"].2 == data, "round {round}: the synced file is not all there");
+    }
+}
+
+/// A direct write inside the size callers see but past the on-disk size (a
+/// buffered write further on not yet written back) left the on-disk size
+/// where it was, so its data sat past the size on disk: with O_DSYNC it
+/// returned, and a crash right after showed the file empty. Found by
+/// `foliofs crashtest` with O_DSYNC writes (seed 4006, 4 KiB blocks).
+fn dsync_direct_write_past_the_disk_size_is_durable(block_bytes: u32) {
+    let (device, volume) = new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(JOURNAL_BYTES));
+    let ino = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let block = block_bytes as usize;
+    // Buffered, past where the direct write goes, and not written back.
+    let far = pattern(1, 1000);
+    let buffered = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    assert_eq!(buffered.write_at(&far, 4 * block as u64 + 17).unwrap(), far.len());
+    for (round, pos) in [(2u64, 2 * block), (3, block / 2)] {
+        // Whole blocks, then sectors (sub-block where blocks are larger).
+        let length = if round == 2 { block } else { 512 };
+        let data = pattern(round, length);
+        let direct = volume.open_file(ino, OpenFlags::WRITE.with_direct().with_dsync()).unwrap();
+        let buffer = foliofs::dev::AlignedBuf::from_slice(&data);
+        assert_eq!(direct.write_at(&buffer, pos as u64).unwrap(), length);
+        let image = device.crash_image(device.log_len(), &|_| Keep::Nothing);
+        let (_, recovered) = open_image(image).unwrap();
+        let content = &read_tree(&recovered)["/f"].2;
+        assert!(
+            content.len() >= pos + length && content[pos..pos + length] == data[..],
+            "round {round}: {} bytes recovered, the O_DSYNC write ended at {}",
+            content.len(),
+            pos + length
+        );
+    }
+}
+
+/// An O_DSYNC direct overwrite of Written blocks went out as one FUA write
+/// and returned, though what makes those blocks the file's (the
+/// conversion by the writeback that ran for this very write, or by an
+/// earlier plain direct write, and the file's creation) was not committed:
+/// a crash right after lost the file. Found by `foliofs crashtest` (seed
+/// 11231192, 1 KiB blocks: a buffered write, then an O_DSYNC direct write
+/// of sectors inside it).
+fn dsync_direct_overwrite_commits_the_metadata_it_depends_on(block_bytes: u32) {
+    let block = block_bytes as usize;
+    for round in 0..2u64 {
+        let (device, volume) =
+            new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(JOURNAL_BYTES));
+        let ino = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+        let first = pattern(round + 10, 3 * block);
+        if round == 0 {
+            let buffered = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+            assert_eq!(buffered.write_at(&first, 0).unwrap(), first.len());
+        } else {
+            let direct = volume.open_file(ino, OpenFlags::WRITE.with_direct()).unwrap();
+            let buffer = foliofs::dev::AlignedBuf::from_slice(&first);
+            assert_eq!(direct.write_at(&buffer, 0).unwrap(), first.len());
+        }
+        // Sectors inside the second block (whole blocks at 512 B blocks
+        // would be the same path).
+        let data = pattern(round + 20, 512);
+        let pos = block + block / 2 - block / 2 % 512;
+        let dsync = volume.open_file(ino, OpenFlags::WRITE.with_direct().with_dsync()).unwrap();
+        let buffer = foliofs::dev::AlignedBuf::from_slice(&data);
+        assert_eq!(dsync.write_at(&buffer, pos as u64).unwrap(), data.len());
+        let image = device.crash_image(device.log_len(), &|_| Keep::Nothing);
+        let (_, recovered) = open_image(image).unwrap();
+        let tree = read_tree(&recovered);
+        let content =
+            &tree.get("/f").unwrap_or_else(|| panic!("round {round}: the file is lost")).2;
+        assert!(
+            content.len() >= pos + data.len() && content[pos..pos + data.len()] == data[..],
+            "round {round}: {} bytes recovered, the O_DSYNC write ended at {}",
+            content.len(),
+            pos + data.len()
+        );
     }
 }

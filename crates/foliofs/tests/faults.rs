@@ -13,7 +13,10 @@
 //!   at the last flush leaves it) mounts fsck-clean with everything that was
 //!   fsynced before the fault;
 //! - an I/O error while mounting fails the mount with EIO; it never mounts
-//!   an older state instead.
+//!   an older state instead;
+//! - on a disk that loses its volatile cache when a flush fails, the failed
+//!   fsync reports EIO, no later fsync claims the lost data durable, and
+//!   nothing fsynced before is lost.
 //!
 //! `FOLIOFS_FAULT_WORKLOADS` (per test and block size) and
 //! `FOLIOFS_FAULT_OPS` (per workload) raise the budget for long runs;
@@ -48,6 +51,7 @@ block_size_tests!(
     writeback_failure_of_several_runs_keeps_them_dirty,
     failed_truncate_leaves_the_file_as_it_was,
     size_held_back_by_a_failure_catches_up_at_syncfs,
+    a_flush_failure_that_drops_the_disk_cache_loses_nothing_fsynced,
     random_data_write_faults,
     random_metadata_write_faults,
     random_read_faults,
@@ -319,6 +323,62 @@ fn assert_fsynced_survives(raw: &FaultDev, ino: u64, expected: &[u8]) {
         assert_eq!(read_all(&volume, ino), expected, "the fsynced file survives");
         fsck_clean(volume.device(), "after a metadata fault");
         REMOUNTS_CHECKED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A disk whose volatile cache is lost with a failed flush (what
+/// `FaultDev::drop_cache_on_failed_flush` models): writes the engine
+/// already issued vanish. The fsync whose flush failed reports EIO; a later
+/// fsync either fails too or has really made the data durable (never Ok
+/// over lost writes); what was fsynced before the failure is all there in
+/// the image as it is and as a power cut leaves it, fsck-clean. Each round
+/// fails a different flush of the fsync (the one before its journal write,
+/// or later ones), and fsyncs through buffered, direct and O_DSYNC paths.
+fn a_flush_failure_that_drops_the_disk_cache_loses_nothing_fsynced(block_bytes: u32) {
+    let block = block_bytes as usize;
+    for round in 0..6u64 {
+        let (raw, volume) = new_volume_with_options(16 << 20, block_bytes, None, &options());
+        raw.drop_cache_on_failed_flush(true);
+        let synced = create(&volume, "synced");
+        let synced_data = pattern(round, 3 * block + 100);
+        let handle = volume.open_file(synced, OpenFlags::READ_WRITE).unwrap();
+        handle.write_at(&synced_data, 0).unwrap();
+        handle.fsync().unwrap();
+        drop(handle);
+        // Written, not yet durable: a buffered file, a direct one.
+        let lost = create(&volume, "lost");
+        let lost_data = pattern(round + 100, 2 * block + 7);
+        let buffered = volume.open_file(lost, OpenFlags::READ_WRITE).unwrap();
+        buffered.write_at(&lost_data, 0).unwrap();
+        let direct_ino = create(&volume, "direct");
+        let direct_data = pattern(round + 200, 2 * block);
+        let direct = volume.open_file(direct_ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+        direct.write_at(&direct_buffer(&direct_data), 0).unwrap();
+        let dropped_before = raw.writes_dropped();
+        raw.add_rule(FaultRule::next(FaultOp::Flush, 1 + round % 3));
+        let failed = if round < 3 { buffered.fsync() } else { direct.fsync() };
+        expect_eio(failed, "fsync whose flush fails");
+        assert!(raw.writes_dropped() > dropped_before, "round {round}: the cache was dropped");
+        raw.clear_rules();
+        // No fsync may now claim what the disk lost.
+        let later = [buffered.fsync(), direct.fsync(), volume.sync()];
+        let image = raw.crash_image(raw.log_len(), &|_| Keep::Nothing);
+        let (_, recovered) = open_image(image).unwrap();
+        for (index, (ino, data)) in
+            [(lost, &lost_data), (direct_ino, &direct_data)].iter().enumerate()
+        {
+            if later[index].is_ok() && later[2].is_ok() {
+                assert_eq!(&read_all(&recovered, *ino), *data, "round {round}: fsync said durable");
+            }
+        }
+        drop(recovered);
+        drop((buffered, direct));
+        for image in [raw.image(), raw.crash_image(raw.log_len(), &|_| Keep::Nothing)] {
+            let (_, volume) = open_image(image).unwrap();
+            assert_eq!(read_all(&volume, synced), synced_data, "round {round}: fsynced file");
+            fsck_clean(volume.device(), "after a flush that dropped the cache");
+            REMOUNTS_CHECKED.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 

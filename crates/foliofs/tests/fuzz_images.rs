@@ -564,7 +564,67 @@ fn hot_ranges(image: &[u8]) -> Vec<(usize, usize)> {
     ranges
 }
 
+/// The non-zero sectors of the data area: file contents (all metadata lives
+/// in the journal and checkpoints), which nothing checks against anything.
+fn data_ranges(image: &[u8]) -> Vec<(usize, usize)> {
+    let Ok(superblock) = Superblock::decode(&image[..HEADER_BYTES.min(image.len())]) else {
+        return Vec::new();
+    };
+    let block = superblock.block_bytes as usize;
+    let start = (superblock.data.start_block as usize).saturating_mul(block);
+    let end = (superblock.data.end_block() as usize).saturating_mul(block).min(image.len());
+    (start..end)
+        .step_by(512)
+        .filter(|&at| image[at..(at + 512).min(end)].iter().any(|&byte| byte != 0))
+        .map(|at| (at, (at + 512).min(end)))
+        .collect()
+}
+
+/// One mutation of file data: bits, bytes, a sector of garbage, of 0xFF,
+/// zeroed, or overwritten with metadata (a journal or checkpoint sector, so
+/// data that looks like structure). Mount and fsck must not care; reading
+/// the file returns bytes or an error.
+fn mutate_data(rng: &mut ChaCha8Rng, image: &mut [u8]) -> Option<String> {
+    let ranges = data_ranges(image);
+    let at = pick_offset(rng, &ranges, 8)?;
+    let sector = at / 512 * 512;
+    let end = (sector + 512).min(image.len());
+    Some(match rng.random_range(0..6) {
+        0 => {
+            let bit = rng.random_range(0..8);
+            image[at] ^= 1 << bit;
+            format!("data: flip bit {bit} at {at}")
+        }
+        1 => {
+            let value = interesting_u64(rng, &[]);
+            image[at..at + 8].copy_from_slice(&value.to_le_bytes());
+            format!("data: u64 {value:#x} at {at}")
+        }
+        2 => {
+            rng.fill(&mut image[sector..end]);
+            format!("data: random sector at {sector}")
+        }
+        3 => {
+            image[sector..end].fill(0xFF);
+            format!("data: 0xFF sector at {sector}")
+        }
+        4 => {
+            image[sector..end].fill(0);
+            format!("data: zero sector at {sector}")
+        }
+        _ => {
+            let metadata = hot_ranges(image);
+            let from = pick_offset(rng, &metadata, end - sector)?;
+            image.copy_within(from..from + (end - sector), sector);
+            format!("data: metadata sector from {from} at {sector}")
+        }
+    })
+}
+
 fn pick_offset(rng: &mut ChaCha8Rng, ranges: &[(usize, usize)], width: usize) -> Option<usize> {
+    if ranges.is_empty() {
+        return None;
+    }
     let (start, end) = ranges[rng.random_range(0..ranges.len())];
     if end < start + width {
         return None;
@@ -1362,6 +1422,12 @@ fn build_case(seeds: &[SeedImage], case: u64) -> (String, Vec<u8>, bool, bool) {
     let mut steps = Vec::new();
     let mut structured = false;
     for _ in 0..rng.random_range(1..=3) {
+        if rng.random_bool(0.25) {
+            if let Some(what) = mutate_data(&mut rng, &mut image) {
+                steps.push(what);
+                continue;
+            }
+        }
         if rng.random_bool(0.6) {
             if let Some(what) = mutate_structured(&mut rng, &mut image) {
                 structured = true;
@@ -1431,6 +1497,7 @@ fn mounting_mutated_images_never_panics_hangs_or_overallocates() {
     let budget = Budget::new(3_000, 25);
     let first = base_seed() << 20;
     let (mut executions, mut mounted, mut files, mut fsck_problems) = (0u64, 0u64, 0u64, 0u64);
+    let mut data_mutated = 0u64;
     // FOLIOFS_FUZZ_KEEP_GOING: collect every failing case instead of
     // stopping at the first (for long runs).
     let keep_going = std::env::var_os("FOLIOFS_FUZZ_KEEP_GOING").is_some();
@@ -1439,6 +1506,7 @@ fn mounting_mutated_images_never_panics_hangs_or_overallocates() {
         let case = first + executions;
         let (description, image, read_only, clean) = build_case(&seeds, case);
         executions += 1;
+        data_mutated += u64::from(description.contains("data: "));
         let outcome = if keep_going {
             let run = || run_case(&description, image, read_only, clean);
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
@@ -1456,8 +1524,9 @@ fn mounting_mutated_images_never_panics_hangs_or_overallocates() {
         fsck_problems += outcome.fsck_problems;
     }
     eprintln!(
-        "mount fuzz: {executions} executions from case {first}, {mounted} mounted, {files} files \
-         read, {fsck_problems} fsck problems reported, {} failures",
+        "mount fuzz: {executions} executions from case {first} ({data_mutated} with file data \
+         mutated), {mounted} mounted, {files} files read, {fsck_problems} fsck problems \
+         reported, {} failures",
         failures.len()
     );
     assert!(failures.is_empty(), "failing cases (FOLIOFS_FUZZ_CASE replays one): {failures:?}");

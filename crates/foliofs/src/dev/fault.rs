@@ -159,6 +159,11 @@ struct State {
     /// Every request fails once the device is marked dead (after a simulated crash).
     dead: bool,
     failures_injected: u64,
+    /// A failed flush loses the volatile cache (see
+    /// [`FaultDev::drop_cache_on_failed_flush`]).
+    drop_cache_on_failed_flush: bool,
+    /// Plain writes lost that way.
+    writes_dropped: u64,
 }
 
 pub struct FaultDev {
@@ -183,6 +188,8 @@ impl FaultDev {
             rules: Vec::new(),
             dead: false,
             failures_injected: 0,
+            drop_cache_on_failed_flush: false,
+            writes_dropped: 0,
         };
         Self { state: Mutex::new(state), logical_block_bytes }
     }
@@ -197,6 +204,21 @@ impl FaultDev {
 
     pub fn failures_injected(&self) -> u64 {
         self.state.lock().failures_injected
+    }
+
+    /// From now on a flush that fails loses every plain write not yet
+    /// durable, as a disk whose volatile cache is lost with the failed
+    /// flush: they vanish from what reads see and from the log (no later
+    /// flush or crash image brings them back). Off by default: then a
+    /// failed flush leaves them volatile, and a later flush makes them
+    /// durable.
+    pub fn drop_cache_on_failed_flush(&self, enabled: bool) {
+        self.state.lock().drop_cache_on_failed_flush = enabled;
+    }
+
+    /// Plain writes lost by failed flushes.
+    pub fn writes_dropped(&self) -> u64 {
+        self.state.lock().writes_dropped
     }
 
     /// From now on every request fails: the machine "lost power".
@@ -293,6 +315,28 @@ impl FaultDev {
     }
 }
 
+/// Forgets the plain writes since the last flush: the image is rebuilt from
+/// the base with the durable ones only.
+fn drop_volatile_writes(state: &mut State) {
+    let durable_end =
+        state.log.iter().rposition(|entry| *entry == LogEntry::Flush).map_or(0, |i| i + 1);
+    let before = state.log.len();
+    let mut index = 0;
+    state.log.retain(|entry| {
+        let keep = index < durable_end || !matches!(entry, LogEntry::Write { fua: false, .. });
+        index += 1;
+        keep
+    });
+    state.writes_dropped += (before - state.log.len()) as u64;
+    let mut image = state.base.clone();
+    for entry in &state.log {
+        if let LogEntry::Write { offset, data, .. } = entry {
+            apply_write(&mut image, *offset, data, &Keep::All);
+        }
+    }
+    state.current = image;
+}
+
 fn apply_write(image: &mut [u8], offset: u64, data: &[u8], keep: &Keep) {
     let start = offset as usize;
     match keep {
@@ -340,7 +384,12 @@ impl RawDev for FaultDev {
 
     fn flush(&self) -> io::Result<()> {
         let mut state = self.state.lock();
-        self.check_fault(&mut state, FaultOp::Flush, None)?;
+        if let Err(error) = self.check_fault(&mut state, FaultOp::Flush, None) {
+            if state.drop_cache_on_failed_flush && !state.dead {
+                drop_volatile_writes(&mut state);
+            }
+            return Err(error);
+        }
         state.log.push(LogEntry::Flush);
         Ok(())
     }
@@ -391,6 +440,29 @@ mod tests {
         assert_eq!((torn[512], torn[1536], torn[2048]), (2, 0, 4));
         assert_eq!(device.crash_image(1, &|_| Keep::Nothing), vec![0u8; 8192]);
         assert_eq!(device.crash_image(1, &|_| Keep::All)[0], 1);
+    }
+
+    #[test]
+    fn a_failed_flush_can_drop_the_volatile_cache() {
+        let device = FaultDev::new(8192, 512);
+        write(&device, 0, 1, 512, false);
+        device.flush().unwrap();
+        write(&device, 0, 2, 512, false);
+        write(&device, 512, 3, 512, true);
+        write(&device, 1024, 4, 512, false);
+        device.drop_cache_on_failed_flush(true);
+        device.add_rule(FaultRule::next(FaultOp::Flush, 1));
+        device.flush().unwrap_err();
+        assert_eq!(device.writes_dropped(), 2);
+        let image = device.image();
+        assert_eq!((image[0], image[512], image[1024]), (1, 3, 0), "durable and FUA writes stay");
+        device.flush().unwrap();
+        let after = device.crash_image(device.log_len(), &|_| Keep::All);
+        assert_eq!(
+            (after[0], after[512], after[1024]),
+            (1, 3, 0),
+            "a later flush brings nothing back"
+        );
     }
 
     #[test]
