@@ -183,6 +183,22 @@ impl FolioFs {
         }
     }
 
+    /// A directory handle's entries from `offset` on (a fresh snapshot at
+    /// 0) and its parent: what readdir and readdirplus list after "." and
+    /// "..".
+    fn listing(
+        &self,
+        operation: &str,
+        fh: FileHandle,
+        offset: u64,
+    ) -> Result<(Arc<Vec<foliofs::DirEntry>>, u64), Errno> {
+        let listing = self.handles.dir(fh.0).ok_or(Errno::EBADF)?;
+        listing
+            .entries(offset)
+            .and_then(|entries| Ok((entries, listing.dir.parent()?)))
+            .map_err(|error| self.failed(operation, &error))
+    }
+
     fn open_handle(&self, ino: u64, flags: i32) -> foliofs::Result<(u64, FopenFlags)> {
         let open = self.open_flags(flags);
         let file = self.volume.open_file(ino, open)?;
@@ -677,14 +693,9 @@ impl Filesystem for FolioFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let Some(listing) = self.handles.dir(fh.0) else {
-            return reply.error(Errno::EBADF);
-        };
-        let listed =
-            listing.entries(offset).and_then(|entries| Ok((entries, listing.dir.parent()?)));
-        let (entries, parent) = match listed {
+        let (entries, parent) = match self.listing("readdir", fh, offset) {
             Ok(listed) => listed,
-            Err(error) => return reply.error(self.failed("readdir", &error)),
+            Err(errno) => return reply.error(errno),
         };
         // Offsets: 1 after ".", 2 after "..", 2 + i + 1 after entry i.
         let dots = [(ino.0, b".".as_slice()), (parent, b"..".as_slice())];
@@ -709,14 +720,9 @@ impl Filesystem for FolioFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let Some(listing) = self.handles.dir(fh.0) else {
-            return reply.error(Errno::EBADF);
-        };
-        let listed =
-            listing.entries(offset).and_then(|entries| Ok((entries, listing.dir.parent()?)));
-        let (entries, parent) = match listed {
+        let (entries, parent) = match self.listing("readdirplus", fh, offset) {
             Ok(listed) => listed,
-            Err(error) => return reply.error(self.failed("readdirplus", &error)),
+            Err(errno) => return reply.error(errno),
         };
         // Offsets as readdir's.
         let dots = [(ino.0, b".".as_slice()), (parent, b"..".as_slice())];
