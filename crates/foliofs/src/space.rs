@@ -110,9 +110,19 @@ pub fn fallocate(
         }
         FallocateMode::ZeroRange { keep_size } => {
             flush_and_drop(engine, inode, offset, end)?;
+            // The whole blocks first: a shortage of space fails there with
+            // nothing changed, before a partial block is zeroed. The size
+            // moves last, once the edges read as zeros.
+            allocate(engine, ino, offset.div_ceil(block), end / block, true, None)?;
             zero_edges(engine, ino, offset, end)?;
             let new_size = (!keep_size && end > size).then_some(end);
-            allocate(engine, ino, offset.div_ceil(block), end / block, true, new_size)
+            if new_size.is_some() {
+                engine.meta.transact(|txn| {
+                    touch(txn, ino, new_size);
+                    Ok(())
+                })?;
+            }
+            Ok(())
         }
         FallocateMode::PunchHole => {
             flush_and_drop(engine, inode, offset, end)?;

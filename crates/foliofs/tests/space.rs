@@ -219,6 +219,15 @@ fn preallocation_reads_zeros_and_keeps_space_promised(block_bytes: u32) {
     assert_eq!(error.errno(), libc::ENOSPC, "{error}");
     assert_eq!(volume.getattr(ino).unwrap().size, 1 << 20);
     assert_eq!(free_before - volume.statfs().free_blocks, promised);
+    // A zero range that does not fit starts inside the written block: the
+    // shortage is found before its partial block is zeroed.
+    let zero = FallocateMode::ZeroRange { keep_size: false };
+    let error = file.fallocate(zero, at as u64 + 1, 64 << 20).unwrap_err();
+    assert_eq!(error.errno(), libc::ENOSPC, "{error}");
+    assert_eq!(volume.getattr(ino).unwrap().size, 1 << 20);
+    let mut block_two = vec![0; length];
+    file.read_at(&mut block_two, at as u64).unwrap();
+    assert!(block_two.iter().all(|&byte| byte == 7), "a refused zero range changed data");
 }
 
 fn punching_frees_blocks_and_bad_arguments_are_refused(block_bytes: u32) {
