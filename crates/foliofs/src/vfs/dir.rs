@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::format::{InodeKind, Record};
+use crate::format::InodeKind;
 
 use super::attr::{Attr, DirEntry};
 use super::volume::{Shared, Volume};
@@ -68,23 +68,13 @@ impl Dir {
             return Ok(());
         }
         let ino = self.ino;
-        let orphaned = self.shared.meta.update_memory(|state| {
-            let Some(inode) = state.inode_mut(ino) else { return false };
-            inode.open_handles -= 1;
-            inode.open_handles == 0 && inode.attrs.nlink == 0
-        });
+        let orphaned = self.shared.close_handle(ino);
         if !orphaned || self.shared.meta.refusal().is_some() {
             // A read-only volume frees orphans at its next writable mount.
             return Ok(());
         }
         self.shared.meta.transact(|txn| {
-            let still_orphaned = txn
-                .state()
-                .inode(ino)
-                .is_some_and(|inode| inode.open_handles == 0 && inode.attrs.nlink == 0);
-            if still_orphaned {
-                txn.apply(Record::InodeFree { ino });
-            }
+            Shared::free_if_orphaned(txn, ino);
             Ok(())
         })?;
         Ok(())

@@ -9,7 +9,7 @@ use crate::cache::InodeCache;
 use crate::dev::AlignedBuf;
 use crate::direct::{self, DirectFuture};
 use crate::error::{Error, Result};
-use crate::format::{InodeKind, Record};
+use crate::format::InodeKind;
 use crate::space::{self, FallocateMode, Whence};
 use crate::writeback;
 
@@ -313,11 +313,7 @@ impl File {
             return Ok(());
         }
         let ino = self.ino;
-        let orphaned = self.shared.meta.update_memory(|state| {
-            let Some(inode) = state.inode_mut(ino) else { return false };
-            inode.open_handles -= 1;
-            inode.open_handles == 0 && inode.attrs.nlink == 0
-        });
+        let orphaned = self.shared.close_handle(ino);
         if !orphaned || self.shared.meta.refusal().is_some() {
             // A read-only volume frees orphans at its next writable mount.
             self.shared.cache.release_inode(ino, 1);
@@ -331,16 +327,7 @@ impl File {
             // under its own lock.
             let _exclusive = self.inode.io.exclusive(|| self.shared.engine.device.unplug());
             let _serial = self.inode.writeback_lock.lock();
-            let freed = self.shared.meta.transact(|txn| {
-                let still_orphaned = txn
-                    .state()
-                    .inode(ino)
-                    .is_some_and(|inode| inode.open_handles == 0 && inode.attrs.nlink == 0);
-                if still_orphaned {
-                    txn.apply(Record::InodeFree { ino });
-                }
-                Ok(still_orphaned)
-            });
+            let freed = self.shared.meta.transact(|txn| Ok(Shared::free_if_orphaned(txn, ino)));
             // Cached data goes only with the inode (someone may have opened
             // it by number meanwhile).
             if matches!(freed, Ok((true, _))) {

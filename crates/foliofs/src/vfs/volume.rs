@@ -61,6 +61,29 @@ impl std::ops::Deref for Shared {
 }
 
 impl Shared {
+    /// Counts one open handle of `ino` (a file or a directory) out; true when
+    /// it was the last of an inode no name refers to: an orphan to free.
+    pub(crate) fn close_handle(&self, ino: u64) -> bool {
+        self.meta.update_memory(|state| {
+            let Some(inode) = state.inode_mut(ino) else { return false };
+            inode.open_handles -= 1;
+            inode.open_handles == 0 && inode.attrs.nlink == 0
+        })
+    }
+
+    /// Frees `ino` in `txn` if it is still an orphan (someone may have
+    /// opened it by number since its last handle closed); whether it did.
+    pub(crate) fn free_if_orphaned(txn: &mut crate::meta::Txn<'_>, ino: u64) -> bool {
+        let orphaned = txn
+            .state()
+            .inode(ino)
+            .is_some_and(|inode| inode.open_handles == 0 && inode.attrs.nlink == 0);
+        if orphaned {
+            txn.apply(Record::InodeFree { ino });
+        }
+        orphaned
+    }
+
     /// The I/O lock, folios and error sequence of `ino`, shared by every
     /// handle and operation on it.
     pub(crate) fn inode_cache(&self, ino: u64) -> Arc<InodeCache> {
