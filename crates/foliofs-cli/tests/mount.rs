@@ -1014,6 +1014,10 @@ fn remount_read_only_and_back_through_the_helper() {
     // Options a live mount cannot change are refused by name.
     let fixed = remount("remount,rw,page_cache=kernel");
     assert!(String::from_utf8_lossy(&fixed.stderr).contains("page_cache=kernel"), "{fixed:?}");
+    // ...but the options the mount was made with, which mount(8) repeats
+    // from its utab, change nothing and pass.
+    let same = remount(&format!("remount,ro,log={}", mounted.log.display()));
+    assert!(same.status.success(), "{}", String::from_utf8_lossy(&same.stderr));
     let to_rw = remount("ro,nosuid,nodev,relatime,remount,rw");
     assert!(to_rw.status.success(), "{}", String::from_utf8_lossy(&to_rw.stderr));
     fs::write(mounted.point.join("after"), b"written rw again").unwrap();

@@ -289,6 +289,11 @@ pub fn remount(image: &Path, mountpoint: &Path, list: &str) -> foliofs::Result<(
             .any(|prefix| item.starts_with(prefix))
         })
         .collect();
+    // mount(8) repeats the options the mount was made with (it keeps the
+    // helper's in its utab): those change nothing and pass.
+    let serving = serving_options(image);
+    let fixed: Vec<&str> =
+        fixed.into_iter().filter(|item| !serving.iter().any(|option| option == item)).collect();
     if !fixed.is_empty() {
         return Err(Error::invalid(format!(
             "remount cannot change {}: only ro/rw and the standard mount flags change on a live \
@@ -338,6 +343,27 @@ pub fn remount(image: &Path, mountpoint: &Path, list: &str) -> foliofs::Result<(
         return Err(Error::io(format!("remount {}", mountpoint.display()), error));
     }
     Ok(())
+}
+
+/// The `-o` options of the daemon serving `image`, read from its command
+/// line (`foliofs mount IMAGE MOUNTPOINT --daemon -o OPTIONS`, or `-f`);
+/// empty when none is found.
+fn serving_options(image: &Path) -> Vec<String> {
+    let image = image.as_os_str().as_bytes();
+    let Ok(processes) = std::fs::read_dir("/proc") else { return Vec::new() };
+    for process in processes.flatten() {
+        let Ok(cmdline) = std::fs::read(process.path().join("cmdline")) else { continue };
+        let args: Vec<&[u8]> = cmdline.split(|&byte| byte == 0).collect();
+        let serves = args.iter().any(|arg| *arg == b"mount")
+            && args.iter().any(|arg| *arg == image)
+            && args.iter().any(|arg| *arg == b"--daemon" || *arg == b"-f");
+        let options = args.iter().position(|arg| *arg == b"-o").and_then(|at| args.get(at + 1));
+        if let (true, Some(options)) = (serves, options) {
+            let options = String::from_utf8_lossy(options);
+            return options.split(',').map(|item| item.trim().to_string()).collect();
+        }
+    }
+    Vec::new()
 }
 
 /// Whether the daemon serving `image` opened it read-only: a writer holds
