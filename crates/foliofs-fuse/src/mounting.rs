@@ -355,7 +355,7 @@ fn serving_options(image: &Path) -> Vec<String> {
         let Ok(cmdline) = std::fs::read(process.path().join("cmdline")) else { continue };
         let args: Vec<&[u8]> = cmdline.split(|&byte| byte == 0).collect();
         let serves = args.iter().any(|arg| *arg == b"mount")
-            && args.iter().any(|arg| *arg == image)
+            && args.contains(&image)
             && args.iter().any(|arg| *arg == b"--daemon" || *arg == b"-f");
         let options = args.iter().position(|arg| *arg == b"-o").and_then(|at| args.get(at + 1));
         if let (true, Some(options)) = (serves, options) {
