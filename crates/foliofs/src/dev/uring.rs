@@ -21,7 +21,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -275,16 +275,27 @@ impl Drop for UringDev {
 }
 
 impl UringDev {
-    /// The calling thread's ring for asynchronous requests, created on first use.
+    /// The calling thread's ring for asynchronous requests, created on first
+    /// use and registered as the thread's [`Driver`].
+    ///
+    /// `ThreadLocal` recycles the slot of an exited thread, so a new thread
+    /// can find a ring it never registered: registration is therefore keyed
+    /// by a token no thread ever reuses, not by finding the slot empty.
     fn home_ring(&self) -> io::Result<&Arc<HomeRing>> {
-        self.home_rings.get_or_try(|| {
+        let ring = self.home_rings.get_or_try(|| {
             let ring =
                 Arc::new(HomeRing::new(new_ring(self.ring_entries)?, Arc::clone(&self.file))?);
             self.sweeper.watch(&ring)?;
+            Ok::<_, io::Error>(ring)
+        })?;
+        let token = thread_token();
+        // Only the thread owning the slot reads or writes `driver_thread`.
+        if ring.driver_thread.load(Ordering::Relaxed) != token {
             let driver: Arc<dyn Driver> = ring.clone();
             completion::register_thread_driver(Arc::downgrade(&driver));
-            Ok(ring)
-        })
+            ring.driver_thread.store(token, Ordering::Relaxed);
+        }
+        Ok(ring)
     }
 
     fn start(&self, request: DevRequest, done: DevCallback, plugged: bool) {
@@ -301,6 +312,16 @@ impl UringDev {
             }
         }
     }
+}
+
+/// A number naming the calling thread, never reused by a later thread (0 is
+/// never one).
+fn thread_token() -> u64 {
+    static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static TOKEN: u64 = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+    }
+    TOKEN.with(|token| *token)
 }
 
 /// An io_uring ring for the asynchronous requests of one submitting thread.
@@ -320,6 +341,11 @@ struct HomeRing {
     /// Entries were queued by `submit_plugged` and not yet handed over.
     plugged: AtomicBool,
     eventfd: OwnedFd,
+    /// [`thread_token`] of the thread that registered this ring as its
+    /// driver; 0 before any did.
+    driver_thread: AtomicU64,
+    /// Waits the owning thread drove itself (the no-hand-off path).
+    owner_drives: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -347,6 +373,8 @@ impl HomeRing {
             in_flight_limit,
             plugged: AtomicBool::new(false),
             eventfd,
+            driver_thread: AtomicU64::new(0),
+            owner_drives: AtomicUsize::new(0),
         })
     }
 
@@ -478,6 +506,7 @@ impl Driver for HomeRing {
             }
             state.driving = true;
         }
+        self.owner_drives.fetch_add(1, Ordering::Relaxed);
         self.set_eventfd_enabled(false);
         self.plugged.store(false, Ordering::Release);
         match self.ring.submitter().submit_and_wait(1) {
@@ -849,6 +878,57 @@ mod tests {
             0,
             "a completion was handled twice"
         );
+    }
+
+    /// `ThreadLocal` hands an exited thread's ring to a later thread; that
+    /// thread must still wait in the ring itself (found by review 1). The
+    /// request is plugged, so only a driving owner or an unplug submits it: a
+    /// watchdog unplugs from outside if the owner never drives, so the bug
+    /// shows as a missing drive, not a hang.
+    #[test]
+    fn recycled_thread_still_drives_its_inherited_ring() {
+        let image = Image::new();
+        let raw = Arc::new(open_raw(&image.path));
+        let mut first_owner_of = HashMap::new();
+        for attempt in 0..200usize {
+            let raw_for_thread = Arc::clone(&raw);
+            let (ring_address, drove) = thread::spawn(move || {
+                let raw = raw_for_thread;
+                let (future, completer) = completion::pair();
+                let request =
+                    DevRequest::Read { offset: 0, buffer: AlignedBuf::zeroed(BLOCK_BYTES) };
+                raw.submit_plugged(
+                    request,
+                    Box::new(move |response| completer.complete(response.result.is_ok())),
+                );
+                let ring = Arc::clone(raw.home_rings.get().unwrap());
+                let drives_before = ring.owner_drives.load(Ordering::Relaxed);
+                let (stop, stopped) = mpsc::channel::<()>();
+                let watchdog = thread::spawn({
+                    let raw = Arc::clone(&raw);
+                    move || {
+                        if stopped.recv_timeout(Duration::from_secs(2)).is_err() {
+                            raw.unplug();
+                        }
+                    }
+                });
+                assert!(completion::block_on(future));
+                drop(stop);
+                watchdog.join().unwrap();
+                let drove = ring.owner_drives.load(Ordering::Relaxed) > drives_before;
+                (Arc::as_ptr(&ring) as usize, drove)
+            })
+            .join()
+            .unwrap();
+            match first_owner_of.insert(ring_address, attempt) {
+                None => assert!(drove, "a ring's first owner did not drive it"),
+                Some(_) => {
+                    assert!(drove, "a thread that inherited a ring did not drive it");
+                    return;
+                }
+            }
+        }
+        panic!("no thread inherited an exited thread's ring in 200 attempts");
     }
 
     #[test]
