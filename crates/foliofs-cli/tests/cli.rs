@@ -186,6 +186,11 @@ fn bench_runs_fio_options_and_prints_fio_json() {
     assert_eq!(bytes, 8 << 20);
     assert!(job["verified_blocks"].as_u64().unwrap() > 0);
     assert!(job["write"]["clat_ns"]["percentile"]["99.000000"].as_u64().unwrap() > 0);
+    // fio takes its own options anywhere, also after the job options.
+    let output =
+        ok(&["bench", "--image", image, "--name=late", "--size=1M", "--output-format=json"]);
+    let json: serde_json::Value = serde_json::from_str(&output).expect("valid JSON");
+    assert_eq!(json["jobs"][0]["jobname"], "late");
     let error =
         fails(&["bench", "--image", image, "--name=x", "--size=1M", "--rw=read", "--bogus=1"]);
     assert!(

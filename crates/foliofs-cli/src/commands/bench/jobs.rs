@@ -62,7 +62,9 @@ pub fn run(
     options: &VolumeOptions,
     options_text: &str,
 ) -> anyhow::Result<ExitCode> {
-    let specs = parse(&args.job)?;
+    let (output_format, job) = take_output_format(&args.job)?;
+    let output_format = output_format.unwrap_or(args.output_format);
+    let specs = parse(&job)?;
     let data_bytes: u64 = specs
         .iter()
         .map(|spec| {
@@ -107,7 +109,7 @@ pub fn run(
         }
     };
     drop(progress);
-    match args.output_format {
+    match output_format {
         OutputFormat::Normal => print!("{}", report::to_text(&report)),
         OutputFormat::Json => {
             println!("{}", serde_json::to_string_pretty(&report::to_json(&report, options_text))?)
@@ -189,6 +191,40 @@ fn per_instance(
         .collect()
 }
 
+/// Takes `--output-format` out of the job arguments: fio accepts its own
+/// options anywhere among the job options and after the job file, so
+/// `foliofs bench --name=t --rw=read --output-format=json` must work too.
+/// Returns the last format given there (as fio, the last one wins).
+fn take_output_format(job: &[String]) -> anyhow::Result<(Option<OutputFormat>, Vec<String>)> {
+    const OPTION: &str = "--output-format";
+    let mut format = None;
+    let mut rest = Vec::with_capacity(job.len());
+    let mut arguments = job.iter();
+    while let Some(argument) = arguments.next() {
+        let value = match argument.strip_prefix(OPTION) {
+            Some("") => match arguments.next() {
+                Some(value) => value.as_str(),
+                None => bail!("{OPTION} needs a value: normal or json"),
+            },
+            Some(value) => match value.strip_prefix('=') {
+                Some(value) => value,
+                None => {
+                    rest.push(argument.clone());
+                    continue;
+                }
+            },
+            None => {
+                rest.push(argument.clone());
+                continue;
+            }
+        };
+        let parsed = OutputFormat::from_str(value, true)
+            .map_err(|_| anyhow::anyhow!("{OPTION}={value:?}: expected normal or json"))?;
+        format = Some(parsed);
+    }
+    Ok((format, rest))
+}
+
 fn parse(job: &[String]) -> anyhow::Result<Vec<JobSpec>> {
     let Some(first) = job.first() else {
         bail!("give a fio job file or fio options (e.g. --name=test --rw=randread --size=1G)");
@@ -199,10 +235,45 @@ fn parse(job: &[String]) -> anyhow::Result<Vec<JobSpec>> {
     if job.len() > 1 {
         bail!(
             "unexpected {:?} after the job file {first:?}: put foliofs bench options \
-             (--output-format, --image, ...) before the job file",
+             (--image, --target, ...) before the job file",
             &job[1..]
         );
     }
     let text = std::fs::read_to_string(first).with_context(|| format!("read job file {first}"))?;
     Ok(jobfile::parse_job_file(&text, first)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(arguments: &[&str]) -> Vec<String> {
+        arguments.iter().map(|argument| (*argument).to_owned()).collect()
+    }
+
+    #[test]
+    fn output_format_is_taken_from_anywhere_among_the_job_options() {
+        for (arguments, format, rest) in [
+            (
+                &["--name=t", "--output-format=json", "--rw=read"][..],
+                Some(OutputFormat::Json),
+                &["--name=t", "--rw=read"][..],
+            ),
+            (
+                &["--name=t", "--rw=read", "--output-format", "json"],
+                Some(OutputFormat::Json),
+                &["--name=t", "--rw=read"],
+            ),
+            (&["job.fio", "--output-format=normal"], Some(OutputFormat::Normal), &["job.fio"]),
+            (&["--name=t", "--output-format-x=1"], None, &["--name=t", "--output-format-x=1"]),
+        ] {
+            let (taken, left) = take_output_format(&strings(arguments)).unwrap();
+            assert_eq!(taken, format, "{arguments:?}");
+            assert_eq!(left, strings(rest), "{arguments:?}");
+        }
+        let error = take_output_format(&strings(&["--output-format=xml"])).unwrap_err();
+        assert!(error.to_string().contains("expected normal or json"), "{error}");
+        let error = take_output_format(&strings(&["--name=t", "--output-format"])).unwrap_err();
+        assert!(error.to_string().contains("needs a value"), "{error}");
+    }
 }
