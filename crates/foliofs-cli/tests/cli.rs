@@ -201,6 +201,35 @@ fn bench_runs_fio_options_and_prints_fio_json() {
     assert!(error.contains("read job file /nonexistent/job.fio"), "{error}");
 }
 
+/// A bench ended by SIGTERM (a user giving up on a stuck run) removes the
+/// temporary image it made in the working directory.
+#[test]
+fn bench_killed_by_sigterm_removes_its_temporary_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_foliofs"))
+        .current_dir(dir.path())
+        .args(["bench", "--name=long", "--size=1M", "--time_based", "--runtime=120"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let image = dir.path().join(format!("foliofs-bench-{}.img", bench.id()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !image.exists() {
+        assert!(std::time::Instant::now() < deadline, "the bench never created {image:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let killed = Command::new("kill").arg("-TERM").arg(bench.id().to_string()).status().unwrap();
+    assert!(killed.success());
+    let output = bench.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(128 + 15), "{output:?}");
+    assert!(!image.exists(), "{image:?} left behind");
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("removed foliofs-bench-"), "{stderr}");
+}
+
 /// `foliofs bench metadata --no-fsync`: small files stay in the cache, one
 /// 4 KiB folio each, and the report says how much memory they took.
 #[test]
