@@ -153,6 +153,21 @@ fn fsck_reports_a_damaged_superblock_and_the_volume_still_opens() {
     assert!(ok(&["info", image_str]).contains("block size:       4096"));
 }
 
+/// `foliofs info` on an image another process holds (as a mount does) says
+/// so once, not once per level of the error chain.
+#[test]
+fn info_on_an_image_in_use_says_so_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("held.img");
+    let image = image.to_str().unwrap();
+    ok(&["mkfs", image, "--size", "64M"]);
+    let foliofs = env!("CARGO_BIN_EXE_foliofs");
+    let output = Command::new("flock").args([image, foliofs, "info", image]).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(stderr.matches("is in use by another process").count(), 1, "{stderr}");
+}
+
 /// `foliofs bench` with fio's own options: the JSON output is fio's shape.
 #[test]
 fn bench_runs_fio_options_and_prints_fio_json() {
@@ -206,7 +221,7 @@ fn bench_runs_fio_options_and_prints_fio_json() {
 #[test]
 fn bench_killed_by_sigterm_removes_its_temporary_image() {
     let dir = tempfile::tempdir().unwrap();
-    let mut bench = Command::new(env!("CARGO_BIN_EXE_foliofs"))
+    let bench = Command::new(env!("CARGO_BIN_EXE_foliofs"))
         .current_dir(dir.path())
         .args(["bench", "--name=long", "--size=1M", "--time_based", "--runtime=120"])
         .stdout(std::process::Stdio::null())

@@ -45,12 +45,12 @@ pub enum Error {
     OutOfRange(String),
     #[error("{0}: argument too big")]
     TooBig(String),
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: io::Error,
-    },
+    /// An I/O error from the device or the host, with what was being done.
+    /// Its message includes the cause's, so `source()` does not return the
+    /// cause again (a printed chain would say it twice); [`Error::io_error`]
+    /// returns it.
+    #[error("{context}: {cause}")]
+    Io { context: String, cause: io::Error },
 }
 
 impl Error {
@@ -75,12 +75,20 @@ impl Error {
             Error::NoAttribute(_) => libc::ENODATA,
             Error::OutOfRange(_) => libc::ERANGE,
             Error::TooBig(_) => libc::E2BIG,
-            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Io { cause, .. } => cause.raw_os_error().unwrap_or(libc::EIO),
         }
     }
 
-    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
-        Error::Io { context: context.into(), source }
+    pub fn io(context: impl Into<String>, cause: io::Error) -> Self {
+        Error::Io { context: context.into(), cause }
+    }
+
+    /// The host's I/O error behind an [`Error::Io`].
+    pub fn io_error(&self) -> Option<&io::Error> {
+        match self {
+            Error::Io { cause, .. } => Some(cause),
+            _ => None,
+        }
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
