@@ -13,12 +13,32 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "foliofs", version, about = "A crash-safe file storage engine in user space")]
 struct Cli {
-    /// Volume options, comma separated (engine=sync|threads|uring, fua=native|emulate,
-    /// direct=on|off, ro, commit_interval_ms=N, io_threads=N).
-    #[arg(short = 'o', long = "options", global = true, default_value = "")]
+    /// Volume options, comma separated key=value (--help lists every key).
+    #[arg(
+        short = 'o',
+        long = "options",
+        global = true,
+        default_value = "",
+        long_help = options_help()
+    )]
     options: String,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The `-o` help, made from the tables the option parsers check against, so
+/// it lists every switch there is.
+fn options_help() -> String {
+    let mut help = String::from("Volume options, comma separated key=value:\n");
+    let list = |help: &mut String, keys: &[(&str, &str)]| {
+        for (key, description) in keys {
+            help.push_str(&format!("  {key}: {description}\n"));
+        }
+    };
+    list(&mut help, foliofs::options::OPTION_KEYS);
+    help.push_str("foliofs mount also takes:\n");
+    list(&mut help, foliofs_fuse::MOUNT_OPTION_KEYS);
+    help
 }
 
 #[derive(Subcommand)]

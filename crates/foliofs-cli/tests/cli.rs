@@ -153,6 +153,18 @@ fn fsck_reports_a_damaged_superblock_and_the_volume_still_opens() {
     assert!(ok(&["info", image_str]).contains("block size:       4096"));
 }
 
+/// `-o`'s help is made from the option tables: every key is in it.
+#[test]
+fn options_help_lists_every_key() {
+    let help = ok(&["--help"]);
+    let keys = foliofs::options::OPTION_KEYS.iter().chain(foliofs_fuse::MOUNT_OPTION_KEYS);
+    for (key, description) in keys {
+        let line = format!("{key}: ");
+        assert!(help.contains(&line), "-o help lacks {key:?} ({description}):\n{help}");
+    }
+    assert!(ok(&["-h"]).contains("--help lists every key"));
+}
+
 /// `foliofs info` on an image another process holds (as a mount does) says
 /// so once, not once per level of the error chain.
 #[test]
