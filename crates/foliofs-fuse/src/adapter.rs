@@ -13,8 +13,8 @@ use std::time::Duration;
 use foliofs::dev::AlignedBuf;
 use foliofs::space::FallocateMode;
 use foliofs::{
-    Attr, Error, File, OpenFlags, Owner, Privilege, RenameFlags, SetAttr, TimeSet, Volume,
-    XattrFlags,
+    Access, Attr, Credentials, Error, File, OpenFlags, OpenOptions, Owner, Privilege, RenameFlags,
+    SetAttr, TimeSet, Volume, XattrFlags,
 };
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -28,10 +28,6 @@ use crate::handles::{DirListing, Handle, Handles};
 use crate::in_flight;
 use crate::invalidate::{self, Invalidator};
 use crate::mount_options::{MountOptions, PageCacheUse};
-
-/// statfs reports free inodes as the checkpoint's free metadata bytes over
-/// this, about what one small file's records take.
-const INODE_METADATA_BYTES_ESTIMATE: u64 = 256;
 
 /// Capabilities asked of the kernel at init, each only where it offers it.
 const WANTED_CAPABILITIES: &[InitFlags] = &[
@@ -280,6 +276,11 @@ impl CallerStatus {
     fn in_group(&self, req: &Request, gid: u32) -> bool {
         req.gid() == gid || self.groups.contains(&gid)
     }
+
+    /// The caller as the library's access checks take it.
+    fn credentials(self, req: &Request) -> Credentials {
+        Credentials { uid: req.uid(), gid: req.gid(), groups: self.groups }
+    }
 }
 
 /// Whether the process behind `req` holds CAP_SYS_ADMIN.
@@ -299,24 +300,6 @@ fn xattr_privilege(req: &Request, name: &[u8]) -> Privilege {
     } else {
         Privilege::Unprivileged
     }
-}
-
-/// Whether `uid`/`gid` may access a node with `mode` for `mask` (R_OK, W_OK,
-/// X_OK), by the owner/group/other bits; root passes except execute, which
-/// needs some execute bit.
-fn permits(attr: &Attr, uid: u32, gid: u32, mask: i32) -> bool {
-    let wanted = (mask & 7) as u32;
-    if uid == 0 {
-        return wanted & 1 == 0 || attr.mode & 0o111 != 0 || attr.kind == foliofs::InodeKind::Dir;
-    }
-    let granted = if uid == attr.uid {
-        (attr.mode >> 6) & 7
-    } else if gid == attr.gid {
-        (attr.mode >> 3) & 7
-    } else {
-        attr.mode & 7
-    };
-    granted & wanted == wanted
 }
 
 impl Filesystem for FolioFs {
@@ -788,8 +771,7 @@ impl Filesystem for FolioFs {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let stat = self.volume.statfs();
-        let free_inodes = stat.metadata_bytes_max.saturating_sub(stat.metadata_bytes)
-            / INODE_METADATA_BYTES_ESTIMATE;
+        let free_inodes = stat.free_inodes_estimate();
         // Delalloc reservations are spoken for: like ext4, count them as used
         // in both free figures so df agrees with what the next write gets.
         reply.statfs(
@@ -860,9 +842,10 @@ impl Filesystem for FolioFs {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        match self.volume.getattr(ino.0) {
-            Ok(attr) if permits(&attr, req.uid(), req.gid(), mask.bits()) => reply.ok(),
-            Ok(_) => reply.error(Errno::EACCES),
+        let caller = CallerStatus::of(req).credentials(req);
+        let access = Access::from_mask(mask.bits());
+        match access.and_then(|access| self.volume.access(ino.0, &caller, access)) {
+            Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("access", &error)),
         }
     }
@@ -880,21 +863,9 @@ impl Filesystem for FolioFs {
         invalidate::mark_serving();
         let name = name_bytes(name);
         let mode = self.volume.creation_mode(parent.0, mode, umask);
-        let created = match self.volume.create(parent.0, name, mode, owner(req)) {
-            // Another opener created it since the kernel's lookup: without
-            // O_EXCL, open(2) opens the existing file.
-            Err(Error::Exists(_)) if flags & libc::O_EXCL == 0 => {
-                self.volume.lookup(parent.0, name).and_then(|attr| {
-                    if flags & libc::O_TRUNC != 0 {
-                        let truncate = SetAttr { size: Some(0), ..SetAttr::default() };
-                        self.volume.setattr(attr.ino, &truncate)
-                    } else {
-                        Ok(attr)
-                    }
-                })
-            }
-            other => other,
-        };
+        // O_CREAT is implied: the kernel sends create only for it.
+        let options = OpenOptions::from_posix_flags(flags | libc::O_CREAT);
+        let created = self.volume.create_or_open(parent.0, name, mode, owner(req), &options);
         let opened = created.and_then(|attr| Ok((attr, self.open_handle(attr.ino, flags)?)));
         match opened {
             Ok((attr, (fh, fopen))) => {
@@ -959,42 +930,5 @@ impl Filesystem for FolioFs {
             Ok(position) => reply.offset(position as i64),
             Err(error) => reply.error(self.failed("lseek", &error)),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn attr(mode: u32, uid: u32, gid: u32) -> Attr {
-        let time = foliofs::Timestamp { secs: 0, nanos: 0 };
-        Attr {
-            ino: 2,
-            kind: foliofs::InodeKind::File,
-            mode,
-            uid,
-            gid,
-            nlink: 1,
-            size: 0,
-            blocks_512: 0,
-            atime: time,
-            mtime: time,
-            ctime: time,
-            block_bytes: 4096,
-            rdev: 0,
-        }
-    }
-
-    #[test]
-    fn access_follows_owner_group_and_other_bits() {
-        let file = attr(0o640, 1000, 100);
-        assert!(permits(&file, 1000, 5, libc::R_OK | libc::W_OK));
-        assert!(!permits(&file, 1000, 5, libc::X_OK));
-        assert!(permits(&file, 1001, 100, libc::R_OK));
-        assert!(!permits(&file, 1001, 100, libc::W_OK));
-        assert!(!permits(&file, 1002, 101, libc::R_OK));
-        assert!(permits(&file, 0, 0, libc::R_OK | libc::W_OK));
-        assert!(!permits(&file, 0, 0, libc::X_OK), "root needs some execute bit");
-        assert!(permits(&attr(0o744, 1, 1), 0, 0, libc::X_OK));
     }
 }

@@ -3,20 +3,30 @@
 use crate::format::{InodeKind, Timestamp};
 use crate::meta::Inode;
 
+/// A node's attributes, as stat(2) returns them (the inode-level form of [`Metadata`](super::Metadata)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attr {
+    /// Inode number.
     pub ino: u64,
+    /// File, directory, symlink or special file.
     pub kind: InodeKind,
     /// Permission bits (07777).
     pub mode: u32,
+    /// Owner.
     pub uid: u32,
+    /// Group.
     pub gid: u32,
+    /// Hard links.
     pub nlink: u32,
+    /// Size in bytes.
     pub size: u64,
     /// Allocated space in 512-byte units, as st_blocks.
     pub blocks_512: u64,
+    /// Last access.
     pub atime: Timestamp,
+    /// Last change of the contents.
     pub mtime: Timestamp,
+    /// Last change of the attributes or contents.
     pub ctime: Timestamp,
     /// Preferred I/O size (st_blksize): the volume's block size.
     pub block_bytes: u32,
@@ -51,7 +61,9 @@ impl Attr {
 /// A time to set: now, or a given instant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TimeSet {
+    /// The current time.
     Now,
+    /// This instant.
     At(Timestamp),
 }
 
@@ -67,18 +79,26 @@ impl TimeSet {
 /// Fields to change in `setattr`; `None` leaves a field alone.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SetAttr {
+    /// Permission bits (07777).
     pub mode: Option<u32>,
+    /// Owner.
     pub uid: Option<u32>,
+    /// Group.
     pub gid: Option<u32>,
+    /// Size: truncates or extends a regular file.
     pub size: Option<u64>,
+    /// Access time.
     pub atime: Option<TimeSet>,
+    /// Modification time.
     pub mtime: Option<TimeSet>,
 }
 
 /// Who creates a node: owner of the new inode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Owner {
+    /// User id.
     pub uid: u32,
+    /// Group id.
     pub gid: u32,
 }
 
@@ -91,24 +111,47 @@ impl Owner {
     }
 }
 
+/// One entry of a directory: a name and the node it names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntry {
+    /// The name, as bytes (any but "/" and NUL).
     pub name: Vec<u8>,
+    /// Inode number of the node it names.
     pub ino: u64,
+    /// Kind of the node it names.
     pub kind: InodeKind,
 }
+
+/// Metadata bytes one more small file takes, about: what
+/// [`StatFs::free_inodes_estimate`] divides the free metadata room by.
+const INODE_METADATA_BYTES_ESTIMATE: u64 = 256;
 
 /// Volume-wide figures, as statfs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatFs {
+    /// Block size (f_bsize).
     pub block_bytes: u32,
+    /// Blocks of the data region (f_blocks).
     pub data_blocks: u64,
     /// Blocks a new write can use: free minus delalloc reservations.
     pub available_blocks: u64,
+    /// Data blocks not in use.
     pub free_blocks: u64,
+    /// Inodes in use.
     pub inodes: u64,
+    /// Longest name (f_namemax).
     pub name_bytes_max: u32,
     /// Metadata bytes used and the checkpoint slot's capacity.
     pub metadata_bytes: u64,
+    /// Capacity of a checkpoint slot, which all metadata must fit.
     pub metadata_bytes_max: u64,
+}
+
+impl StatFs {
+    /// How many more inodes fit, about: inodes have no table here, so the
+    /// figure is the checkpoint's free metadata room over what one small
+    /// file's records take (statfs's f_ffree).
+    pub fn free_inodes_estimate(&self) -> u64 {
+        self.metadata_bytes_max.saturating_sub(self.metadata_bytes) / INODE_METADATA_BYTES_ESTIMATE
+    }
 }

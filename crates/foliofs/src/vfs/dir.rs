@@ -19,6 +19,7 @@ pub struct Dir {
 }
 
 impl Volume {
+    /// Opens directory `ino` for listing (opendir).
     pub fn open_dir(&self, ino: u64) -> Result<Dir> {
         self.shared.meta.update_memory(|state| {
             let inode =
@@ -34,10 +35,12 @@ impl Volume {
 }
 
 impl Dir {
+    /// The directory's inode number.
     pub fn ino(&self) -> u64 {
         self.ino
     }
 
+    /// The directory's attributes.
     pub fn attr(&self) -> Result<Attr> {
         self.shared.attr_of(&self.shared.meta.read(), self.ino)
     }

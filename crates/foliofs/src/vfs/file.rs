@@ -1,8 +1,11 @@
 //! Open files: handles that read and write data through the folio cache
 //! (buffered) or the direct path (O_DIRECT), blocking or asynchronously.
 
+use std::io::{self, SeekFrom};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::buffered::{self, Readahead};
 use crate::cache::InodeCache;
@@ -13,13 +16,17 @@ use crate::format::InodeKind;
 use crate::space::{self, FallocateMode, Whence};
 use crate::writeback;
 
-use super::attr::Attr;
+use super::attr::{Attr, SetAttr};
+use super::metadata::{Metadata, Permissions};
 use super::observe::ChangeEvent;
 use super::volume::{Shared, Volume};
 
+/// How an inode-level open ([`Volume::open_file`]) opens a file; the path-based calls take [`OpenOptions`](super::OpenOptions).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OpenFlags {
+    /// Reads are allowed.
     pub read: bool,
+    /// Writes are allowed.
     pub write: bool,
     /// Truncate to zero on open (needs `write`).
     pub truncate: bool,
@@ -34,6 +41,7 @@ pub struct OpenFlags {
 }
 
 impl OpenFlags {
+    /// Read only.
     pub const READ: Self = Self {
         read: true,
         write: false,
@@ -42,13 +50,17 @@ impl OpenFlags {
         direct: false,
         dsync: false,
     };
+    /// Write only.
     pub const WRITE: Self = Self { read: false, write: true, ..Self::READ };
+    /// Read and write.
     pub const READ_WRITE: Self = Self { read: true, write: true, ..Self::READ };
 
+    /// These flags with O_DIRECT.
     pub fn with_direct(self) -> Self {
         Self { direct: true, ..self }
     }
 
+    /// These flags with O_DSYNC.
     pub fn with_dsync(self) -> Self {
         Self { dsync: true, ..self }
     }
@@ -64,10 +76,14 @@ pub struct File {
     readahead: Readahead,
     /// The file's writeback error sequence as this handle last saw it.
     errors_seen: AtomicU64,
+    /// Where `std::io::Read`, `Write` and `Seek` go on (the positional
+    /// calls ignore it), as a file description's offset.
+    cursor: Mutex<u64>,
     released: bool,
 }
 
 impl Volume {
+    /// Opens regular file `ino` (truncating it with `flags.truncate`).
     pub fn open_file(&self, ino: u64, flags: OpenFlags) -> Result<File> {
         if flags.write {
             if let Some(refusal) = self.shared.meta.refusal() {
@@ -100,6 +116,7 @@ impl Volume {
             inode,
             flags,
             readahead: Readahead::default(),
+            cursor: Mutex::new(0),
             released: false,
         };
         if flags.truncate {
@@ -108,6 +125,7 @@ impl Volume {
         Ok(file)
     }
 
+    /// Opens the regular file at `path` (symlinks not followed); see [`OpenOptions::open`](super::OpenOptions::open) for the std-shaped form.
     pub fn open_path(&self, path: &str, flags: OpenFlags) -> Result<File> {
         let ino = self.resolve(path)?;
         self.open_file(ino, flags)
@@ -115,14 +133,17 @@ impl Volume {
 }
 
 impl File {
+    /// The file's inode number.
     pub fn ino(&self) -> u64 {
         self.ino
     }
 
+    /// The flags the file was opened with.
     pub fn flags(&self) -> OpenFlags {
         self.flags
     }
 
+    /// The file's attributes (fstat).
     pub fn attr(&self) -> Result<Attr> {
         self.shared.attr_of(&self.shared.meta.read(), self.ino)
     }
@@ -303,6 +324,58 @@ impl File {
         self.shared.fsync_inode(self.ino, data_only)
     }
 
+    /// Makes the file's data and metadata durable, as
+    /// `std::fs::File::sync_all` (fsync).
+    pub fn sync_all(&self) -> Result<()> {
+        self.fsync()
+    }
+
+    /// Makes the file's data durable, with the metadata needed to read it
+    /// back, as `std::fs::File::sync_data` (fdatasync).
+    pub fn sync_data(&self) -> Result<()> {
+        self.fdatasync()
+    }
+
+    /// The file's attributes, as `std::fs::File::metadata`.
+    pub fn metadata(&self) -> Result<Metadata> {
+        Ok(self.attr()?.into())
+    }
+
+    /// Sets the permission bits, as `std::fs::File::set_permissions`.
+    pub fn set_permissions(&self, permissions: Permissions) -> Result<()> {
+        let changes = SetAttr { mode: Some(permissions.mode()), ..SetAttr::default() };
+        self.shared.change_attrs(self.ino, &changes).map(drop)
+    }
+
+    /// Writes all of `data` at `pos` (at the end of file with `append`), as
+    /// `std::os::unix::fs::FileExt::write_all_at`.
+    pub fn write_all_at(&self, mut data: &[u8], mut pos: u64) -> Result<()> {
+        while !data.is_empty() {
+            let written = self.write_at(data, pos)?;
+            if written == 0 {
+                return Err(Error::io("write_all_at", io::ErrorKind::WriteZero.into()));
+            }
+            data = &data[written..];
+            pos += written as u64;
+        }
+        Ok(())
+    }
+
+    /// Fills `buffer` from `pos`, as
+    /// `std::os::unix::fs::FileExt::read_exact_at`: end of file first is an
+    /// error (ENXIO).
+    pub fn read_exact_at(&self, mut buffer: &mut [u8], mut pos: u64) -> Result<()> {
+        while !buffer.is_empty() {
+            let read = self.read_at(buffer, pos)?;
+            if read == 0 {
+                return Err(Error::PastEnd(format!("inode {} at {pos}", self.ino)));
+            }
+            buffer = &mut buffer[read..];
+            pos += read as u64;
+        }
+        Ok(())
+    }
+
     /// Closes the handle, reporting an error freeing an unlinked file.
     pub fn close(mut self) -> Result<()> {
         self.release()
@@ -337,6 +410,73 @@ impl File {
         };
         self.shared.cache.release_inode(ino, 1);
         freed.map(|_| ())
+    }
+}
+
+/// Reads at the handle's cursor and moves it, as a `std::fs::File`.
+impl io::Read for &File {
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        let mut cursor = self.cursor.lock();
+        let read = self.read_at(buffer, *cursor)?;
+        *cursor += read as u64;
+        Ok(read)
+    }
+}
+
+/// Writes at the handle's cursor (at the end of file with `append`) and
+/// moves it past the data, as a `std::fs::File`.
+impl io::Write for &File {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let mut cursor = self.cursor.lock();
+        let pos = if self.flags.append { self.attr()?.size } else { *cursor };
+        let written = self.write_at(data, pos)?;
+        *cursor = pos + written as u64;
+        Ok(written)
+    }
+
+    /// Nothing is buffered in the handle: the data is in the volume's cache
+    /// already. Durability is [`File::sync_all`]'s job.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Moves the handle's cursor, as a `std::fs::File`.
+impl io::Seek for &File {
+    fn seek(&mut self, position: SeekFrom) -> io::Result<u64> {
+        let mut cursor = self.cursor.lock();
+        let (base, delta) = match position {
+            SeekFrom::Start(offset) => (offset, 0),
+            SeekFrom::Current(delta) => (*cursor, delta),
+            SeekFrom::End(delta) => (self.attr()?.size, delta),
+        };
+        let moved = base.checked_add_signed(delta).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "seek before the start of the file")
+        })?;
+        *cursor = moved;
+        Ok(moved)
+    }
+}
+
+impl io::Read for File {
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buffer)
+    }
+}
+
+impl io::Write for File {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        (&*self).write(data)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        (&*self).flush()
+    }
+}
+
+impl io::Seek for File {
+    fn seek(&mut self, position: SeekFrom) -> io::Result<u64> {
+        (&*self).seek(position)
     }
 }
 

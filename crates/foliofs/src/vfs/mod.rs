@@ -4,21 +4,29 @@
 //! validates, then changes metadata through `MetaStore::transact` and data
 //! through the data path; it never touches the device itself.
 
+mod access;
 mod acl;
 mod attr;
 mod dir;
 mod file;
+mod metadata;
 mod namespace;
 mod observe;
+mod open_options;
+mod paths;
 mod special;
 mod volume;
 mod xattr;
 
+pub use access::{Access, Credentials};
 pub use acl::is_valid_acl;
 pub use attr::{Attr, DirEntry, Owner, SetAttr, StatFs, TimeSet};
 pub use dir::Dir;
 pub use file::{File, OpenFlags};
+pub use metadata::{FileType, Metadata, Permissions};
 pub use namespace::RenameFlags;
 pub use observe::{ChangeEvent, ChangeObserver};
+pub use open_options::OpenOptions;
+pub use paths::ReadDir;
 pub use volume::{CacheStats, FiemapExtent, MkfsOptions, Volume};
 pub use xattr::{Privilege, XattrFlags};

@@ -10,7 +10,7 @@ use crate::format::{
 use crate::meta::{MetaState, Txn};
 
 use super::attr::{Attr, DirEntry, Owner, SetAttr};
-use super::volume::Volume;
+use super::volume::{Shared, Volume};
 
 /// Most links a file may have (as ext4's EXT4_LINK_MAX).
 const LINK_COUNT_MAX: u32 = 65000;
@@ -163,6 +163,7 @@ fn is_ancestor(state: &MetaState, ancestor: u64, mut dir: u64) -> bool {
 }
 
 impl Volume {
+    /// The attributes of inode `ino` (stat).
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         self.shared.attr_of(&self.shared.meta.read(), ino)
     }
@@ -204,12 +205,14 @@ impl Volume {
         Ok(ino)
     }
 
+    /// The entries of directory `dir`, without "." and "..".
     pub fn readdir(&self, dir: u64) -> Result<Vec<DirEntry>> {
         let entries = list(&self.shared.meta.read(), dir)?;
         self.shared.accessed(dir);
         Ok(entries)
     }
 
+    /// The target of symlink `ino`.
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         let state = self.shared.meta.read();
         let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
@@ -290,14 +293,17 @@ impl Volume {
         Ok(attr)
     }
 
+    /// Creates regular file `name` in `parent` with permission bits `mode` (final: see [`Volume::creation_mode`]); EEXIST if the name is taken.
     pub fn create(&self, parent: u64, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
         self.make_node(parent, name, InodeKind::File, mode, owner, None, 0)
     }
 
+    /// Creates directory `name` in `parent`, as [`Volume::create`] a file.
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
         self.make_node(parent, name, InodeKind::Dir, mode, owner, None, 0)
     }
 
+    /// Creates symlink `name` in `parent` pointing to `target`.
     pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], owner: Owner) -> Result<Attr> {
         if target.is_empty() || target.contains(&0) {
             return Err(Error::invalid("a symlink target must be non-empty and contain no NUL"));
@@ -367,6 +373,7 @@ impl Volume {
         Ok(done)
     }
 
+    /// Removes the empty directory `name` from `parent`.
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
         self.shared.meta.transact(|txn| {
             let ino = entry_of(txn.state(), parent, name)?;
@@ -383,6 +390,7 @@ impl Volume {
         Ok(())
     }
 
+    /// Moves `name` in `parent` to `new_name` in `new_parent`, as renameat2 with `flags`; replaces what is there unless `flags` say otherwise.
     pub fn rename(
         &self,
         parent: u64,
@@ -490,30 +498,7 @@ impl Volume {
             self.shared.cache.release_inode(ino, 0);
             self.shared.changed(super::observe::ChangeEvent::from_offset(ino, size));
         }
-        let (attr, _) = self.shared.meta.transact(|txn| {
-            let mut attrs = attrs_of(txn.state(), ino)?;
-            if changes.mode.is_none()
-                && changes.uid.is_none()
-                && changes.gid.is_none()
-                && changes.atime.is_none()
-                && changes.mtime.is_none()
-            {
-                return self.shared.attr_of(txn.state(), ino);
-            }
-            let now = Timestamp::now();
-            attrs.mode = changes.mode.map_or(attrs.mode, |mode| mode & 0o7777);
-            attrs.uid = changes.uid.unwrap_or(attrs.uid);
-            attrs.gid = changes.gid.unwrap_or(attrs.gid);
-            attrs.atime = changes.atime.map_or(attrs.atime, |time| time.resolve(now));
-            attrs.mtime = changes.mtime.map_or(attrs.mtime, |time| time.resolve(now));
-            attrs.ctime = now;
-            txn.apply(Record::InodeSet { ino, attrs });
-            if changes.mode.is_some() {
-                super::acl::sync_access_acl(txn, ino, attrs.mode);
-            }
-            self.shared.attr_of(txn.state(), ino)
-        })?;
-        Ok(attr)
+        self.shared.change_attrs(ino, changes)
     }
 
     /// Takes away what a write, truncate or fallocate by `caller` must take
@@ -662,5 +647,35 @@ fn apply_rename(
     touch_dir(txn, parent, 0, now);
     if new_parent != parent {
         touch_dir(txn, new_parent, 0, now);
+    }
+}
+
+impl Shared {
+    /// `setattr` without the size: one transaction.
+    pub(super) fn change_attrs(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
+        let (attr, _) = self.meta.transact(|txn| {
+            let mut attrs = attrs_of(txn.state(), ino)?;
+            if changes.mode.is_none()
+                && changes.uid.is_none()
+                && changes.gid.is_none()
+                && changes.atime.is_none()
+                && changes.mtime.is_none()
+            {
+                return self.attr_of(txn.state(), ino);
+            }
+            let now = Timestamp::now();
+            attrs.mode = changes.mode.map_or(attrs.mode, |mode| mode & 0o7777);
+            attrs.uid = changes.uid.unwrap_or(attrs.uid);
+            attrs.gid = changes.gid.unwrap_or(attrs.gid);
+            attrs.atime = changes.atime.map_or(attrs.atime, |time| time.resolve(now));
+            attrs.mtime = changes.mtime.map_or(attrs.mtime, |time| time.resolve(now));
+            attrs.ctime = now;
+            txn.apply(Record::InodeSet { ino, attrs });
+            if changes.mode.is_some() {
+                super::acl::sync_access_acl(txn, ino, attrs.mode);
+            }
+            self.attr_of(txn.state(), ino)
+        })?;
+        Ok(attr)
     }
 }

@@ -12,8 +12,11 @@ use super::volume::{Shared, Volume};
 /// size change makes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChangeEvent {
+    /// The inode that changed.
     pub ino: u64,
+    /// First byte that changed.
     pub offset: u64,
+    /// Bytes that changed from `offset` (u64::MAX: to the end).
     pub length: u64,
     /// Reported by whichever thread completed asynchronous I/O (often one
     /// of the engine's completion threads, which other requests wait on):

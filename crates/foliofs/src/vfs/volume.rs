@@ -28,8 +28,10 @@ use super::attr::{Attr, Owner, StatFs};
 /// the kernel).
 const RELATIME_AGE_SECS: i64 = 24 * 60 * 60;
 
+/// How [`Volume::mkfs_path`] and [`Volume::format`] lay out a volume.
 #[derive(Debug, Clone, Copy)]
 pub struct MkfsOptions {
+    /// File-system block size: a power of two from 1 KiB to 64 KiB.
     pub block_bytes: u32,
     /// Journal size; by default 1/128 of the volume, at least 1 MiB.
     pub journal_bytes: Option<u64>,
@@ -224,6 +226,7 @@ impl Volume {
         Ok(superblock)
     }
 
+    /// Opens the volume in the image file or block device at `path`, replaying its journal; the image stays locked against other openers until the volume closes.
     pub fn open(path: &Path, options: &VolumeOptions) -> Result<Self> {
         let device = Device::open(path, &options.dev_options())
             .context(|| format!("open {}", path.display()))?;
@@ -271,18 +274,22 @@ impl Volume {
         Ok(Self { shared, background, flusher, closed: false })
     }
 
+    /// The volume's superblock.
     pub fn superblock(&self) -> &Superblock {
         &self.shared.superblock
     }
 
+    /// The options the volume was opened with.
     pub fn options(&self) -> &VolumeOptions {
         &self.shared.options
     }
 
+    /// What opening found and replayed.
     pub fn load_report(&self) -> LoadReport {
         self.shared.load_report
     }
 
+    /// The device under the volume (for its statistics).
     pub fn device(&self) -> &Arc<Device> {
         &self.shared.device
     }
@@ -417,7 +424,9 @@ impl Drop for Volume {
 /// Memory of the folio cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheStats {
+    /// Bytes of file data in the cache.
     pub cached_bytes: u64,
+    /// Bytes of the cache not yet written back.
     pub dirty_bytes: u64,
     /// Folios alive (cached, or still in use after being dropped from it).
     pub folios: u64,
@@ -426,16 +435,22 @@ pub struct CacheStats {
     pub memory_bytes: u64,
     /// Folio memory recycled from evicted folios, and freshly allocated.
     pub folios_reused: u64,
+    /// Folios allocated since the volume opened.
     pub folios_allocated: u64,
 }
 
 /// One extent as `fiemap` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FiemapExtent {
+    /// Byte offset in the file.
     pub logical: u64,
+    /// Byte offset on the device.
     pub physical: u64,
+    /// Length in bytes.
     pub length: u64,
+    /// Written, unwritten (preallocated) or delayed.
     pub kind: MapKind,
+    /// The file's last extent.
     pub last: bool,
 }
 

@@ -52,7 +52,9 @@ impl XattrFlags {
 /// requires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Privilege {
+    /// CAP_SYS_ADMIN: may see and change `trusted.` attributes.
     SysAdmin,
+    /// Anyone else.
     Unprivileged,
 }
 
