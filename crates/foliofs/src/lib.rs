@@ -41,6 +41,9 @@
 //! they are not a stable interface.
 
 #![warn(missing_docs)]
+// unsafe lives at the OS boundary only: `dev` (syscalls, io_uring, aligned
+// memory) and the cache's slab mappings (`cache/pool.rs`).
+#![deny(unsafe_code)]
 
 #[doc(hidden)]
 pub mod alloc;
@@ -51,6 +54,7 @@ pub mod cache;
 #[doc(hidden)]
 pub mod completion;
 #[doc(hidden)]
+#[allow(unsafe_code)]
 pub mod dev;
 #[doc(hidden)]
 pub mod direct;

@@ -164,11 +164,7 @@ impl Default for VolumeOptions {
 
 /// A quarter of physical memory, at least 64 MiB.
 fn default_cache_bytes() -> u64 {
-    // SAFETY: sysconf only reads system configuration.
-    let (pages, page_bytes) =
-        unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
-    let memory_bytes = (pages.max(0) as u64).saturating_mul(page_bytes.max(0) as u64);
-    (memory_bytes / 4).max(64 << 20)
+    (crate::dev::physical_memory_bytes() / 4).max(64 << 20)
 }
 
 impl VolumeOptions {

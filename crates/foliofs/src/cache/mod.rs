@@ -11,6 +11,7 @@
 
 mod bits;
 mod folio;
+#[allow(unsafe_code)]
 mod pool;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

@@ -15,6 +15,7 @@ mod uring;
 
 pub use aligned::{AlignedBuf, BUFFER_ALIGN_BYTES};
 pub use fault::FaultDev;
+pub(crate) use sys::{effective_ids, physical_memory_bytes};
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::path::Path;

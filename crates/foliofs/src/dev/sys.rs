@@ -399,6 +399,20 @@ where
     Ok(())
 }
 
+/// This process's effective user and group ids.
+pub(crate) fn effective_ids() -> (u32, u32) {
+    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
+    unsafe { (libc::geteuid(), libc::getegid()) }
+}
+
+/// Physical memory in bytes (0 if the system does not say).
+pub(crate) fn physical_memory_bytes() -> u64 {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page_bytes) =
+        unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    (pages.max(0) as u64).saturating_mul(page_bytes.max(0) as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -105,8 +105,7 @@ pub struct Owner {
 impl Owner {
     /// The effective user and group of this process.
     pub fn current() -> Self {
-        // SAFETY: geteuid and getegid have no preconditions and cannot fail.
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let (uid, gid) = crate::dev::effective_ids();
         Self { uid, gid }
     }
 }
