@@ -107,10 +107,11 @@ impl FolioFs {
         Arc::clone(&self.notifier)
     }
 
-    fn reply_entry(&self, reply: ReplyEntry, result: foliofs::Result<Attr>) {
+    /// Replies to an `operation` that makes a node with its entry or errno.
+    fn reply_entry(&self, operation: &str, reply: ReplyEntry, result: foliofs::Result<Attr>) {
         match result {
             Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), Generation(0)),
-            Err(error) => reply.error(self.failed("lookup", &error)),
+            Err(error) => reply.error(self.failed(operation, &error)),
         }
     }
 
@@ -421,7 +422,7 @@ impl Filesystem for FolioFs {
         };
         let mode = self.volume.creation_mode(parent.0, mode, umask) & 0o7777;
         let result = self.volume.mknod(parent.0, name_bytes(name), kind, mode, rdev, owner(req));
-        self.reply_entry(reply, result);
+        self.reply_entry("mknod", reply, result);
     }
 
     fn mkdir(
@@ -435,7 +436,7 @@ impl Filesystem for FolioFs {
     ) {
         let mode = self.volume.creation_mode(parent.0, mode, umask);
         let result = self.volume.mkdir(parent.0, name_bytes(name), mode, owner(req));
-        self.reply_entry(reply, result);
+        self.reply_entry("mkdir", reply, result);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -466,7 +467,7 @@ impl Filesystem for FolioFs {
             target.as_os_str().as_bytes(),
             owner(req),
         );
-        self.reply_entry(reply, result);
+        self.reply_entry("symlink", reply, result);
     }
 
     fn rename(
@@ -504,7 +505,7 @@ impl Filesystem for FolioFs {
         reply: ReplyEntry,
     ) {
         let result = self.volume.link(ino.0, newparent.0, name_bytes(newname));
-        self.reply_entry(reply, result);
+        self.reply_entry("link", reply, result);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: fuser::OpenFlags, reply: ReplyOpen) {
