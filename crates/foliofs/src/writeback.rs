@@ -504,19 +504,16 @@ pub fn balance_dirty(engine: &Engine, inode: &InodeCache) {
 /// The background flusher: every `interval_ms` (0: only when woken), or when
 /// dirty data passes the background threshold or memory runs short, writes
 /// back every dirty file.
-pub fn spawn_flusher(engine: Weak<Engine>, interval_ms: u64) -> JoinHandle<()> {
+pub fn spawn_flusher(engine: Weak<Engine>, interval_ms: u64) -> std::io::Result<JoinHandle<()>> {
     let interval = (interval_ms > 0).then(|| Duration::from_millis(interval_ms));
-    std::thread::Builder::new()
-        .name("foliofs-flush".into())
-        .spawn(move || loop {
-            let Some(engine) = engine.upgrade() else { return };
-            if !engine.cache.flusher_wait(interval) {
-                return;
-            }
-            if let Err(error) = write_back_all(&engine) {
-                tracing::error!("background writeback: {error}");
-            }
-            engine.cache.note_progress();
-        })
-        .expect("spawn the flusher")
+    std::thread::Builder::new().name("foliofs-flush".into()).spawn(move || loop {
+        let Some(engine) = engine.upgrade() else { return };
+        if !engine.cache.flusher_wait(interval) {
+            return;
+        }
+        if let Err(error) = write_back_all(&engine) {
+            tracing::error!("background writeback: {error}");
+        }
+        engine.cache.note_progress();
+    })
 }

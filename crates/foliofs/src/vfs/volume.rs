@@ -266,11 +266,19 @@ impl Volume {
         if !options.read_only {
             free_orphans(&shared)?;
         }
+        // A thread that cannot be had (resource limits) fails the open; the
+        // threads already started end when `shared` goes with the error.
         let background = (!options.read_only && options.commit_interval_ms > 0)
-            .then(|| spawn_background(Arc::downgrade(&shared), options.commit_interval_ms));
-        let flusher = (!options.read_only).then(|| {
-            writeback::spawn_flusher(Arc::downgrade(&shared.engine), options.writeback_interval_ms)
-        });
+            .then(|| spawn_background(Arc::downgrade(&shared), options.commit_interval_ms))
+            .transpose()
+            .map_err(|error| Error::io("starting the background commit thread", error))?;
+        let flusher = (!options.read_only)
+            .then(|| {
+                let engine = Arc::downgrade(&shared.engine);
+                writeback::spawn_flusher(engine, options.writeback_interval_ms)
+            })
+            .transpose()
+            .map_err(|error| Error::io("starting the writeback thread", error))?;
         Ok(Self { shared, background, flusher, closed: false })
     }
 
@@ -487,27 +495,24 @@ fn free_orphans(shared: &Shared) -> Result<()> {
 }
 
 /// Commits the journal every `interval_ms` and checkpoints when it fills.
-fn spawn_background(shared: Weak<Shared>, interval_ms: u64) -> JoinHandle<()> {
-    std::thread::Builder::new()
-        .name("foliofs-commit".into())
-        .spawn(move || loop {
-            let Some(shared) = shared.upgrade() else {
+fn spawn_background(shared: Weak<Shared>, interval_ms: u64) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new().name("foliofs-commit".into()).spawn(move || loop {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        {
+            let mut stop = shared.stop.lock();
+            if !*stop {
+                shared.stop_signal.wait_for(&mut stop, Duration::from_millis(interval_ms));
+            }
+            if *stop {
                 return;
-            };
-            {
-                let mut stop = shared.stop.lock();
-                if !*stop {
-                    shared.stop_signal.wait_for(&mut stop, Duration::from_millis(interval_ms));
-                }
-                if *stop {
-                    return;
-                }
             }
-            if let Err(error) =
-                shared.meta.commit_all().and_then(|()| shared.meta.checkpoint_if_due().map(|_| ()))
-            {
-                tracing::error!("background commit: {error}");
-            }
-        })
-        .expect("spawn the background committer")
+        }
+        if let Err(error) =
+            shared.meta.commit_all().and_then(|()| shared.meta.checkpoint_if_due().map(|_| ()))
+        {
+            tracing::error!("background commit: {error}");
+        }
+    })
 }
