@@ -161,12 +161,10 @@ impl From<Error> for io::Error {
     }
 }
 
-/// So `?` takes `std::io` results (from `std::io::Read` on a [`File`]) in
+/// So `?` takes `std::io` results (from `std::io::Read` on a `File`) in
 /// functions returning this crate's [`Result`]: an error that began as one
 /// of ours comes back as it was, with its errno; any other becomes
 /// [`Error::Io`].
-///
-/// [`File`]: crate::File
 impl From<io::Error> for Error {
     fn from(error: io::Error) -> Self {
         match error.downcast::<Error>() {
