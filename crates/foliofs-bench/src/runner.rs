@@ -23,7 +23,6 @@ use rand::{RngExt, SeedableRng};
 use crate::jobfile::{JobSpec, SyncMode};
 use crate::latency::Latencies;
 
-const ROOT_INO: u64 = 1;
 /// Bytes per request when laying out or pre-reading a file.
 const LAYOUT_CHUNK_BYTES: usize = 1 << 20;
 
@@ -271,7 +270,7 @@ fn prepare_file(volume: &Volume, spec: &JobSpec, path: &str) -> anyhow::Result<u
 }
 
 fn create_with_parents(volume: &Volume, path: &str) -> anyhow::Result<u64> {
-    let mut dir = ROOT_INO;
+    let mut dir = foliofs::ROOT_INO;
     let components: Vec<&str> = path.split('/').filter(|part| !part.is_empty()).collect();
     let (name, parents) = components.split_last().ok_or_else(|| anyhow!("empty file name"))?;
     for part in parents {

@@ -26,7 +26,7 @@ use foliofs::vfs::MkfsOptions;
 use foliofs::{Owner, Volume, VolumeOptions};
 
 /// The root directory's inode number.
-pub const ROOT: u64 = 1;
+pub const ROOT: u64 = foliofs::ROOT_INO;
 
 /// The byte every device starts filled with: a block whose data write was
 /// lost shows it, so a file exposing unwritten space cannot pass as zeros.

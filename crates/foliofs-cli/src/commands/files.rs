@@ -14,7 +14,6 @@ use crate::image_path::ImagePath;
 
 /// Bytes moved per read/write call when copying.
 const COPY_CHUNK_BYTES: usize = 1 << 20;
-const ROOT_INO: u64 = 1;
 
 fn open_read_only(image: &Path, options: &VolumeOptions) -> anyhow::Result<Volume> {
     let options = VolumeOptions { read_only: true, commit_interval_ms: 0, ..options.clone() };
@@ -113,7 +112,7 @@ fn copy_file_out(file: &foliofs::File, output: &mut impl Write) -> anyhow::Resul
 pub fn mkdir(target: &str, parents: bool, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
     let target = ImagePath::require(target)?;
     let volume = open_writable(&target.image, options)?;
-    let mut dir = ROOT_INO;
+    let mut dir = foliofs::ROOT_INO;
     let components: Vec<&str> = target.path.split('/').filter(|part| !part.is_empty()).collect();
     for (index, component) in components.iter().enumerate() {
         let last = index + 1 == components.len();

@@ -8,7 +8,7 @@ use foliofs::dev::{Device, FaultDev, FuaMode};
 use foliofs::vfs::MkfsOptions;
 use foliofs::{Owner, Volume, VolumeOptions};
 
-pub const ROOT: u64 = 1;
+pub const ROOT: u64 = foliofs::ROOT_INO;
 
 /// The block sizes the suite runs on: the smallest, the common one and the
 /// largest the format allows.
