@@ -22,7 +22,34 @@ pub fn skip_requested() -> bool {
         return true;
     }
     assert!(Path::new("/dev/fuse").exists(), "this test needs /dev/fuse (modprobe fuse)");
+    if let Err(why) = transport_ready() {
+        eprintln!("FOLIOFS_TRANSPORT={}: mount test skipped: {why}", transport());
+        return true;
+    }
     false
+}
+
+/// The transport the mount tests use: FOLIOFS_TRANSPORT=uring (the
+/// default) or dev.
+pub fn transport() -> &'static str {
+    match std::env::var("FOLIOFS_TRANSPORT").as_deref() {
+        Ok("dev") => "dev",
+        Ok("uring") | Err(_) => "uring",
+        Ok(other) => panic!("FOLIOFS_TRANSPORT={other}: expected uring or dev"),
+    }
+}
+
+/// For io_uring: the kernel's switch is on (turned on here as root).
+fn transport_ready() -> Result<(), String> {
+    if transport() == "dev" {
+        return Ok(());
+    }
+    foliofs_fuse::transport::enable_kernel_uring().map(drop).map_err(|error| {
+        format!(
+            "the kernel does not offer FUSE over io_uring ({}: {error})",
+            foliofs_fuse::transport::ENABLE_URING_PARAMETER
+        )
+    })
 }
 
 fn is_mounted(point: &Path) -> bool {
@@ -49,8 +76,11 @@ impl InProcessMount {
         let point = point.canonicalize().unwrap();
         let mkfs = MkfsOptions::default();
         Volume::mkfs_path(&image, Some(size_bytes), &mkfs, &VolumeOptions::default()).unwrap();
-        let options = MountOptions::parse(options).unwrap();
+        let options = format!("{options},transport={}", transport());
+        let options = MountOptions::parse(&options).unwrap();
         let mut mount = Mount::new(&image, &point, &options).unwrap();
+        let uring = matches!(mount.transport(), foliofs_fuse::transport::LiveTransport::IoUring(_));
+        assert_eq!(uring, transport() == "uring", "live transport: {:?}", mount.transport());
         let volume = Arc::clone(mount.volume());
         let unmounter = mount.unmounter();
         let server = std::thread::spawn(move || mount.run());
