@@ -383,6 +383,8 @@ pub(crate) struct RingThread {
     wake_value: Box<u64>,
     /// For the rare request whose headers would leave the payload unaligned.
     scratch: Vec<u64>,
+    /// The commits being submitted, swapped with the shared list.
+    commit_batch: Vec<(u16, u64)>,
     live_entries: usize,
 }
 
@@ -476,6 +478,7 @@ impl RingThread {
             iovecs,
             wake_value: Box::new(0),
             scratch: Vec::new(),
+            commit_batch: Vec::with_capacity(entries),
             live_entries: entries,
         })
     }
@@ -607,8 +610,10 @@ impl RingThread {
                 debug!("io_uring queue {}: every entry ended", self.shared.qid);
                 return Ok(());
             }
-            let commits = std::mem::take(&mut *self.shared.commits.lock());
-            for (index, unique) in commits {
+            // Swapped with a spare list, so neither side allocates again.
+            std::mem::swap(&mut *self.shared.commits.lock(), &mut self.commit_batch);
+            let mut commits = std::mem::take(&mut self.commit_batch);
+            for (index, unique) in commits.drain(..) {
                 let commit = self.command(
                     usize::from(index),
                     FUSE_IO_URING_CMD_COMMIT_AND_FETCH,
@@ -616,6 +621,7 @@ impl RingThread {
                 );
                 self.push(&commit)?;
             }
+            self.commit_batch = commits;
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(error) if error.raw_os_error() == Some(libc::EINTR) => {}
