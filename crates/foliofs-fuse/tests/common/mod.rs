@@ -59,7 +59,8 @@ fn is_mounted(point: &Path) -> bool {
 }
 
 pub struct InProcessMount {
-    _dir: tempfile::TempDir,
+    dir: Option<tempfile::TempDir>,
+    pub image: PathBuf,
     pub point: PathBuf,
     pub volume: Arc<Volume>,
     unmounter: foliofs_fuse::Unmounter,
@@ -89,7 +90,7 @@ impl InProcessMount {
             assert!(started.elapsed() < Duration::from_secs(20), "mount did not appear");
             std::thread::sleep(Duration::from_millis(10));
         }
-        Self { _dir: dir, point, volume, unmounter, server: Some(server) }
+        Self { dir: Some(dir), image, point, volume, unmounter, server: Some(server) }
     }
 
     /// Unmounts (retrying while a file just closed is still busy) and checks
@@ -102,6 +103,35 @@ impl InProcessMount {
         }
         let server = self.server.take().unwrap();
         server.join().unwrap().unwrap();
+    }
+}
+
+impl InProcessMount {
+    /// `umount -f` (the kernel aborts the connection, whatever is in
+    /// flight; the mount stays while files are open, so it is then detached
+    /// with `umount -l`), then waits for serving to end (at most `timeout`) and the
+    /// volume to close; returns the image, closed, for checking (it lives
+    /// as long as the directory returned with it).
+    pub fn force_unmount(mut self, timeout: Duration) -> (tempfile::TempDir, PathBuf) {
+        let umount = |flag: &str| {
+            std::process::Command::new("umount").arg(flag).arg(&self.point).status().unwrap()
+        };
+        if !umount("-f").success() {
+            assert!(umount("-l").success(), "umount -l failed");
+        }
+        let server = self.server.take().unwrap();
+        let started = Instant::now();
+        while !server.is_finished() {
+            assert!(started.elapsed() < timeout, "serving did not end after umount -f");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The session may report the aborted connection.
+        let _ = server.join().unwrap();
+        let dir = self.dir.take().unwrap();
+        let image = self.image.clone();
+        // The last reference to the volume: it closes.
+        drop(self);
+        (dir, image)
     }
 }
 
