@@ -530,7 +530,11 @@ impl RingThread {
             if unsafe { self.ring.submission().push(entry) }.is_ok() {
                 return Ok(());
             }
-            self.ring.submit()?;
+            match self.ring.submit() {
+                Ok(_) => {}
+                Err(error) if is_transient(&error) => {}
+                Err(error) => return Err(error),
+            }
         }
     }
 
@@ -624,7 +628,7 @@ impl RingThread {
             self.commit_batch = commits;
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
-                Err(error) if error.raw_os_error() == Some(libc::EINTR) => {}
+                Err(error) if is_transient(&error) => {}
                 Err(error) => return Err(error),
             }
             arrived.extend(
@@ -753,6 +757,15 @@ impl RingThread {
             shared.queue_commit(index as u16, unique);
         }
     }
+}
+
+/// io_uring_enter failures worth another try: a signal, or completions to
+/// reap first (the loop reaps them before it enters again).
+fn is_transient(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+    )
 }
 
 fn error_header(unique: u64, errno: i32) -> [u8; OUT_HEADER_BYTES] {
