@@ -240,7 +240,9 @@ impl Lab<'_> {
     }
 
     /// The engine mounted through FUSE on a fresh volume, the job run by real
-    /// fio on the mount: the in-process row plus the kernel crossing.
+    /// fio on the mount: the in-process row plus the kernel crossing. One row
+    /// per transport: `label` over io_uring (`foliofs mount` turns the
+    /// kernel's switch on as root), `label dev` over /dev/fuse.
     fn fuse(
         &self,
         label: &str,
@@ -252,27 +254,31 @@ impl Lab<'_> {
         else {
             return Ok(());
         };
-        // mkfs takes the engine's options; the mount gets the extras too
-        // (some, such as page_cache, are mount options).
-        let options = self.options.volume_options.clone();
-        let mount_options = [self.options.volume_options_text.as_str(), extra_options]
-            .iter()
-            .filter(|part| !part.is_empty())
-            .copied()
-            .collect::<Vec<_>>()
-            .join(",");
-        let mount_point =
-            self.options.work_dir.join(format!("foliofs-fuse-{}", std::process::id()));
-        let row = self.repeat(label, || {
-            let mkfs = MkfsOptions { block_bytes: 4096, ..MkfsOptions::default() };
-            Volume::mkfs_path(&self.image, None, &mkfs, &options)?;
-            let mounted = FuseMount::start(program, &self.image, &mount_point, &mount_options)?;
-            let row = fio_row(label, &mounted.mount, &|| mounted.bytes_written(), command);
-            mounted.stop()?;
-            row
-        });
-        let _ = std::fs::remove_dir(&mount_point);
-        rows.push(row?);
+        for (suffix, transport) in FUSE_TRANSPORTS {
+            // mkfs takes the engine's options; the mount gets the extras too
+            // (some, such as page_cache, are mount options).
+            let options = self.options.volume_options.clone();
+            let mount_options =
+                [self.options.volume_options_text.as_str(), extra_options, transport]
+                    .iter()
+                    .filter(|part| !part.is_empty())
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(",");
+            let mount_point =
+                self.options.work_dir.join(format!("foliofs-fuse-{}", std::process::id()));
+            let label = format!("{label}{suffix}");
+            let row = self.repeat(&label, || {
+                let mkfs = MkfsOptions { block_bytes: 4096, ..MkfsOptions::default() };
+                Volume::mkfs_path(&self.image, None, &mkfs, &options)?;
+                let mounted = FuseMount::start(program, &self.image, &mount_point, &mount_options)?;
+                let row = fio_row(&label, &mounted.mount, &|| mounted.bytes_written(), command);
+                mounted.stop()?;
+                row
+            });
+            let _ = std::fs::remove_dir(&mount_point);
+            rows.push(row?);
+        }
         Ok(())
     }
 
@@ -289,6 +295,9 @@ impl Lab<'_> {
         Ok(median_row(runs))
     }
 }
+
+/// The FUSE transports each mount row runs on: (label suffix, mount option).
+const FUSE_TRANSPORTS: [(&str, &str); 2] = [("", "transport=uring"), (" dev", "transport=dev")];
 
 fn spec(command: &str) -> anyhow::Result<JobSpec> {
     let words: Vec<&str> = command.split_whitespace().collect();
@@ -555,10 +564,14 @@ fn seed_003(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
              --filename=/fio --group_reporting",
             scale.seed_003_size, scale.runtime
         );
-        let rows = vec![
+        let mut rows = vec![
             lab.engine("fua=native", &command, "fua=native")?,
             lab.engine("fua=emulate", &command, "fua=emulate")?,
         ];
+        // One FUA write per O_DSYNC write through the mount is checked by
+        // foliofs-fuse's tests/dsync_writes.rs (the daemon's counters are
+        // not visible from here); these rows give its speed.
+        lab.fuse("foliofs fuse", &command, "fua=native", &mut rows)?;
         let group = Group {
             name: format!("4 KiB O_DSYNC writes, iodepth {iodepth}, {numjobs} jobs"),
             command,
@@ -714,12 +727,14 @@ fn seeds(scale: &Scale) -> anyhow::Result<Vec<(&'static str, SeedFn, u64)>> {
 pub fn planned_rows(options: &SeedOptions) -> usize {
     let selected = |id: &str| options.only.is_empty() || options.only.iter().any(|only| only == id);
     let peers = if options.peers { 2 } else { 0 };
-    let fuse = usize::from(options.peers && options.mount_program.is_some());
+    let fuse_on = usize::from(options.peers && options.mount_program.is_some());
+    // Rows per FUSE configuration: one per transport.
+    let fuse = fuse_on * FUSE_TRANSPORTS.len();
     let rows = [
         ("000", 3 + peers + fuse),
         ("001", 2 + peers),
-        ("002", 4 * (2 + peers + fuse) + fuse * (2 + peers)),
-        ("003", 6),
+        ("002", 4 * (2 + peers + fuse) + fuse_on * (1 + peers + fuse)),
+        ("003", 3 * (2 + fuse)),
         ("004", 6 * (3 + peers + 2 * fuse) + 2),
     ];
     rows.iter().filter(|(id, _)| selected(id)).map(|(_, count)| count * options.reps.max(1)).sum()

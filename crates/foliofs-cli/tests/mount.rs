@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod transport;
+
 const FOLIOFS: &str = env!("CARGO_BIN_EXE_foliofs");
 
 fn skip_requested() -> bool {
@@ -22,7 +24,7 @@ fn skip_requested() -> bool {
         eprintln!("FOLIOFS_SKIP_MOUNT_TESTS=1: mount test skipped");
         return true;
     }
-    false
+    transport::skip_unavailable()
 }
 
 fn require(tools: &[&str]) {
@@ -116,8 +118,9 @@ impl Mounted {
     /// Starts `foliofs mount -f` and waits for the mount to appear.
     fn mount(&mut self, options: &str) {
         assert!(self.daemon.is_none(), "already mounted");
+        let options = transport::with(options);
         let mut daemon = Command::new(FOLIOFS)
-            .args(["mount", "-f", "-o", options])
+            .args(["mount", "-f", "-o", &options])
             .arg(&self.image)
             .arg(&self.point)
             .stdin(Stdio::null())
@@ -757,7 +760,7 @@ impl Background {
     /// `foliofs mount IMAGE MOUNTPOINT -o log=...,OPTIONS` (or the same
     /// through `program`, the helper name); returns once mounted.
     fn mount_with(&self, program: &Path, options: &str) -> Output {
-        let options = format!("log={},{options}", self.log.display());
+        let options = transport::with(&format!("log={},{options}", self.log.display()));
         let mut command = Command::new(program);
         if program == Path::new(FOLIOFS) {
             command.arg("mount");

@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod transport;
+
 const FOLIOFS: &str = env!("CARGO_BIN_EXE_foliofs");
 
 /// The unprivileged user the tests act as (nobody:nogroup).
@@ -28,7 +30,7 @@ fn skip_requested() -> bool {
     assert!(Path::new("/dev/fuse").exists(), "mount tests need /dev/fuse (modprobe fuse)");
     // SAFETY: geteuid has no preconditions and cannot fail.
     assert_eq!(unsafe { libc::geteuid() }, 0, "these mount tests act as another user: run as root");
-    false
+    transport::skip_unavailable()
 }
 
 fn checked(output: Output, what: &str) -> String {
@@ -85,6 +87,7 @@ impl Mounted {
 
     fn mount(&mut self, options: &str) {
         let options = format!("allow_other{}{options}", if options.is_empty() { "" } else { "," });
+        let options = transport::with(&options);
         let mut daemon = Command::new(FOLIOFS)
             .args(["mount", "-f", "-o", &options])
             .arg(self.dir.path().join("vol.img"))

@@ -22,9 +22,10 @@ mod in_flight;
 mod invalidate;
 mod mount_options;
 mod mounting;
+pub mod transport;
 
 pub use adapter::FolioFs;
-pub use mount_options::{MountOptions, PageCacheUse, MOUNT_OPTION_KEYS};
+pub use mount_options::{MountOptions, PageCacheUse, Transport, MOUNT_OPTION_KEYS};
 pub use mounting::{bind_if_mounted, remount, RemountWatcher, Unmounter};
 
 use std::path::Path;
@@ -38,6 +39,7 @@ pub struct Mount {
     volume: Arc<Volume>,
     unmounter: Unmounter,
     watcher: Option<RemountWatcher>,
+    transport: transport::LiveTransport,
 }
 
 impl Mount {
@@ -75,8 +77,19 @@ impl Mount {
             Err(error) => return Err(failed(error)),
         };
         let _ = notifier.set(session.notifier());
+        let transport = session.transport();
+        tracing::info!(
+            "{}: requests travel by {}",
+            mountpoint.display(),
+            transport::describe(&transport)
+        );
         let watcher = RemountWatcher::start(mountpoint, Arc::downgrade(&volume));
-        Ok(Self { session, volume, unmounter, watcher })
+        Ok(Self { session, volume, unmounter, watcher, transport })
+    }
+
+    /// The transport INIT settled on (io_uring, or /dev/fuse and why).
+    pub fn transport(&self) -> &transport::LiveTransport {
+        &self.transport
     }
 
     /// The mounted volume, for callers that watch it while it is served
@@ -94,7 +107,7 @@ impl Mount {
     /// Serves requests until the file system is unmounted, then writes back
     /// and closes the volume, reporting what that finds.
     pub fn run(self) -> foliofs::Result<()> {
-        let Self { session, volume, unmounter, watcher } = self;
+        let Self { session, volume, unmounter, watcher, transport: _ } = self;
         let served = session.run();
         unmounter.session_ended();
         drop(watcher);

@@ -29,18 +29,37 @@ use crate::reply::ReplySender;
 use crate::session::SessionACL;
 use crate::session::SessionEventLoop;
 
+/// Where the reply to a request goes: the /dev/fuse channel it was read
+/// from, or the io_uring entry it arrived in.
+#[derive(Clone, Debug)]
+pub(crate) enum ReplyTo {
+    Channel(ChannelSender),
+    #[cfg(target_os = "linux")]
+    Uring(crate::uring::EntrySender),
+}
+
+impl ReplyTo {
+    fn reply_sender(&self) -> ReplySender {
+        match self {
+            ReplyTo::Channel(sender) => ReplySender::Channel(sender.clone()),
+            #[cfg(target_os = "linux")]
+            ReplyTo::Uring(sender) => ReplySender::Uring(sender.clone()),
+        }
+    }
+}
+
 /// Request data structure
 #[derive(Debug)]
 pub(crate) struct RequestWithSender<'a> {
-    /// Channel sender for sending the reply
-    ch: ChannelSender,
+    /// Where the reply goes
+    ch: ReplyTo,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
 
 impl<'a> RequestWithSender<'a> {
     /// Create a new request from the given data
-    pub(crate) fn new(ch: ChannelSender, data: &'a [u8]) -> Option<RequestWithSender<'a>> {
+    pub(crate) fn new(ch: ReplyTo, data: &'a [u8]) -> Option<RequestWithSender<'a>> {
         let request = match ll::AnyRequest::try_from(data) {
             Ok(request) => request,
             Err(err) => {
@@ -304,7 +323,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectory::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.ch.reply_sender(),
                         x.size() as usize,
                     ),
                 );
@@ -479,7 +498,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.ch.reply_sender(),
                         x.size() as usize,
                     ),
                 );
@@ -552,7 +571,7 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.ch.reply_sender())
     }
 
     /// Returns a Request reference for this request

@@ -47,6 +47,7 @@ use crate::read_buf::FuseReadBuf;
 use crate::reply::Reply;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
+use crate::request::ReplyTo;
 use crate::request::RequestWithSender;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
@@ -139,6 +140,35 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// The io_uring transport, when INIT negotiated it.
+    #[cfg(target_os = "linux")]
+    uring: Option<UringSession<FS>>,
+    /// Why requests are served from /dev/fuse although io_uring was asked for.
+    uring_declined: Option<String>,
+}
+
+/// The ring threads of a session: registered, waiting for the event loop.
+#[cfg(target_os = "linux")]
+#[derive(Debug)]
+struct UringSession<FS: Filesystem> {
+    info: crate::uring::IoUringInfo,
+    starts: Vec<std::sync::mpsc::Sender<SessionEventLoop<FS>>>,
+    threads: Vec<JoinHandle<io::Result<()>>>,
+    /// Some entries failed to register: the kernel then falls back to
+    /// /dev/fuse, so the session serves it with every thread.
+    registration_failed: bool,
+}
+
+/// Which transport carries a session's requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    /// Per-CPU io_uring queues (FORGET, INTERRUPT and notifications still
+    /// use /dev/fuse).
+    #[cfg(target_os = "linux")]
+    IoUring(crate::uring::IoUringInfo),
+    /// read(2)/write(2) on /dev/fuse; with the reason when io_uring was
+    /// asked for but is not in use.
+    DevFuse(Option<String>),
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +216,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            #[cfg(target_os = "linux")]
+            uring: None,
+            uring_declined: None,
         };
 
         session.handshake()?;
@@ -214,6 +247,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            #[cfg(target_os = "linux")]
+            uring: None,
+            uring_declined: None,
         };
 
         session.handshake()?;
@@ -252,9 +288,12 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            #[cfg(target_os = "linux")]
+            uring,
+            uring_declined: _,
         } = self;
 
-        let n_threads = config.n_threads.unwrap_or(1);
+        let mut n_threads = config.n_threads.unwrap_or(1);
 
         if !cfg!(target_os = "linux") && n_threads != 1 {
             // TODO: check whether it works on macOS/FreeBSD and enable if it works.
@@ -263,11 +302,33 @@ impl<FS: Filesystem> Session<FS> {
             ));
         }
 
-        let Some(n_threads_minus_one) = n_threads.checked_sub(1) else {
+        if n_threads == 0 {
             return Err(io::Error::other("n_threads"));
-        };
+        }
 
         let mut filesystem = Arc::new(filesystem);
+
+        // With io_uring, /dev/fuse carries only FORGET and INTERRUPT: one
+        // reader is enough.
+        #[cfg(target_os = "linux")]
+        let mut ring_threads = Vec::new();
+        #[cfg(target_os = "linux")]
+        if let Some(uring) = uring {
+            for (i, start) in uring.starts.into_iter().enumerate() {
+                let _ = start.send(SessionEventLoop {
+                    thread_name: format!("fuser-ring-{i}"),
+                    filesystem: filesystem.clone(),
+                    ch: ch.clone(),
+                    allowed,
+                    session_owner,
+                });
+            }
+            ring_threads = uring.threads;
+            if !uring.registration_failed {
+                n_threads = 1;
+            }
+        }
+        let n_threads_minus_one = n_threads - 1;
 
         let mut channels = Vec::with_capacity(n_threads);
 
@@ -305,6 +366,9 @@ impl<FS: Filesystem> Session<FS> {
                     .spawn(move || event_loop.event_loop())?,
             );
         }
+
+        #[cfg(target_os = "linux")]
+        threads.extend(ring_threads);
 
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
@@ -469,12 +533,105 @@ impl<FS: Filesystem> Session<FS> {
                 config.max_write
             );
 
+            // Never accept io_uring without rings to serve it: the kernel
+            // would hold every request until all queues are registered.
+            config.requested.remove(InitFlags::FUSE_OVER_IO_URING);
+            #[cfg(target_os = "linux")]
+            let rings = self.plan_io_uring(&init, &mut config);
+
             let response = init.reply(&config);
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                 .send_ll(&response);
 
+            #[cfg(target_os = "linux")]
+            if let Some(rings) = rings {
+                self.start_io_uring(rings)?;
+            }
             return Ok(());
         }
+    }
+
+    /// Builds the rings before INIT is answered, so that a failure can still
+    /// decline the capability; asks for it when they are built.
+    #[cfg(target_os = "linux")]
+    fn plan_io_uring(
+        &mut self,
+        init: &ll::request::Init<'_>,
+        config: &mut KernelConfig,
+    ) -> Option<crate::uring::RingPlan> {
+        let queue_depth = self.config.io_uring_queue_depth?;
+        if !init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING) {
+            self.uring_declined = Some(
+                "the kernel does not offer FUSE over io_uring (needs Linux 6.14+ and \
+                 /sys/module/fuse/parameters/enable_uring set to Y)"
+                    .to_string(),
+            );
+            return None;
+        }
+        let page_bytes = page_size::get();
+        // The kernel's smallest accepted payload: max(8 KiB, max_write,
+        // max_pages pages), max_pages at least its default of 32.
+        let payload_bytes = (config.max_write as usize)
+            .max(usize::from(config.max_pages()) * page_bytes)
+            .max(32 * page_bytes);
+        let threads = self.config.n_threads.unwrap_or(1);
+        match crate::uring::build_rings(&self.ch, usize::from(queue_depth), threads, payload_bytes)
+        {
+            Ok(rings) => {
+                config.requested |= InitFlags::FUSE_OVER_IO_URING;
+                Some(rings)
+            }
+            Err(error) => {
+                self.uring_declined = Some(format!("setting up io_uring failed: {error}"));
+                None
+            }
+        }
+    }
+
+    /// Starts the ring threads (INIT is answered, so the kernel accepts
+    /// registrations) and waits until each has registered its entries.
+    #[cfg(target_os = "linux")]
+    fn start_io_uring(&mut self, rings: crate::uring::RingPlan) -> io::Result<()> {
+        let (registered_tx, registered_rx) = std::sync::mpsc::channel();
+        let mut starts = Vec::with_capacity(rings.threads.len());
+        let mut threads = Vec::with_capacity(rings.threads.len());
+        for (i, ring) in rings.threads.into_iter().enumerate() {
+            let (start_tx, start_rx) = std::sync::mpsc::channel();
+            threads.push(ring.spawn(format!("fuser-ring-{i}"), registered_tx.clone(), start_rx)?);
+            starts.push(start_tx);
+        }
+        drop(registered_tx);
+        let mut failure = None;
+        for report in registered_rx.iter().take(threads.len()) {
+            if let Err(why) = report {
+                failure.get_or_insert(why);
+            }
+        }
+        let registration_failed = failure.is_some();
+        if let Some(why) = failure {
+            error!("FUSE over io_uring: {why}; serving /dev/fuse instead");
+            self.uring_declined = Some(format!("registering the io_uring queues failed: {why}"));
+        }
+        self.uring = Some(UringSession {
+            info: rings.info,
+            starts,
+            threads,
+            registration_failed,
+        });
+        Ok(())
+    }
+
+    /// Which transport carries the requests (known once INIT is answered).
+    pub fn transport(&self) -> Transport {
+        #[cfg(target_os = "linux")]
+        if let Some(uring) = self
+            .uring
+            .as_ref()
+            .filter(|uring| !uring.registration_failed)
+        {
+            return Transport::IoUring(uring.info);
+        }
+        Transport::DevFuse(self.uring_declined.clone())
     }
 
     /// Unmount the filesystem
@@ -530,24 +687,26 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
-                Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
-                    // Dispatch request
-                    Some(req) => {
-                        if let Ok(Operation::Destroy(_)) = req.request.operation() {
-                            req.reply::<ReplyEmpty>().ok();
-                            return Ok(());
-                        } else {
-                            req.dispatch(self)
+                Ok(size) => {
+                    match RequestWithSender::new(ReplyTo::Channel(self.ch.sender()), &buf[..size]) {
+                        // Dispatch request
+                        Some(req) => {
+                            if let Ok(Operation::Destroy(_)) = req.request.operation() {
+                                req.reply::<ReplyEmpty>().ok();
+                                return Ok(());
+                            } else {
+                                req.dispatch(self)
+                            }
+                        }
+                        // Quit loop on illegal request
+                        None => {
+                            return Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                "Invalid request",
+                            ));
                         }
                     }
-                    // Quit loop on illegal request
-                    None => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "Invalid request",
-                        ));
-                    }
-                },
+                }
                 Err(nix::errno::Errno::ENODEV) => return Ok(()),
                 Err(err) => return Err(err.into()),
             }

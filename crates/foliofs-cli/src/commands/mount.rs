@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use anyhow::{bail, Context};
-use foliofs_fuse::{Mount, MountOptions, Unmounter};
+use foliofs_fuse::{Mount, MountOptions, Transport, Unmounter};
 
 use crate::logging;
 
@@ -46,12 +46,32 @@ pub fn run(image: &Path, mountpoint: &Path, options: &str, mode: Mode) -> anyhow
     if mode != Mode::Daemon && foliofs_fuse::bind_if_mounted(image, &mountpoint)? {
         return Ok(ExitCode::SUCCESS);
     }
+    if mode != Mode::Daemon {
+        enable_uring_if_root(&mount_options);
+    }
     match mode {
         Mode::Foreground => serve(image, &mountpoint, &mount_options, false)?,
         Mode::Daemon => serve(image, &mountpoint, &mount_options, true)?,
         Mode::Background => start_daemon(image, &mountpoint, options)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// With `transport=uring` (the default) root turns the kernel's switch for
+/// FUSE over io_uring on, saying so; otherwise the mount falls back to
+/// /dev/fuse and its log says why.
+fn enable_uring_if_root(options: &MountOptions) {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if options.transport != Transport::Uring || !root {
+        return;
+    }
+    if let Ok(true) = foliofs_fuse::transport::enable_kernel_uring() {
+        eprintln!(
+            "foliofs: turned on FUSE over io_uring in the kernel ({})",
+            foliofs_fuse::transport::ENABLE_URING_PARAMETER
+        );
+    }
 }
 
 /// The options of a remount (`remount` among them), or None.

@@ -22,7 +22,34 @@ pub fn skip_requested() -> bool {
         return true;
     }
     assert!(Path::new("/dev/fuse").exists(), "this test needs /dev/fuse (modprobe fuse)");
+    if let Err(why) = transport_ready() {
+        eprintln!("FOLIOFS_TRANSPORT={}: mount test skipped: {why}", transport());
+        return true;
+    }
     false
+}
+
+/// The transport the mount tests use: FOLIOFS_TRANSPORT=uring (the
+/// default) or dev.
+pub fn transport() -> &'static str {
+    match std::env::var("FOLIOFS_TRANSPORT").as_deref() {
+        Ok("dev") => "dev",
+        Ok("uring") | Err(_) => "uring",
+        Ok(other) => panic!("FOLIOFS_TRANSPORT={other}: expected uring or dev"),
+    }
+}
+
+/// For io_uring: the kernel's switch is on (turned on here as root).
+fn transport_ready() -> Result<(), String> {
+    if transport() == "dev" {
+        return Ok(());
+    }
+    foliofs_fuse::transport::enable_kernel_uring().map(drop).map_err(|error| {
+        format!(
+            "the kernel does not offer FUSE over io_uring ({}: {error})",
+            foliofs_fuse::transport::ENABLE_URING_PARAMETER
+        )
+    })
 }
 
 fn is_mounted(point: &Path) -> bool {
@@ -32,7 +59,8 @@ fn is_mounted(point: &Path) -> bool {
 }
 
 pub struct InProcessMount {
-    _dir: tempfile::TempDir,
+    dir: Option<tempfile::TempDir>,
+    pub image: PathBuf,
     pub point: PathBuf,
     pub volume: Arc<Volume>,
     unmounter: foliofs_fuse::Unmounter,
@@ -49,8 +77,11 @@ impl InProcessMount {
         let point = point.canonicalize().unwrap();
         let mkfs = MkfsOptions::default();
         Volume::mkfs_path(&image, Some(size_bytes), &mkfs, &VolumeOptions::default()).unwrap();
-        let options = MountOptions::parse(options).unwrap();
+        let options = format!("{options},transport={}", transport());
+        let options = MountOptions::parse(&options).unwrap();
         let mut mount = Mount::new(&image, &point, &options).unwrap();
+        let uring = matches!(mount.transport(), foliofs_fuse::transport::LiveTransport::IoUring(_));
+        assert_eq!(uring, transport() == "uring", "live transport: {:?}", mount.transport());
         let volume = Arc::clone(mount.volume());
         let unmounter = mount.unmounter();
         let server = std::thread::spawn(move || mount.run());
@@ -59,7 +90,7 @@ impl InProcessMount {
             assert!(started.elapsed() < Duration::from_secs(20), "mount did not appear");
             std::thread::sleep(Duration::from_millis(10));
         }
-        Self { _dir: dir, point, volume, unmounter, server: Some(server) }
+        Self { dir: Some(dir), image, point, volume, unmounter, server: Some(server) }
     }
 
     /// Unmounts (retrying while a file just closed is still busy) and checks
@@ -72,6 +103,35 @@ impl InProcessMount {
         }
         let server = self.server.take().unwrap();
         server.join().unwrap().unwrap();
+    }
+}
+
+impl InProcessMount {
+    /// `umount -f` (the kernel aborts the connection, whatever is in
+    /// flight; the mount stays while files are open, so it is then detached
+    /// with `umount -l`), then waits for serving to end (at most `timeout`) and the
+    /// volume to close; returns the image, closed, for checking (it lives
+    /// as long as the directory returned with it).
+    pub fn force_unmount(mut self, timeout: Duration) -> (tempfile::TempDir, PathBuf) {
+        let umount = |flag: &str| {
+            std::process::Command::new("umount").arg(flag).arg(&self.point).status().unwrap()
+        };
+        if !umount("-f").success() {
+            assert!(umount("-l").success(), "umount -l failed");
+        }
+        let server = self.server.take().unwrap();
+        let started = Instant::now();
+        while !server.is_finished() {
+            assert!(started.elapsed() < timeout, "serving did not end after umount -f");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The session may report the aborted connection.
+        let _ = server.join().unwrap();
+        let dir = self.dir.take().unwrap();
+        let image = self.image.clone();
+        // The last reference to the volume: it closes.
+        drop(self);
+        (dir, image)
     }
 }
 

@@ -1875,7 +1875,7 @@ mod op {
         })
     }
 }
-use op::*;
+pub(crate) use op::*;
 
 /// Filesystem operation (and arguments) the kernel driver wants us to perform. The fields of each
 /// variant needs to match the actual arguments the kernel driver sends for the specific operation.

@@ -18,6 +18,13 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// Ask for FUSE over io_uring (Linux 6.14+) with this many ring entries
+    /// (requests in flight) per queue; `None` serves /dev/fuse only. Falls
+    /// back to /dev/fuse when the kernel does not offer it
+    /// (`Session::transport` says which is live). The `n_threads` serving
+    /// threads are then spread over the queues (one per possible CPU), and
+    /// one more reads /dev/fuse.
+    pub io_uring_queue_depth: Option<u16>,
 }
 
 /// Mount options accepted by the FUSE filesystem type
