@@ -1,0 +1,147 @@
+//! NBD through the binary: a volume on qemu-nbd by URI (mkfs, cp, cat,
+//! fsck), and `foliofs serve nbd` writing back on SIGTERM. Skipped, with
+//! the reason printed, when qemu-utils or libnbd-bin are missing.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn foliofs(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_foliofs")).args(args).output().expect("run foliofs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let output = foliofs(args);
+    assert!(
+        output.status.success(),
+        "foliofs {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn tools_missing(tools: &[&str]) -> bool {
+    for tool in tools {
+        let found = Command::new("sh")
+            .arg("-c")
+            .arg(format!("command -v {tool}"))
+            .output()
+            .is_ok_and(|output| output.status.success());
+        if !found {
+            eprintln!("skipped: {tool} is not installed (apt-get install qemu-utils libnbd-bin)");
+            return true;
+        }
+    }
+    false
+}
+
+fn wait_for_socket(socket: &Path, server: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !socket.exists() {
+        if let Some(status) = server.try_wait().unwrap() {
+            panic!("the server exited before listening: {status}");
+        }
+        assert!(Instant::now() < deadline, "no socket at {}", socket.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kills and reaps a child on drop, so a failed assertion leaves no server.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_volume_lives_on_qemu_nbd_by_uri() {
+    if tools_missing(&["qemu-nbd", "qemu-img"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk.img");
+    let socket = dir.path().join("q.sock");
+    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
+    let mut server = Reaped(
+        Command::new("qemu-nbd")
+            .args(["-f", "raw", "-x", "vol", "-t", "-k"])
+            .arg(&socket)
+            .arg(&disk)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_socket(&socket, &mut server.0);
+    let uri = format!("nbd+unix:///vol?socket={}", socket.display());
+    let made = ok(&["mkfs", &uri]);
+    assert!(made.contains("67108864 bytes"), "{made}");
+    let source = dir.path().join("tree");
+    std::fs::create_dir_all(source.join("sub")).unwrap();
+    let payload: Vec<u8> = (0..3_000_000u32).map(|index| (index % 251) as u8).collect();
+    std::fs::write(source.join("sub/data.bin"), &payload).unwrap();
+    ok(&["cp", "-r", source.to_str().unwrap(), &format!("{uri}:/tree")]);
+    let output = foliofs(&["cat", &format!("{uri}:/tree/sub/data.bin")]);
+    assert!(output.status.success());
+    assert!(output.stdout == payload, "the file read back differs");
+    let checked = ok(&["fsck", &uri]);
+    assert!(checked.contains("clean"), "{checked}");
+    // An export size is the server's: mkfs --size is refused, nothing written.
+    let output = foliofs(&["mkfs", "--size", "1G", &uri]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("size is the server's"));
+    assert!(ok(&["fsck", &uri]).contains("clean"));
+}
+
+#[test]
+fn serve_nbd_writes_back_and_closes_the_volume_on_sigterm() {
+    if tools_missing(&["nbdcopy"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("vol.img");
+    let image_text = image.to_str().unwrap();
+    ok(&["mkfs", "--size", "128M", image_text]);
+    let socket = dir.path().join("f.sock");
+    let mut server = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_foliofs"))
+            .args(["serve", "nbd", &format!("{image_text}:/vm/disk.raw"), "--size", "16M"])
+            .arg("--socket")
+            .arg(&socket)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // --size creates the file, but not its directory.
+    let status = server.0.wait().unwrap();
+    assert!(!status.success());
+    ok(&["mkdir", &format!("{image_text}:/vm")]);
+    let mut server = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_foliofs"))
+            .args(["serve", "nbd", &format!("{image_text}:/vm/disk.raw"), "--size", "16M"])
+            .arg("--socket")
+            .arg(&socket)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_socket(&socket, &mut server.0);
+    let source = dir.path().join("source.raw");
+    let payload: Vec<u8> = (0..16u32 << 20).map(|index| (index / 4096 % 253) as u8).collect();
+    std::fs::write(&source, &payload).unwrap();
+    // nbdcopy sends no FLUSH unless asked: what it wrote is durable only
+    // because the server writes back as it stops.
+    let uri = format!("nbd+unix:///vm/disk.raw?socket={}", socket.display());
+    let copied = Command::new("nbdcopy").arg(&source).arg(&uri).output().unwrap();
+    assert!(copied.status.success(), "{}", String::from_utf8_lossy(&copied.stderr));
+    let killed = Command::new("kill").args(["-TERM", &server.0.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let status = server.0.wait().unwrap();
+    assert!(status.success(), "serve exited with {status}");
+    assert!(!socket.exists(), "the socket is removed");
+    let output = foliofs(&["cat", &format!("{image_text}:/vm/disk.raw")]);
+    assert!(output.stdout == payload, "the disk read back differs");
+    assert!(ok(&["fsck", image_text]).contains("clean"));
+}
