@@ -203,10 +203,12 @@ impl Export {
     /// Closes the handles, reporting the first error (a failed writeback).
     pub fn close(self) -> foliofs::Result<()> {
         let flushed = if self.read_only { Ok(()) } else { self.buffered.fdatasync() };
-        let closed = [self.direct, self.direct_dsync, self.buffered_dsync, self.buffered]
-            .into_iter()
-            .map(File::close)
-            .fold(Ok(()), |first: foliofs::Result<()>, next| first.and(next));
-        flushed.and(closed)
+        // Every handle is closed, whatever the first error.
+        let mut result = flushed;
+        for file in [self.direct, self.direct_dsync, self.buffered_dsync, self.buffered] {
+            let closed = file.close();
+            result = result.and(closed);
+        }
+        result
     }
 }

@@ -26,7 +26,12 @@ fn reply(stream: &mut impl Write, option: u32, reply_type: u32, data: &[u8]) -> 
     stream.write_all(&proto::encode_option_reply(option, reply_type, data))
 }
 
-fn reply_error(stream: &mut impl Write, option: u32, reply_type: u32, text: &str) -> io::Result<()> {
+fn reply_error(
+    stream: &mut impl Write,
+    option: u32,
+    reply_type: u32,
+    text: &str,
+) -> io::Result<()> {
     reply(stream, option, reply_type, text.as_bytes())
 }
 
@@ -52,8 +57,7 @@ pub fn negotiate(
     let mut greeting = Vec::with_capacity(18);
     greeting.extend_from_slice(&proto::NBD_MAGIC.to_be_bytes());
     greeting.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
-    greeting
-        .extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
+    greeting.extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
     stream.write_all(&greeting)?;
     let mut client_flags = [0; 4];
     stream.read_exact(&mut client_flags)?;
@@ -164,9 +168,8 @@ pub fn negotiate(
                     reply_error(stream, option, proto::REP_ERR_UNKNOWN, &text)?;
                     continue;
                 }
-                let matches = |query: &str| {
-                    query == proto::BASE_ALLOCATION || (!setting && query == "base:")
-                };
+                let matches =
+                    |query: &str| query == proto::BASE_ALLOCATION || (!setting && query == "base:");
                 let selected = if request.queries.is_empty() {
                     !setting
                 } else {

@@ -56,8 +56,9 @@ impl Listener {
             }
             std::fs::remove_file(&path)?;
         }
-        let listener = UnixListener::bind(&path)
-            .map_err(|error| io::Error::new(error.kind(), format!("{}: {error}", path.display())))?;
+        let listener = UnixListener::bind(&path).map_err(|error| {
+            io::Error::new(error.kind(), format!("{}: {error}", path.display()))
+        })?;
         Ok(Self::Unix { listener, path })
     }
 
@@ -215,9 +216,11 @@ impl Server {
     /// Serves until stopped, then answers what was read, writes everything
     /// back and closes the exports and the volume (errors reported).
     pub fn serve(self, listener: Listener) -> foliofs::Result<()> {
-        *self.waker.lock() = Some(listener.waker().map_err(|error| {
-            foliofs::Error::io("finding the listening address", error)
-        })?);
+        *self.waker.lock() = Some(
+            listener
+                .waker()
+                .map_err(|error| foliofs::Error::io("finding the listening address", error))?,
+        );
         let mut threads = Vec::new();
         loop {
             let stream = match listener.accept() {
@@ -236,9 +239,11 @@ impl Server {
             }
             threads.retain(|thread: &std::thread::JoinHandle<()>| !thread.is_finished());
             let (volume, exports) = (Arc::clone(&self.volume), self.exports.clone());
-            let (connections, workers) = (Arc::clone(&self.connections), self.workers_per_connection);
+            let (connections, workers) =
+                (Arc::clone(&self.connections), self.workers_per_connection);
             let spawned = std::thread::Builder::new().name("nbd-conn".into()).spawn(move || {
-                if let Err(error) = serve_connection(stream, &volume, &exports, &connections, workers)
+                if let Err(error) =
+                    serve_connection(stream, &volume, &exports, &connections, workers)
                 {
                     tracing::warn!("NBD connection ended: {error}");
                 }

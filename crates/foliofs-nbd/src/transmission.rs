@@ -101,7 +101,8 @@ pub fn serve(
     workers: usize,
 ) -> io::Result<()> {
     let export = &*agreed.export;
-    let replier = Replier { stream: Mutex::new(stream.try_clone()?), structured: agreed.structured };
+    let replier =
+        Replier { stream: Mutex::new(stream.try_clone()?), structured: agreed.structured };
     let (jobs, queue) = mpsc::channel::<Job>();
     let queue = Mutex::new(queue);
     std::thread::scope(|scope| {
@@ -176,12 +177,13 @@ fn read_payload(stream: &mut Stream, length: u32) -> io::Result<Option<AlignedBu
 fn check(export: &Export, agreed: &Agreed, request: &Request) -> CommandResult<()> {
     let name = proto::command_name(request.command);
     if request.flags & !KNOWN_FLAGS != 0 {
-        return Err(CommandError::invalid(format!("{name} with unknown flags {:#x}", request.flags)));
+        return Err(CommandError::invalid(format!(
+            "{name} with unknown flags {:#x}",
+            request.flags
+        )));
     }
-    let writes = matches!(
-        request.command,
-        proto::CMD_WRITE | proto::CMD_TRIM | proto::CMD_WRITE_ZEROES
-    );
+    let writes =
+        matches!(request.command, proto::CMD_WRITE | proto::CMD_TRIM | proto::CMD_WRITE_ZEROES);
     if writes && export.read_only {
         return Err(CommandError {
             error: proto::EPERM,

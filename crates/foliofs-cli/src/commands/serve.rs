@@ -49,7 +49,11 @@ pub fn run(protocol: &ServeProtocol, options: &VolumeOptions) -> anyhow::Result<
         args.targets.iter().map(|target| ImagePath::require(target)).collect::<Result<_, _>>()?;
     let image = &targets[0].image;
     if let Some(other) = targets.iter().find(|target| &target.image != image) {
-        anyhow::bail!("all exports must be in one image: {} and {}", image.display(), other.image.display());
+        anyhow::bail!(
+            "all exports must be in one image: {} and {}",
+            image.display(),
+            other.image.display()
+        );
     }
     let read_only = args.read_only || options.read_only;
     let options = VolumeOptions { read_only, ..options.clone() };

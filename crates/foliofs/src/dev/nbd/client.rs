@@ -791,3 +791,164 @@ fn handshake(stream: &mut Stream, export: &str) -> io::Result<Negotiated> {
         payload_max_bytes: payload_max_bytes.max(block_min_bytes),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::{UnixListener, UnixStream};
+
+    const EXPORT_BYTES: u64 = 1 << 20;
+
+    /// A one-connection server: the handshake as `flags` and `structured`
+    /// say, then `serve` with the stream.
+    fn fake_server(
+        flags: u16,
+        structured: bool,
+        serve: impl FnOnce(&mut UnixStream) + Send + 'static,
+    ) -> (tempfile::TempDir, String, std::thread::JoinHandle<()>) {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("fake.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        let thread = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut greeting = proto::NBD_MAGIC.to_be_bytes().to_vec();
+            greeting.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+            greeting.extend_from_slice(&proto::FLAG_FIXED_NEWSTYLE.to_be_bytes());
+            stream.write_all(&greeting).unwrap();
+            stream.read_exact(&mut [0; 4]).unwrap();
+            loop {
+                let mut header = [0; proto::OPTION_HEADER_BYTES];
+                stream.read_exact(&mut header).unwrap();
+                let (option, length) = proto::decode_option_header(&header).unwrap();
+                stream.read_exact(&mut vec![0; length as usize]).unwrap();
+                let reply =
+                    |reply_type, data: &[u8]| proto::encode_option_reply(option, reply_type, data);
+                match option {
+                    proto::OPT_STRUCTURED_REPLY if structured => {
+                        stream.write_all(&reply(proto::REP_ACK, &[])).unwrap()
+                    }
+                    proto::OPT_GO => {
+                        let info = Info::Export {
+                            size_bytes: EXPORT_BYTES,
+                            transmission_flags: proto::TF_HAS_FLAGS | flags,
+                        };
+                        stream.write_all(&reply(proto::REP_INFO, &info.encode())).unwrap();
+                        stream.write_all(&reply(proto::REP_ACK, &[])).unwrap();
+                        break;
+                    }
+                    _ => stream.write_all(&reply(proto::REP_ERR_UNSUP, &[])).unwrap(),
+                }
+            }
+            serve(&mut stream);
+        });
+        let uri = format!("nbd+unix:///disk?socket={}&timeout=1", socket.display());
+        (dir, uri, thread)
+    }
+
+    fn read_request(stream: &mut UnixStream) -> Option<Request> {
+        let mut header = [0; proto::REQUEST_HEADER_BYTES];
+        stream.read_exact(&mut header).ok()?;
+        Some(Request::decode(&header).unwrap())
+    }
+
+    fn writable() -> DevOptions {
+        DevOptions::default()
+    }
+
+    #[test]
+    fn a_read_write_open_without_flush_is_refused() {
+        let (_dir, uri, server) =
+            fake_server(0, false, |stream| while read_request(stream).is_some() {});
+        let error = NbdDev::open(&uri, &writable()).err().expect("refused");
+        assert!(error.to_string().contains("does not support FLUSH"), "{error}");
+        server.join().unwrap();
+        let (_dir, uri, server) =
+            fake_server(0, false, |stream| while read_request(stream).is_some() {});
+        let read_only = DevOptions { read_only: true, ..DevOptions::default() };
+        let device = NbdDev::open(&uri, &read_only).unwrap();
+        assert_eq!(device.size_bytes(), EXPORT_BYTES);
+        drop(device);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_failed_flush_is_eio() {
+        let (_dir, uri, server) = fake_server(proto::TF_SEND_FLUSH, false, |stream| {
+            while let Some(request) = read_request(stream) {
+                if request.command == proto::CMD_DISC {
+                    break;
+                }
+                let error = if request.command == proto::CMD_FLUSH { proto::EIO } else { 0 };
+                let reply = proto::SimpleReply { error, cookie: request.cookie };
+                stream.write_all(&reply.encode()).unwrap();
+            }
+        });
+        let device = NbdDev::open(&uri, &writable()).unwrap();
+        let error = device.flush().unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
+        drop(device);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_lost_connection_fails_requests_in_flight_and_later_ones_with_eio() {
+        let (_dir, uri, server) = fake_server(proto::TF_SEND_FLUSH, false, |stream| {
+            // Read one request, then vanish without replying.
+            read_request(stream);
+        });
+        let device = NbdDev::open(&uri, &writable()).unwrap();
+        let mut buffer = [0; 512];
+        let error = device.read_at(0, &mut [IoSliceMut::new(&mut buffer)]).unwrap_err();
+        assert!(error.to_string().contains("lost"), "{error}");
+        let error = device.flush().unwrap_err();
+        assert!(error.to_string().contains("lost"), "{error}");
+        server.join().unwrap();
+        drop(device);
+    }
+
+    #[test]
+    fn a_request_without_reply_times_out() {
+        let (_dir, uri, server) = fake_server(proto::TF_SEND_FLUSH, false, |stream| {
+            // Hold the connection open, never replying, until the client hangs up.
+            while read_request(stream).is_some() {}
+        });
+        let device = NbdDev::open(&uri, &writable()).unwrap();
+        let error = device.flush().unwrap_err();
+        assert!(error.to_string().contains("no reply to FLUSH"), "{error}");
+        drop(device);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn structured_read_chunks_are_assembled_in_any_order() {
+        let (_dir, uri, server) = fake_server(proto::TF_SEND_FLUSH, true, |stream| {
+            let request = read_request(stream).unwrap();
+            assert_eq!((request.command, request.length), (proto::CMD_READ, 4096));
+            let chunk = |flags, chunk_type, length| ChunkHeader {
+                flags,
+                chunk_type,
+                cookie: request.cookie,
+                length,
+            };
+            // The second half as data, then the first half as a hole.
+            let mut data = chunk(0, proto::CHUNK_OFFSET_DATA, 8 + 2048).encode().to_vec();
+            data.extend_from_slice(&(request.offset + 2048).to_be_bytes());
+            data.extend_from_slice(&[0xee; 2048]);
+            stream.write_all(&data).unwrap();
+            let mut hole =
+                chunk(proto::CHUNK_FLAG_DONE, proto::CHUNK_OFFSET_HOLE, 12).encode().to_vec();
+            hole.extend_from_slice(&request.offset.to_be_bytes());
+            hole.extend_from_slice(&2048u32.to_be_bytes());
+            stream.write_all(&hole).unwrap();
+            while read_request(stream).is_some() {}
+        });
+        let device = NbdDev::open(&uri, &writable()).unwrap();
+        assert!(device.structured_replies());
+        let mut buffer = [0x11; 4096];
+        device.read_at(8192, &mut [IoSliceMut::new(&mut buffer)]).unwrap();
+        assert!(buffer[..2048].iter().all(|byte| *byte == 0));
+        assert!(buffer[2048..].iter().all(|byte| *byte == 0xee));
+        drop(device);
+        server.join().unwrap();
+    }
+}
