@@ -246,47 +246,194 @@ fn server_write_errors_are_eio_then_read_only_and_nothing_fsynced_is_lost() {
     assert!(report.is_clean(), "{:?}", report.problems);
 }
 
+/// Seeded choices without a dependency: splitmix64.
+struct Choices(u64);
+
+impl Choices {
+    fn below(&mut self, bound: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut value = self.0;
+        value = (value ^ (value >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        value = (value ^ (value >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (value ^ (value >> 31)) % bound
+    }
+}
+
+/// Rounds of: nbdkit with a writeback cache over one disk file, files
+/// written (buffered and direct, some fsynced) until nbdkit is killed with
+/// kill -9 after a seeded number of operations (what it held unflushed is
+/// lost), then a restart, a remount that replays, every fsynced file
+/// checked and fsck.
 #[test]
 fn killing_a_volatile_cache_server_keeps_every_fsynced_byte() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.img");
     std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
     let file_arg = format!("file={}", disk.display());
-    // Writes sit in nbdkit's cache until FLUSH or FUA: kill -9 loses them.
-    let args = ["--filter=cache", "file", &file_arg, "cache=writeback"];
-    let Some(mut server) = Nbdkit::start(dir.path(), "cache", &args) else { return };
+    let cached = ["--filter=cache", "file", &file_arg, "cache=writeback"];
+    let Some(server) = Nbdkit::start(dir.path(), "mkfs", &cached) else { return };
     mkfs(&server.uri());
-    let volume = Volume::open(&server.uri(), &options(FuaMode::Native)).unwrap();
-    let mut synced = Vec::new();
-    for round in 0..4u8 {
-        let name = format!("synced{round}");
-        let ino = volume.create(1, name.as_bytes(), 0o644, Owner::current()).unwrap().ino;
-        let handle = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
-        handle.write_at(&vec![round + 1; 50_000 * (usize::from(round) + 1)], 0).unwrap();
-        handle.fsync().unwrap();
-        synced.push((ino, round + 1, 50_000 * (usize::from(round) + 1)));
-    }
-    let unsynced = volume.create(1, b"unsynced", 0o644, Owner::current()).unwrap().ino;
-    let handle = volume.open_file(unsynced, OpenFlags::READ_WRITE).unwrap();
-    handle.write_at(&[9; 300_000], 0).unwrap();
-    server.kill();
-    let error = handle.fsync().unwrap_err();
-    assert_eq!(error.errno(), libc::EIO, "a lost connection is EIO: {error}");
-    drop(handle);
-    let _ = volume.close();
     drop(server);
+    let seed = std::env::var("FOLIOFS_NBD_CRASH_SEED").ok().and_then(|text| text.parse().ok());
+    let mut choices = Choices(seed.unwrap_or(15));
+    let rounds = std::env::var("FOLIOFS_NBD_CRASH_ROUNDS").ok().and_then(|text| text.parse().ok());
+    // (name, fill byte, length) of every file whose fsync returned.
+    let mut synced: Vec<(String, u8, usize)> = Vec::new();
+    for round in 0..rounds.unwrap_or(4u32) {
+        let mut server = Nbdkit::start(dir.path(), &format!("round{round}"), &cached).unwrap();
+        let volume = Volume::open(&server.uri(), &options(FuaMode::Native)).unwrap();
+        let ops_before_kill = 1 + choices.below(8);
+        let mut open = Vec::new();
+        for op in 0..ops_before_kill {
+            let name = format!("r{round}op{op}");
+            let fill = choices.below(250) as u8 + 1;
+            let direct = choices.below(2) == 0;
+            let length = if direct {
+                4096 * (1 + choices.below(64) as usize)
+            } else {
+                1 + choices.below(400_000) as usize
+            };
+            let ino = volume.create(1, name.as_bytes(), 0o644, Owner::current()).unwrap().ino;
+            let flags =
+                if direct { OpenFlags::READ_WRITE.with_direct() } else { OpenFlags::READ_WRITE };
+            let handle = volume.open_file(ino, flags).unwrap();
+            if direct {
+                handle.write_at(&AlignedBuf::from_slice(&vec![fill; length]), 0).unwrap();
+            } else {
+                handle.write_at(&vec![fill; length], 0).unwrap();
+            }
+            if choices.below(3) != 0 {
+                handle.fsync().unwrap();
+                synced.push((name, fill, length));
+            }
+            open.push(handle);
+        }
+        server.kill();
+        for handle in &open {
+            // Whatever was not yet durable cannot be made so now.
+            let error = handle.fsync().err();
+            assert!(error.is_none_or(|error| error.errno() == libc::EIO));
+        }
+        drop(open);
+        let _ = volume.close();
+        drop(server);
 
-    let server = Nbdkit::start(dir.path(), "restarted", &["file", &file_arg]).unwrap();
-    let volume = Volume::open(&server.uri(), &options(FuaMode::Native)).unwrap();
-    for (ino, value, length) in synced {
+        let server =
+            Nbdkit::start(dir.path(), &format!("check{round}"), &["file", &file_arg]).unwrap();
+        let volume = Volume::open(&server.uri(), &options(FuaMode::Native)).unwrap();
+        for (name, fill, length) in &synced {
+            let handle = volume.open_path(&format!("/{name}"), OpenFlags::READ).unwrap();
+            let mut data = vec![0; *length + 1];
+            assert_eq!(handle.read_at(&mut data, 0).unwrap(), *length, "round {round}: {name}");
+            assert!(data[..*length].iter().all(|byte| byte == fill), "round {round}: {name}");
+        }
+        volume.close().unwrap();
+        let device =
+            foliofs::dev::Device::open(&server.uri(), &options(FuaMode::Native).dev_options())
+                .unwrap();
+        let report = foliofs::fsck::check(std::sync::Arc::new(device));
+        assert!(report.is_clean(), "round {round}: {:?}", report.problems);
+    }
+}
+
+/// qemu-nbd on a unix socket (the other server family); None when missing.
+fn qemu_nbd(dir: &Path, disk: &Path) -> Option<(Child, PathBuf)> {
+    let socket = dir.join("qemu.sock");
+    let child = match Command::new("qemu-nbd")
+        .args(["-f", "raw", "-x", "vol", "-t", "-e", "4", "-k"])
+        .arg(&socket)
+        .arg(disk)
+        .stderr(Stdio::null())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(error) => {
+            eprintln!("skipped: qemu-nbd cannot run ({error}); apt-get install qemu-utils");
+            return None;
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "qemu-nbd never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Some((child, PathBuf::from(format!("nbd+unix:///vol?socket={}", socket.display()))))
+}
+
+/// Four threads, each writing its own file at random offsets (buffered
+/// and direct, fsync now and then) against a byte model; then a remount
+/// that must read back every model, and fsck.
+fn mixed_workload(uri: &Path) {
+    mkfs(uri);
+    let volume = Volume::open(uri, &options(FuaMode::Native)).unwrap();
+    let models: Vec<(u64, Vec<u8>)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..4u64)
+            .map(|thread| {
+                let volume = &volume;
+                scope.spawn(move || {
+                    let name = format!("t{thread}");
+                    let ino =
+                        volume.create(1, name.as_bytes(), 0o644, Owner::current()).unwrap().ino;
+                    let buffered = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+                    let direct =
+                        volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+                    let mut model = Vec::new();
+                    let mut choices = Choices(thread + 100);
+                    for op in 0..60u64 {
+                        let fill = (op as u8).wrapping_mul(7).wrapping_add(thread as u8) | 1;
+                        if choices.below(2) == 0 {
+                            let offset = 4096 * choices.below(256) as usize;
+                            let length = 4096 * (1 + choices.below(16) as usize);
+                            let data = AlignedBuf::from_slice(&vec![fill; length]);
+                            direct.write_at(&data, offset as u64).unwrap();
+                            write_model(&mut model, offset, &data);
+                        } else {
+                            let offset = choices.below(1 << 20) as usize;
+                            let data = vec![fill; 1 + choices.below(100_000) as usize];
+                            buffered.write_at(&data, offset as u64).unwrap();
+                            write_model(&mut model, offset, &data);
+                        }
+                        if choices.below(8) == 0 {
+                            buffered.fsync().unwrap();
+                        }
+                    }
+                    (ino, model)
+                })
+            })
+            .collect();
+        workers.into_iter().map(|worker| worker.join().unwrap()).collect()
+    });
+    volume.close().unwrap();
+    let volume = Volume::open(uri, &options(FuaMode::Native)).unwrap();
+    for (ino, model) in models {
         let handle = volume.open_file(ino, OpenFlags::READ).unwrap();
-        let mut data = vec![0; length];
-        assert_eq!(handle.read_at(&mut data, 0).unwrap(), length);
-        assert!(data.iter().all(|byte| *byte == value), "fsynced file {ino} changed");
+        let mut data = vec![0; model.len() + 1];
+        assert_eq!(handle.read_at(&mut data, 0).unwrap(), model.len());
+        assert!(data[..model.len()] == model[..], "file {ino} differs from its model");
     }
     volume.close().unwrap();
-    let device =
-        foliofs::dev::Device::open(&server.uri(), &options(FuaMode::Native).dev_options()).unwrap();
+    let device = foliofs::dev::Device::open(uri, &options(FuaMode::Native).dev_options()).unwrap();
     let report = foliofs::fsck::check(std::sync::Arc::new(device));
     assert!(report.is_clean(), "{:?}", report.problems);
+}
+
+fn write_model(model: &mut Vec<u8>, offset: usize, data: &[u8]) {
+    if model.len() < offset + data.len() {
+        model.resize(offset + data.len(), 0);
+    }
+    model[offset..offset + data.len()].copy_from_slice(data);
+}
+
+#[test]
+fn a_mixed_workload_reads_back_on_nbdkit_and_on_qemu_nbd() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(server) = Nbdkit::start(dir.path(), "memory", &["memory", "128M"]) else { return };
+    mixed_workload(&server.uri());
+    drop(server);
+    let disk = dir.path().join("qemu.img");
+    std::fs::File::create(&disk).unwrap().set_len(128 << 20).unwrap();
+    let Some((mut qemu, uri)) = qemu_nbd(dir.path(), &disk) else { return };
+    mixed_workload(&uri);
+    let _ = qemu.kill();
+    let _ = qemu.wait();
 }
