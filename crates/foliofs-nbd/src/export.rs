@@ -120,6 +120,10 @@ impl Export {
     }
 
     pub fn flush(&self) -> CommandResult<()> {
+        if self.read_only {
+            // Nothing was written; a read-only volume has nothing to commit.
+            return Ok(());
+        }
         Ok(self.buffered.fdatasync()?)
     }
 

@@ -103,7 +103,9 @@ pub fn serve(
     let export = &*agreed.export;
     let replier =
         Replier { stream: Mutex::new(stream.try_clone()?), structured: agreed.structured };
-    let (jobs, queue) = mpsc::channel::<Job>();
+    // Bounded: a client that sends faster than the export works waits in
+    // its socket instead of in our memory (a WRITE may carry 32 MiB).
+    let (jobs, queue) = mpsc::sync_channel::<Job>(2 * workers.max(1));
     let queue = Mutex::new(queue);
     std::thread::scope(|scope| {
         for _ in 0..workers.max(1) {
@@ -124,7 +126,7 @@ fn read_requests(
     export: &Export,
     agreed: &Agreed,
     replier: &Replier,
-    jobs: &mpsc::Sender<Job>,
+    jobs: &mpsc::SyncSender<Job>,
 ) -> io::Result<()> {
     loop {
         let mut header = [0; proto::REQUEST_HEADER_BYTES];

@@ -47,6 +47,10 @@ struct Served {
 impl Served {
     /// `prepare` runs on the open disk file before serving starts.
     fn start(prepare: impl FnOnce(&foliofs::File)) -> Self {
+        Self::start_with(false, prepare)
+    }
+
+    fn start_with(read_only: bool, prepare: impl FnOnce(&foliofs::File)) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().join("vol.img");
         Volume::mkfs_path(&image, Some(128 << 20), &MkfsOptions::default(), &options()).unwrap();
@@ -59,7 +63,7 @@ impl Served {
         file.close().unwrap();
         let device = Arc::clone(volume.device());
         let export = ExportSpec { name: "disk.raw".into(), path: "/disk.raw".into() };
-        let server = Server::new(volume, &[export], false, 4).unwrap();
+        let server = Server::new(volume, &[export], read_only, 4).unwrap();
         let socket = dir.path().join("nbd.sock");
         let listener = Listener::unix(socket.clone()).unwrap();
         let stopper = server.stopper();
@@ -191,5 +195,37 @@ fn discard_punches_and_write_zeroes_zeroes_in_the_extent_map() {
     assert_eq!(kind_at(128 << 10), None, "discard leaves a hole: {extents:?}");
     assert_eq!(kind_at(256 << 10), Some(MapKind::Unwritten), "write -z keeps space: {extents:?}");
     assert_eq!(kind_at(320 << 10), Some(MapKind::Written));
+    volume.close().unwrap();
+}
+
+#[test]
+fn a_read_only_export_refuses_writes_and_an_unknown_name_lists_the_exports() {
+    if tools_missing(&["qemu-io", "nbdinfo"]) {
+        return;
+    }
+    let served = Served::start_with(true, |file| {
+        file.write_at(&foliofs::dev::AlignedBuf::from_slice(&[9; 8192]), 0).unwrap();
+    });
+    let uri = served.uri();
+    let output = Command::new("qemu-io")
+        .args(["-t", "writeback", "-f", "raw", &uri, "-c", "write -P 1 0 4k"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    // qemu sees READ_ONLY in the export's flags and refuses a writable open.
+    assert!(!output.status.success() && text.contains("Permission denied"), "{text}");
+    run("qemu-io", &["-r", "-f", "raw", &uri, "-c", "read -P 9 0 8k"]);
+    let wrong = format!("nbd+unix:///nope?socket={}", served.socket.display());
+    let output = Command::new("qemu-img").args(["info", &wrong]).output().unwrap();
+    assert!(!output.status.success());
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert!(text.contains("no export named \"nope\" (exports: disk.raw)"), "{text}");
+    let (_dir, volume) = served.stop();
+    let file = volume.open_path("/disk.raw", OpenFlags::READ).unwrap();
+    let mut data = vec![0; 8192];
+    file.read_at(&mut data, 0).unwrap();
+    assert!(data.iter().all(|byte| *byte == 9), "nothing changed");
+    drop(file);
     volume.close().unwrap();
 }
