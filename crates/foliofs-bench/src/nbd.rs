@@ -26,12 +26,13 @@ pub struct QemuNbd {
 
 impl QemuNbd {
     /// Serves `image` with O_DIRECT and Linux AIO (as the engine opens its
-    /// image), writable, on a unix socket beside it.
+    /// image), writable, to one client after another (-t), on a unix socket
+    /// beside it.
     pub fn start(image: &Path) -> anyhow::Result<Self> {
         let socket = image.with_extension(format!("{}.nbd.sock", std::process::id()));
         let _ = std::fs::remove_file(&socket);
         let child = Command::new("qemu-nbd")
-            .args(["-f", "raw", "-x", "seeds", "--cache=none", "--aio=native", "-e", "4", "-k"])
+            .args(["-f", "raw", "-x", "seeds", "--cache=none", "--aio=native", "-t", "-e", "4", "-k"])
             .arg(&socket)
             .arg(image)
             .stdout(Stdio::null())

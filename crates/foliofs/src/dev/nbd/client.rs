@@ -108,26 +108,23 @@ impl NbdDev {
         let address = NbdAddress::parse(uri)?;
         let mut stream = address
             .connect()
-            .map_err(|error| io::Error::new(error.kind(), format!("connect to {uri}: {error}")))?;
+            .map_err(|error| io::Error::new(error.kind(), format!("connect: {error}")))?;
         // The handshake must not hang on a silent peer either.
         stream.set_read_timeout(Some(address.request_timeout))?;
         let negotiated = handshake(&mut stream, &address.export)
-            .map_err(|error| io::Error::new(error.kind(), format!("{uri}: {error}")))?;
+            .map_err(|error| io::Error::new(error.kind(), format!("NBD handshake: {error}")))?;
         if !options.read_only {
             if negotiated.has(proto::TF_READ_ONLY) {
                 return Err(io::Error::new(
                     io::ErrorKind::PermissionDenied,
-                    format!("{uri}: the export is read-only; open it with -o ro"),
+                    "the export is read-only; open it with -o ro",
                 ));
             }
             if !negotiated.has(proto::TF_SEND_FLUSH) {
                 return Err(io::Error::new(
                     io::ErrorKind::Unsupported,
-                    format!(
-                        "{uri}: the server does not support FLUSH, so no write could be made \
-                         durable; enable flush on the server (nbd-server: flush = true) or open \
-                         with -o ro"
-                    ),
+                    "the server does not support FLUSH, so no write could be made durable; enable \
+                     flush on the server (nbd-server: flush = true) or open with -o ro",
                 ));
             }
         }
@@ -135,7 +132,7 @@ impl NbdDev {
         if negotiated.size_bytes < u64::from(logical_block_bytes) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("{uri}: the export holds {} bytes", negotiated.size_bytes),
+                format!("the export holds only {} bytes", negotiated.size_bytes),
             ));
         }
         let reader_stream = stream.try_clone()?;
