@@ -32,7 +32,18 @@ impl QemuNbd {
         let socket = image.with_extension(format!("{}.nbd.sock", std::process::id()));
         let _ = std::fs::remove_file(&socket);
         let child = Command::new("qemu-nbd")
-            .args(["-f", "raw", "-x", "seeds", "--cache=none", "--aio=native", "-t", "-e", "4", "-k"])
+            .args([
+                "-f",
+                "raw",
+                "-x",
+                "seeds",
+                "--cache=none",
+                "--aio=native",
+                "-t",
+                "-e",
+                "4",
+                "-k",
+            ])
             .arg(&socket)
             .arg(image)
             .stdout(Stdio::null())

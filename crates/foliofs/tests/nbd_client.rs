@@ -437,3 +437,30 @@ fn a_mixed_workload_reads_back_on_nbdkit_and_on_qemu_nbd() {
     let _ = qemu.kill();
     let _ = qemu.wait();
 }
+
+/// How many connections nbdkit's log filter saw made.
+fn connections_made(log: &Path) -> usize {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines().filter(|line| line.contains(" Connect export=")).count()
+}
+
+#[test]
+fn several_connections_only_when_the_server_offers_multi_conn() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, filter, expected) in [
+        ("multi", None, 4),
+        ("single", Some(["--filter=multi-conn", "multi-conn-mode=disable"]), 1),
+    ] {
+        let log = dir.path().join(format!("{name}.log"));
+        let logfile = format!("logfile={}", log.display());
+        let mut args = vec!["--filter=log"];
+        args.extend(filter.map(|[filter, _]| filter));
+        args.extend(["memory", "64M", &logfile]);
+        args.extend(filter.map(|[_, parameter]| parameter));
+        let Some(server) = Nbdkit::start(dir.path(), name, &args) else { return };
+        let uri = PathBuf::from(format!("{}&connections=4", server.uri().display()));
+        mixed_workload(&uri);
+        // The workload opens the export four times: mkfs, open, reopen, fsck.
+        assert_eq!(connections_made(&log), 4 * expected, "{name}");
+    }
+}

@@ -1,4 +1,5 @@
-//! The NBD client backend: one connection, many requests in flight.
+//! The NBD client backend: many requests in flight on one connection, or
+//! on several when the server offers multi-conn (`connections=N`).
 //!
 //! Callers write requests under a mutex; one reader thread reads replies,
 //! pairs them with their requests by cookie and completes them. Blocking
@@ -15,7 +16,7 @@
 use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -51,10 +52,13 @@ impl Negotiated {
 
 /// A volume's device on an NBD export.
 pub struct NbdDev {
-    connection: Arc<Connection>,
+    /// One, or `connections=N` when the server offers CAN_MULTI_CONN (its
+    /// FLUSH and FUA then cover the writes answered on every connection).
+    connections: Vec<Arc<Connection>>,
+    next_connection: AtomicUsize,
     negotiated: Negotiated,
     logical_block_bytes: u32,
-    reader: Option<JoinHandle<()>>,
+    readers: Vec<JoinHandle<()>>,
 }
 
 struct Connection {
@@ -106,13 +110,7 @@ impl NbdDev {
     /// a volume opened as `options` asks.
     pub fn open(uri: &str, options: &DevOptions) -> io::Result<Self> {
         let address = NbdAddress::parse(uri)?;
-        let mut stream = address
-            .connect()
-            .map_err(|error| io::Error::new(error.kind(), format!("connect: {error}")))?;
-        // The handshake must not hang on a silent peer either.
-        stream.set_read_timeout(Some(address.request_timeout))?;
-        let negotiated = handshake(&mut stream, &address.export)
-            .map_err(|error| io::Error::new(error.kind(), format!("NBD handshake: {error}")))?;
+        let (first, negotiated) = connect(&address)?;
         if !options.read_only {
             if negotiated.has(proto::TF_READ_ONLY) {
                 return Err(io::Error::new(
@@ -135,32 +133,72 @@ impl NbdDev {
                 format!("the export holds only {} bytes", negotiated.size_bytes),
             ));
         }
-        let reader_stream = stream.try_clone()?;
-        let tick = (address.request_timeout / 4).min(Duration::from_secs(1));
-        reader_stream.set_read_timeout(Some(tick))?;
+        let mut streams = vec![first];
+        if address.connections > 1 {
+            if negotiated.has(proto::TF_CAN_MULTI_CONN) {
+                for _ in 1..address.connections {
+                    let (stream, also) = connect(&address)?;
+                    if (also.size_bytes, also.transmission_flags)
+                        != (negotiated.size_bytes, negotiated.transmission_flags)
+                    {
+                        return Err(protocol(
+                            "the server described the export differently on another connection"
+                                .into(),
+                        ));
+                    }
+                    streams.push(stream);
+                }
+            } else {
+                // Without the promise a FLUSH on one connection need not
+                // cover writes answered on another (the spec: SHOULD NOT).
+                tracing::warn!(
+                    "{uri}: the server does not offer multi-conn; using one connection, not {}",
+                    address.connections
+                );
+            }
+        }
         let (completions, completion_queue) = mpsc::channel::<(DevCallback, DevResponse)>();
         std::thread::Builder::new().name("nbd-complete".into()).spawn(move || {
             for (done, response) in completion_queue {
                 done(response)
             }
         })?;
-        let connection = Arc::new(Connection {
-            description: uri.to_string(),
-            writer: Mutex::new(stream),
-            inflight: Mutex::default(),
-            next_cookie: AtomicU64::new(1),
-            structured: negotiated.structured,
-            request_timeout: address.request_timeout,
-            closing: AtomicBool::new(false),
-            completions: Mutex::new(completions),
-        });
-        let reader = {
-            let connection = Arc::clone(&connection);
-            std::thread::Builder::new()
-                .name("nbd-reader".into())
-                .spawn(move || connection.read_replies(reader_stream))?
-        };
-        Ok(Self { connection, negotiated, logical_block_bytes, reader: Some(reader) })
+        let tick = (address.request_timeout / 4).min(Duration::from_secs(1));
+        let mut connections = Vec::new();
+        let mut readers = Vec::new();
+        for stream in streams {
+            let reader_stream = stream.try_clone()?;
+            reader_stream.set_read_timeout(Some(tick))?;
+            let connection = Arc::new(Connection {
+                description: uri.to_string(),
+                writer: Mutex::new(stream),
+                inflight: Mutex::default(),
+                next_cookie: AtomicU64::new(1),
+                structured: negotiated.structured,
+                request_timeout: address.request_timeout,
+                closing: AtomicBool::new(false),
+                completions: Mutex::new(completions.clone()),
+            });
+            let reader = Arc::clone(&connection);
+            readers.push(
+                std::thread::Builder::new()
+                    .name("nbd-reader".into())
+                    .spawn(move || reader.read_replies(reader_stream))?,
+            );
+            connections.push(connection);
+        }
+        Ok(Self {
+            connections,
+            next_connection: AtomicUsize::new(0),
+            negotiated,
+            logical_block_bytes,
+            readers,
+        })
+    }
+
+    /// How many connections carry requests.
+    pub fn connection_count(&self) -> usize {
+        self.connections.len()
     }
 
     /// The export's transmission flags (NBD_FLAG_*), as the server sent them.
@@ -191,7 +229,8 @@ impl NbdDev {
     /// Sends a request and, for FUA writes the server cannot flag, the
     /// FLUSH after its reply; `done` gets the buffer back.
     fn start(&self, request: DevRequest, done: DevCallback, inline: bool) {
-        let connection = &self.connection;
+        let next = self.next_connection.fetch_add(1, Ordering::Relaxed);
+        let connection = &self.connections[next % self.connections.len()];
         match request {
             DevRequest::Read { offset, buffer } => match self.check_length(buffer.len()) {
                 Ok(length) => {
@@ -269,16 +308,15 @@ impl NbdDev {
         );
         receiver.recv().unwrap_or_else(|_| DevResponse {
             buffer: None,
-            result: Err(lost(&self.connection.description, "request dropped")),
+            result: Err(lost(&self.connections[0].description, "request dropped")),
         })
     }
 }
 
 impl Drop for NbdDev {
     fn drop(&mut self) {
-        let connection = &self.connection;
-        connection.closing.store(true, Ordering::Release);
-        {
+        for connection in &self.connections {
+            connection.closing.store(true, Ordering::Release);
             let mut writer = connection.writer.lock();
             let disconnect =
                 Request { flags: 0, command: proto::CMD_DISC, cookie: 0, offset: 0, length: 0 };
@@ -286,7 +324,7 @@ impl Drop for NbdDev {
             let _ = writer.write_all(&disconnect.encode());
             let _ = writer.shutdown(Shutdown::Both);
         }
-        if let Some(reader) = self.reader.take() {
+        for reader in self.readers.drain(..) {
             let _ = reader.join();
         }
     }
@@ -714,6 +752,18 @@ fn option_error(option: &str, reply_type: u32, data: &[u8]) -> io::Error {
         io::ErrorKind::Unsupported
     };
     io::Error::new(kind, format!("{option}: {reason} ({reply_type:#x}) {message}"))
+}
+
+/// Connects and negotiates one connection.
+fn connect(address: &NbdAddress) -> io::Result<(Stream, Negotiated)> {
+    let mut stream = address
+        .connect()
+        .map_err(|error| io::Error::new(error.kind(), format!("connect: {error}")))?;
+    // The handshake must not hang on a silent peer either.
+    stream.set_read_timeout(Some(address.request_timeout))?;
+    let negotiated = handshake(&mut stream, &address.export)
+        .map_err(|error| io::Error::new(error.kind(), format!("NBD handshake: {error}")))?;
+    Ok((stream, negotiated))
 }
 
 /// Fixed newstyle negotiation: structured replies if offered, then

@@ -26,7 +26,13 @@ pub struct NbdAddress {
     pub endpoint: Endpoint,
     pub export: String,
     pub request_timeout: Duration,
+    /// Connections to open (`connections=N`); more than one only when the
+    /// server offers CAN_MULTI_CONN.
+    pub connections: usize,
 }
+
+/// The most connections `connections=N` asks for.
+pub const CONNECTIONS_MAX: usize = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
@@ -66,7 +72,8 @@ fn percent_decode(text: &str) -> io::Result<String> {
 
 impl NbdAddress {
     /// Parses `nbd://HOST[:PORT]/EXPORT` and `nbd+unix:///EXPORT?socket=PATH`
-    /// (the URI convention of qemu and libnbd), plus `timeout=SECONDS`.
+    /// (the URI convention of qemu and libnbd), plus `timeout=SECONDS` and
+    /// `connections=N`.
     pub fn parse(uri: &str) -> io::Result<Self> {
         let (scheme, rest) =
             uri.split_once("://").ok_or_else(|| invalid(format!("{uri:?} is not an NBD URI")))?;
@@ -75,6 +82,7 @@ impl NbdAddress {
         let export = percent_decode(export)?;
         let mut socket = None;
         let mut request_timeout = DEFAULT_REQUEST_TIMEOUT;
+        let mut connections = 1;
         for pair in query.split('&').filter(|pair| !pair.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             match key {
@@ -86,9 +94,20 @@ impl NbdAddress {
                         })?;
                     request_timeout = Duration::from_secs(seconds);
                 }
+                "connections" => {
+                    connections = value
+                        .parse()
+                        .ok()
+                        .filter(|count| (1..=CONNECTIONS_MAX).contains(count))
+                        .ok_or_else(|| {
+                            invalid(format!(
+                                "connections={value:?} in {uri:?} is not 1..={CONNECTIONS_MAX}"
+                            ))
+                        })?;
+                }
                 other => {
                     return Err(invalid(format!(
-                        "unknown parameter {other:?} in {uri:?} (socket, timeout)"
+                        "unknown parameter {other:?} in {uri:?} (socket, timeout, connections)"
                     )))
                 }
             }
@@ -135,7 +154,7 @@ impl NbdAddress {
                 )))
             }
         };
-        Ok(Self { endpoint, export, request_timeout })
+        Ok(Self { endpoint, export, request_timeout, connections })
     }
 
     pub fn connect(&self) -> io::Result<Stream> {
@@ -224,7 +243,9 @@ mod tests {
         assert_eq!(default_port.export, "");
         let v6 = NbdAddress::parse("nbd://[::1]:9000/x").unwrap();
         assert_eq!(v6.endpoint, Endpoint::Tcp { host: "::1".into(), port: 9000 });
-        let unix = NbdAddress::parse("nbd+unix:///vol?socket=/tmp/s.sock&timeout=5").unwrap();
+        let unix = NbdAddress::parse("nbd+unix:///vol?socket=/tmp/s.sock&timeout=5&connections=4")
+            .unwrap();
+        assert_eq!(unix.connections, 4);
         assert_eq!(unix.endpoint, Endpoint::Unix("/tmp/s.sock".into()));
         assert_eq!(unix.export, "vol");
         assert_eq!(unix.request_timeout, Duration::from_secs(5));
@@ -236,6 +257,8 @@ mod tests {
             "nbd://h/x?color=red",
             "nbd+unix://host/x?socket=/s",
             "nbd://h/x?timeout=0",
+            "nbd://h/x?connections=0",
+            "nbd://h/x?connections=17",
         ] {
             assert!(NbdAddress::parse(bad).is_err(), "{bad} accepted");
         }
