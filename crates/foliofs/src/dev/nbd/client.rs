@@ -759,8 +759,10 @@ fn connect(address: &NbdAddress) -> io::Result<(Stream, Negotiated)> {
     let mut stream = address
         .connect()
         .map_err(|error| io::Error::new(error.kind(), format!("connect: {error}")))?;
-    // The handshake must not hang on a silent peer either.
+    // Neither the handshake nor a request may hang on a peer that stopped
+    // reading or answering: after the timeout the connection is lost.
     stream.set_read_timeout(Some(address.request_timeout))?;
+    stream.set_write_timeout(Some(address.request_timeout))?;
     let negotiated = handshake(&mut stream, &address.export)
         .map_err(|error| io::Error::new(error.kind(), format!("NBD handshake: {error}")))?;
     Ok((stream, negotiated))

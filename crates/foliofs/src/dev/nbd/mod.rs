@@ -192,6 +192,13 @@ impl Stream {
         }
     }
 
+    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(stream) => stream.set_write_timeout(timeout),
+            Stream::Unix(stream) => stream.set_write_timeout(timeout),
+        }
+    }
+
     pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(stream) => stream.set_read_timeout(timeout),
