@@ -229,3 +229,47 @@ fn a_read_only_export_refuses_writes_and_an_unknown_name_lists_the_exports() {
     drop(file);
     volume.close().unwrap();
 }
+
+#[test]
+fn nbdcopy_over_four_connections_with_flush_round_trips() {
+    if tools_missing(&["nbdcopy", "qemu-img"]) {
+        return;
+    }
+    let served = Served::start(|_| {});
+    let source = served.dir.path().join("source.img");
+    write_pattern(&source, &[(0, 8 << 20, 0x11), (16 << 20, 8 << 20, 0x77)]);
+    let source_text = source.to_str().unwrap();
+    run("nbdcopy", &["--connections=4", "--flush", source_text, &served.uri()]);
+    let compared =
+        run("qemu-img", &["compare", "-f", "raw", "-F", "raw", source_text, &served.uri()]);
+    assert!(compared.contains("Images are identical"), "{compared}");
+    served.stop();
+}
+
+/// The two halves together: a volume whose device is a file inside another
+/// volume, through this server and the library's client backend.
+#[test]
+fn a_volume_lives_on_a_file_served_from_another_volume() {
+    let served = Served::start(|_| {});
+    let uri = PathBuf::from(format!("{}&connections=2", served.uri()));
+    Volume::mkfs_path(&uri, None, &MkfsOptions::default(), &options()).unwrap();
+    let inner = Volume::open(&uri, &options()).unwrap();
+    let ino = inner.create(1, b"nested", 0o644, Owner::current()).unwrap().ino;
+    let file = inner.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let data: Vec<u8> = (0..1_000_000u32).map(|index| (index % 241) as u8).collect();
+    file.write_at(&data, 12345).unwrap();
+    file.fsync().unwrap();
+    drop(file);
+    inner.close().unwrap();
+    let inner = Volume::open(&uri, &options()).unwrap();
+    let file = inner.open_file(ino, OpenFlags::READ).unwrap();
+    let mut back = vec![0; data.len()];
+    assert_eq!(file.read_at(&mut back, 12345).unwrap(), data.len());
+    assert!(back == data, "the nested file differs");
+    drop(file);
+    inner.close().unwrap();
+    let device = Device::open(&uri, &options().dev_options()).unwrap();
+    let report = foliofs::fsck::check(Arc::new(device));
+    assert!(report.is_clean(), "{:?}", report.problems);
+    served.stop();
+}
