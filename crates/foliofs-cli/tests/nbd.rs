@@ -145,3 +145,38 @@ fn serve_nbd_writes_back_and_closes_the_volume_on_sigterm() {
     assert!(output.stdout == payload, "the disk read back differs");
     assert!(ok(&["fsck", image_text]).contains("clean"));
 }
+
+/// TCP both ways: `serve nbd --listen` on an ephemeral loopback port, and a
+/// volume made, filled and checked on that export by URI.
+#[test]
+fn a_volume_on_a_file_served_over_tcp() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("vol.img");
+    let image_text = image.to_str().unwrap();
+    ok(&["mkfs", "--size", "128M", image_text]);
+    let mut server = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_foliofs"))
+            .args(["serve", "nbd", &format!("{image_text}:/disk.raw"), "--size", "32M"])
+            .args(["--listen", "127.0.0.1:0"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut banner = String::new();
+    std::io::BufReader::new(server.0.stderr.take().unwrap()).read_line(&mut banner).unwrap();
+    let uri = banner.split_whitespace().last().expect("serving ... as URI").to_string();
+    assert!(uri.starts_with("nbd://127.0.0.1:") && uri.ends_with("/disk.raw"), "{banner}");
+    ok(&["mkfs", &uri]);
+    ok(&["mkdir", &format!("{uri}:/inner")]);
+    let host_file = dir.path().join("note.txt");
+    std::fs::write(&host_file, b"on a volume inside a volume, over TCP\n").unwrap();
+    ok(&["cp", host_file.to_str().unwrap(), &format!("{uri}:/inner/note.txt")]);
+    let read = ok(&["cat", &format!("{uri}:/inner/note.txt")]);
+    assert_eq!(read, "on a volume inside a volume, over TCP\n");
+    assert!(ok(&["fsck", &uri]).contains("clean"));
+    let killed = Command::new("kill").args(["-TERM", &server.0.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    assert!(server.0.wait().unwrap().success());
+    assert!(ok(&["fsck", image_text]).contains("clean"));
+}

@@ -80,11 +80,18 @@ pub fn run(protocol: &ServeProtocol, options: &VolumeOptions) -> anyhow::Result<
     for export in server.exports() {
         let uri = address.replacen(":///", &format!(":///{}", export.name), 1);
         let uri = if uri == address { format!("{address}{}", export.name) } else { uri };
-        eprintln!("foliofs: serving {} ({} bytes) as {uri}", export.path, export.size_bytes);
+        note(&format!("serving {} ({} bytes) as {uri}", export.path, export.size_bytes));
     }
     server.serve(listener).context("closing the volume")?;
-    eprintln!("foliofs: stopped; the volume is closed");
+    note("stopped; the volume is closed");
     Ok(ExitCode::SUCCESS)
+}
+
+/// A line on stderr; a closed stderr (a caller that stopped listening)
+/// must not fail the server, least of all as it closes the volume.
+fn note(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "foliofs: {text}");
 }
 
 fn create_if_missing(volume: &Volume, target: &ImagePath, size_bytes: u64) -> anyhow::Result<()> {
