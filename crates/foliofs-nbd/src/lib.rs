@@ -122,6 +122,10 @@ impl Waker {
     }
 }
 
+/// Connections served at once; more are closed at once (each costs a
+/// thread per worker, and a client on a loop could exhaust them).
+pub const CONNECTIONS_MAX: usize = 64;
+
 #[derive(Default)]
 struct Connections {
     stopping: AtomicBool,
@@ -130,10 +134,15 @@ struct Connections {
 }
 
 impl Connections {
-    /// Registers a connection so a stop can end it; false once stopping.
+    /// Registers a connection so a stop can end it; None once stopping or
+    /// with [`CONNECTIONS_MAX`] open.
     fn register(&self, stream: &Stream) -> io::Result<Option<u64>> {
         let mut open = self.open.lock();
         if self.stopping.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        if open.len() >= CONNECTIONS_MAX {
+            tracing::warn!("NBD connection refused: {CONNECTIONS_MAX} are open already");
             return Ok(None);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
