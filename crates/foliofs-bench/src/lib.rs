@@ -2,11 +2,13 @@
 //! (`jobfile`), run in-process against the engine (`runner`) or its limits
 //! (`targets`: the raw device, memory), reported as fio does, in text or
 //! fio's JSON shape (`report`); and the seed experiments (`seeds`) beside the
-//! kernel's ext4 and XFS (`peers`), with tables, JSON and charts (`chart`).
+//! kernel's ext4 and XFS (`peers`) and on qemu-nbd (`nbd`), with tables, JSON
+//! and charts (`chart`).
 
 pub mod chart;
 pub mod jobfile;
 pub mod latency;
+pub mod nbd;
 pub mod peers;
 pub mod report;
 pub mod runner;

@@ -37,6 +37,9 @@ pub struct SeedOptions {
     /// beside the kernel peers; None leaves those rows out.
     pub mount_program: Option<PathBuf>,
     pub only: Vec<String>,
+    /// Rows for the engine and the raw device on qemu-nbd over the same
+    /// image (seeds 002 and 003).
+    pub nbd: bool,
     /// Repetitions of every row; the median is reported.
     pub reps: usize,
 }
@@ -173,12 +176,23 @@ impl Lab<'_> {
 
     /// The engine: a fresh volume on the scratch image, the job in-process.
     fn engine(&self, label: &str, command: &str, extra_options: &str) -> anyhow::Result<Row> {
+        self.engine_on(&self.image, label, command, extra_options)
+    }
+
+    /// The engine on `image` (the scratch image, or an NBD URI in front of it).
+    fn engine_on(
+        &self,
+        image: &Path,
+        label: &str,
+        command: &str,
+        extra_options: &str,
+    ) -> anyhow::Result<Row> {
         let spec = spec(command)?;
         let options = self.volume_options(extra_options)?;
         self.repeat(label, || {
             let mkfs = MkfsOptions { block_bytes: 4096, ..MkfsOptions::default() };
-            Volume::mkfs_path(&self.image, None, &mkfs, &options)?;
-            let volume = Volume::open(&self.image, &options)?;
+            Volume::mkfs_path(image, None, &mkfs, &options)?;
+            let volume = Volume::open(image, &options)?;
             let report = runner::run(&volume, std::slice::from_ref(&spec))?;
             volume.close()?;
             Ok(row_of(label, &report))
@@ -188,10 +202,14 @@ impl Lab<'_> {
     /// The raw device under the engine: the same job on the image file with
     /// no file system (direct jobs only).
     fn raw(&self, label: &str, command: &str) -> anyhow::Result<Row> {
+        self.raw_on(&self.image, label, command)
+    }
+
+    fn raw_on(&self, image: &Path, label: &str, command: &str) -> anyhow::Result<Row> {
         let spec = spec(command)?;
         let options = self.options.volume_options.clone();
         self.repeat(label, || {
-            let device = Arc::new(Device::open(&self.image, &options.dev_options())?);
+            let device = Arc::new(Device::open(image, &options.dev_options())?);
             let targets = targets::raw_regions(&device, &spec)
                 .into_iter()
                 .enumerate()
@@ -201,6 +219,29 @@ impl Lab<'_> {
                 runner::run_targets(std::slice::from_ref(&spec), targets, &|| device.stats())?;
             Ok(row_of(label, &report))
         })
+    }
+
+    /// Rows on qemu-nbd serving the scratch image (started for these rows
+    /// only): the engine with each of `engines` (label, extra options), and
+    /// the raw device through the same hop when `raw` is given.
+    fn nbd(
+        &self,
+        command: &str,
+        engines: &[(&str, &str)],
+        raw: Option<&str>,
+        rows: &mut Vec<Row>,
+    ) -> anyhow::Result<()> {
+        if !self.options.nbd {
+            return Ok(());
+        }
+        let server = crate::nbd::QemuNbd::start(&self.image)?;
+        for (label, extra) in engines {
+            rows.push(self.engine_on(&server.uri(), label, command, extra)?);
+        }
+        if let Some(label) = raw {
+            rows.push(self.raw_on(&server.uri(), label, command)?);
+        }
+        Ok(())
     }
 
     /// Plain copies between memory and the request buffer: the limit for
@@ -493,7 +534,12 @@ fn seed_002(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
                 vec![lab.engine("foliofs", &command, "")?, lab.raw("raw device", &command)?];
             lab.fuse("foliofs fuse", &command, "", &mut rows)?;
             lab.kernel(&command, &mut rows)?;
+            lab.nbd(&command, &[("foliofs nbd", "")], Some("raw nbd"), &mut rows)?;
             let group = Group { name: format!("{rw} {bs}, iodepth 64"), command, rows };
+            if let Some(value) = ratio(&group, Metric::Iops, "foliofs nbd", "raw nbd") {
+                let text = format!("{rw} {bs}: foliofs on qemu-nbd / raw qemu-nbd >= 0.8");
+                goals.push(goal(text, value, 0.8));
+            }
             if let Some(value) = ratio(&group, Metric::Iops, "foliofs", "raw device") {
                 goals.push(goal(format!("{rw} {bs}: foliofs / raw device >= 0.9"), value, 0.9));
             }
@@ -572,6 +618,8 @@ fn seed_003(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
         // foliofs-fuse's tests/dsync_writes.rs (the daemon's counters are
         // not visible from here); these rows give its speed.
         lab.fuse("foliofs fuse", &command, "fua=native", &mut rows)?;
+        let on_nbd = [("nbd fua=native", "fua=native"), ("nbd fua=emulate", "fua=emulate")];
+        lab.nbd(&command, &on_nbd, None, &mut rows)?;
         let group = Group {
             name: format!("4 KiB O_DSYNC writes, iodepth {iodepth}, {numjobs} jobs"),
             command,
@@ -581,6 +629,15 @@ fn seed_003(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
             let requests = native.requests_per_io.unwrap_or(f64::INFINITY);
             goals.push(Goal {
                 text: format!("qd{iodepth}/j{numjobs}: fua=native issues one request per write"),
+                value: requests,
+                target: 1.0,
+                met: requests <= 1.001,
+            });
+        }
+        if let Some(native) = group.row("nbd fua=native") {
+            let requests = native.requests_per_io.unwrap_or(f64::INFINITY);
+            goals.push(Goal {
+                text: format!("qd{iodepth}/j{numjobs}: on qemu-nbd too, one request per write"),
                 value: requests,
                 target: 1.0,
                 met: requests <= 1.001,
@@ -730,11 +787,12 @@ pub fn planned_rows(options: &SeedOptions) -> usize {
     let fuse_on = usize::from(options.peers && options.mount_program.is_some());
     // Rows per FUSE configuration: one per transport.
     let fuse = fuse_on * FUSE_TRANSPORTS.len();
+    let nbd = usize::from(options.nbd);
     let rows = [
         ("000", 3 + peers + fuse),
         ("001", 2 + peers),
-        ("002", 4 * (2 + peers + fuse) + fuse_on * (1 + peers + fuse)),
-        ("003", 3 * (2 + fuse)),
+        ("002", 4 * (2 + peers + fuse + 2 * nbd) + fuse_on * (1 + peers + fuse)),
+        ("003", 3 * (2 + fuse + 2 * nbd)),
         ("004", 6 * (3 + peers + 2 * fuse) + 2),
     ];
     rows.iter().filter(|(id, _)| selected(id)).map(|(_, count)| count * options.reps.max(1)).sum()

@@ -14,7 +14,7 @@ impl ImagePath {
     /// Parses `IMAGE:/path` (also `IMAGE:` or `IMAGE:path` for paths from
     /// the root). Returns None when there is no `:`, i.e. a host path.
     pub fn parse(text: &str) -> Option<Self> {
-        let (image, path) = text.split_once(':')?;
+        let (image, path) = split_nbd_uri(text).or_else(|| text.split_once(':'))?;
         if image.is_empty() {
             return None;
         }
@@ -39,6 +39,17 @@ impl ImagePath {
     }
 }
 
+/// An NBD URI's own colons (scheme, port) come before the export's `/`;
+/// the first colon after it starts the path inside the volume.
+fn split_nbd_uri(text: &str) -> Option<(&str, &str)> {
+    let scheme_end = ["nbd://", "nbd+unix://"]
+        .iter()
+        .find_map(|scheme| text.starts_with(scheme).then_some(scheme.len()))?;
+    let export_start = scheme_end + text[scheme_end..].find('/')?;
+    let colon = export_start + text[export_start..].find(':')?;
+    Some((&text[..colon], &text[colon + 1..]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,5 +65,15 @@ mod tests {
         assert_eq!(parsed.split(), Some(("/a".into(), "b".into())));
         assert_eq!(ImagePath::parse("v:/top").unwrap().split(), Some(("/".into(), "top".into())));
         assert_eq!(ImagePath::parse("v:/").unwrap().split(), None);
+    }
+
+    #[test]
+    fn parses_nbd_uris_as_images() {
+        let tcp = ImagePath::parse("nbd://host:10810/disk:/a/b").unwrap();
+        assert_eq!(tcp, ImagePath { image: "nbd://host:10810/disk".into(), path: "/a/b".into() });
+        let unix = ImagePath::parse("nbd+unix:///vol?socket=/tmp/s.sock:/x").unwrap();
+        assert_eq!(unix.image, PathBuf::from("nbd+unix:///vol?socket=/tmp/s.sock"));
+        assert_eq!(unix.path, "/x");
+        assert_eq!(ImagePath::parse("nbd://host/disk:").unwrap().path, "/");
     }
 }

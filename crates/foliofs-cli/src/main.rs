@@ -109,6 +109,11 @@ enum Command {
         #[arg(long, hide = true)]
         daemon: bool,
     },
+    /// Serve files inside a volume to other machines: `serve nbd IMAGE:/disk.raw
+    /// [--socket PATH | --listen ADDR]` (a VM's disk, qemu-img, nbdcopy) until
+    /// SIGINT/SIGTERM.
+    #[command(subcommand)]
+    Serve(commands::serve::ServeProtocol),
     /// Run fio jobs (a job file, or fio options such as --name=t --rw=randread
     /// --bs=4k --size=1G) or a fixed benchmark, in-process on a temporary image.
     Bench(Box<commands::bench::BenchArgs>),
@@ -195,6 +200,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Fiemap { target } => files::fiemap(&target, &options),
         Command::Fallocate(args) => fallocate::run(&args, &options),
         Command::Mount { .. } => unreachable!("handled above"),
+        Command::Serve(protocol) => serve::run(&protocol, &options),
         Command::Bench(args) => bench::run(*args, &options, &cli.options),
         Command::Crashtest(args) => crashtest::run(&args, &cli.options),
         Command::Fsx(args) => fsx::run(&args, &cli.options),

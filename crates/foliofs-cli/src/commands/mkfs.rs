@@ -17,7 +17,7 @@ pub fn run(
     let block_bytes = u32::try_from(block_bytes)
         .map_err(|_| anyhow::anyhow!("block size {block_bytes} is too large"))?;
     let size_bytes = size.map(parse_size).transpose().context("--size")?;
-    if size_bytes.is_none() && !image.exists() {
+    if size_bytes.is_none() && !image.exists() && !foliofs::dev::nbd::is_nbd_uri(image) {
         anyhow::bail!("{} does not exist: give --size to create it", image.display());
     }
     let journal_bytes = journal_size.map(parse_size).transpose().context("--journal-size")?;

@@ -7,3 +7,4 @@ pub mod fsx;
 pub mod info;
 pub mod mkfs;
 pub mod mount;
+pub mod serve;

@@ -36,7 +36,12 @@ pub fn run(image: &Path, mountpoint: &Path, options: &str, mode: Mode) -> anyhow
         return Ok(ExitCode::SUCCESS);
     }
     let mount_options = MountOptions::parse(options)?;
-    let image = image.canonicalize().with_context(|| format!("image {}", image.display()))?;
+    // An NBD URI names no local file: it stays as written.
+    let image = if foliofs::dev::nbd::is_nbd_uri(image) {
+        image.to_path_buf()
+    } else {
+        image.canonicalize().with_context(|| format!("image {}", image.display()))?
+    };
     let image = image.as_path();
     if !mountpoint.is_dir() {
         bail!("mount point {} is not a directory", mountpoint.display());

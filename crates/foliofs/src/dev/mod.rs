@@ -9,6 +9,7 @@
 mod aligned;
 pub mod fault;
 mod file;
+pub mod nbd;
 mod sys;
 mod threads;
 mod uring;
@@ -264,8 +265,12 @@ impl Device {
         Self { raw, fua, logical_block_bytes, counters: Arc::default(), flushes: Arc::default() }
     }
 
-    /// Opens an image file or block device.
+    /// Opens an image file or block device, or an NBD export named by its
+    /// URI (`nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`).
     pub fn open(path: &Path, options: &DevOptions) -> io::Result<Self> {
+        if let Some(uri) = path.to_str().filter(|_| nbd::is_nbd_uri(path)) {
+            return Ok(Self::new(Arc::new(nbd::NbdDev::open(uri, options)?), options.fua));
+        }
         let raw: Arc<dyn RawDev> = match options.engine {
             EngineKind::Sync => Arc::new(file::FileDev::open(path, options)?),
             EngineKind::Threads => Arc::new(threads::ThreadsDev::open(path, options)?),

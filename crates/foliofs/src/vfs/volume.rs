@@ -186,6 +186,12 @@ impl Volume {
         mkfs: &MkfsOptions,
         options: &VolumeOptions,
     ) -> Result<Superblock> {
+        if size_bytes.is_some() && crate::dev::nbd::is_nbd_uri(path) {
+            return Err(Error::invalid(format!(
+                "{}: an NBD export's size is the server's; mkfs it without a size",
+                path.display()
+            )));
+        }
         if let Some(size_bytes) = size_bytes {
             layout::check_mkfs_args(size_bytes, mkfs.block_bytes)?;
             let file = std::fs::OpenOptions::new()

@@ -61,7 +61,9 @@ impl BenchImage {
         };
         let block_bytes = u32::try_from(parse_size(&args.block_size).context("--block-size")?)?;
         let mkfs = MkfsOptions { block_bytes, ..MkfsOptions::default() };
-        if image.temporary || !image.path.exists() {
+        // An NBD export is the server's to size and lay out.
+        let on_nbd = foliofs::dev::nbd::is_nbd_uri(&image.path);
+        if !on_nbd && (image.temporary || !image.path.exists()) {
             lay_out(&image.path, size_bytes)?;
         }
         Volume::mkfs_path(&image.path, None, &mkfs, options)?;

@@ -35,6 +35,10 @@ pub struct SeedsArgs {
     /// Runs per row, the median reported (default: 1 with --quick, else 3).
     #[arg(long)]
     reps: Option<usize>,
+    /// Add rows on qemu-nbd over the same image to seeds 002 and 003: the
+    /// engine and the raw device across an NBD hop (needs qemu-nbd).
+    #[arg(long)]
+    nbd: bool,
 }
 
 pub fn run(
@@ -56,6 +60,11 @@ pub fn run(
             }
         },
     };
+    if args.nbd {
+        if let Some(why) = foliofs_bench::nbd::unavailable() {
+            bail!("--nbd: {why}");
+        }
+    }
     let seed_options = seeds::SeedOptions {
         quick: args.quick,
         peers,
@@ -66,6 +75,7 @@ pub fn run(
         // This executable mounts the engine for the rows through FUSE.
         mount_program: std::env::current_exe().ok(),
         only: args.only.clone(),
+        nbd: args.nbd,
         reps: args.reps.unwrap_or(if args.quick { 1 } else { 3 }),
     };
     let bar = ProgressBar::new(seeds::planned_rows(&seed_options) as u64);
