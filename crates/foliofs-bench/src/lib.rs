@@ -12,3 +12,4 @@ pub mod report;
 pub mod runner;
 pub mod seeds;
 pub mod targets;
+pub mod tree;
