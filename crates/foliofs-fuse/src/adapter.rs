@@ -91,9 +91,10 @@ impl FolioFs {
         // With FOPEN_DIRECT_IO everywhere the kernel caches pages only for
         // mmap, and its direct I/O path keeps those coherent with the
         // writes it sends: only a library user's changes need telling.
-        let served_changes = options.page_cache == PageCacheUse::Kernel;
+        let served_changes = options.page_cache != PageCacheUse::Engine;
         let invalidator = Invalidator::start(Arc::clone(&notifier), served_changes);
         volume.set_change_observer(Some(invalidator.observer()));
+        volume.set_namespace_observer(Some(invalidator.namespace_observer()));
         Self {
             volume,
             handles: Handles::new(),
@@ -334,6 +335,14 @@ impl Filesystem for FolioFs {
                 tracing::info!("the kernel does not offer POSIX ACLs");
             }
         }
+        // Buffered writes stay in the kernel's page cache; it sends them
+        // (and the times it keeps) later. Without it, the mount stays
+        // write-through, which is what `page_cache=kernel` does.
+        if self.page_cache == PageCacheUse::Writeback
+            && config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE).is_err()
+        {
+            tracing::warn!("the kernel does not offer FUSE_WRITEBACK_CACHE: writes go through");
+        }
         if let Err(nearest) = config.set_max_write(self.max_write_bytes) {
             let _ = config.set_max_write(nearest);
         }
@@ -346,6 +355,7 @@ impl Filesystem for FolioFs {
     fn destroy(&mut self) {
         // Ends the invalidation thread; nothing is mounted to invalidate.
         self.volume.set_change_observer(None);
+        self.volume.set_namespace_observer(None);
         // After a forced unmount the kernel may not have released every
         // handle; close them so unlinked files are freed before the volume
         // closes.
@@ -385,7 +395,7 @@ impl Filesystem for FolioFs {
         size: Option<u64>,
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
-        _ctime: Option<std::time::SystemTime>,
+        ctime: Option<std::time::SystemTime>,
         _fh: Option<FileHandle>,
         _crtime: Option<std::time::SystemTime>,
         _chgtime: Option<std::time::SystemTime>,
@@ -401,6 +411,9 @@ impl Filesystem for FolioFs {
             size,
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
+            // With writeback_cache the kernel keeps the times and sends
+            // its ctime beside the mtime it writes back.
+            ctime: ctime.map(timestamp),
         };
         match self.volume.setattr(ino.0, &changes) {
             Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr)),
@@ -425,6 +438,8 @@ impl Filesystem for FolioFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         let kind = match mode & libc::S_IFMT {
             0 | libc::S_IFREG => foliofs::InodeKind::File,
             libc::S_IFIFO => foliofs::InodeKind::Fifo,
@@ -450,12 +465,16 @@ impl Filesystem for FolioFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         let mode = self.volume.creation_mode(parent.0, mode, umask);
         let result = self.volume.mkdir(parent.0, name_bytes(name), mode, owner(req));
         self.reply_entry(reply, result);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         match self.volume.unlink(parent.0, name_bytes(name)) {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("unlink", &error)),
@@ -463,6 +482,8 @@ impl Filesystem for FolioFs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         match self.volume.rmdir(parent.0, name_bytes(name)) {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("rmdir", &error)),
@@ -477,6 +498,8 @@ impl Filesystem for FolioFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         let result = self.volume.symlink(
             parent.0,
             name_bytes(link_name),
@@ -496,6 +519,8 @@ impl Filesystem for FolioFs {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
             reply.error(Errno::EINVAL);
             return;
@@ -520,6 +545,8 @@ impl Filesystem for FolioFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         let result = self.volume.link(ino.0, newparent.0, name_bytes(newname));
         self.reply_entry(reply, result);
     }
@@ -630,8 +657,11 @@ impl Filesystem for FolioFs {
         reply: ReplyEmpty,
     ) {
         // close(2) promises nothing about durability, and writeback errors
-        // are reported by fsync, once per handle, as the kernel does.
-        reply.ok();
+        // are reported by fsync, once per handle, as the kernel does. So
+        // there is nothing to do, and ENOSYS tells the kernel not to send
+        // FLUSH again: one round trip less per close(2). (POSIX locks are
+        // the kernel's own here: no lock handlers, so no owner to release.)
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
@@ -814,6 +844,8 @@ impl Filesystem for FolioFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         let name = name_bytes(name);
         let result = XattrFlags::from_bits(flags).and_then(|mut flags| {
             if name == b"system.posix_acl_access" {
@@ -852,6 +884,8 @@ impl Filesystem for FolioFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         let name = name_bytes(name);
         match self.volume.remove_xattr(ino.0, name, xattr_privilege(req, name)) {
             Ok(()) => reply.ok(),

@@ -37,4 +37,5 @@ pub use vfs::{
     Attr, ChangeEvent, ChangeObserver, Dir, DirEntry, File, OpenFlags, Owner, RenameFlags, SetAttr,
     StatFs, TimeSet, Volume,
 };
+pub use vfs::{NamespaceEvent, NamespaceObserver};
 pub use vfs::{Privilege, XattrFlags};

@@ -19,6 +19,6 @@ pub use attr::{Attr, DirEntry, Owner, SetAttr, StatFs, TimeSet};
 pub use dir::Dir;
 pub use file::{File, OpenFlags};
 pub use namespace::RenameFlags;
-pub use observe::{ChangeEvent, ChangeObserver};
+pub use observe::{ChangeEvent, ChangeObserver, NamespaceEvent, NamespaceObserver};
 pub use volume::{CacheStats, FiemapExtent, MkfsOptions, Volume};
 pub use xattr::{Privilege, XattrFlags};

@@ -19,6 +19,7 @@ use crate::format::{
 use crate::meta::Inode;
 
 use super::acl;
+use super::observe::NamespaceEvent;
 use super::volume::Volume;
 
 /// setxattr(2)'s flags.
@@ -203,6 +204,8 @@ impl Volume {
             txn.apply(Record::InodeSet { ino, attrs });
             Ok(())
         })?;
+        // The ctime, and the mode where an access ACL changed.
+        self.shared.namespace_changed(&[NamespaceEvent::Attributes { ino }]);
         Ok(())
     }
 
@@ -247,6 +250,8 @@ impl Volume {
             txn.apply(Record::InodeSet { ino, attrs });
             Ok(())
         })?;
+        // The ctime, and the mode where an access ACL changed.
+        self.shared.namespace_changed(&[NamespaceEvent::Attributes { ino }]);
         Ok(())
     }
 }
