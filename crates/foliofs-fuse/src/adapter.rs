@@ -80,6 +80,8 @@ pub struct FolioFs {
     invalidator: Arc<Invalidator>,
     ttl: Duration,
     max_write_bytes: u32,
+    /// FUSE_HANDLE_KILLPRIV_V2 is on (`privileges_to_kill`).
+    kills_privileges: bool,
     /// The kernel enforces POSIX ACLs (FUSE_POSIX_ACL); it needs the
     /// kernel's permission checks, so only with default_permissions.
     posix_acl: bool,
@@ -104,6 +106,7 @@ impl FolioFs {
             ttl: options.attr_timeout,
             max_write_bytes: options.max_write_bytes,
             posix_acl: options.default_permissions,
+            kills_privileges: false,
         }
     }
 
@@ -182,6 +185,40 @@ impl FolioFs {
             Ok(false) => Ok(()),
             Err(error) => Err(self.failed(operation, &error)),
         }
+    }
+
+    /// FUSE_HANDLE_KILLPRIV_V2: the kernel leaves to the daemon what a
+    /// truncate and a chown take away (it would otherwise ask for
+    /// security.capability before every buffered write: one GETXATTR round
+    /// trip each). A truncate drops file capabilities, and the set-ID bits
+    /// by the library's rule for the caller (fuser does not pass
+    /// FATTR_KILL_SUIDGID; the rule is the one the kernel applies to send
+    /// it); a chown drops capabilities, set-user-ID always and set-group-ID
+    /// with group execute, root's too. Returns the mode and the set-ID bits
+    /// a chown clears from it, if any.
+    fn privileges_to_kill(
+        &self,
+        req: &Request,
+        ino: u64,
+        truncate: bool,
+        chown: bool,
+    ) -> foliofs::Result<Option<(u32, u32)>> {
+        if truncate || chown {
+            self.volume.remove_privileges(ino, owner(req), truncate)?;
+        }
+        if !chown {
+            return Ok(None);
+        }
+        let attr = self.volume.getattr(ino)?;
+        if attr.kind != foliofs::InodeKind::File {
+            return Ok(None);
+        }
+        let mode = attr.mode & 0o7777;
+        let mut cleared = mode & libc::S_ISUID;
+        if mode & libc::S_IXGRP != 0 {
+            cleared |= mode & libc::S_ISGID;
+        }
+        Ok((cleared != 0).then_some((mode, cleared)))
     }
 
     /// A directory handle's entries from `offset` on (a fresh snapshot at
@@ -343,6 +380,13 @@ impl Filesystem for FolioFs {
         {
             tracing::warn!("the kernel does not offer FUSE_WRITEBACK_CACHE: writes go through");
         }
+        // Where the kernel's page cache takes buffered writes: without it,
+        // each write asks for security.capability first (FUSE clears
+        // SB_NOSEC), a GETXATTR round trip per write(2).
+        if self.page_cache != PageCacheUse::Engine {
+            self.kills_privileges =
+                config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok();
+        }
         if let Err(nearest) = config.set_max_write(self.max_write_bytes) {
             let _ = config.set_max_write(nearest);
         }
@@ -387,9 +431,9 @@ impl Filesystem for FolioFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
-        mode: Option<u32>,
+        mut mode: Option<u32>,
         uid: Option<u32>,
         gid: Option<u32>,
         size: Option<u64>,
@@ -404,6 +448,13 @@ impl Filesystem for FolioFs {
         reply: ReplyAttr,
     ) {
         invalidate::mark_serving();
+        if self.kills_privileges {
+            match self.privileges_to_kill(req, ino.0, size.is_some(), uid.or(gid).is_some()) {
+                Ok(Some((current, cleared))) => mode = Some(mode.unwrap_or(current) & !cleared),
+                Ok(None) => {}
+                Err(error) => return reply.error(self.failed("setattr", &error)),
+            }
+        }
         let changes = SetAttr {
             mode,
             uid,
