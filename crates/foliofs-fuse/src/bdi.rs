@@ -39,10 +39,11 @@ fn device_of(mountpoint: &Path) -> Option<String> {
     let point = canonical.to_str()?;
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     info.lines()
+        .rev()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split(' ').collect();
             (fields.get(4) == Some(&point)).then(|| fields.get(2).map(|device| device.to_string()))
         })
-        .last()
+        .next()
         .flatten()
 }
