@@ -365,6 +365,9 @@ mod tests {
         assert_eq!(options.volume.fua, foliofs::dev::FuaMode::Emulate);
         assert!(options.volume.read_only);
         assert_eq!(options.page_cache, PageCacheUse::Kernel);
+        let writeback = MountOptions::parse("page_cache=writeback").unwrap();
+        assert_eq!(writeback.page_cache, PageCacheUse::Writeback);
+        assert_eq!(writeback.attr_timeout, Duration::from_secs(3600));
         assert_eq!(options.fuse_threads, 3);
         assert!(options.allow_other);
         assert_eq!(options.standard_options, ["noatime"]);
@@ -381,7 +384,10 @@ mod tests {
         assert!(unknown.contains("\"bogus\""), "{unknown}");
         assert!(unknown.contains("page_cache") && unknown.contains("folio_max"), "{unknown}");
         let bad = MountOptions::parse("page_cache=disk").unwrap_err().to_string();
-        assert!(bad.contains("page_cache=disk") && bad.contains("engine or kernel"), "{bad}");
+        assert!(
+            bad.contains("page_cache=disk") && bad.contains("engine, kernel or writeback"),
+            "{bad}"
+        );
         let bad_engine = MountOptions::parse("folio_max=3k").unwrap_err().to_string();
         assert!(bad_engine.contains("folio_max=3k"), "{bad_engine}");
         assert!(MountOptions::parse("allow_other=yes").is_err());
