@@ -148,9 +148,9 @@ impl Default for MountOptions {
             // threads, 43.3k with 16 and 29.7k with 64.
             fuse_threads: DEFAULT_FUSE_THREADS,
             // Long: every change the kernel does not make itself is
-            // invalidated (the invalidate module), so what bounds it is
-            // what the engine changes on its own: the allocated block count
-            // (st_blocks) once delayed allocation is written back.
+            // invalidated (the invalidate module). It bounds only a change
+            // the engine would make on its own, unasked; st_blocks is not
+            // one (it counts delayed allocation already).
             attr_timeout: Duration::from_secs(DEFAULT_ATTR_TIMEOUT_SECONDS),
             max_write_bytes: 1 << 20,
             default_permissions: true,
