@@ -14,3 +14,4 @@ pub mod report;
 pub mod runner;
 pub mod seeds;
 pub mod targets;
+pub mod tree;

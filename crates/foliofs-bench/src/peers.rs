@@ -143,6 +143,13 @@ pub struct Peers {
 
 impl Peers {
     pub fn start(dir: &Path, size_bytes: u64) -> anyhow::Result<Self> {
+        Self::start_for_files(dir, size_bytes, 0)
+    }
+
+    /// As `start`, with room for at least `inodes` files on ext4 (whose
+    /// inode table is fixed at mkfs: one per 16 KiB by default; XFS
+    /// allocates its inodes as it goes).
+    pub fn start_for_files(dir: &Path, size_bytes: u64, inodes: u64) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         register(Undo::Remove(dir.to_path_buf()));
         let mut file_systems = Vec::new();
@@ -156,7 +163,12 @@ impl Peers {
             .to_string();
             register(Undo::DetachLoop(loop_device.clone()));
             if name == "ext4" {
-                run(Command::new("mkfs.ext4").args(["-q", "-F", &loop_device]))?;
+                let mut mkfs = Command::new("mkfs.ext4");
+                mkfs.args(["-q", "-F"]);
+                if inodes > 0 {
+                    mkfs.arg("-N").arg(inodes.to_string());
+                }
+                run(mkfs.arg(&loop_device))?;
             } else {
                 run(Command::new("mkfs.xfs").args(["-q", "-f", &loop_device]))?;
             }

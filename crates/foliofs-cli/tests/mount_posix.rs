@@ -157,12 +157,12 @@ fn unprivileged_writes_and_fallocate_drop_setid_bits() {
     if skip_requested() {
         return;
     }
-    for page_cache in ["page_cache=engine", "page_cache=kernel"] {
+    for page_cache in ["page_cache=engine", "page_cache=kernel", "page_cache=writeback"] {
         let mut mounted = Mounted::new(page_cache);
         let file = mounted.path("f");
         fs::write(&file, vec![b'X'; 65536]).unwrap();
         let of = format!("of={file}");
-        let buffered_by_kernel = page_cache == "page_cache=kernel";
+        let buffered_by_kernel = page_cache != "page_cache=engine";
         let changes: [(&str, &[&str], bool); 4] = [
             (
                 "dd",
@@ -194,6 +194,17 @@ fn unprivileged_writes_and_fallocate_drop_setid_bits() {
         chmod(&file, 0o6644);
         run_as_user("dd", &["if=/dev/zero", &of, "bs=4k", "count=1", "oflag=direct"]);
         assert_eq!(mode_of(&file), 0o2644, "{page_cache}");
+        // A truncate by a user drops them too (FUSE_HANDLE_KILLPRIV_V2
+        // leaves it to the daemon where the kernel's cache takes writes);
+        // root's truncate keeps them; a chown drops set-user-ID, root's too.
+        chmod(&file, 0o6676);
+        run("truncate", &["-s", "100", &file]);
+        assert_eq!(mode_of(&file), 0o6676, "{page_cache}: root's truncate");
+        run_as_user("truncate", &["-s", "50", &file]);
+        assert_eq!(mode_of(&file), 0o676, "{page_cache}: truncate as a user");
+        chmod(&file, 0o6676);
+        std::os::unix::fs::chown(&file, Some(0), None).unwrap();
+        assert_eq!(mode_of(&file), 0o676, "{page_cache}: chown");
         mounted.unmount();
     }
 }

@@ -76,6 +76,8 @@ pub struct FolioFs {
     invalidator: Arc<Invalidator>,
     ttl: Duration,
     max_write_bytes: u32,
+    /// FUSE_HANDLE_KILLPRIV_V2 is on (`privileges_to_kill`).
+    kills_privileges: bool,
     /// The kernel enforces POSIX ACLs (FUSE_POSIX_ACL); it needs the
     /// kernel's permission checks, so only with default_permissions.
     posix_acl: bool,
@@ -87,9 +89,10 @@ impl FolioFs {
         // With FOPEN_DIRECT_IO everywhere the kernel caches pages only for
         // mmap, and its direct I/O path keeps those coherent with the
         // writes it sends: only a library user's changes need telling.
-        let served_changes = options.page_cache == PageCacheUse::Kernel;
+        let served_changes = options.page_cache != PageCacheUse::Engine;
         let invalidator = Invalidator::start(Arc::clone(&notifier), served_changes);
         volume.set_change_observer(Some(invalidator.observer()));
+        volume.set_namespace_observer(Some(invalidator.namespace_observer()));
         Self {
             volume,
             handles: Handles::new(),
@@ -99,6 +102,7 @@ impl FolioFs {
             ttl: options.attr_timeout,
             max_write_bytes: options.max_write_bytes,
             posix_acl: options.default_permissions,
+            kills_privileges: false,
         }
     }
 
@@ -178,6 +182,40 @@ impl FolioFs {
             Ok(false) => Ok(()),
             Err(error) => Err(self.failed(operation, &error)),
         }
+    }
+
+    /// FUSE_HANDLE_KILLPRIV_V2: the kernel leaves to the daemon what a
+    /// truncate and a chown take away (it would otherwise ask for
+    /// security.capability before every buffered write: one GETXATTR round
+    /// trip each). A truncate drops file capabilities, and the set-ID bits
+    /// by the library's rule for the caller (fuser does not pass
+    /// FATTR_KILL_SUIDGID; the rule is the one the kernel applies to send
+    /// it); a chown drops capabilities, set-user-ID always and set-group-ID
+    /// with group execute, root's too. Returns the mode and the set-ID bits
+    /// a chown clears from it, if any.
+    fn privileges_to_kill(
+        &self,
+        req: &Request,
+        ino: u64,
+        truncate: bool,
+        chown: bool,
+    ) -> foliofs::Result<Option<(u32, u32)>> {
+        if truncate || chown {
+            self.volume.remove_privileges(ino, owner(req), truncate)?;
+        }
+        if !chown {
+            return Ok(None);
+        }
+        let attr = self.volume.getattr(ino)?;
+        if attr.kind != foliofs::InodeKind::File {
+            return Ok(None);
+        }
+        let mode = attr.mode & 0o7777;
+        let mut cleared = mode & libc::S_ISUID;
+        if mode & libc::S_IXGRP != 0 {
+            cleared |= mode & libc::S_ISGID;
+        }
+        Ok((cleared != 0).then_some((mode, cleared)))
     }
 
     /// A directory handle's entries from `offset` on (a fresh snapshot at
@@ -318,6 +356,21 @@ impl Filesystem for FolioFs {
                 tracing::info!("the kernel does not offer POSIX ACLs");
             }
         }
+        // Buffered writes stay in the kernel's page cache; it sends them
+        // (and the times it keeps) later. Without it, the mount stays
+        // write-through, which is what `page_cache=kernel` does.
+        if self.page_cache == PageCacheUse::Writeback
+            && config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE).is_err()
+        {
+            tracing::warn!("the kernel does not offer FUSE_WRITEBACK_CACHE: writes go through");
+        }
+        // Where the kernel's page cache takes buffered writes: without it,
+        // each write asks for security.capability first (FUSE clears
+        // SB_NOSEC), a GETXATTR round trip per write(2).
+        if self.page_cache != PageCacheUse::Engine {
+            self.kills_privileges =
+                config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok();
+        }
         if let Err(nearest) = config.set_max_write(self.max_write_bytes) {
             let _ = config.set_max_write(nearest);
         }
@@ -330,6 +383,7 @@ impl Filesystem for FolioFs {
     fn destroy(&mut self) {
         // Ends the invalidation thread; nothing is mounted to invalidate.
         self.volume.set_change_observer(None);
+        self.volume.set_namespace_observer(None);
         // After a forced unmount the kernel may not have released every
         // handle; close them so unlinked files are freed before the volume
         // closes.
@@ -361,15 +415,15 @@ impl Filesystem for FolioFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
-        mode: Option<u32>,
+        mut mode: Option<u32>,
         uid: Option<u32>,
         gid: Option<u32>,
         size: Option<u64>,
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
-        _ctime: Option<std::time::SystemTime>,
+        ctime: Option<std::time::SystemTime>,
         _fh: Option<FileHandle>,
         _crtime: Option<std::time::SystemTime>,
         _chgtime: Option<std::time::SystemTime>,
@@ -378,6 +432,13 @@ impl Filesystem for FolioFs {
         reply: ReplyAttr,
     ) {
         invalidate::mark_serving();
+        if self.kills_privileges {
+            match self.privileges_to_kill(req, ino.0, size.is_some(), uid.or(gid).is_some()) {
+                Ok(Some((current, cleared))) => mode = Some(mode.unwrap_or(current) & !cleared),
+                Ok(None) => {}
+                Err(error) => return reply.error(self.failed("setattr", &error)),
+            }
+        }
         let changes = SetAttr {
             mode,
             uid,
@@ -385,6 +446,9 @@ impl Filesystem for FolioFs {
             size,
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
+            // With writeback_cache the kernel keeps the times and sends
+            // its ctime beside the mtime it writes back.
+            ctime: ctime.map(timestamp),
         };
         match self.volume.setattr(ino.0, &changes) {
             Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr)),
@@ -409,6 +473,8 @@ impl Filesystem for FolioFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         let kind = match mode & libc::S_IFMT {
             0 | libc::S_IFREG => foliofs::InodeKind::File,
             libc::S_IFIFO => foliofs::InodeKind::Fifo,
@@ -434,12 +500,16 @@ impl Filesystem for FolioFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         let mode = self.volume.creation_mode(parent.0, mode, umask);
         let result = self.volume.mkdir(parent.0, name_bytes(name), mode, owner(req));
         self.reply_entry("mkdir", reply, result);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         match self.volume.unlink(parent.0, name_bytes(name)) {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("unlink", &error)),
@@ -447,6 +517,8 @@ impl Filesystem for FolioFs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         match self.volume.rmdir(parent.0, name_bytes(name)) {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("rmdir", &error)),
@@ -461,6 +533,8 @@ impl Filesystem for FolioFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         let result = self.volume.symlink(
             parent.0,
             name_bytes(link_name),
@@ -480,6 +554,8 @@ impl Filesystem for FolioFs {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
             reply.error(Errno::EINVAL);
             return;
@@ -504,6 +580,8 @@ impl Filesystem for FolioFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         let result = self.volume.link(ino.0, newparent.0, name_bytes(newname));
         self.reply_entry("link", reply, result);
     }
@@ -614,8 +692,11 @@ impl Filesystem for FolioFs {
         reply: ReplyEmpty,
     ) {
         // close(2) promises nothing about durability, and writeback errors
-        // are reported by fsync, once per handle, as the kernel does.
-        reply.ok();
+        // are reported by fsync, once per handle, as the kernel does. So
+        // there is nothing to do, and ENOSYS tells the kernel not to send
+        // FLUSH again: one round trip less per close(2). (POSIX locks are
+        // the kernel's own here: no lock handlers, so no owner to release.)
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
@@ -797,6 +878,8 @@ impl Filesystem for FolioFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         let name = name_bytes(name);
         let result = XattrFlags::from_bits(flags).and_then(|mut flags| {
             if name == b"system.posix_acl_access" {
@@ -835,6 +918,8 @@ impl Filesystem for FolioFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        // The kernel makes this change itself: no notification for it.
+        invalidate::mark_serving();
         let name = name_bytes(name);
         match self.volume.remove_xattr(ino.0, name, xattr_privilege(req, name)) {
             Ok(()) => reply.ok(),

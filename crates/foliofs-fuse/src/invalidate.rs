@@ -13,6 +13,16 @@
 //! `page_cache=engine` the kernel caches pages only for mmap and its direct
 //! I/O path keeps them coherent: only a library user's changes are sent.
 //!
+//! Names and attributes: the kernel keeps dentries and attributes for the
+//! mount's `attr_timeout` (long by default), which is safe because every
+//! change it did not make itself is told: a library user's creates,
+//! unlinks, renames and attribute changes ([`foliofs::NamespaceEvent`])
+//! become FUSE_NOTIFY_INVAL_ENTRY and attribute-only INVAL_INODE, and a
+//! library user's data change to a file the mount never opened (whose size
+//! and times the kernel may still hold from a lookup) an attribute-only
+//! INVAL_INODE. The kernel's own changes through the mount it updates
+//! itself.
+//!
 //! Deadlock rule: invalidating waits for the page locks of the range, and
 //! the kernel holds those while it waits for some replies of this daemon (a
 //! write-through write holds its pages until its WRITE is answered). So a
@@ -26,12 +36,13 @@
 use std::cell::Cell;
 use std::collections::HashSet;
 use std::future::Future;
+use std::os::unix::ffi::OsStrExt;
 use std::pin::Pin;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 
-use foliofs::{ChangeEvent, ChangeObserver};
+use foliofs::{ChangeEvent, ChangeObserver, NamespaceEvent, NamespaceObserver};
 use fuser::{INodeNo, Notifier};
 
 thread_local! {
@@ -112,6 +123,32 @@ impl Invalidator {
         Arc::new(move |event: ChangeEvent| invalidator.changed(event))
     }
 
+    pub(crate) fn namespace_observer(self: &Arc<Self>) -> NamespaceObserver {
+        let invalidator = Arc::clone(self);
+        Arc::new(move |event: &NamespaceEvent| invalidator.namespace_changed(event))
+    }
+
+    /// A library user's change to names or attributes, sent before its
+    /// call returns; the kernel made (and knows) those it served.
+    fn namespace_changed(&self, event: &NamespaceEvent) {
+        if SERVING.with(Cell::get) {
+            return;
+        }
+        let Some(notifier) = self.notifier.get() else { return };
+        let sent = match event {
+            NamespaceEvent::Entry { parent, name } => {
+                notifier.inval_entry(INodeNo(*parent), std::ffi::OsStr::from_bytes(name))
+            }
+            NamespaceEvent::Attributes { ino } => notifier.inval_inode(INodeNo(*ino), -1, 0),
+        };
+        match sent {
+            Ok(()) => {}
+            // Not cached by the kernel: nothing to drop.
+            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(error) => tracing::debug!("invalidating {event:?}: {error}"),
+        }
+    }
+
     fn changed(&self, event: ChangeEvent) {
         let serving = SERVING.with(Cell::get);
         if KERNEL_SEES.with(Cell::get) || (serving && !self.served_changes) {
@@ -119,6 +156,16 @@ impl Invalidator {
         }
         let cached = self.page_cached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if !cached.contains(&event.ino) {
+            drop(cached);
+            // No pages to drop, but the kernel may hold its size and times
+            // from a lookup: a library user's change is told now (dropping
+            // attributes takes no page lock, so not even a completion
+            // thread waits on it); a served one the kernel made itself.
+            if !serving {
+                if let Some(notifier) = self.notifier.get() {
+                    let _ = notifier.inval_inode(INodeNo(event.ino), -1, 0);
+                }
+            }
             return;
         }
         drop(cached);

@@ -14,9 +14,12 @@
 //! the kernel's page cache for buffered opens instead, kept across opens,
 //! so reads of cached pages never reach the daemon; the library's change
 //! events tell the kernel which cached pages went stale (`invalidate`).
+//! `page_cache=writeback` lets the kernel's cache hold buffered writes too
+//! (FUSE_WRITEBACK_CACHE), with the mount's dirty limits relaxed (`bdi`).
 
 mod adapter;
 mod attr;
+mod bdi;
 mod handles;
 mod in_flight;
 mod invalidate;
@@ -83,6 +86,9 @@ impl Mount {
             mountpoint.display(),
             transport::describe(&transport)
         );
+        if options.page_cache == PageCacheUse::Writeback {
+            bdi::relax_dirty_limits(mountpoint);
+        }
         let watcher = RemountWatcher::start(mountpoint, Arc::downgrade(&volume));
         Ok(Self { session, volume, unmounter, watcher, transport })
     }

@@ -299,3 +299,137 @@ fn with_the_engines_cache_only_a_mapping_and_stat_see_a_library_write() {
     drop(reader);
     mount.unmount();
 }
+
+/// The kernel keeps names and attributes for the default `attr_timeout`
+/// (an hour), so what a library user of the volume changes must reach it at
+/// once: a mode, a new name, an unlink, a directory renamed, a hard link's
+/// count, and the size of a file the mount looked up but never opened.
+/// (Each fails with the hour's timeout and no invalidation.)
+#[test]
+fn long_cached_names_and_attributes_see_a_library_users_changes_at_once() {
+    if skip_requested() {
+        return;
+    }
+    for mode in ["engine", "kernel", "writeback"] {
+        let mount = InProcessMount::new(256 << 20, &format!("page_cache={mode}"));
+        let volume = &mount.volume;
+        let owner = foliofs::Owner { uid: 0, gid: 0 };
+        let root = &mount.point;
+        let what = |change: &str| format!("page_cache={mode}: after a library {change}");
+
+        std::fs::write(root.join("a"), b"a").unwrap();
+        assert_eq!(std::fs::metadata(root.join("a")).unwrap().mode() & 0o777, 0o644);
+        let a = volume.lookup(1, b"a").unwrap().ino;
+        let chmod = foliofs::SetAttr { mode: Some(0o600), ..foliofs::SetAttr::default() };
+        volume.setattr(a, &chmod).unwrap();
+        let seen = std::fs::metadata(root.join("a")).unwrap().mode() & 0o777;
+        assert_eq!(seen, 0o600, "{}", what("chmod"));
+
+        volume.link(a, 1, b"a2").unwrap();
+        assert_eq!(std::fs::metadata(root.join("a")).unwrap().nlink(), 2, "{}", what("link"));
+        volume.unlink(1, b"a").unwrap();
+        assert!(!root.join("a").exists(), "{}", what("unlink"));
+        assert_eq!(std::fs::metadata(root.join("a2")).unwrap().nlink(), 1, "{}", what("unlink"));
+
+        std::fs::create_dir(root.join("d")).unwrap();
+        std::fs::write(root.join("d/x"), b"x").unwrap();
+        assert!(root.join("d/x").exists());
+        volume.rename(1, b"d", 1, b"e", foliofs::RenameFlags::default()).unwrap();
+        assert!(!root.join("d/x").exists(), "{}", what("rename"));
+        assert_eq!(std::fs::read(root.join("e/x")).unwrap(), b"x", "{}", what("rename"));
+
+        let sized = volume.create(1, b"sized", 0o644, owner).unwrap().ino;
+        assert_eq!(std::fs::metadata(root.join("sized")).unwrap().len(), 0, "{}", what("create"));
+        let file = volume.open_file(sized, OpenFlags::READ_WRITE).unwrap();
+        file.write_at(b"grown", 100).unwrap();
+        file.close().unwrap();
+        let size = std::fs::metadata(root.join("sized")).unwrap().len();
+        // With writeback_cache the kernel keeps the size of every regular
+        // file it holds as its own (fuse_get_cache_mask): a library user's
+        // size change is not seen until the kernel lets the inode go.
+        let expected = if mode == "writeback" { 0 } else { 105 };
+        assert_eq!(size, expected, "{}", what("write to a file the mount never opened"));
+        mount.unmount();
+    }
+}
+
+/// `page_cache=writeback`: buffered writes stay in the kernel's cache until
+/// written back, and still every other path sees what it must: a cached
+/// reader and a mapping see a direct write, a punched hole, a truncate, a
+/// second handle's write and a library user's write (within the size: the
+/// kernel owns the size of a file it caches writes for, so a library user's
+/// size change is not seen while the mount holds the inode); fsync leaves
+/// the bytes in the engine; a write-only handle's partial page is read
+/// from the daemon. O_DSYNC: the kernel writes the page back and sends
+/// FSYNC (datasync), so each O_DSYNC write costs the engine's fdatasync (a
+/// journal FUA or a flush), not seed 003's one FUA write of the data.
+#[test]
+fn writeback_cache_keeps_cached_readers_coherent_and_fsync_durable() {
+    if skip_requested() {
+        return;
+    }
+    let mount = InProcessMount::new(256 << 20, "page_cache=writeback");
+    let path = mount.point.join("wb");
+    let reader = CachedReader::new(&path);
+    let ino = std::fs::metadata(&path).unwrap().ino();
+
+    // A write-only handle writing part of a page: the kernel reads the
+    // rest of the page through it first.
+    let writer = OpenOptions::new().write(true).open(&path).unwrap();
+    writer.write_all_at(b"partial", 5000).unwrap();
+    let mut expected = vec![b'a'; FILE_BYTES];
+    expected[5000..5007].copy_from_slice(b"partial");
+    check_sees(&reader, &path, 0, &expected, "a second handle's write");
+    writer.sync_all().unwrap();
+    let library = mount.volume.open_file(ino, OpenFlags::READ).unwrap();
+    let mut engine_bytes = vec![0; FILE_BYTES];
+    assert_eq!(library.read_at(&mut engine_bytes, 0).unwrap(), FILE_BYTES);
+    assert!(engine_bytes == expected, "the engine holds other bytes after fsync");
+    library.close().unwrap();
+
+    // A direct write through the mount.
+    let direct = OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&path).unwrap();
+    let layout = std::alloc::Layout::from_size_align(4096, 4096).unwrap();
+    // SAFETY: a non-zero-sized layout; freed below with the same layout.
+    let buffer = unsafe { std::alloc::alloc(layout) };
+    // SAFETY: buffer holds 4096 bytes.
+    let data = unsafe { std::slice::from_raw_parts_mut(buffer, 4096) };
+    data.fill(b'D');
+    direct.write_all_at(data, 8192).unwrap();
+    // SAFETY: allocated above with this layout.
+    unsafe { std::alloc::dealloc(buffer, layout) };
+    expected[8192..12288].fill(b'D');
+    check_sees(&reader, &path, 0, &expected, "a direct write");
+
+    // A library user's write within the size.
+    let file = mount.volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    file.write_at(&[b'L'; 3000], 20000).unwrap();
+    file.close().unwrap();
+    expected[20000..23000].fill(b'L');
+    check_sees(&reader, &path, 0, &expected, "a library write");
+
+    // A punched hole and a truncate through the mount.
+    let handle = OpenOptions::new().write(true).open(&path).unwrap();
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: fallocate on an open descriptor, no memory passed.
+    assert_eq!(unsafe { libc::fallocate(handle.as_raw_fd(), mode, 32768, 4096) }, 0);
+    expected[32768..36864].fill(0);
+    check_sees(&reader, &path, 0, &expected, "a punched hole");
+    handle.set_len(40000).unwrap();
+    handle.set_len(FILE_BYTES as u64).unwrap();
+    expected[40000..].fill(0);
+    check_sees(&reader, &path, 0, &expected, "a truncate");
+
+    // O_DSYNC: durable at return, through writeback and FSYNC.
+    let before = mount.volume.device().stats();
+    let dsync = OpenOptions::new().write(true).custom_flags(libc::O_DSYNC).open(&path).unwrap();
+    dsync.write_all_at(&[b'S'; 4096], 0).unwrap();
+    let stats = mount.volume.device().stats().since(&before);
+    assert!(stats.write_requests >= 1, "an O_DSYNC write returned with nothing written");
+    assert!(
+        stats.fua_writes + stats.flush_requests >= 1,
+        "an O_DSYNC write returned without a FUA write or a flush: {stats:?}"
+    );
+    drop((dsync, handle, direct, writer, reader));
+    mount.unmount();
+}

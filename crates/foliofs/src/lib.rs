@@ -102,8 +102,8 @@ pub use vfs::{
 // The inode-level types the FUSE front end uses.
 #[doc(hidden)]
 pub use vfs::{
-    Attr, ChangeEvent, ChangeObserver, Dir, OpenFlags, Owner, Privilege, RenameFlags, SetAttr,
-    StatFs, TimeSet, XattrFlags,
+    Attr, ChangeEvent, ChangeObserver, Dir, NamespaceEvent, NamespaceObserver, OpenFlags, Owner,
+    Privilege, RenameFlags, SetAttr, StatFs, TimeSet, XattrFlags,
 };
 
 /// The README's library example, compiled and run as a doctest.

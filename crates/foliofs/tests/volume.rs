@@ -212,6 +212,7 @@ fn setattr_changes_mode_owner_and_times(block_bytes: u32) {
         atime: Some(TimeSet::At(at)),
         mtime: Some(TimeSet::At(at)),
         size: None,
+        ctime: None,
     };
     let attr = volume.setattr(file.ino, &changes).unwrap();
     assert_eq!((attr.mode, attr.uid, attr.gid, attr.atime, attr.mtime), (0o4711, 7, 8, at, at));

@@ -91,6 +91,9 @@ pub struct SetAttr {
     pub atime: Option<TimeSet>,
     /// Modification time.
     pub mtime: Option<TimeSet>,
+    /// The change time to record instead of now: a FUSE kernel that caches
+    /// writes (writeback_cache) keeps the times itself and sends them.
+    pub ctime: Option<Timestamp>,
 }
 
 /// Who creates a node: owner of the new inode.

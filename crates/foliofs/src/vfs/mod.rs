@@ -25,7 +25,7 @@ pub use dir::Dir;
 pub use file::{File, OpenFlags};
 pub use metadata::{FileType, Metadata, Permissions};
 pub use namespace::RenameFlags;
-pub use observe::{ChangeEvent, ChangeObserver};
+pub use observe::{ChangeEvent, ChangeObserver, NamespaceEvent, NamespaceObserver};
 pub use open_options::OpenOptions;
 pub use paths::ReadDir;
 pub use volume::{CacheStats, FiemapExtent, MkfsOptions, Volume};

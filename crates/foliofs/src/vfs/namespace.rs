@@ -10,6 +10,7 @@ use crate::format::{
 use crate::meta::{MetaState, Txn};
 
 use super::attr::{Attr, DirEntry, Owner, SetAttr};
+use super::observe::NamespaceEvent;
 use super::volume::{Shared, Volume};
 
 /// Most links a file may have (as ext4's EXT4_LINK_MAX).
@@ -290,6 +291,7 @@ impl Volume {
             touch_dir(txn, parent, i32::from(is_dir), now);
             self.shared.attr_of(txn.state(), ino)
         })?;
+        self.shared.namespace_changed(&[NamespaceEvent::Entry { parent, name: name.to_vec() }]);
         Ok(attr)
     }
 
@@ -345,13 +347,27 @@ impl Volume {
             touch_dir(txn, new_parent, 0, now);
             self.shared.attr_of(txn.state(), ino)
         })?;
+        self.shared.namespace_changed(&[
+            NamespaceEvent::Entry { parent: new_parent, name: new_name.to_vec() },
+            NamespaceEvent::Attributes { ino },
+        ]);
         Ok(attr)
     }
 
     /// Removes a non-directory name; the inode goes when its last link and
     /// its last open handle are gone.
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
-        self.with_quiesced_victim(parent, name, |victim| self.unlink_entry(parent, name, victim))
+        let mut unlinked = None;
+        self.with_quiesced_victim(parent, name, |victim| {
+            let done = self.unlink_entry(parent, name, victim)?;
+            unlinked = victim.filter(|_| done);
+            Ok(done)
+        })?;
+        // Its other names, if any, show one link fewer.
+        let mut events = vec![NamespaceEvent::Entry { parent, name: name.to_vec() }];
+        events.extend(unlinked.map(|ino| NamespaceEvent::Attributes { ino }));
+        self.shared.namespace_changed(&events);
+        Ok(())
     }
 
     /// Returns false, changing nothing, if `name` no longer names `victim`.
@@ -387,6 +403,7 @@ impl Volume {
             drop_link(txn, ino, now);
             Ok(())
         })?;
+        self.shared.namespace_changed(&[NamespaceEvent::Entry { parent, name: name.to_vec() }]);
         Ok(())
     }
 
@@ -404,9 +421,24 @@ impl Volume {
         if flags.exchange && flags.no_replace {
             return Err(Error::invalid("RENAME_EXCHANGE and RENAME_NOREPLACE together"));
         }
+        let moved = entry_of(&self.shared.meta.read(), parent, name).ok();
+        let mut replaced = None;
         self.with_quiesced_victim(new_parent, new_name, |victim| {
-            self.rename_entry(parent, name, new_parent, new_name, flags, victim)
-        })
+            let done = self.rename_entry(parent, name, new_parent, new_name, flags, victim)?;
+            replaced = victim.filter(|_| done);
+            Ok(done)
+        })?;
+        // The moved inode's ctime (and a directory's ".."), and the
+        // replaced or exchanged one's link count or name.
+        let mut events = vec![
+            NamespaceEvent::Entry { parent, name: name.to_vec() },
+            NamespaceEvent::Entry { parent: new_parent, name: new_name.to_vec() },
+        ];
+        events.extend(
+            moved.into_iter().chain(replaced).map(|ino| NamespaceEvent::Attributes { ino }),
+        );
+        self.shared.namespace_changed(&events);
+        Ok(())
     }
 
     /// Returns false, changing nothing, if the target no longer names `victim`.
@@ -660,6 +692,7 @@ impl Shared {
                 && changes.gid.is_none()
                 && changes.atime.is_none()
                 && changes.mtime.is_none()
+                && changes.ctime.is_none()
             {
                 return self.attr_of(txn.state(), ino);
             }
@@ -669,13 +702,14 @@ impl Shared {
             attrs.gid = changes.gid.unwrap_or(attrs.gid);
             attrs.atime = changes.atime.map_or(attrs.atime, |time| time.resolve(now));
             attrs.mtime = changes.mtime.map_or(attrs.mtime, |time| time.resolve(now));
-            attrs.ctime = now;
+            attrs.ctime = changes.ctime.unwrap_or(now);
             txn.apply(Record::InodeSet { ino, attrs });
             if changes.mode.is_some() {
                 super::acl::sync_access_acl(txn, ino, attrs.mode);
             }
             self.attr_of(txn.state(), ino)
         })?;
+        self.namespace_changed(&[NamespaceEvent::Attributes { ino }]);
         Ok(attr)
     }
 }

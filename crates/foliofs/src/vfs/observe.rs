@@ -41,9 +41,33 @@ impl ChangeEvent {
 /// it (`deferred`).
 pub type ChangeObserver = Arc<dyn Fn(ChangeEvent) + Send + Sync>;
 
+/// A change to the namespace or to an inode's attributes, for caches of
+/// names and attributes (a FUSE mount's dentries and inode attributes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NamespaceEvent {
+    /// `name` in directory `parent` appeared, went, or names another inode
+    /// now; the directory's own attributes (times, link count) changed too.
+    Entry {
+        /// The directory's inode number.
+        parent: u64,
+        /// The name in it, as bytes.
+        name: Vec<u8>,
+    },
+    /// An inode's attributes changed (mode, owner, times, link count).
+    Attributes {
+        /// The inode whose attributes changed.
+        ino: u64,
+    },
+}
+
+/// Called after a namespace or attribute change, on the thread that made
+/// it, with no lock of the volume held.
+pub type NamespaceObserver = Arc<dyn Fn(&NamespaceEvent) + Send + Sync>;
+
 #[derive(Default)]
 pub(crate) struct Observers {
     observer: RwLock<Option<ChangeObserver>>,
+    namespace: RwLock<Option<NamespaceObserver>>,
 }
 
 impl Observers {
@@ -60,6 +84,21 @@ impl Shared {
     pub(crate) fn changed(&self, event: ChangeEvent) {
         self.observers.changed(event);
     }
+
+    /// Reports `events`; a no-op (not even a clone) without an observer.
+    pub(crate) fn namespace_changed(&self, events: &[NamespaceEvent]) {
+        let observer = self
+            .observers
+            .namespace
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        if let Some(observer) = observer {
+            for event in events {
+                observer(event);
+            }
+        }
+    }
 }
 
 impl Volume {
@@ -70,6 +109,20 @@ impl Volume {
     pub fn set_change_observer(&self, observer: Option<ChangeObserver>) {
         let mut slot =
             self.shared.observers.observer.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *slot = observer;
+    }
+
+    /// Calls `observer` after every change to a name (create, link,
+    /// unlink, rmdir, rename) or to an inode's attributes (setattr,
+    /// extended attributes), so that a cache of names and attributes may
+    /// keep them for long; `None` stops the calls.
+    pub fn set_namespace_observer(&self, observer: Option<NamespaceObserver>) {
+        let mut slot = self
+            .shared
+            .observers
+            .namespace
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         *slot = observer;
     }
 }

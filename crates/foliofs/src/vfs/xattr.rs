@@ -19,6 +19,7 @@ use crate::format::{
 use crate::meta::Inode;
 
 use super::acl;
+use super::observe::NamespaceEvent;
 use super::volume::Volume;
 
 /// setxattr(2)'s flags.
@@ -205,6 +206,8 @@ impl Volume {
             txn.apply(Record::InodeSet { ino, attrs });
             Ok(())
         })?;
+        // The ctime, and the mode where an access ACL changed.
+        self.shared.namespace_changed(&[NamespaceEvent::Attributes { ino }]);
         Ok(())
     }
 
@@ -249,6 +252,8 @@ impl Volume {
             txn.apply(Record::InodeSet { ino, attrs });
             Ok(())
         })?;
+        // The ctime, and the mode where an access ACL changed.
+        self.shared.namespace_changed(&[NamespaceEvent::Attributes { ino }]);
         Ok(())
     }
 }

@@ -6,6 +6,7 @@ mod image;
 mod jobs;
 mod metadata;
 mod seeds;
+mod tree;
 
 use std::process::ExitCode;
 
@@ -28,6 +29,9 @@ pub enum BenchCommand {
     /// The five seed experiments, old policy against new, against the
     /// engine's limits and the kernel's ext4 and XFS (as root, with fio).
     Seeds(seeds::SeedsArgs),
+    /// A tree of small files created, stat'ed, read, renamed and deleted:
+    /// in process, through the mount and on the kernel's ext4 and XFS.
+    Tree(tree::TreeArgs),
 }
 
 pub fn run(
@@ -39,5 +43,6 @@ pub fn run(
         None => jobs::run(&args.jobs, options, options_text),
         Some(BenchCommand::Metadata(args)) => metadata::run(&args, options),
         Some(BenchCommand::Seeds(args)) => seeds::run(&args, options, options_text),
+        Some(BenchCommand::Tree(args)) => tree::run(&args, options, options_text),
     }
 }

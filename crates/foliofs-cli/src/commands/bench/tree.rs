@@ -1,0 +1,90 @@
+//! `foliofs bench tree`: a tree of small files created, stat'ed, read,
+//! renamed and deleted; in process, through the mount in each page_cache
+//! mode and on the kernel's ext4 and XFS (as root); see
+//! `foliofs_bench::tree`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::bail;
+use clap::Args;
+use foliofs::options::parse_size;
+use foliofs::VolumeOptions;
+use foliofs_bench::{peers, tree};
+
+use super::image::{BenchImage, ImageArgs};
+
+#[derive(Args)]
+pub struct TreeArgs {
+    /// Files in the tree (default 100,000; 5,000 with --quick).
+    #[arg(long)]
+    files: Option<u64>,
+    /// A small tree, for a run of a minute or two.
+    #[arg(long)]
+    quick: bool,
+    /// Bytes written to each file.
+    #[arg(long, default_value = "1k")]
+    file_size: String,
+    #[arg(long, default_value = "100")]
+    files_per_dir: u64,
+    /// Leaf directories under each top-level directory.
+    #[arg(long, default_value = "100")]
+    dirs_per_branch: u64,
+    /// Leave out the kernel peers and the rows through the mount.
+    #[arg(long)]
+    no_peers: bool,
+    /// page_cache modes measured through the mount.
+    #[arg(long, value_delimiter = ',', default_value = "engine,kernel")]
+    page_cache: Vec<String>,
+    /// Also write the result as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    image: ImageArgs,
+}
+
+pub fn run(
+    args: &TreeArgs,
+    options: &VolumeOptions,
+    options_text: &str,
+) -> anyhow::Result<ExitCode> {
+    let files = args.files.unwrap_or(if args.quick { 5_000 } else { 100_000 });
+    if files == 0 || args.files_per_dir == 0 || args.dirs_per_branch == 0 {
+        bail!("--files, --files-per-dir and --dirs-per-branch must be at least 1");
+    }
+    let file_bytes = usize::try_from(parse_size(&args.file_size)?)?;
+    let shape = tree::TreeShape {
+        files,
+        file_bytes,
+        files_per_dir: args.files_per_dir,
+        dirs_per_branch: args.dirs_per_branch,
+    };
+    let peers = !args.no_peers
+        && match peers::unavailable() {
+            None => true,
+            Some(why) => {
+                eprintln!("kernel peers and rows through the mount skipped: {why}");
+                false
+            }
+        };
+    let image = BenchImage::create(&args.image, tree::image_bytes(&shape), options)?;
+    let tree_options = tree::TreeOptions {
+        shape,
+        peers,
+        work_dir: std::env::current_dir()?,
+        volume_options: options.clone(),
+        volume_options_text: options_text.to_string(),
+        mount_program: std::env::current_exe().ok(),
+        page_cache_modes: args.page_cache.clone(),
+    };
+    let result = tree::run(&tree_options, image.path(), &|label| eprintln!("running: {label}"))?;
+    print!("{}", tree::to_markdown(&result));
+    let missed = result.goals.iter().filter(|goal| !goal.met).count();
+    if !result.goals.is_empty() {
+        println!("{} of {} goals met", result.goals.len() - missed, result.goals.len());
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&tree::to_json(&result))?)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
