@@ -904,6 +904,35 @@ impl Filesystem for FolioFs {
         }
     }
 
+    /// O_TMPFILE: an unnamed file, opened; linkat(AT_EMPTY_PATH) names it
+    /// through `link` unless O_EXCL made it exclusive.
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let mode = self.volume.creation_mode(parent.0, mode, umask);
+        let open = self.open_flags(flags);
+        let linkable = flags & libc::O_EXCL == 0;
+        let opened = self
+            .volume
+            .create_unnamed(parent.0, mode, owner(req), open, linkable)
+            .and_then(|file| Ok((self.volume.getattr(file.ino())?, file)));
+        match opened {
+            Ok((attr, file)) => {
+                let fh = self.handles.insert(Handle::File(Arc::new(file)));
+                self.invalidator.page_cached(attr.ino);
+                let fopen = self.fopen_flags(open);
+                reply.created(&self.ttl, &file_attr(&attr), Generation(0), FileHandle(fh), fopen)
+            }
+            Err(error) => reply.error(self.failed("tmpfile", &error)),
+        }
+    }
+
     fn fallocate(
         &self,
         req: &Request,

@@ -22,6 +22,7 @@ block_size_tests!(
     open_directory_outlives_its_name_with_nlink_zero,
     freed_space_is_reusable_at_once,
     reads_advance_atime_as_the_policy_says,
+    unnamed_files_live_while_open_and_take_a_name_by_link,
 );
 
 const ROOT_CALLER: Owner = Owner { uid: 0, gid: 0 };
@@ -136,6 +137,79 @@ fn open_directory_outlives_its_name_with_nlink_zero(block_bytes: u32) {
     assert!(report.notes.iter().any(|note| note.contains("orphan")), "{:?}", report.notes);
     let (_, volume) = common::open_image(crashed).unwrap();
     assert!(volume.getattr(source.ino).is_err(), "orphan freed at mount");
+    assert!(foliofs::fsck::check(volume.device().clone()).is_clean());
+}
+
+/// O_TMPFILE (generic/004, 509, 530): an unnamed file has no link, is
+/// freed with its last handle, or at the next mount after a crash, and
+/// takes a name by link unless made exclusive; an unlinked file does not.
+fn unnamed_files_live_while_open_and_take_a_name_by_link(block_bytes: u32) {
+    let (device, volume) = new_volume(16 << 20, block_bytes);
+    let dir = volume.mkdir(ROOT, b"d", 0o2775, Owner { uid: 0, gid: 7 }).unwrap().ino;
+    let dir_mtime = volume.getattr(dir).unwrap().mtime;
+    let free_blocks = volume.statfs().free_blocks;
+
+    // Freed on close, with its data.
+    let data = common::pattern(1, 300_000);
+    let temp = volume.create_unnamed(dir, 0o600, owner(), OpenFlags::READ_WRITE, true).unwrap();
+    let attr = volume.getattr(temp.ino()).unwrap();
+    assert_eq!((attr.nlink, attr.kind, attr.mode & 0o7777), (0, InodeKind::File, 0o600));
+    assert_eq!(attr.gid, 7, "the set-group-ID directory's group");
+    temp.write_at(&data, 0).unwrap();
+    temp.fsync().unwrap();
+    assert!(volume.readdir(dir).unwrap().is_empty(), "no name");
+    assert_eq!(volume.getattr(dir).unwrap().mtime, dir_mtime, "the directory is unchanged");
+    let ino = temp.ino();
+    temp.close().unwrap();
+    assert!(matches!(volume.getattr(ino), Err(Error::NotFound(_))), "freed on close");
+    volume.sync().unwrap();
+    assert_eq!(volume.statfs().free_blocks, free_blocks, "its space is back");
+
+    // Named by link: an ordinary file from then on, with its data.
+    let temp = volume.create_unnamed(dir, 0o644, owner(), OpenFlags::READ_WRITE, true).unwrap();
+    temp.write_at(&data, 0).unwrap();
+    let named = volume.link(temp.ino(), dir, b"named").unwrap();
+    assert_eq!((named.ino, named.nlink), (temp.ino(), 1));
+    temp.close().unwrap();
+    let reopened = volume.open_path("/d/named", OpenFlags::READ).unwrap();
+    let mut read = vec![0; data.len()];
+    assert_eq!(reopened.read_at(&mut read, 0).unwrap(), data.len());
+    assert!(read == data);
+    reopened.close().unwrap();
+
+    // Exclusive ones, and files unlinked while open, take no name.
+    let exclusive =
+        volume.create_unnamed(dir, 0o644, owner(), OpenFlags::READ_WRITE, false).unwrap();
+    assert!(matches!(volume.link(exclusive.ino(), dir, b"x"), Err(Error::NotFound(_))));
+    let unlinked = volume.open_path("/d/named", OpenFlags::READ).unwrap();
+    volume.unlink(dir, b"named").unwrap();
+    assert!(matches!(volume.link(unlinked.ino(), dir, b"again"), Err(Error::NotFound(_))));
+    unlinked.close().unwrap();
+    exclusive.close().unwrap();
+    assert!(volume.readdir(dir).unwrap().is_empty());
+    assert!(matches!(
+        volume.create_unnamed(dir, 0o644, owner(), OpenFlags::READ, true),
+        Err(Error::Invalid(_))
+    ));
+
+    // A crash while one is open (its creation and data durable): fsck calls
+    // it an orphan, the next mount frees it and its space.
+    let temp = volume.create_unnamed(dir, 0o644, owner(), OpenFlags::READ_WRITE, true).unwrap();
+    temp.write_at(&data, 0).unwrap();
+    temp.fsync().unwrap();
+    volume.sync().unwrap();
+    let crashed = device.image();
+    let ino = temp.ino();
+    drop(temp);
+    drop(volume);
+    let raw = Arc::new(FaultDev::from_image(crashed.clone(), 512));
+    let report = foliofs::fsck::check(Arc::new(Device::new(raw, FuaMode::Native)));
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert!(report.notes.iter().any(|note| note.contains("orphan")), "{:?}", report.notes);
+    let (_, volume) = common::open_image(crashed).unwrap();
+    assert!(volume.getattr(ino).is_err(), "orphan freed at mount");
+    volume.sync().unwrap();
+    assert_eq!(volume.statfs().free_blocks, free_blocks);
     assert!(foliofs::fsck::check(volume.device().clone()).is_clean());
 }
 

@@ -67,6 +67,10 @@ pub struct Inode {
     /// carries them. The one persistent field that changes without a record:
     /// logging every overwrite's timestamps would cost a record per write.
     pub times_dirty: bool,
+    /// Created without a name (O_TMPFILE, not O_EXCL) and not linked since
+    /// (memory only, as the kernel's I_LINKABLE): the one kind of inode
+    /// with no links that `link` may still name. A crash frees it.
+    pub linkable: bool,
 }
 
 impl Inode {
@@ -295,6 +299,7 @@ impl MetaState {
             meta_lsn: 0,
             data_lsn: 0,
             times_dirty: false,
+            linkable: false,
         };
         self.inodes.insert(ino, inode);
         self.next_ino = self.next_ino.max(ino.saturating_add(1));

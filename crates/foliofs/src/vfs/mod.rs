@@ -11,6 +11,7 @@ mod file;
 mod namespace;
 mod observe;
 mod special;
+mod tmpfile;
 mod volume;
 mod xattr;
 

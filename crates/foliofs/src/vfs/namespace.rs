@@ -133,6 +133,59 @@ fn drop_link(txn: &mut Txn<'_>, ino: u64, now: Timestamp) {
     }
 }
 
+/// What a new inode is made of, besides what it inherits from its directory.
+pub(super) struct NewInode {
+    pub(super) ino: u64,
+    pub(super) kind: InodeKind,
+    pub(super) mode: u32,
+    pub(super) owner: Owner,
+    pub(super) nlink: u32,
+    pub(super) size: u64,
+    pub(super) now: Timestamp,
+}
+
+/// Applies the records of a new inode made in `parent`: its attributes and
+/// what it inherits from `parent` (default ACL, set-group-ID group). `extra`
+/// is the journal room the caller's own records need.
+pub(super) fn apply_new_inode(
+    txn: &mut Txn<'_>,
+    parent: u64,
+    new: NewInode,
+    extra: u64,
+) -> Result<()> {
+    let NewInode { ino, kind, mode, owner, nlink, size, now } = new;
+    let is_dir = kind == InodeKind::Dir;
+    let (mode, inherited) = super::acl::inherit(txn.state(), parent, ino, kind, mode);
+    let inherited_bytes: usize = inherited.iter().map(Record::encoded_bytes_max).sum();
+    txn.ensure_metadata_room(extra + inherited_bytes as u64)?;
+    // A set-group-ID directory hands its group to what is created in
+    // it, and its set-group-ID bit to new directories, so a shared
+    // tree keeps one group (inode_init_owner). Stripping the bit from
+    // a new file whose creator is not in that group is the kernel's
+    // (vfs_prepare_mode), before the request reaches the adapter.
+    let parent_attrs = attrs_of(txn.state(), parent)?;
+    let inherits_group = parent_attrs.mode & SET_GID != 0;
+    let gid = if inherits_group { parent_attrs.gid } else { owner.gid };
+    let mode = if inherits_group && is_dir { mode | SET_GID } else { mode };
+    let attrs = InodeAttrs {
+        kind,
+        mode: mode & 0o7777,
+        uid: owner.uid,
+        gid,
+        nlink,
+        size,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        parent: if is_dir { parent } else { 0 },
+    };
+    txn.apply(Record::InodeSet { ino, attrs });
+    for record in inherited {
+        txn.apply(record);
+    }
+    Ok(())
+}
+
 /// The entries of directory `dir`, sorted by name.
 pub(super) fn list(state: &MetaState, dir: u64) -> Result<Vec<DirEntry>> {
     let entries = dir_entries(state, dir)?;
@@ -249,34 +302,10 @@ impl Volume {
                 return Err(Error::NoSpace("no inode numbers left".into()));
             }
             let is_dir = kind == InodeKind::Dir;
-            let (mode, inherited) = super::acl::inherit(txn.state(), parent, ino, kind, mode);
-            let inherited_bytes: usize = inherited.iter().map(Record::encoded_bytes_max).sum();
-            txn.ensure_metadata_room(extra + inherited_bytes as u64)?;
-            // A set-group-ID directory hands its group to what is created in
-            // it, and its set-group-ID bit to new directories, so a shared
-            // tree keeps one group (inode_init_owner). Stripping the bit from
-            // a new file whose creator is not in that group is the kernel's
-            // (vfs_prepare_mode), before the request reaches the adapter.
-            let parent_attrs = attrs_of(txn.state(), parent)?;
-            let inherits_group = parent_attrs.mode & SET_GID != 0;
-            let gid = if inherits_group { parent_attrs.gid } else { owner.gid };
-            let mode = if inherits_group && is_dir { mode | SET_GID } else { mode };
-            let attrs = InodeAttrs {
-                kind,
-                mode: mode & 0o7777,
-                uid: owner.uid,
-                gid,
-                nlink: if is_dir { 2 } else { 1 },
-                size: target.map_or(0, |target| target.len() as u64),
-                atime: now,
-                mtime: now,
-                ctime: now,
-                parent: if is_dir { parent } else { 0 },
-            };
-            txn.apply(Record::InodeSet { ino, attrs });
-            for record in inherited {
-                txn.apply(record);
-            }
+            let size = target.map_or(0, |target| target.len() as u64);
+            let nlink = if is_dir { 2 } else { 1 };
+            let new = NewInode { ino, kind, mode, owner, nlink, size, now };
+            apply_new_inode(txn, parent, new, extra)?;
             if let Some(target) = target {
                 txn.apply(Record::SymlinkSet { ino, target: target.to_vec() });
             }
@@ -322,7 +351,8 @@ impl Volume {
                     attrs.nlink
                 )));
             }
-            if attrs.nlink == 0 {
+            let linkable = txn.state().inode(ino).is_some_and(|inode| inode.linkable);
+            if attrs.nlink == 0 && !linkable {
                 return Err(Error::NotFound(format!("inode {ino} was unlinked")));
             }
             if dir_entries(txn.state(), new_parent)?.contains_key(new_name) {
@@ -337,6 +367,10 @@ impl Volume {
             });
             txn.apply(Record::DirAdd { dir: new_parent, name: new_name.to_vec(), ino });
             touch_dir(txn, new_parent, 0, now);
+            if let Some(inode) = txn.state_mut().inode_mut(ino) {
+                // Named once; losing that name again makes an orphan.
+                inode.linkable = false;
+            }
             self.shared.attr_of(txn.state(), ino)
         })?;
         Ok(attr)
