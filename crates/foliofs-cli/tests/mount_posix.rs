@@ -416,3 +416,73 @@ fn unnamed_files_through_o_tmpfile_and_linkat() {
     mounted.unmount();
     run(FOLIOFS, &["fsck", mounted.dir.path().join("vol.img").to_str().unwrap()]);
 }
+
+/// The error of `program args` as root, which must fail.
+fn fails(program: &str, args: &[&str]) -> String {
+    let output = Command::new(program).args(args).output().expect("spawn");
+    assert!(!output.status.success(), "{program} {args:?} succeeded");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// chattr +i / +a and lsattr through the mount (generic/079, 545, 623):
+/// the kernel's FS_IOC_GETFLAGS/SETFLAGS reach the volume, which refuses
+/// changes with EPERM; an unprivileged user may not set the flags; they
+/// survive a remount.
+#[test]
+fn chattr_immutable_and_append_only_through_the_mount() {
+    use std::io::Write;
+    if skip_requested() {
+        return;
+    }
+    let mut mounted = Mounted::new("");
+    let file = mounted.path("f");
+    let dir = mounted.path("d");
+    fs::write(&file, b"0123456789").unwrap();
+    fs::create_dir(&dir).unwrap();
+    chmod(&file, 0o666);
+    assert!(fails_as_user("chattr", &["+i", &file]).contains("Operation not permitted"));
+
+    run("chattr", &["+i", &file]);
+    run("chattr", &["+a", &dir]);
+    assert!(run("lsattr", &["-d", &file]).starts_with("----i"), "{}", run("lsattr", &[&file]));
+    let refused = |result: std::io::Result<()>| {
+        assert_eq!(result.unwrap_err().raw_os_error(), Some(libc::EPERM));
+    };
+    refused(fs::OpenOptions::new().write(true).open(&file).map(drop));
+    refused(fs::OpenOptions::new().append(true).open(&file).map(drop));
+    refused(fs::remove_file(&file));
+    refused(fs::rename(&file, mounted.path("g")));
+    refused(fs::set_permissions(&file, fs::Permissions::from_mode(0o600)));
+    refused(fs::hard_link(&file, mounted.path("g")));
+    assert!(fails("touch", &[&file]).contains("Operation not permitted"));
+    assert_eq!(fs::read(&file).unwrap(), b"0123456789");
+
+    // The append-only directory takes new entries and loses none.
+    fs::write(format!("{dir}/a"), b"").unwrap();
+    refused(fs::remove_file(format!("{dir}/a")));
+    run("chattr", &["-i", &file]);
+    run("chattr", &["+a", &file]);
+    refused(fs::OpenOptions::new().write(true).open(&file).map(drop));
+    let mut appender = fs::OpenOptions::new().append(true).open(&file).unwrap();
+    appender.write_all(b"abc").unwrap();
+    drop(appender);
+    refused(fs::File::create(&file).map(drop));
+    assert_eq!(fs::read(&file).unwrap(), b"0123456789abc");
+
+    mounted.remount("");
+    assert!(run("lsattr", &["-d", &dir]).starts_with("-----a"), "{}", run("lsattr", &["-d", &dir]));
+    refused(fs::remove_file(format!("{dir}/a")));
+    run("chattr", &["-a", &file, &dir]);
+    fs::remove_file(format!("{dir}/a")).unwrap();
+    fs::remove_file(&file).unwrap();
+    mounted.unmount();
+    run(FOLIOFS, &["fsck", mounted.dir.path().join("vol.img").to_str().unwrap()]);
+}
+
+/// The error of `program args` as nobody, which must fail.
+fn fails_as_user(program: &str, args: &[&str]) -> String {
+    let output =
+        Command::new(program).args(args).uid(USER_ID).gid(USER_ID).output().expect("spawn");
+    assert!(!output.status.success(), "{program} {args:?} succeeded as uid {USER_ID}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}

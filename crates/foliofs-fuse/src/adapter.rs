@@ -24,6 +24,7 @@ use fuser::{
 };
 
 use crate::attr::{errno, file_attr, file_type, timestamp};
+use crate::file_flags::{self, FlagsRequest};
 use crate::handles::{DirListing, Handle, Handles};
 use crate::in_flight;
 use crate::invalidate::{self, Invalidator};
@@ -201,6 +202,7 @@ impl FolioFs {
 
     fn open_handle(&self, ino: u64, flags: i32) -> foliofs::Result<(u64, FopenFlags)> {
         let open = self.open_flags(flags);
+        self.volume.check_append_only_open(ino, open.write, flags & libc::O_APPEND != 0)?;
         let file = self.volume.open_file(ino, open)?;
         let fh = self.handles.insert(Handle::File(Arc::new(file)));
         // Any open file may be cached: through the page cache, or mapped.
@@ -249,6 +251,7 @@ fn reply_sized(reply: ReplyXattr, size: u32, bytes: &[u8]) {
 
 const CAP_FSETID: u32 = 4;
 const CAP_SYS_ADMIN: u32 = 21;
+const CAP_LINUX_IMMUTABLE: u32 = 9;
 
 /// What the kernel does not send about a caller: its effective
 /// capabilities and supplementary groups, from /proc. A caller gone
@@ -901,6 +904,39 @@ impl Filesystem for FolioFs {
                 reply.created(&self.ttl, &file_attr(&attr), Generation(0), FileHandle(fh), fopen)
             }
             Err(error) => reply.error(self.failed("create", &error)),
+        }
+    }
+
+    /// chattr / lsattr (FS_IOC_GETFLAGS, SETFLAGS and their fsxattr forms,
+    /// which the kernel sends on a handle of its own); any other ioctl is
+    /// ENOTTY, as the kernel answers for a file system without it.
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        let request = match file_flags::decode(cmd, in_data) {
+            Ok(request) => request,
+            Err(errno) => return reply.error(Errno::from_i32(errno)),
+        };
+        let result = match request {
+            FlagsRequest::Get { as_fsxattr } => {
+                self.volume.flags(ino.0).map(|flags| file_flags::encode(flags, as_fsxattr))
+            }
+            FlagsRequest::Set { flags } => {
+                let may_protect = CallerStatus::of(req).has_capability(CAP_LINUX_IMMUTABLE);
+                self.volume.set_flags(ino.0, flags, may_protect).map(|()| Vec::new())
+            }
+        };
+        match result {
+            Ok(data) => reply.ioctl(0, &data),
+            Err(error) => reply.error(self.failed("ioctl", &error)),
         }
     }
 

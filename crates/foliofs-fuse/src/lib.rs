@@ -17,6 +17,7 @@
 
 mod adapter;
 mod attr;
+mod file_flags;
 mod handles;
 mod in_flight;
 mod invalidate;

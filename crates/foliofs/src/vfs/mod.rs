@@ -8,6 +8,7 @@ mod acl;
 mod attr;
 mod dir;
 mod file;
+mod flags;
 mod namespace;
 mod observe;
 mod special;

@@ -9,7 +9,8 @@ use crate::format::{
 };
 use crate::meta::{MetaState, Txn};
 
-use super::attr::{Attr, DirEntry, Owner, SetAttr};
+use super::attr::{Attr, DirEntry, Owner, SetAttr, TimeSet};
+use super::flags::{check_changeable, check_not_immutable};
 use super::volume::Volume;
 
 /// Most links a file may have (as ext4's EXT4_LINK_MAX).
@@ -291,6 +292,7 @@ impl Volume {
                 return Err(Error::Exists(display(name)));
             }
             check_not_removed(txn.state(), parent)?;
+            check_not_immutable(txn.state(), parent, "adding an entry")?;
             let extra = 200 + name.len() as u64 + target.map_or(0, |target| target.len() as u64);
             txn.ensure_metadata_room(extra)?;
             let now = Timestamp::now();
@@ -359,6 +361,8 @@ impl Volume {
                 return Err(Error::Exists(display(new_name)));
             }
             check_not_removed(txn.state(), new_parent)?;
+            check_changeable(txn.state(), ino, "linking it")?;
+            check_not_immutable(txn.state(), new_parent, "adding an entry")?;
             txn.ensure_metadata_room(100 + new_name.len() as u64)?;
             let now = Timestamp::now();
             update_attrs(txn, ino, |attrs| {
@@ -392,6 +396,8 @@ impl Volume {
             if attrs_of(txn.state(), ino)?.kind == InodeKind::Dir {
                 return Err(Error::IsDir(display(name)));
             }
+            check_changeable(txn.state(), parent, "removing an entry")?;
+            check_changeable(txn.state(), ino, "unlinking it")?;
             let now = Timestamp::now();
             txn.apply(Record::DirRemove { dir: parent, name: name.to_vec() });
             drop_link(txn, ino, now);
@@ -408,6 +414,8 @@ impl Volume {
             if !entries.is_empty() {
                 return Err(Error::NotEmpty(display(name)));
             }
+            check_changeable(txn.state(), parent, "removing an entry")?;
+            check_changeable(txn.state(), ino, "removing it")?;
             let now = Timestamp::now();
             txn.apply(Record::DirRemove { dir: parent, name: name.to_vec() });
             touch_dir(txn, parent, -1, now);
@@ -504,6 +512,7 @@ impl Volume {
 
     /// Changes attributes; a size change truncates or extends the file.
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
+        check_attr_change(&self.shared.meta.read(), ino, changes)?;
         if let Some(size) = changes.size {
             let kind = attrs_of(&self.shared.meta.read(), ino)?.kind;
             match kind {
@@ -526,6 +535,7 @@ impl Volume {
         }
         let (attr, _) = self.shared.meta.transact(|txn| {
             let mut attrs = attrs_of(txn.state(), ino)?;
+            check_attr_change(txn.state(), ino, changes)?;
             if changes.mode.is_none()
                 && changes.uid.is_none()
                 && changes.gid.is_none()
@@ -595,6 +605,26 @@ impl Volume {
     }
 }
 
+/// chattr's rules for a setattr: nothing changes an immutable inode; an
+/// append-only one takes only times set to now (touch), as the kernel's
+/// notify_change and vfs_utimes.
+fn check_attr_change(state: &MetaState, ino: u64, changes: &SetAttr) -> Result<()> {
+    let is_explicit = |time: Option<TimeSet>| matches!(time, Some(TimeSet::At(_)));
+    let changes_protected = changes.mode.is_some()
+        || changes.uid.is_some()
+        || changes.gid.is_some()
+        || changes.size.is_some()
+        || is_explicit(changes.atime)
+        || is_explicit(changes.mtime);
+    if changes_protected {
+        check_changeable(state, ino, "changing its attributes or size")
+    } else if changes.atime.is_some() || changes.mtime.is_some() {
+        check_not_immutable(state, ino, "changing its times")
+    } else {
+        Ok(())
+    }
+}
+
 /// What a rename will do, decided before anything changes.
 struct RenamePlan {
     ino: u64,
@@ -647,6 +677,15 @@ fn plan_rename(
         } else if victim_is_dir && !dir_entries(state, victim_ino)?.is_empty() {
             return Err(Error::NotEmpty(display(new_name)));
         }
+    }
+    check_changeable(state, parent, "removing an entry")?;
+    check_changeable(state, ino, "renaming it")?;
+    match victim {
+        Some((victim, _)) => {
+            check_changeable(state, new_parent, "replacing an entry")?;
+            check_changeable(state, victim, "replacing it")?;
+        }
+        None => check_not_immutable(state, new_parent, "adding an entry")?,
     }
     Ok(RenamePlan { ino, ino_is_dir, victim, is_noop: false })
 }
