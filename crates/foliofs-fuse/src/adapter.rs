@@ -931,7 +931,14 @@ impl Filesystem for FolioFs {
             }
             FlagsRequest::Set { flags } => {
                 let may_protect = CallerStatus::of(req).has_capability(CAP_LINUX_IMMUTABLE);
-                self.volume.set_flags(ino.0, flags, may_protect).map(|()| Vec::new())
+                let set = self.volume.set_flags(ino.0, flags, may_protect);
+                // The ctime moved; the kernel learns of it only this way.
+                if let (Ok(()), Some(notifier)) = (&set, self.notifier.get()) {
+                    if let Err(error) = notifier.inval_inode(ino, -1, 0) {
+                        tracing::debug!("ioctl: invalidating attributes: {error}");
+                    }
+                }
+                set.map(|()| Vec::new())
             }
         };
         match result {

@@ -278,9 +278,15 @@ fn immutable_and_append_only_inodes_refuse_changes_and_persist(block_bytes: u32)
     assert_eq!(volume.getattr(file).unwrap().size, 15);
 
     // Directories: immutable takes no entry; append-only only new ones.
+    let sub = volume.mkdir(dir, b"sub", 0o755, owner()).unwrap().ino;
+    volume.create(sub, b"inside", 0o644, owner()).unwrap();
     volume.set_flags(dir, INODE_FLAG_IMMUTABLE, true).unwrap();
     assert!(is_eperm(volume.create(dir, b"new", 0o644, owner())));
     assert!(is_eperm(volume.unlink(dir, b"other")));
+    // EPERM before ENOTEMPTY and EISDIR, as the kernel's may_delete (generic/079).
+    assert!(is_eperm(volume.rmdir(dir, b"sub")));
+    assert!(is_eperm(volume.unlink(dir, b"sub")));
+    assert!(is_eperm(volume.rename(dir, b"sub", ROOT, b"sub", RenameFlags::default())));
     volume.set_flags(dir, INODE_FLAG_APPEND, true).unwrap();
     volume.create(dir, b"new", 0o644, owner()).unwrap();
     assert!(is_eperm(volume.unlink(dir, b"new")));

@@ -393,11 +393,11 @@ impl Volume {
             if Some(ino) != victim {
                 return Ok(false);
             }
+            check_changeable(txn.state(), parent, "removing an entry")?;
+            check_changeable(txn.state(), ino, "unlinking it")?;
             if attrs_of(txn.state(), ino)?.kind == InodeKind::Dir {
                 return Err(Error::IsDir(display(name)));
             }
-            check_changeable(txn.state(), parent, "removing an entry")?;
-            check_changeable(txn.state(), ino, "unlinking it")?;
             let now = Timestamp::now();
             txn.apply(Record::DirRemove { dir: parent, name: name.to_vec() });
             drop_link(txn, ino, now);
@@ -411,11 +411,12 @@ impl Volume {
         self.shared.meta.transact(|txn| {
             let ino = entry_of(txn.state(), parent, name)?;
             let entries = dir_entries(txn.state(), ino)?;
+            // Before the emptiness check, as the kernel's may_delete.
+            check_changeable(txn.state(), parent, "removing an entry")?;
+            check_changeable(txn.state(), ino, "removing it")?;
             if !entries.is_empty() {
                 return Err(Error::NotEmpty(display(name)));
             }
-            check_changeable(txn.state(), parent, "removing an entry")?;
-            check_changeable(txn.state(), ino, "removing it")?;
             let now = Timestamp::now();
             txn.apply(Record::DirRemove { dir: parent, name: name.to_vec() });
             touch_dir(txn, parent, -1, now);
@@ -660,6 +661,16 @@ fn plan_rename(
     if same_entry || victim.is_some_and(|(victim, _)| victim == ino) {
         return Ok(RenamePlan { ino, ino_is_dir, victim, is_noop: true });
     }
+    // Before the kinds and emptiness, as the kernel's may_delete.
+    check_changeable(state, parent, "removing an entry")?;
+    check_changeable(state, ino, "renaming it")?;
+    match victim {
+        Some((victim, _)) => {
+            check_changeable(state, new_parent, "replacing an entry")?;
+            check_changeable(state, victim, "replacing it")?;
+        }
+        None => check_not_immutable(state, new_parent, "adding an entry")?,
+    }
     if ino_is_dir && is_ancestor(state, ino, new_parent) {
         return Err(Error::invalid(format!("cannot move directory {} into itself", display(name))));
     }
@@ -677,15 +688,6 @@ fn plan_rename(
         } else if victim_is_dir && !dir_entries(state, victim_ino)?.is_empty() {
             return Err(Error::NotEmpty(display(new_name)));
         }
-    }
-    check_changeable(state, parent, "removing an entry")?;
-    check_changeable(state, ino, "renaming it")?;
-    match victim {
-        Some((victim, _)) => {
-            check_changeable(state, new_parent, "replacing an entry")?;
-            check_changeable(state, victim, "replacing it")?;
-        }
-        None => check_not_immutable(state, new_parent, "adding an entry")?,
     }
     Ok(RenamePlan { ino, ino_is_dir, victim, is_noop: false })
 }
