@@ -958,6 +958,7 @@ impl Filesystem for FolioFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        invalidate::mark_serving();
         let mode = self.volume.creation_mode(parent.0, mode, umask);
         let open = self.open_flags(flags);
         let linkable = flags & libc::O_EXCL == 0;
