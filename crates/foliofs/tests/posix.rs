@@ -243,6 +243,8 @@ fn immutable_and_append_only_inodes_refuse_changes_and_persist(block_bytes: u32)
     assert!(is_eperm(handle.set_len(0)));
     assert!(is_eperm(handle.fallocate(FallocateMode::Allocate { keep_size: true }, 0, 4096)));
     assert!(is_eperm(volume.open_file(file, OpenFlags::WRITE)));
+    // A write through a handle opened before: set-ID bits stay too.
+    assert!(is_eperm(volume.remove_privileges(file, owner(), true)));
     let chmod = SetAttr { mode: Some(0o600), ..SetAttr::default() };
     assert!(is_eperm(volume.setattr(file, &chmod)));
     let touch = SetAttr { mtime: Some(TimeSet::Now), ..SetAttr::default() };

@@ -571,6 +571,9 @@ impl Volume {
     /// changed.
     pub fn remove_privileges(&self, ino: u64, caller: Owner, kill_setid: bool) -> Result<bool> {
         let to_remove = |state: &MetaState| -> Result<(u32, bool)> {
+            // The data change that follows is refused on an immutable file:
+            // nothing may change before it either.
+            check_not_immutable(state, ino, "writing")?;
             let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
             let setid = if kill_setid { setid_bits_to_drop(&inode.attrs, caller) } else { 0 };
             let capability = inode.xattrs.contains_key(FILE_CAPABILITIES);
