@@ -33,6 +33,39 @@ grep -q "s/fuse.foliofs/fuse/" "$rc" \
 	|| sed -i "s|-e 's/fuse.glusterfs/glusterfs/'|-e 's/fuse.foliofs/fuse/' &|" "$rc"
 grep -q "s/fuse.foliofs/fuse/" "$rc" || { echo "xfstests.sh: could not patch $rc" >&2; exit 2; }
 
+# The suite cannot make a volume of a given size or block size for FSTYP=fuse
+# (those tests were "not run"): teach it to make a foliofs image, and to make
+# the scratch image again at the run's size when a sized one is left over.
+export FOLIOFS_XFSTESTS_MKFS=$FOLIOFS FOLIOFS_XFSTESTS_SIZE=${IMG_SIZE:-4G}
+grep -q "foliofs: sized volumes" "$rc" || cat >>"$rc" <<'RC'
+
+# foliofs: sized volumes (added by the foliofs repository's scripts/xfstests.sh)
+if [ "$FSTYP" = fuse ] && [ -n "${FOLIOFS_XFSTESTS_MKFS:-}" ]; then
+_foliofs_mkfs() {
+	touch "$SCRATCH_DEV.custom"
+	"$FOLIOFS_XFSTESTS_MKFS" mkfs "$SCRATCH_DEV" "$@" >/dev/null
+}
+_try_scratch_mkfs_sized() {
+	local fssize=$1 blocksize=${2:-4096}
+	[[ $fssize =~ ^[0-9]+$ ]] || _notrun "_scratch_mkfs_sized: fs size \"$fssize\" not an integer."
+	_foliofs_mkfs --size "$fssize" --block-size "$blocksize"
+}
+_scratch_mkfs_blocksized() {
+	_foliofs_mkfs --size "$FOLIOFS_XFSTESTS_SIZE" --block-size "$1" \
+		|| _notrun "foliofs mkfs --block-size $1 failed"
+}
+eval "_foliofs_upstream$(declare -f _scratch_mkfs)"
+_scratch_mkfs() {
+	if [ -e "$SCRATCH_DEV.custom" ]; then
+		rm -f "$SCRATCH_DEV.custom"
+		"$FOLIOFS_XFSTESTS_MKFS" mkfs "$SCRATCH_DEV" --size "$FOLIOFS_XFSTESTS_SIZE" >/dev/null
+		return
+	fi
+	_foliofs_upstream_scratch_mkfs "$@"
+}
+fi
+RC
+
 if [ $# -eq 0 ]; then
 	set -- -f "$repo/tests/xfstests/ci.list"
 fi

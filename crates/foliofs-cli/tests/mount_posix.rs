@@ -328,3 +328,175 @@ fn access_times_follow_the_mount_options() {
     }
     mounted.unmount();
 }
+
+fn c_path(path: &str) -> CString {
+    CString::new(path.as_bytes()).unwrap()
+}
+
+/// O_TMPFILE in `dir` (with `extra` open flags): the open file.
+fn open_unnamed(dir: &str, extra: i32) -> std::io::Result<fs::File> {
+    let flags = libc::O_TMPFILE | libc::O_RDWR | extra;
+    // SAFETY: a valid NUL-terminated path; the descriptor is owned below.
+    let fd = unsafe { libc::open(c_path(dir).as_ptr(), flags, 0o640) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
+/// linkat(fd, "", AT_FDCWD, path, AT_EMPTY_PATH): the name for an open file.
+fn link_open_file(file: &fs::File, path: &str) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let empty = c_path("");
+    // SAFETY: valid descriptor and NUL-terminated paths.
+    let done = unsafe {
+        libc::linkat(
+            file.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            c_path(path).as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if done == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// O_TMPFILE (generic/004, 509, 530): an unnamed file with no link, freed
+/// on close; linkat names it (AT_EMPTY_PATH, or through /proc/self/fd)
+/// unless it was opened O_EXCL; the volume is fsck-clean after.
+#[test]
+fn unnamed_files_through_o_tmpfile_and_linkat() {
+    use std::io::{Read, Seek, Write};
+    if skip_requested() {
+        return;
+    }
+    let mut mounted = Mounted::new("");
+    let dir = mounted.path("d");
+    fs::create_dir(&dir).unwrap();
+    let data: Vec<u8> = (0..200_000u32).map(|index| (index * 7 + index / 4099) as u8).collect();
+
+    let mut temp = open_unnamed(&dir, 0).expect("O_TMPFILE");
+    temp.write_all(&data).unwrap();
+    let stat = temp.metadata().unwrap();
+    assert_eq!((stat.nlink(), stat.len(), stat.mode() & 0o7777), (0, data.len() as u64, 0o640));
+    assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
+    link_open_file(&temp, &mounted.path("d/named")).expect("linkat AT_EMPTY_PATH");
+    assert_eq!(temp.metadata().unwrap().nlink(), 1);
+    temp.rewind().unwrap();
+    let mut read = Vec::new();
+    temp.read_to_end(&mut read).unwrap();
+    drop(temp);
+    assert!(read == data);
+    assert!(fs::read(mounted.path("d/named")).unwrap() == data);
+
+    // Through /proc/self/fd, as programs without CAP_DAC_READ_SEARCH do.
+    let mut temp = open_unnamed(&dir, 0).unwrap();
+    temp.write_all(b"through proc").unwrap();
+    use std::os::fd::AsRawFd;
+    let proc_path = format!("/proc/self/fd/{}", temp.as_raw_fd());
+    // SAFETY: NUL-terminated paths.
+    let linked = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            c_path(&proc_path).as_ptr(),
+            libc::AT_FDCWD,
+            c_path(&mounted.path("d/proc")).as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    assert_eq!(linked, 0, "{}", std::io::Error::last_os_error());
+    drop(temp);
+    assert_eq!(fs::read(mounted.path("d/proc")).unwrap(), b"through proc");
+
+    // O_EXCL: never linkable; closed unnamed files leave nothing behind.
+    let exclusive = open_unnamed(&dir, libc::O_EXCL).unwrap();
+    let refused = link_open_file(&exclusive, &mounted.path("d/excl")).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::ENOENT));
+    drop(exclusive);
+    let mut forgotten = open_unnamed(&dir, 0).unwrap();
+    forgotten.write_all(&data).unwrap();
+    drop(forgotten);
+    let mut names: Vec<_> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["named", "proc"]);
+    mounted.unmount();
+    run(FOLIOFS, &["fsck", mounted.dir.path().join("vol.img").to_str().unwrap()]);
+}
+
+/// The error of `program args` as root, which must fail.
+fn fails(program: &str, args: &[&str]) -> String {
+    let output = Command::new(program).args(args).output().expect("spawn");
+    assert!(!output.status.success(), "{program} {args:?} succeeded");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// chattr +i / +a and lsattr through the mount (generic/079, 545, 623):
+/// the kernel's FS_IOC_GETFLAGS/SETFLAGS reach the volume, which refuses
+/// changes with EPERM; an unprivileged user may not set the flags; they
+/// survive a remount.
+#[test]
+fn chattr_immutable_and_append_only_through_the_mount() {
+    use std::io::Write;
+    if skip_requested() {
+        return;
+    }
+    let mut mounted = Mounted::new("");
+    let file = mounted.path("f");
+    let dir = mounted.path("d");
+    fs::write(&file, b"0123456789").unwrap();
+    fs::create_dir(&dir).unwrap();
+    chmod(&file, 0o666);
+    assert!(fails_as_user("chattr", &["+i", &file]).contains("Operation not permitted"));
+
+    run("chattr", &["+i", &file]);
+    run("chattr", &["+a", &dir]);
+    assert!(run("lsattr", &["-d", &file]).starts_with("----i"), "{}", run("lsattr", &[&file]));
+    let refused = |result: std::io::Result<()>| {
+        assert_eq!(result.unwrap_err().raw_os_error(), Some(libc::EPERM));
+    };
+    refused(fs::OpenOptions::new().write(true).open(&file).map(drop));
+    refused(fs::OpenOptions::new().append(true).open(&file).map(drop));
+    refused(fs::remove_file(&file));
+    refused(fs::rename(&file, mounted.path("g")));
+    refused(fs::set_permissions(&file, fs::Permissions::from_mode(0o600)));
+    refused(fs::hard_link(&file, mounted.path("g")));
+    assert!(fails("touch", &[&file]).contains("Operation not permitted"));
+    assert_eq!(fs::read(&file).unwrap(), b"0123456789");
+
+    // The append-only directory takes new entries and loses none.
+    fs::write(format!("{dir}/a"), b"").unwrap();
+    refused(fs::remove_file(format!("{dir}/a")));
+    run("chattr", &["-i", &file]);
+    run("chattr", &["+a", &file]);
+    refused(fs::OpenOptions::new().write(true).open(&file).map(drop));
+    let mut appender = fs::OpenOptions::new().append(true).open(&file).unwrap();
+    appender.write_all(b"abc").unwrap();
+    drop(appender);
+    refused(fs::File::create(&file).map(drop));
+    assert_eq!(fs::read(&file).unwrap(), b"0123456789abc");
+
+    mounted.remount("");
+    assert!(run("lsattr", &["-d", &dir]).starts_with("-----a"), "{}", run("lsattr", &["-d", &dir]));
+    refused(fs::remove_file(format!("{dir}/a")));
+    run("chattr", &["-a", &file, &dir]);
+    fs::remove_file(format!("{dir}/a")).unwrap();
+    fs::remove_file(&file).unwrap();
+    mounted.unmount();
+    run(FOLIOFS, &["fsck", mounted.dir.path().join("vol.img").to_str().unwrap()]);
+}
+
+/// The error of `program args` as nobody, which must fail.
+fn fails_as_user(program: &str, args: &[&str]) -> String {
+    let output =
+        Command::new(program).args(args).uid(USER_ID).gid(USER_ID).output().expect("spawn");
+    assert!(!output.status.success(), "{program} {args:?} succeeded as uid {USER_ID}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}

@@ -24,6 +24,7 @@ use fuser::{
 };
 
 use crate::attr::{errno, file_attr, file_type, timestamp};
+use crate::file_flags::{self, FlagsRequest};
 use crate::handles::{DirListing, Handle, Handles};
 use crate::in_flight;
 use crate::invalidate::{self, Invalidator};
@@ -236,6 +237,7 @@ impl FolioFs {
 
     fn open_handle(&self, ino: u64, flags: i32) -> foliofs::Result<(u64, FopenFlags)> {
         let open = self.open_flags(flags);
+        self.volume.check_append_only_open(ino, open.write, flags & libc::O_APPEND != 0)?;
         let file = self.volume.open_file(ino, open)?;
         let fh = self.handles.insert(Handle::File(Arc::new(file)));
         // Any open file may be cached: through the page cache, or mapped.
@@ -284,6 +286,7 @@ fn reply_sized(reply: ReplyXattr, size: u32, bytes: &[u8]) {
 
 const CAP_FSETID: u32 = 4;
 const CAP_SYS_ADMIN: u32 = 21;
+const CAP_LINUX_IMMUTABLE: u32 = 9;
 
 /// What the kernel does not send about a caller: its effective
 /// capabilities and supplementary groups, from /proc. A caller gone
@@ -958,6 +961,76 @@ impl Filesystem for FolioFs {
                 reply.created(&self.ttl, &file_attr(&attr), Generation(0), FileHandle(fh), fopen)
             }
             Err(error) => reply.error(self.failed("create", &error)),
+        }
+    }
+
+    /// chattr / lsattr (FS_IOC_GETFLAGS, SETFLAGS and their fsxattr forms,
+    /// which the kernel sends on a handle of its own); any other ioctl is
+    /// ENOTTY, as the kernel answers for a file system without it.
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        let request = match file_flags::decode(cmd, in_data) {
+            Ok(request) => request,
+            Err(errno) => return reply.error(Errno::from_i32(errno)),
+        };
+        let result = match request {
+            FlagsRequest::Get { as_fsxattr } => {
+                self.volume.flags(ino.0).map(|flags| file_flags::encode(flags, as_fsxattr))
+            }
+            FlagsRequest::Set { flags } => {
+                let may_protect = CallerStatus::of(req).has_capability(CAP_LINUX_IMMUTABLE);
+                let set = self.volume.set_flags(ino.0, flags, may_protect);
+                // The ctime moved; the kernel learns of it only this way.
+                if let (Ok(()), Some(notifier)) = (&set, self.notifier.get()) {
+                    if let Err(error) = notifier.inval_inode(ino, -1, 0) {
+                        tracing::debug!("ioctl: invalidating attributes: {error}");
+                    }
+                }
+                set.map(|()| Vec::new())
+            }
+        };
+        match result {
+            Ok(data) => reply.ioctl(0, &data),
+            Err(error) => reply.error(self.failed("ioctl", &error)),
+        }
+    }
+
+    /// O_TMPFILE: an unnamed file, opened; linkat(AT_EMPTY_PATH) names it
+    /// through `link` unless O_EXCL made it exclusive.
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        invalidate::mark_serving();
+        let mode = self.volume.creation_mode(parent.0, mode, umask);
+        let open = self.open_flags(flags);
+        let linkable = flags & libc::O_EXCL == 0;
+        let opened = self
+            .volume
+            .create_unnamed(parent.0, mode, owner(req), open, linkable)
+            .and_then(|file| Ok((self.volume.getattr(file.ino())?, file)));
+        match opened {
+            Ok((attr, file)) => {
+                let fh = self.handles.insert(Handle::File(Arc::new(file)));
+                self.invalidator.page_cached(attr.ino);
+                let fopen = self.fopen_flags(open);
+                reply.created(&self.ttl, &file_attr(&attr), Generation(0), FileHandle(fh), fopen)
+            }
+            Err(error) => reply.error(self.failed("tmpfile", &error)),
         }
     }
 

@@ -20,6 +20,7 @@
 mod adapter;
 mod attr;
 mod bdi;
+mod file_flags;
 mod handles;
 mod in_flight;
 mod invalidate;

@@ -4,7 +4,9 @@
 //! after the shift is durable, buffered appends recover as exact prefixes,
 //! syncfs waits for a writeback the flusher already started, an O_DSYNC
 //! direct write past the on-disk size is durable, and so is an O_DSYNC
-//! overwrite of blocks whose allocation is not yet committed. Random workloads crashed at every durability point are the
+//! overwrite of blocks whose allocation is not yet committed, inode flags
+//! are one value they had (the fsynced one or later), and an unnamed
+//! (O_TMPFILE) file never outlives a crash. Random workloads crashed at every durability point are the
 //! `foliofs-check` crate's (`foliofs crashtest`, and its CI slice in
 //! `crates/foliofs-check/tests/crashtest.rs`).
 
@@ -33,6 +35,7 @@ block_size_tests!(
     syncfs_waits_for_writeback_already_in_progress,
     dsync_direct_write_past_the_disk_size_is_durable,
     dsync_direct_overwrite_commits_the_metadata_it_depends_on,
+    inode_flags_and_unnamed_files_recover_at_every_crash_point,
 );
 
 /// What a recovered tree holds: path -> (ino, kind, content for files).
@@ -337,5 +340,45 @@ fn dsync_direct_overwrite_commits_the_metadata_it_depends_on(block_bytes: u32) {
             content.len(),
             pos + data.len()
         );
+    }
+}
+
+/// chattr flags are one record: after a crash a file has flags it had, at
+/// least those of its last fsync. An unnamed file open at the crash, its
+/// data fsynced, is an orphan the recovery mount frees (fsck-clean).
+fn inode_flags_and_unnamed_files_recover_at_every_crash_point(block_bytes: u32) {
+    use foliofs::format::{INODE_FLAG_APPEND, INODE_FLAG_IMMUTABLE, INODE_FLAG_NODUMP};
+    let (device, volume) = new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(JOURNAL_BYTES));
+    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    volume.sync().unwrap();
+    device.reset_log();
+
+    volume.set_flags(file, INODE_FLAG_NODUMP, true).unwrap();
+    volume.set_flags(file, INODE_FLAG_IMMUTABLE, true).unwrap();
+    volume.fsync_inode(file, false).unwrap();
+    let fsynced_at = device.log_len();
+    let temp = volume.create_unnamed(ROOT, 0o600, owner(), OpenFlags::READ_WRITE, true).unwrap();
+    temp.write_at(&pattern(3, 64 << 10), 0).unwrap();
+    temp.fsync().unwrap();
+    volume.set_flags(file, INODE_FLAG_APPEND, true).unwrap();
+    volume.sync().unwrap();
+    let inodes_before = volume.statfs().inodes;
+
+    for cut in 0..=device.log_len() {
+        for keep in [Keep::All, Keep::Nothing] {
+            let image = device.crash_image(cut, &|_| keep.clone());
+            let (_, recovered) = open_image(image).unwrap();
+            let flags = recovered.flags(file).unwrap();
+            let allowed: &[u32] = if cut >= fsynced_at {
+                &[INODE_FLAG_IMMUTABLE, INODE_FLAG_APPEND]
+            } else {
+                &[0, INODE_FLAG_NODUMP, INODE_FLAG_IMMUTABLE, INODE_FLAG_APPEND]
+            };
+            assert!(allowed.contains(&flags), "crash at {cut}: flags {flags:#x}");
+            assert!(recovered.getattr(temp.ino()).is_err(), "crash at {cut}: the unnamed file");
+            assert!(recovered.statfs().inodes < inodes_before, "crash at {cut}: its inode");
+            let report = foliofs::fsck::check(recovered.device().clone());
+            assert!(report.is_clean(), "crash at {cut}: {:?}", report.problems);
+        }
     }
 }

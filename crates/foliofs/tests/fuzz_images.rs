@@ -787,6 +787,14 @@ fn mutate_record(rng: &mut ChaCha8Rng, record: &mut Record, near: &[u64]) {
                 *rdev = interesting_u32(rng);
             }
         }
+        Record::FlagsSet { ino, flags } => {
+            if rng.random_bool(0.5) {
+                *ino = interesting_u64(rng, near).max(1);
+            } else {
+                // Decodable: any set of the known flags.
+                *flags = interesting_u32(rng) & foliofs::format::INODE_FLAGS_KNOWN;
+            }
+        }
     }
 }
 
@@ -813,7 +821,11 @@ fn hostile_record(rng: &mut ChaCha8Rng, near: &[u64], superblock: &Superblock) -
         ctime: Timestamp::default(),
         parent,
     };
-    match rng.random_range(0..13) {
+    match rng.random_range(0..14) {
+        13 => Record::FlagsSet {
+            ino: pick(rng),
+            flags: foliofs::format::INODE_FLAG_IMMUTABLE | foliofs::format::INODE_FLAG_APPEND,
+        },
         9 => Record::XattrSet {
             ino: pick(rng),
             name: b"user.fuzz".to_vec(),
@@ -880,7 +892,8 @@ fn numbers_of(records: &[Record], superblock: &Superblock) -> Vec<u64> {
             | Record::SymlinkSet { ino, .. }
             | Record::XattrSet { ino, .. }
             | Record::XattrRemove { ino, .. }
-            | Record::DeviceSet { ino, .. } => out.push(*ino),
+            | Record::DeviceSet { ino, .. }
+            | Record::FlagsSet { ino, .. } => out.push(*ino),
             Record::DirAdd { dir, ino, .. } => out.extend([*dir, *ino]),
             Record::DirRemove { dir, .. } => out.push(*dir),
             Record::ExtentMap { ino, file_block, dev_block, .. } => {

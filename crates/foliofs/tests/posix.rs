@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use common::{new_volume, owner, ROOT};
 use foliofs::dev::{Device, FaultDev, FuaMode};
+use foliofs::format::{INODE_FLAG_APPEND, INODE_FLAG_IMMUTABLE, INODE_FLAG_NODUMP};
 use foliofs::space::FallocateMode;
 use foliofs::{
     Error, InodeKind, OpenFlags, Owner, Privilege, RenameFlags, SetAttr, TimeSet, XattrFlags,
@@ -22,6 +23,8 @@ block_size_tests!(
     open_directory_outlives_its_name_with_nlink_zero,
     freed_space_is_reusable_at_once,
     reads_advance_atime_as_the_policy_says,
+    unnamed_files_live_while_open_and_take_a_name_by_link,
+    immutable_and_append_only_inodes_refuse_changes_and_persist,
 );
 
 const ROOT_CALLER: Owner = Owner { uid: 0, gid: 0 };
@@ -137,6 +140,177 @@ fn open_directory_outlives_its_name_with_nlink_zero(block_bytes: u32) {
     let (_, volume) = common::open_image(crashed).unwrap();
     assert!(volume.getattr(source.ino).is_err(), "orphan freed at mount");
     assert!(foliofs::fsck::check(volume.device().clone()).is_clean());
+}
+
+/// O_TMPFILE (generic/004, 509, 530): an unnamed file has no link, is
+/// freed with its last handle, or at the next mount after a crash, and
+/// takes a name by link unless made exclusive; an unlinked file does not.
+fn unnamed_files_live_while_open_and_take_a_name_by_link(block_bytes: u32) {
+    let (device, volume) = new_volume(16 << 20, block_bytes);
+    let dir = volume.mkdir(ROOT, b"d", 0o2775, Owner { uid: 0, gid: 7 }).unwrap().ino;
+    let dir_mtime = volume.getattr(dir).unwrap().mtime;
+    let free_blocks = volume.statfs().free_blocks;
+
+    // Freed on close, with its data.
+    let data = common::pattern(1, 300_000);
+    let temp = volume.create_unnamed(dir, 0o600, owner(), OpenFlags::READ_WRITE, true).unwrap();
+    let attr = volume.getattr(temp.ino()).unwrap();
+    assert_eq!((attr.nlink, attr.kind, attr.mode & 0o7777), (0, InodeKind::File, 0o600));
+    assert_eq!(attr.gid, 7, "the set-group-ID directory's group");
+    temp.write_at(&data, 0).unwrap();
+    temp.fsync().unwrap();
+    assert!(volume.readdir(dir).unwrap().is_empty(), "no name");
+    assert_eq!(volume.getattr(dir).unwrap().mtime, dir_mtime, "the directory is unchanged");
+    let ino = temp.ino();
+    temp.close().unwrap();
+    assert!(matches!(volume.getattr(ino), Err(Error::NotFound(_))), "freed on close");
+    volume.sync().unwrap();
+    assert_eq!(volume.statfs().free_blocks, free_blocks, "its space is back");
+
+    // Named by link: an ordinary file from then on, with its data.
+    let temp = volume.create_unnamed(dir, 0o644, owner(), OpenFlags::READ_WRITE, true).unwrap();
+    temp.write_at(&data, 0).unwrap();
+    let named = volume.link(temp.ino(), dir, b"named").unwrap();
+    assert_eq!((named.ino, named.nlink), (temp.ino(), 1));
+    temp.close().unwrap();
+    let reopened = volume.open_path("/d/named", OpenFlags::READ).unwrap();
+    let mut read = vec![0; data.len()];
+    assert_eq!(reopened.read_at(&mut read, 0).unwrap(), data.len());
+    assert!(read == data);
+    reopened.close().unwrap();
+
+    // Exclusive ones, and files unlinked while open, take no name.
+    let exclusive =
+        volume.create_unnamed(dir, 0o644, owner(), OpenFlags::READ_WRITE, false).unwrap();
+    assert!(matches!(volume.link(exclusive.ino(), dir, b"x"), Err(Error::NotFound(_))));
+    let unlinked = volume.open_path("/d/named", OpenFlags::READ).unwrap();
+    volume.unlink(dir, b"named").unwrap();
+    assert!(matches!(volume.link(unlinked.ino(), dir, b"again"), Err(Error::NotFound(_))));
+    unlinked.close().unwrap();
+    exclusive.close().unwrap();
+    assert!(volume.readdir(dir).unwrap().is_empty());
+    assert!(matches!(
+        volume.create_unnamed(dir, 0o644, owner(), OpenFlags::READ, true),
+        Err(Error::Invalid(_))
+    ));
+
+    // A crash while one is open (its creation and data durable): fsck calls
+    // it an orphan, the next mount frees it and its space.
+    let temp = volume.create_unnamed(dir, 0o644, owner(), OpenFlags::READ_WRITE, true).unwrap();
+    temp.write_at(&data, 0).unwrap();
+    temp.fsync().unwrap();
+    volume.sync().unwrap();
+    let crashed = device.image();
+    let ino = temp.ino();
+    drop(temp);
+    drop(volume);
+    let raw = Arc::new(FaultDev::from_image(crashed.clone(), 512));
+    let report = foliofs::fsck::check(Arc::new(Device::new(raw, FuaMode::Native)));
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert!(report.notes.iter().any(|note| note.contains("orphan")), "{:?}", report.notes);
+    let (_, volume) = common::open_image(crashed).unwrap();
+    assert!(volume.getattr(ino).is_err(), "orphan freed at mount");
+    volume.sync().unwrap();
+    assert_eq!(volume.statfs().free_blocks, free_blocks);
+    assert!(foliofs::fsck::check(volume.device().clone()).is_clean());
+}
+
+fn is_eperm<T: std::fmt::Debug>(result: foliofs::Result<T>) -> bool {
+    matches!(result, Err(Error::NotPermitted(_)))
+}
+
+/// chattr +i / +a (generic/079, 545, 623): nothing changes an immutable
+/// inode; an append-only one takes data only past its end and entries only
+/// added; only a privileged caller sets or clears them; the flags survive
+/// a crash (replayed) and a checkpoint.
+fn immutable_and_append_only_inodes_refuse_changes_and_persist(block_bytes: u32) {
+    let (device, volume) = new_volume(16 << 20, block_bytes);
+    let dir = volume.mkdir(ROOT, b"d", 0o755, owner()).unwrap().ino;
+    let file = volume.create(dir, b"f", 0o644, owner()).unwrap().ino;
+    let handle = volume.open_file(file, OpenFlags::READ_WRITE).unwrap();
+    handle.write_at(b"0123456789", 0).unwrap();
+    let xattr = XattrFlags::default();
+    let user = Privilege::Unprivileged;
+    volume.set_xattr(file, b"user.a", b"1", xattr, user).unwrap();
+
+    assert!(is_eperm(volume.set_flags(file, INODE_FLAG_IMMUTABLE, false)), "unprivileged");
+    assert!(matches!(volume.set_flags(file, 0x1000_0000, true), Err(Error::Unsupported(_))));
+    volume.set_flags(file, INODE_FLAG_IMMUTABLE | INODE_FLAG_NODUMP, true).unwrap();
+    assert_eq!(volume.flags(file).unwrap(), INODE_FLAG_IMMUTABLE | INODE_FLAG_NODUMP);
+    let before = volume.getattr(file).unwrap();
+    assert!(is_eperm(handle.write_at(b"x", 10)), "a handle opened before");
+    assert!(is_eperm(handle.write_at(b"x", 0)));
+    assert!(is_eperm(handle.set_len(0)));
+    assert!(is_eperm(handle.fallocate(FallocateMode::Allocate { keep_size: true }, 0, 4096)));
+    assert!(is_eperm(volume.open_file(file, OpenFlags::WRITE)));
+    // A write through a handle opened before: set-ID bits stay too.
+    assert!(is_eperm(volume.remove_privileges(file, owner(), true)));
+    let chmod = SetAttr { mode: Some(0o600), ..SetAttr::default() };
+    assert!(is_eperm(volume.setattr(file, &chmod)));
+    let touch = SetAttr { mtime: Some(TimeSet::Now), ..SetAttr::default() };
+    assert!(is_eperm(volume.setattr(file, &touch)));
+    assert!(is_eperm(volume.set_xattr(file, b"user.b", b"2", xattr, user)));
+    assert!(is_eperm(volume.remove_xattr(file, b"user.a", user)));
+    assert!(is_eperm(volume.link(file, dir, b"g")));
+    assert!(is_eperm(volume.unlink(dir, b"f")));
+    assert!(is_eperm(volume.rename(dir, b"f", dir, b"g", RenameFlags::default())));
+    let other = volume.create(dir, b"other", 0o644, owner()).unwrap().ino;
+    assert!(is_eperm(volume.rename(dir, b"other", dir, b"f", RenameFlags::default())));
+    assert_eq!(volume.getattr(file).unwrap(), before, "nothing changed");
+    let mut read = [0; 10];
+    handle.read_at(&mut read, 0).unwrap();
+    assert_eq!(&read, b"0123456789", "reads still work");
+
+    // Append-only: appends only, times set to now, nothing removed.
+    assert!(is_eperm(volume.set_flags(file, INODE_FLAG_APPEND, false)), "clearing +i");
+    volume.set_flags(file, INODE_FLAG_APPEND, true).unwrap();
+    assert_eq!(handle.write_at(b"abc", 10).unwrap(), 3);
+    assert!(is_eperm(handle.write_at(b"x", 5)));
+    assert!(is_eperm(handle.set_len(100)));
+    assert!(is_eperm(handle.fallocate(FallocateMode::PunchHole, 0, 4096)));
+    handle.fallocate(FallocateMode::Allocate { keep_size: true }, 0, 8192).unwrap();
+    let appender = volume.open_file(file, OpenFlags { append: true, ..OpenFlags::WRITE }).unwrap();
+    appender.write_at(b"de", 0).unwrap();
+    appender.close().unwrap();
+    volume.setattr(file, &touch).unwrap();
+    assert!(is_eperm(volume.setattr(file, &chmod)));
+    assert!(is_eperm(volume.unlink(dir, b"f")));
+    assert!(is_eperm(volume.check_append_only_open(file, true, false)));
+    volume.check_append_only_open(file, true, true).unwrap();
+    assert_eq!(volume.getattr(file).unwrap().size, 15);
+
+    // Directories: immutable takes no entry; append-only only new ones.
+    let sub = volume.mkdir(dir, b"sub", 0o755, owner()).unwrap().ino;
+    volume.create(sub, b"inside", 0o644, owner()).unwrap();
+    volume.set_flags(dir, INODE_FLAG_IMMUTABLE, true).unwrap();
+    assert!(is_eperm(volume.create(dir, b"new", 0o644, owner())));
+    assert!(is_eperm(volume.unlink(dir, b"other")));
+    // EPERM before ENOTEMPTY and EISDIR, as the kernel's may_delete (generic/079).
+    assert!(is_eperm(volume.rmdir(dir, b"sub")));
+    assert!(is_eperm(volume.unlink(dir, b"sub")));
+    assert!(is_eperm(volume.rename(dir, b"sub", ROOT, b"sub", RenameFlags::default())));
+    volume.set_flags(dir, INODE_FLAG_APPEND, true).unwrap();
+    volume.create(dir, b"new", 0o644, owner()).unwrap();
+    assert!(is_eperm(volume.unlink(dir, b"new")));
+    assert!(is_eperm(volume.rename(dir, b"other", ROOT, b"moved", RenameFlags::default())));
+    handle.close().unwrap();
+
+    // Durable in the journal (crash: replay) and in a checkpoint.
+    volume.sync().unwrap();
+    let (_, replayed) = common::open_image(device.image()).unwrap();
+    assert_eq!(replayed.flags(dir).unwrap(), INODE_FLAG_APPEND);
+    assert_eq!(replayed.flags(file).unwrap(), INODE_FLAG_APPEND);
+    assert_eq!(replayed.flags(other).unwrap(), 0);
+    drop(replayed);
+    volume.checkpoint().unwrap();
+    volume.set_flags(dir, 0, true).unwrap();
+    volume.unlink(dir, b"new").unwrap();
+    volume.sync().unwrap();
+    drop(volume);
+    let (_, reopened) = common::open_image(device.image()).unwrap();
+    assert_eq!(reopened.flags(dir).unwrap(), 0);
+    assert!(is_eperm(reopened.unlink(dir, b"f")));
+    assert!(foliofs::fsck::check(reopened.device().clone()).is_clean());
 }
 
 /// generic/213: the space of a removed preallocated file is usable at once,

@@ -1010,6 +1010,30 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// Create and open an unnamed file in directory `parent` (`O_TMPFILE`,
+    /// protocol 7.37). The reply is that of [`Filesystem::create`], for a
+    /// file with no links: the kernel counts one lookup of it, and a later
+    /// [`Filesystem::link`] may give it a name (`linkat` with
+    /// `AT_EMPTY_PATH`, unless it was opened with `O_EXCL`). If this method
+    /// is not implemented the kernel answers `O_TMPFILE` with `EOPNOTSUPP`
+    /// and stops asking.
+    #[cfg(target_os = "linux")]
+    fn tmpfile(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        warn!(
+            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode}, \
+            umask: {umask:#x?}, flags: {flags:#x?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
     /// macOS only: Rename the volume. Set `fuse_init_out.flags` during init to
     /// `FUSE_VOL_RENAME` to enable
     #[cfg(target_os = "macos")]

@@ -18,7 +18,10 @@ pub mod superblock;
 
 pub use checkpoint::CheckpointHeader;
 pub use journal::GroupHeader;
-pub use record::{ExtentState, InodeAttrs, InodeKind, Record, Timestamp};
+pub use record::{
+    ExtentState, InodeAttrs, InodeKind, Record, Timestamp, INODE_FLAGS_KNOWN, INODE_FLAG_APPEND,
+    INODE_FLAG_IMMUTABLE, INODE_FLAG_NOATIME, INODE_FLAG_NODUMP,
+};
 pub use superblock::{Region, Superblock};
 
 /// The one format version this build reads and writes.

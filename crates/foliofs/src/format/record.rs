@@ -206,7 +206,27 @@ pub enum Record {
         ino: u64,
         rdev: u32,
     },
+    /// Sets an inode's attribute flags (chattr): `INODE_FLAG_*` bits only.
+    FlagsSet {
+        ino: u64,
+        flags: u32,
+    },
 }
+
+/// chattr +i: no change to the inode, its data, its names or (for a
+/// directory) its entries. The values are those of FS_IMMUTABLE_FL and
+/// the other FS_IOC_GETFLAGS bits, so the flags pass through unchanged.
+pub const INODE_FLAG_IMMUTABLE: u32 = 0x10;
+/// chattr +a: data only appended; no truncation, unlinking or renaming
+/// (for a directory: entries only added).
+pub const INODE_FLAG_APPEND: u32 = 0x20;
+/// chattr +d: kept (dump(8) reads it), no effect on the volume.
+pub const INODE_FLAG_NODUMP: u32 = 0x40;
+/// chattr +A: reads leave the access time alone.
+pub const INODE_FLAG_NOATIME: u32 = 0x80;
+/// Every flag an inode may carry.
+pub const INODE_FLAGS_KNOWN: u32 =
+    INODE_FLAG_IMMUTABLE | INODE_FLAG_APPEND | INODE_FLAG_NODUMP | INODE_FLAG_NOATIME;
 
 const TAG_INODE_SET: u8 = 1;
 const TAG_INODE_FREE: u8 = 2;
@@ -218,6 +238,7 @@ const TAG_EXTENT_UNMAP: u8 = 7;
 const TAG_XATTR_SET: u8 = 8;
 const TAG_XATTR_REMOVE: u8 = 9;
 const TAG_DEVICE_SET: u8 = 10;
+const TAG_FLAGS_SET: u8 = 11;
 
 impl Record {
     pub fn encode(&self, writer: &mut Writer) {
@@ -279,6 +300,11 @@ impl Record {
                 writer.u64(*ino);
                 writer.u32(*rdev);
             }
+            Record::FlagsSet { ino, flags } => {
+                writer.u8(TAG_FLAGS_SET);
+                writer.u64(*ino);
+                writer.u32(*flags);
+            }
         }
     }
 
@@ -339,6 +365,14 @@ impl Record {
                 Record::XattrRemove { ino: decode_ino(reader)?, name: decode_xattr_name(reader)? }
             }
             TAG_DEVICE_SET => Record::DeviceSet { ino: decode_ino(reader)?, rdev: reader.u32()? },
+            TAG_FLAGS_SET => {
+                let ino = decode_ino(reader)?;
+                let flags = reader.u32()?;
+                if flags & !INODE_FLAGS_KNOWN != 0 {
+                    return Err(FormatError::invalid(WHAT, "inode flags", format!("{flags:#x}")));
+                }
+                Record::FlagsSet { ino, flags }
+            }
             other => return Err(FormatError::invalid(WHAT, "tag", other.to_string())),
         };
         Ok(record)
@@ -356,7 +390,7 @@ impl Record {
             Record::ExtentUnmap { .. } => 25,
             Record::XattrSet { name, value, .. } => 15 + name.len() + value.len(),
             Record::XattrRemove { name, .. } => 11 + name.len(),
-            Record::DeviceSet { .. } => 13,
+            Record::DeviceSet { .. } | Record::FlagsSet { .. } => 13,
         }
     }
 }
@@ -486,6 +520,7 @@ pub(crate) mod tests {
             },
             Record::XattrRemove { ino: 2, name: b"security.selinux".to_vec() },
             Record::DeviceSet { ino: 6, rdev: 0x0103 },
+            Record::FlagsSet { ino: 6, flags: INODE_FLAG_IMMUTABLE | INODE_FLAG_NODUMP },
         ]
     }
 

@@ -27,6 +27,7 @@ const DIR_ENTRY_RECORD_BYTES: u64 = 19;
 const SYMLINK_RECORD_BYTES: u64 = 11;
 const XATTR_RECORD_BYTES: u64 = 15;
 const DEVICE_RECORD_BYTES: u64 = 13;
+const FLAGS_RECORD_BYTES: u64 = 13;
 
 /// Extended attributes of one inode: name (with its namespace prefix) -> value.
 pub type Xattrs = BTreeMap<Vec<u8>, Vec<u8>>;
@@ -67,6 +68,12 @@ pub struct Inode {
     /// carries them. The one persistent field that changes without a record:
     /// logging every overwrite's timestamps would cost a record per write.
     pub times_dirty: bool,
+    /// Created without a name (O_TMPFILE, not O_EXCL) and not linked since
+    /// (memory only, as the kernel's I_LINKABLE): the one kind of inode
+    /// with no links that `link` may still name. A crash frees it.
+    pub linkable: bool,
+    /// Attribute flags (chattr): `format::record::INODE_FLAG_*` bits.
+    pub flags: u32,
 }
 
 impl Inode {
@@ -215,6 +222,9 @@ impl MetaState {
             Record::DeviceSet { ino, rdev } => {
                 self.apply_device_set(*ino, *rdev).map(|()| Vec::new())
             }
+            Record::FlagsSet { ino, flags } => {
+                self.apply_flags_set(*ino, *flags).map(|()| Vec::new())
+            }
         }
     }
 
@@ -268,6 +278,23 @@ impl MetaState {
         Ok(())
     }
 
+    fn apply_flags_set(&mut self, ino: u64, flags: u32) -> Result<(), ApplyError> {
+        let Some(inode) = self.inodes.get_mut(&ino) else {
+            return fail(format!("flags for inode {ino}, which does not exist"));
+        };
+        if flags & !crate::format::record::INODE_FLAGS_KNOWN != 0 {
+            return fail(format!("inode {ino}: unknown flags {flags:#x}"));
+        }
+        if inode.flags == 0 {
+            self.persisted_bytes_estimate += FLAGS_RECORD_BYTES;
+        }
+        inode.flags = flags;
+        if flags == 0 {
+            self.persisted_bytes_estimate -= FLAGS_RECORD_BYTES;
+        }
+        Ok(())
+    }
+
     fn apply_inode_set(&mut self, ino: u64, attrs: &InodeAttrs) -> Result<(), ApplyError> {
         if let Some(inode) = self.inodes.get_mut(&ino) {
             if inode.attrs.kind != attrs.kind {
@@ -295,6 +322,8 @@ impl MetaState {
             meta_lsn: 0,
             data_lsn: 0,
             times_dirty: false,
+            linkable: false,
+            flags: 0,
         };
         self.inodes.insert(ino, inode);
         self.next_ino = self.next_ino.max(ino.saturating_add(1));
@@ -314,6 +343,9 @@ impl MetaState {
         }
         let inode = self.inodes.remove(&ino).expect("checked above");
         self.persisted_bytes_estimate -= INODE_RECORD_BYTES;
+        if inode.flags != 0 {
+            self.persisted_bytes_estimate -= FLAGS_RECORD_BYTES;
+        }
         for (name, value) in &inode.xattrs {
             self.persisted_bytes_estimate -= xattr_record_bytes(name, value);
         }
@@ -480,6 +512,9 @@ impl MetaState {
             for (name, value) in &inode.xattrs {
                 let record = Record::XattrSet { ino, name: name.clone(), value: value.clone() };
                 emit(record, &mut writer);
+            }
+            if inode.flags != 0 {
+                emit(Record::FlagsSet { ino, flags: inode.flags }, &mut writer);
             }
         }
         for &ino in &inos {

@@ -117,6 +117,7 @@ impl Txn<'_> {
                 self.touched.push((*ino, false))
             }
             Record::DeviceSet { ino, .. } => self.touched.push((*ino, true)),
+            Record::FlagsSet { ino, .. } => self.touched.push((*ino, false)),
         }
     }
 

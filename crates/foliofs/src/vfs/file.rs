@@ -12,6 +12,7 @@ use crate::cache::InodeCache;
 use crate::dev::AlignedBuf;
 use crate::direct::{self, DirectFuture};
 use crate::error::{Error, Result};
+use crate::format::record::{INODE_FLAG_APPEND, INODE_FLAG_IMMUTABLE};
 use crate::format::InodeKind;
 use crate::space::{self, FallocateMode, Whence};
 use crate::writeback;
@@ -96,6 +97,14 @@ impl Volume {
         self.shared.meta.update_memory(|state| {
             let inode =
                 state.inode_mut(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            if flags.write && inode.flags & INODE_FLAG_IMMUTABLE != 0 {
+                return Err(Error::NotPermitted(format!("inode {ino} is immutable: writing")));
+            }
+            if flags.truncate && inode.flags & (INODE_FLAG_IMMUTABLE | INODE_FLAG_APPEND) != 0 {
+                return Err(Error::NotPermitted(format!(
+                    "inode {ino} is immutable or append-only: truncating"
+                )));
+            }
             match inode.attrs.kind {
                 InodeKind::File => {}
                 InodeKind::Dir => return Err(Error::IsDir(format!("inode {ino}"))),
@@ -189,6 +198,11 @@ impl File {
         if let Some(refusal) = self.shared.meta.refusal() {
             return Err(refusal);
         }
+        if !self.flags.append {
+            self.shared.check_data_change(self.ino, pos, "writing before its end")?;
+        } else {
+            self.shared.check_data_change(self.ino, u64::MAX, "appending")?;
+        }
         if self.flags.direct && !self.flags.append {
             let written =
                 direct::write(engine, &self.inode, self.ino, data, pos, self.flags.dsync)?;
@@ -229,7 +243,8 @@ impl File {
     pub fn write_at_async(&self, buffer: AlignedBuf, pos: u64) -> DirectFuture {
         let checked = self.check_direct().and_then(|()| self.check_writable()).and_then(|()| {
             // As in write_at: an overwrite alone would not be refused.
-            self.shared.meta.refusal().map_or(Ok(()), Err)
+            self.shared.meta.refusal().map_or(Ok(()), Err)?;
+            self.shared.check_data_change(self.ino, pos, "writing before its end")
         });
         match checked {
             Ok(()) => {
@@ -257,6 +272,8 @@ impl File {
     /// Truncates or extends to `size` bytes.
     pub fn set_len(&self, size: u64) -> Result<()> {
         self.check_writable()?;
+        // Any size change, growing included, as the kernel's truncate.
+        self.shared.check_data_change(self.ino, 0, "changing its size")?;
         if let Some(refusal) = self.shared.meta.refusal() {
             return Err(refusal);
         }
@@ -272,6 +289,9 @@ impl File {
     /// range (see [`FallocateMode`]).
     pub fn fallocate(&self, mode: FallocateMode, offset: u64, length: u64) -> Result<()> {
         self.check_writable()?;
+        // Append-only files take plain preallocation alone (vfs_fallocate).
+        let start = if matches!(mode, FallocateMode::Allocate { .. }) { u64::MAX } else { 0 };
+        self.shared.check_data_change(self.ino, start, "fallocate")?;
         if let Some(refusal) = self.shared.meta.refusal() {
             return Err(refusal);
         }

@@ -9,12 +9,14 @@ mod acl;
 mod attr;
 mod dir;
 mod file;
+mod flags;
 mod metadata;
 mod namespace;
 mod observe;
 mod open_options;
 mod paths;
 mod special;
+mod tmpfile;
 mod volume;
 mod xattr;
 

@@ -9,7 +9,8 @@ use crate::format::{
 };
 use crate::meta::{MetaState, Txn};
 
-use super::attr::{Attr, DirEntry, Owner, SetAttr};
+use super::attr::{Attr, DirEntry, Owner, SetAttr, TimeSet};
+use super::flags::{check_changeable, check_not_immutable};
 use super::observe::NamespaceEvent;
 use super::volume::{Shared, Volume};
 
@@ -134,6 +135,59 @@ fn drop_link(txn: &mut Txn<'_>, ino: u64, now: Timestamp) {
     }
 }
 
+/// What a new inode is made of, besides what it inherits from its directory.
+pub(super) struct NewInode {
+    pub(super) ino: u64,
+    pub(super) kind: InodeKind,
+    pub(super) mode: u32,
+    pub(super) owner: Owner,
+    pub(super) nlink: u32,
+    pub(super) size: u64,
+    pub(super) now: Timestamp,
+}
+
+/// Applies the records of a new inode made in `parent`: its attributes and
+/// what it inherits from `parent` (default ACL, set-group-ID group). `extra`
+/// is the journal room the caller's own records need.
+pub(super) fn apply_new_inode(
+    txn: &mut Txn<'_>,
+    parent: u64,
+    new: NewInode,
+    extra: u64,
+) -> Result<()> {
+    let NewInode { ino, kind, mode, owner, nlink, size, now } = new;
+    let is_dir = kind == InodeKind::Dir;
+    let (mode, inherited) = super::acl::inherit(txn.state(), parent, ino, kind, mode);
+    let inherited_bytes: usize = inherited.iter().map(Record::encoded_bytes_max).sum();
+    txn.ensure_metadata_room(extra + inherited_bytes as u64)?;
+    // A set-group-ID directory hands its group to what is created in
+    // it, and its set-group-ID bit to new directories, so a shared
+    // tree keeps one group (inode_init_owner). Stripping the bit from
+    // a new file whose creator is not in that group is the kernel's
+    // (vfs_prepare_mode), before the request reaches the adapter.
+    let parent_attrs = attrs_of(txn.state(), parent)?;
+    let inherits_group = parent_attrs.mode & SET_GID != 0;
+    let gid = if inherits_group { parent_attrs.gid } else { owner.gid };
+    let mode = if inherits_group && is_dir { mode | SET_GID } else { mode };
+    let attrs = InodeAttrs {
+        kind,
+        mode: mode & 0o7777,
+        uid: owner.uid,
+        gid,
+        nlink,
+        size,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        parent: if is_dir { parent } else { 0 },
+    };
+    txn.apply(Record::InodeSet { ino, attrs });
+    for record in inherited {
+        txn.apply(record);
+    }
+    Ok(())
+}
+
 /// The entries of directory `dir`, sorted by name.
 pub(super) fn list(state: &MetaState, dir: u64) -> Result<Vec<DirEntry>> {
     let entries = dir_entries(state, dir)?;
@@ -242,6 +296,7 @@ impl Volume {
                 return Err(Error::Exists(display(name)));
             }
             check_not_removed(txn.state(), parent)?;
+            check_not_immutable(txn.state(), parent, "adding an entry")?;
             let extra = 200 + name.len() as u64 + target.map_or(0, |target| target.len() as u64);
             txn.ensure_metadata_room(extra)?;
             let now = Timestamp::now();
@@ -253,34 +308,10 @@ impl Volume {
                 return Err(Error::NoSpace("no inode numbers left".into()));
             }
             let is_dir = kind == InodeKind::Dir;
-            let (mode, inherited) = super::acl::inherit(txn.state(), parent, ino, kind, mode);
-            let inherited_bytes: usize = inherited.iter().map(Record::encoded_bytes_max).sum();
-            txn.ensure_metadata_room(extra + inherited_bytes as u64)?;
-            // A set-group-ID directory hands its group to what is created in
-            // it, and its set-group-ID bit to new directories, so a shared
-            // tree keeps one group (inode_init_owner). Stripping the bit from
-            // a new file whose creator is not in that group is the kernel's
-            // (vfs_prepare_mode), before the request reaches the adapter.
-            let parent_attrs = attrs_of(txn.state(), parent)?;
-            let inherits_group = parent_attrs.mode & SET_GID != 0;
-            let gid = if inherits_group { parent_attrs.gid } else { owner.gid };
-            let mode = if inherits_group && is_dir { mode | SET_GID } else { mode };
-            let attrs = InodeAttrs {
-                kind,
-                mode: mode & 0o7777,
-                uid: owner.uid,
-                gid,
-                nlink: if is_dir { 2 } else { 1 },
-                size: target.map_or(0, |target| target.len() as u64),
-                atime: now,
-                mtime: now,
-                ctime: now,
-                parent: if is_dir { parent } else { 0 },
-            };
-            txn.apply(Record::InodeSet { ino, attrs });
-            for record in inherited {
-                txn.apply(record);
-            }
+            let size = target.map_or(0, |target| target.len() as u64);
+            let nlink = if is_dir { 2 } else { 1 };
+            let new = NewInode { ino, kind, mode, owner, nlink, size, now };
+            apply_new_inode(txn, parent, new, extra)?;
             if let Some(target) = target {
                 txn.apply(Record::SymlinkSet { ino, target: target.to_vec() });
             }
@@ -330,13 +361,16 @@ impl Volume {
                     attrs.nlink
                 )));
             }
-            if attrs.nlink == 0 {
+            let linkable = txn.state().inode(ino).is_some_and(|inode| inode.linkable);
+            if attrs.nlink == 0 && !linkable {
                 return Err(Error::NotFound(format!("inode {ino} was unlinked")));
             }
             if dir_entries(txn.state(), new_parent)?.contains_key(new_name) {
                 return Err(Error::Exists(display(new_name)));
             }
             check_not_removed(txn.state(), new_parent)?;
+            check_changeable(txn.state(), ino, "linking it")?;
+            check_not_immutable(txn.state(), new_parent, "adding an entry")?;
             txn.ensure_metadata_room(100 + new_name.len() as u64)?;
             let now = Timestamp::now();
             update_attrs(txn, ino, |attrs| {
@@ -345,6 +379,10 @@ impl Volume {
             });
             txn.apply(Record::DirAdd { dir: new_parent, name: new_name.to_vec(), ino });
             touch_dir(txn, new_parent, 0, now);
+            if let Some(inode) = txn.state_mut().inode_mut(ino) {
+                // Named once; losing that name again makes an orphan.
+                inode.linkable = false;
+            }
             self.shared.attr_of(txn.state(), ino)
         })?;
         self.shared.namespace_changed(&[
@@ -377,6 +415,8 @@ impl Volume {
             if Some(ino) != victim {
                 return Ok(false);
             }
+            check_changeable(txn.state(), parent, "removing an entry")?;
+            check_changeable(txn.state(), ino, "unlinking it")?;
             if attrs_of(txn.state(), ino)?.kind == InodeKind::Dir {
                 return Err(Error::IsDir(display(name)));
             }
@@ -394,6 +434,9 @@ impl Volume {
         self.shared.meta.transact(|txn| {
             let ino = entry_of(txn.state(), parent, name)?;
             let entries = dir_entries(txn.state(), ino)?;
+            // Before the emptiness check, as the kernel's may_delete.
+            check_changeable(txn.state(), parent, "removing an entry")?;
+            check_changeable(txn.state(), ino, "removing it")?;
             if !entries.is_empty() {
                 return Err(Error::NotEmpty(display(name)));
             }
@@ -510,6 +553,7 @@ impl Volume {
 
     /// Changes attributes; a size change truncates or extends the file.
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
+        check_attr_change(&self.shared.meta.read(), ino, changes)?;
         if let Some(size) = changes.size {
             let kind = attrs_of(&self.shared.meta.read(), ino)?.kind;
             match kind {
@@ -543,6 +587,9 @@ impl Volume {
     /// changed.
     pub fn remove_privileges(&self, ino: u64, caller: Owner, kill_setid: bool) -> Result<bool> {
         let to_remove = |state: &MetaState| -> Result<(u32, bool)> {
+            // The data change that follows is refused on an immutable file:
+            // nothing may change before it either.
+            check_not_immutable(state, ino, "writing")?;
             let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
             let setid = if kill_setid { setid_bits_to_drop(&inode.attrs, caller) } else { 0 };
             let capability = inode.xattrs.contains_key(FILE_CAPABILITIES);
@@ -575,6 +622,26 @@ impl Volume {
     /// needed to read its data back (fdatasync).
     pub fn fsync_inode(&self, ino: u64, data_only: bool) -> Result<()> {
         self.shared.fsync_inode(ino, data_only)
+    }
+}
+
+/// chattr's rules for a setattr: nothing changes an immutable inode; an
+/// append-only one takes only times set to now (touch), as the kernel's
+/// notify_change and vfs_utimes.
+fn check_attr_change(state: &MetaState, ino: u64, changes: &SetAttr) -> Result<()> {
+    let is_explicit = |time: Option<TimeSet>| matches!(time, Some(TimeSet::At(_)));
+    let changes_protected = changes.mode.is_some()
+        || changes.uid.is_some()
+        || changes.gid.is_some()
+        || changes.size.is_some()
+        || is_explicit(changes.atime)
+        || is_explicit(changes.mtime);
+    if changes_protected {
+        check_changeable(state, ino, "changing its attributes or size")
+    } else if changes.atime.is_some() || changes.mtime.is_some() {
+        check_not_immutable(state, ino, "changing its times")
+    } else {
+        Ok(())
     }
 }
 
@@ -612,6 +679,16 @@ fn plan_rename(
     }
     if same_entry || victim.is_some_and(|(victim, _)| victim == ino) {
         return Ok(RenamePlan { ino, ino_is_dir, victim, is_noop: true });
+    }
+    // Before the kinds and emptiness, as the kernel's may_delete.
+    check_changeable(state, parent, "removing an entry")?;
+    check_changeable(state, ino, "renaming it")?;
+    match victim {
+        Some((victim, _)) => {
+            check_changeable(state, new_parent, "replacing an entry")?;
+            check_changeable(state, victim, "replacing it")?;
+        }
+        None => check_not_immutable(state, new_parent, "adding an entry")?,
     }
     if ino_is_dir && is_ancestor(state, ino, new_parent) {
         return Err(Error::invalid(format!("cannot move directory {} into itself", display(name))));
@@ -687,6 +764,7 @@ impl Shared {
     pub(super) fn change_attrs(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
         let (attr, _) = self.meta.transact(|txn| {
             let mut attrs = attrs_of(txn.state(), ino)?;
+            check_attr_change(txn.state(), ino, changes)?;
             if changes.mode.is_none()
                 && changes.uid.is_none()
                 && changes.gid.is_none()

@@ -123,8 +123,12 @@ impl Shared {
                 }
             }
         };
-        if !self.meta.read().inode(ino).is_some_and(|inode| due(&inode.attrs)) {
-            return;
+        {
+            let state = self.meta.read();
+            let is_due = state.inode(ino).is_some_and(|inode| due(&inode.attrs));
+            if !is_due || super::flags::skips_atime(&state, ino) {
+                return;
+            }
         }
         self.meta.update_memory(|state| {
             if state.inode(ino).is_some_and(|inode| due(&inode.attrs)) {

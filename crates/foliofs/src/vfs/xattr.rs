@@ -170,6 +170,7 @@ impl Volume {
             if let Some(why) = refusal(namespace, inode.attrs.kind, privilege, name) {
                 return Err(Error::NotPermitted(why));
             }
+            super::flags::check_changeable(txn.state(), ino, "changing its extended attributes")?;
             // An ACL is checked, stored in its canonical encoding, and an
             // access ACL sets the mode (and is dropped when the mode says
             // all it does).
@@ -243,6 +244,7 @@ impl Volume {
             if let Some(why) = refusal(namespace, inode.attrs.kind, privilege, name) {
                 return Err(Error::NotPermitted(why));
             }
+            super::flags::check_changeable(txn.state(), ino, "changing its extended attributes")?;
             if !inode.xattrs.contains_key(name) {
                 return Err(Error::NoAttribute(shown(name)));
             }

@@ -161,6 +161,9 @@ pub(crate) enum fuse_opcode {
     FUSE_RENAME2 = 45,
     FUSE_LSEEK = 46,
     FUSE_COPY_FILE_RANGE = 47,
+    // Protocol 7.37: O_TMPFILE (fs/fuse/dir.c fuse_tmpfile).
+    #[cfg(target_os = "linux")]
+    FUSE_TMPFILE = 51,
 
     #[cfg(target_os = "macos")]
     FUSE_SETVOLNAME = 61,

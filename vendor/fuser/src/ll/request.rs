@@ -1564,6 +1564,31 @@ mod op {
         }
     }
 
+    /// Create and open an unnamed file (`O_TMPFILE`) in a directory: the
+    /// arguments of [`Create`], with a name the kernel sets to "/" (its
+    /// placeholder for a dentry with no name). The reply is that of
+    /// [`Create`]; the file has no link until a later [`Link`] gives it one.
+    #[cfg(target_os = "linux")]
+    #[derive(Debug)]
+    pub(crate) struct TmpFile<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        arg: &'a fuse_create_in,
+    }
+    #[cfg(target_os = "linux")]
+    impl TmpFile<'_> {
+        pub(crate) fn mode(&self) -> u32 {
+            self.arg.mode
+        }
+        /// Flags as passed to `open()`, `O_TMPFILE` included
+        pub(crate) fn flags(&self) -> i32 {
+            self.arg.flags
+        }
+        pub(crate) fn umask(&self) -> u32 {
+            self.arg.umask
+        }
+    }
+
     /// `MacOS` only: Rename the volume. Set `fuse_init_out.flags` during init to
     /// `FUSE_VOL_RENAME` to enable
     #[cfg(target_os = "macos")]
@@ -1852,6 +1877,11 @@ mod op {
                 header,
                 arg: data.fetch()?,
             }),
+            #[cfg(target_os = "linux")]
+            fuse_opcode::FUSE_TMPFILE => Operation::TmpFile(TmpFile {
+                header,
+                arg: data.fetch()?,
+            }),
 
             #[cfg(target_os = "macos")]
             fuse_opcode::FUSE_SETVOLNAME => Operation::SetVolName(SetVolName {
@@ -1926,6 +1956,8 @@ pub(crate) enum Operation<'a> {
     Rename2(Rename2<'a>),
     Lseek(Lseek<'a>),
     CopyFileRange(CopyFileRange<'a>),
+    #[cfg(target_os = "linux")]
+    TmpFile(TmpFile<'a>),
 
     #[cfg(target_os = "macos")]
     SetVolName(SetVolName<'a>),
@@ -2101,6 +2133,13 @@ impl fmt::Display for Operation<'_> {
                 x.src(),
                 x.dest(),
                 x.len()
+            ),
+            #[cfg(target_os = "linux")]
+            Operation::TmpFile(x) => write!(
+                f,
+                "TMPFILE mode {:#05o}, flags {:#x}",
+                x.mode(),
+                x.flags()
             ),
 
             #[cfg(target_os = "macos")]
