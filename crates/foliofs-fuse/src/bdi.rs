@@ -6,7 +6,7 @@
 //! `dd bs=1M` at 146 kB/s). As root, after mounting, the limits become the
 //! ones a kernel file system has: no strict limit, and a share of the
 //! dirty threshold a single busy device may take (Linux 6.2+ lets both be
-//! set from /sys/class/bdi/<major>:<minor>/).
+//! set from `/sys/class/bdi/<major>:<minor>/`).
 
 use std::path::Path;
 
