@@ -128,12 +128,15 @@ fn expect_eio<T: std::fmt::Debug>(result: foliofs::Result<T>, what: &str) -> Err
     error
 }
 
-/// A read-only refusal must say why: the failed write and the device error.
+/// A read-only refusal must say why: the failed write or flush and the
+/// device error.
 #[track_caller]
 fn assert_names_the_cause(error: &Error) {
     let message = error.to_string();
     assert!(
-        (message.contains("journal write failed") || message.contains("checkpoint write failed"))
+        ["journal write failed", "checkpoint write failed", "flush failed"]
+            .iter()
+            .any(|cause| message.contains(cause))
             && (message.contains("os error 5") || message.contains("Input/output")),
         "the refusal names its cause: {message}"
     );
