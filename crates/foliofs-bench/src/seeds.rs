@@ -758,7 +758,8 @@ fn seed_004(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
     }
     // Writeback throughput: a stream of 1 MiB writes through a cache much
     // smaller than the file, fsynced at the end, against the raw device
-    // written directly in large requests.
+    // written directly in requests of the size and depth writeback uses
+    // (8 MiB, 8 in flight), so the ratio is the engine's own cost.
     let command = format!(
         "--name=writeback --ioengine=psync --direct=0 --rw=write --bs=1M --size={} --end_fsync=1 \
          --ramp_time={} --runtime={} --time_based",
@@ -767,7 +768,7 @@ fn seed_004(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
         scale.runtime
     );
     let raw_command = format!(
-        "--name=raw --ioengine=libaio --direct=1 --rw=write --bs=8M --iodepth=4 --size={} \
+        "--name=raw --ioengine=libaio --direct=1 --rw=write --bs=8M --iodepth=8 --size={} \
          --runtime={} --time_based",
         scale.writeback_size, scale.runtime
     );
@@ -777,13 +778,13 @@ fn seed_004(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
             &command,
             &format!("cache_bytes={}", scale.writeback_cache),
         )?,
-        lab.raw("raw device, 8 MiB x 4", &raw_command)?,
+        lab.raw("raw device, 8 MiB x 8", &raw_command)?,
     ];
     let group = Group { name: "sequential buffered writes + writeback".into(), command, rows };
     if let Some(value) =
-        ratio(&group, Metric::MibPerSecond, "foliofs writeback", "raw device, 8 MiB x 4")
+        ratio(&group, Metric::MibPerSecond, "foliofs writeback", "raw device, 8 MiB x 8")
     {
-        goals.push(goal("writeback / raw device >= 0.8", value, 0.8));
+        goals.push(goal("writeback / raw device >= 0.9", value, 0.9));
     }
     groups.push(group);
     Ok(SeedResult {

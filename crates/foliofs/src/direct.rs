@@ -308,7 +308,11 @@ fn finish_write(
         return Ok(());
     }
     // Aligned overwrites with nothing to commit, written without FUA.
-    engine.device.flush_if_needed().map(|_| ()).context(|| "flush".into())
+    engine
+        .meta
+        .journal()
+        .flush_data()
+        .map_err(|message| Error::io(message, std::io::Error::from_raw_os_error(libc::EIO)))
 }
 
 /// Blocking direct write of `data` (address-aligned) at `pos`.

@@ -204,6 +204,25 @@ impl Journal {
         self.inner.lock().failed.clone()
     }
 
+    /// Flushes plain data writes no flush covers yet: an fsync's last step
+    /// when nothing (or nothing more) was committed. A failure turns the
+    /// volume read-only, as a failed flush before a journal group does: a
+    /// disk may have lost its volatile cache with it, and which writes went
+    /// is unknown, so a later flush that succeeds proves nothing about them
+    /// and no later fsync may report them durable.
+    pub fn flush_data(&self) -> Result<(), String> {
+        let mut inner = self.inner.lock();
+        if let Some(failure) = &inner.failed {
+            return Err(failure.clone());
+        }
+        drop(inner);
+        let Err(error) = self.device.flush_if_needed() else { return Ok(()) };
+        let message = format!("flush failed, the volume is now read-only: {error}");
+        tracing::error!("{message}");
+        inner = self.inner.lock();
+        Err(inner.failed.get_or_insert(message).clone())
+    }
+
     /// Fraction of the journal between tail and head (0.0 ..= 1.0).
     pub fn used_fraction(&self) -> f64 {
         let inner = self.inner.lock();

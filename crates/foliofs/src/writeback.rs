@@ -37,9 +37,11 @@ use crate::meta::Txn;
 const BATCH_BYTES_MAX: usize = 256 << 20;
 /// Buffers per vectored request (the kernel's IOV_MAX).
 const SLICES_PER_REQUEST_MAX: usize = 1024;
-/// Largest writeback request, and how many are in flight at once.
+/// Largest writeback request, and how many are in flight at once (on the
+/// bench VM's disk, 8 MiB requests 8 at a time wrote at 1.4x the rate of 4
+/// at a time).
 const REQUEST_BYTES_MAX: u64 = 8 << 20;
-const WRITEBACK_THREADS: usize = 4;
+const WRITEBACK_THREADS: usize = 8;
 /// How long a throttled writer waits for the flusher at most, in steps.
 const THROTTLE_WAIT_STEP: Duration = Duration::from_millis(10);
 const THROTTLE_WAIT_STEPS_MAX: u32 = 100;
@@ -145,6 +147,10 @@ fn write_batch(
         let state = RwLockWriteGuard::downgrade(state);
         held.push(Held { folio, state, dirty });
     }
+    // The dirty count just fell by the batch: a writer throttled above the
+    // dirty limit may copy on while the batch is written, instead of
+    // sleeping until the whole batch is on disk.
+    engine.cache.note_progress();
     let runs = dirty_runs(&held, engine.block_bytes);
     let mut failures = Failures::default();
     let pieces = map_runs(engine, inode.ino, &runs, &mut failures);

@@ -52,6 +52,7 @@ block_size_tests!(
     failed_truncate_leaves_the_file_as_it_was,
     size_held_back_by_a_failure_catches_up_at_syncfs,
     a_flush_failure_that_drops_the_disk_cache_loses_nothing_fsynced,
+    an_overwrite_lost_with_the_disk_cache_is_never_reported_durable,
     random_data_write_faults,
     random_metadata_write_faults,
     random_read_faults,
@@ -127,12 +128,15 @@ fn expect_eio<T: std::fmt::Debug>(result: foliofs::Result<T>, what: &str) -> Err
     error
 }
 
-/// A read-only refusal must say why: the failed write and the device error.
+/// A read-only refusal must say why: the failed write or flush and the
+/// device error.
 #[track_caller]
 fn assert_names_the_cause(error: &Error) {
     let message = error.to_string();
     assert!(
-        (message.contains("journal write failed") || message.contains("checkpoint write failed"))
+        ["journal write failed", "checkpoint write failed", "flush failed"]
+            .iter()
+            .any(|cause| message.contains(cause))
             && (message.contains("os error 5") || message.contains("Input/output")),
         "the refusal names its cause: {message}"
     );
@@ -379,6 +383,44 @@ fn a_flush_failure_that_drops_the_disk_cache_loses_nothing_fsynced(block_bytes: 
             fsck_clean(volume.device(), "after a flush that dropped the cache");
             REMOUNTS_CHECKED.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+/// The case of `a_flush_failure_that_drops_the_disk_cache_loses_nothing_fsynced`
+/// with nothing for the journal to commit: overwrites of written blocks
+/// (buffered, and direct without FUA), whose fdatasync is the data write and
+/// a flush alone. The flush fails and the disk loses the data; a later
+/// fdatasync finds nothing dirty, and its own flush succeeds, but must not
+/// report the lost overwrite durable.
+fn an_overwrite_lost_with_the_disk_cache_is_never_reported_durable(block_bytes: u32) {
+    let block = block_bytes as usize;
+    for direct in [false, true] {
+        let (raw, volume) = new_volume_with_options(16 << 20, block_bytes, None, &options());
+        let ino = create(&volume, "f");
+        let first = pattern(1, 4 * block);
+        let flags =
+            if direct { OpenFlags::READ_WRITE.with_direct() } else { OpenFlags::READ_WRITE };
+        let handle = volume.open_file(ino, flags).unwrap();
+        handle.write_at(&direct_buffer(&first), 0).unwrap();
+        handle.fsync().unwrap();
+        raw.drop_cache_on_failed_flush(true);
+        let second = pattern(2, 4 * block);
+        let dropped_before = raw.writes_dropped();
+        raw.add_rule(FaultRule::next(FaultOp::Flush, 1));
+        let written = handle.write_at(&direct_buffer(&second), 0);
+        let failed = written.and_then(|_| handle.fdatasync());
+        expect_eio(failed, "the overwrite's fdatasync whose flush fails");
+        assert!(raw.writes_dropped() > dropped_before, "direct {direct}: the cache was dropped");
+        raw.clear_rules();
+        let later = handle.fdatasync();
+        let image = raw.crash_image(raw.log_len(), &|_| Keep::Nothing);
+        let (_, recovered) = open_image(image).unwrap();
+        let on_disk = read_all(&recovered, ino);
+        assert!(
+            later.is_err() || on_disk == second,
+            "direct {direct}: a later fdatasync returned Ok over the lost overwrite"
+        );
+        assert!(on_disk == first || on_disk == second, "direct {direct}: old or new data");
     }
 }
 

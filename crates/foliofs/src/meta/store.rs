@@ -272,8 +272,9 @@ impl MetaStore {
             return Err(Error::io(failure, std::io::Error::from_raw_os_error(libc::EIO)));
         }
         self.commit(lsn)?;
-        self.journal.device().flush_if_needed().map_err(|error| Error::io("flush", error))?;
-        Ok(())
+        self.journal
+            .flush_data()
+            .map_err(|message| Error::io(message, std::io::Error::from_raw_os_error(libc::EIO)))
     }
 
     pub fn commit_all(&self) -> Result<()> {
