@@ -671,11 +671,14 @@ impl Filesystem for FolioFs {
             let write = file.write_at_async(AlignedBuf::from_slice(data), offset);
             // Its change event comes from the thread that completes it.
             let write = invalidate::serving(write);
+            let invalidator = Arc::clone(&self.invalidator);
             return in_flight::spawn(async move {
-                match write.await {
-                    (_, Ok(count)) => reply.written(count as u32),
-                    (_, Err(error)) => reply.error(failed("write", &error)),
-                }
+                let (_, written) = write.await;
+                // After the invalidation of the range its completion queued.
+                invalidator.after_queued(move || match written {
+                    Ok(count) => reply.written(count as u32),
+                    Err(error) => reply.error(failed("write", &error)),
+                });
             });
         }
         // A buffered handle: the kernel's page cache took the write first

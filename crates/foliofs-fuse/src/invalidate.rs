@@ -8,7 +8,9 @@
 //! before sending the write) and the write-back of its own pages. With
 //! `page_cache=kernel` every other change is invalidated: direct writes,
 //! truncates and fallocate through the mount (cheap, and the kernel's own
-//! handling of them varies by version; Linux 6.18 needs none of them) and
+//! handling of them varies by version; Linux 6.18 drops its pages after a
+//! synchronous direct write but not after an asynchronous one, so a direct
+//! write's reply waits for its invalidation: `after_queued`) and
 //! every change a library user of the volume makes. With
 //! `page_cache=engine` the kernel caches pages only for mmap and its direct
 //! I/O path keeps them coherent: only a library user's changes are sent.
@@ -93,23 +95,53 @@ pub(crate) struct Invalidator {
     page_cached: Mutex<HashSet<u64>>,
     /// Whether changes made while serving a request are sent.
     served_changes: bool,
-    queue: mpsc::Sender<ChangeEvent>,
+    queue: mpsc::Sender<Queued>,
+}
+
+/// What the notification thread does, in the order it was queued.
+enum Queued {
+    Invalidate(ChangeEvent),
+    /// A reply that must not reach the kernel before the invalidations
+    /// queued ahead of it.
+    Then(Box<dyn FnOnce() + Send>),
 }
 
 impl Invalidator {
     /// Starts the notification thread; it ends once the observer is gone.
     pub(crate) fn start(notifier: Arc<OnceLock<Notifier>>, served_changes: bool) -> Arc<Self> {
-        let (queue, queued) = mpsc::channel::<ChangeEvent>();
+        let (queue, queued) = mpsc::channel::<Queued>();
         let sender = Arc::clone(&notifier);
         let spawned = std::thread::Builder::new().name("foliofs-inval".into()).spawn(move || {
-            for event in queued {
-                send(&sender, event);
+            for job in queued {
+                match job {
+                    Queued::Invalidate(event) => send(&sender, event),
+                    Queued::Then(reply) => reply(),
+                }
             }
         });
         if let Err(error) = spawned {
             tracing::warn!("no thread for page cache invalidations: {error}");
         }
         Arc::new(Self { notifier, page_cached: Mutex::default(), served_changes, queue })
+    }
+
+    /// Runs `reply` once the invalidations queued so far are sent: a direct
+    /// write's reply, so that no page the kernel cached of the range while
+    /// the write was in flight (a concurrent buffered reader's) outlives the
+    /// write's completion. The kernel drops such pages itself only after a
+    /// synchronous direct write, not after an asynchronous (AIO) one
+    /// (generic/451). Nothing is queued when served changes are not sent
+    /// (`page_cache=engine`: the kernel caches no pages to go stale).
+    pub(crate) fn after_queued(&self, reply: impl FnOnce() + Send + 'static) {
+        if !self.served_changes {
+            return reply();
+        }
+        if let Err(mpsc::SendError(Queued::Then(reply))) =
+            self.queue.send(Queued::Then(Box::new(reply)))
+        {
+            // No notification thread: nothing is queued ahead of it.
+            reply();
+        }
     }
 
     /// The kernel may cache pages of `ino` from now on.
@@ -170,7 +202,7 @@ impl Invalidator {
         }
         drop(cached);
         if serving || event.deferred {
-            let _ = self.queue.send(event);
+            let _ = self.queue.send(Queued::Invalidate(event));
         } else {
             send(&self.notifier, event);
         }

@@ -2,7 +2,7 @@
 //! serves reads of them without asking the daemon, so every change to the
 //! data it did not make in its own cache must drop them. A reader that
 //! cached a file (through read and through a shared mapping) sees each
-//! change at once: a direct write, a truncate, a hole punched, a write
+//! change at once: a direct write (synchronous or asynchronous), a truncate, a hole punched, a write
 //! through a second handle, and a write and truncate by a library user of
 //! the same volume.
 
@@ -123,6 +123,67 @@ fn a_cached_reader_sees_a_direct_write_through_another_handle() {
     unsafe { std::alloc::dealloc(buffer, layout) };
     check_sees(&reader, &path, 4096, &[b'D'; 8192], "a direct write");
     check_sees(&reader, &path, 0, &[b'a'; 4096], "a direct write (untouched)");
+    drop((reader, writer));
+    mount.unmount();
+}
+
+/// generic/451's shape: an asynchronous (io_uring) direct write while a
+/// buffered reader keeps reading the range. The kernel drops its cached
+/// pages of the range before a direct write and, for a synchronous one,
+/// after it, but not after an asynchronous one: pages the reader cached
+/// while the write was in flight hold the old bytes unless the daemon has
+/// invalidated them before it answers the write.
+#[test]
+fn a_cached_reader_sees_each_asynchronous_direct_write_once_it_completes() {
+    const CHUNK: usize = 64 << 10;
+    const CHUNKS: usize = 4;
+    let Some(mount) = kernel_cache_mount() else { return };
+    let path = mount.point.join("aio");
+    std::fs::write(&path, vec![0u8; CHUNK * CHUNKS]).unwrap();
+    let writer = OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&path).unwrap();
+    let reader = File::open(&path).unwrap();
+    let layout = std::alloc::Layout::from_size_align(CHUNK, 4096).unwrap();
+    // SAFETY: a non-zero-sized layout; freed below with the same layout.
+    let buffer = unsafe { std::alloc::alloc(layout) };
+    // SAFETY: buffer holds CHUNK bytes.
+    let data = unsafe { std::slice::from_raw_parts_mut(buffer, CHUNK) };
+    let mut ring = io_uring::IoUring::new(4).unwrap();
+    let mut seen = vec![0u8; CHUNK];
+    for round in 0..200u64 {
+        let offset = (round % CHUNKS as u64) * CHUNK as u64;
+        let fill = (round % 251) as u8 + 1;
+        data.fill(fill);
+        reader.read_exact_at(&mut seen, offset).unwrap();
+        let write = io_uring::opcode::Write::new(
+            io_uring::types::Fd(writer.as_raw_fd()),
+            data.as_ptr(),
+            CHUNK as u32,
+        )
+        .offset(offset)
+        .build();
+        // SAFETY: the buffer and the file outlive the write, which is
+        // waited for below before either is touched again.
+        unsafe { ring.submission().push(&write).unwrap() };
+        ring.submit().unwrap();
+        let written = loop {
+            // The reader caches the range again while the write is in flight.
+            reader.read_exact_at(&mut seen, offset).unwrap();
+            if let Some(completion) = ring.completion().next() {
+                break completion.result();
+            }
+        };
+        assert_eq!(written, CHUNK as i32, "round {round}: the direct write");
+        reader.read_exact_at(&mut seen, offset).unwrap();
+        if let Some(stale) = seen.iter().position(|&byte| byte != fill) {
+            panic!(
+                "round {round}: byte {stale} of the range at {offset} reads {} after the \
+                 asynchronous direct write of {fill} completed",
+                seen[stale]
+            );
+        }
+    }
+    // SAFETY: allocated above with this layout; no write is in flight.
+    unsafe { std::alloc::dealloc(buffer, layout) };
     drop((reader, writer));
     mount.unmount();
 }
