@@ -22,6 +22,8 @@ export WORK=${WORK:-/tmp/foliofs-xfstests}
 export FOLIOFS=${FOLIOFS:-$repo/target/release/foliofs}
 [ -f "$shared_tool" ] || { echo "xfstests.sh: $shared_tool not found" >&2; exit 2; }
 [ -x "$FOLIOFS" ] || { echo "xfstests.sh: no foliofs at $FOLIOFS (cargo build --release)" >&2; exit 2; }
+# Absolute: the suite runs the binary from its own directory (sized mkfs).
+FOLIOFS=$(readlink -f "$FOLIOFS")
 
 # Build the suite once, then teach it that a mount of type fuse.foliofs is
 # FSTYP=fuse, as upstream does for fuse.glusterfs and fuse.ceph-fuse: root
