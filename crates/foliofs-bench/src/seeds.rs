@@ -625,23 +625,20 @@ fn seed_003(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
             command,
             rows,
         };
-        if let Some(native) = group.row("fua=native") {
-            let requests = native.requests_per_io.unwrap_or(f64::INFINITY);
-            goals.push(Goal {
-                text: format!("qd{iodepth}/j{numjobs}: fua=native issues one request per write"),
-                value: requests,
-                target: 1.0,
-                met: requests <= 1.001,
-            });
-        }
-        if let Some(native) = group.row("nbd fua=native") {
-            let requests = native.requests_per_io.unwrap_or(f64::INFINITY);
-            goals.push(Goal {
-                text: format!("qd{iodepth}/j{numjobs}: on qemu-nbd too, one request per write"),
-                value: requests,
-                target: 1.0,
-                met: requests <= 1.001,
-            });
+        let one_request_per_write = [
+            ("fua=native", "fua=native issues one request per write"),
+            ("nbd fua=native", "on qemu-nbd too, one request per write"),
+        ];
+        for (configuration, claim) in one_request_per_write {
+            if let Some(native) = group.row(configuration) {
+                let requests = native.requests_per_io.unwrap_or(f64::INFINITY);
+                goals.push(Goal {
+                    text: format!("qd{iodepth}/j{numjobs}: {claim}"),
+                    value: requests,
+                    target: 1.0,
+                    met: requests <= 1.001,
+                });
+            }
         }
         if let Some(value) = ratio(&group, Metric::Iops, "fua=native", "fua=emulate") {
             goals.push(goal(
