@@ -226,9 +226,7 @@ pub unsafe extern "C" fn foliofs_file_pread(
         if length == 0 {
             return Ok(0);
         }
-        if buffer.is_null() {
-            return Err(Error::invalid("null buffer"));
-        }
+        check_buffer(buffer)?;
         // SAFETY: non-null and writable for `length` bytes by the contract.
         let buffer = unsafe { std::slice::from_raw_parts_mut(buffer, length) };
         Ok(file.read_at(buffer, offset)? as i64)
@@ -254,9 +252,7 @@ pub unsafe extern "C" fn foliofs_file_pwrite(
         if length == 0 {
             return Ok(0);
         }
-        if buffer.is_null() {
-            return Err(Error::invalid("null buffer"));
-        }
+        check_buffer(buffer)?;
         // SAFETY: non-null and readable for `length` bytes by the contract.
         let data = unsafe { std::slice::from_raw_parts(buffer, length) };
         Ok(file.write_at(data, offset)? as i64)
@@ -403,4 +399,12 @@ pub unsafe extern "C" fn foliofs_rename(
             volume.rename_path(from, to)
         })
     }
+}
+
+/// A caller's data buffer of non-zero length must not be null.
+fn check_buffer(buffer: *const u8) -> foliofs::Result<()> {
+    if buffer.is_null() {
+        return Err(Error::invalid("null buffer"));
+    }
+    Ok(())
 }
