@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::{register_font, FontStyle};
 
 use crate::seeds::SeedResult;
@@ -72,6 +73,35 @@ fn axis_top(maximum: f64, labels: usize, plot_pixels: f64) -> f64 {
     maximum * 1.05 / (1.0 - legend_share)
 }
 
+const HEIGHT_PIXELS: u32 = 560;
+const MINIMUM_WIDTH_PIXELS: u32 = 1100;
+const Y_LABEL_PIXELS: u32 = 80;
+const NOTE_ROW_PIXELS: u32 = 16;
+/// Space kept between two clusters' labels.
+const LABEL_GAP_PIXELS: u32 = 24;
+
+/// Wide enough that no cluster's name or note runs into its neighbour's:
+/// every cluster gets the width of the widest label plus a gap.
+fn chart_width(result: &SeedResult, notes: &[Option<String>]) -> u32 {
+    let name_font = ("sans-serif", 13).into_font();
+    let note_font = ("sans-serif", 12).into_font();
+    let widest_name = result
+        .groups
+        .iter()
+        .map(|group| name_font.box_size(&group.name).map_or(0, |(width, _)| width))
+        .max()
+        .unwrap_or(0);
+    let widest_note = notes
+        .iter()
+        .flatten()
+        .map(|note| note_font.box_size(note).map_or(0, |(width, _)| width))
+        .max()
+        .unwrap_or(0);
+    let cluster_pixels = widest_name.max(widest_note) + LABEL_GAP_PIXELS;
+    let plot_pixels = cluster_pixels * result.groups.len() as u32;
+    (Y_LABEL_PIXELS + 2 * 12 + plot_pixels).max(MINIMUM_WIDTH_PIXELS)
+}
+
 /// Draws the chart; returns false (and draws nothing) without a font.
 pub fn draw(path: &Path, result: &SeedResult) -> anyhow::Result<bool> {
     if !font_ready() {
@@ -96,16 +126,25 @@ pub fn draw(path: &Path, result: &SeedResult) -> anyhow::Result<bool> {
         .fold(0.0f64, f64::max)
         .max(1.0);
     let groups = result.groups.len();
+    // Under each cluster's name, the seed's posted gain beside this run's.
+    let notes: Vec<Option<String>> = result
+        .groups
+        .iter()
+        .map(|group| crate::posted::chart_note(result.id, group, result.metric))
+        .collect();
+    let note_rows = usize::from(notes.iter().any(Option::is_some));
+    let x_label_pixels = 40 + note_rows as u32 * NOTE_ROW_PIXELS;
+    let width = chart_width(result, &notes);
     // The plot's own height: the image less caption, margins and x labels.
-    let plot_pixels = 560.0 - 22.0 - 2.0 * 12.0 - 40.0 - 10.0;
+    let plot_pixels = (HEIGHT_PIXELS - 22 - 2 * 12 - x_label_pixels - 10) as f64;
     let top = axis_top(maximum, labels.len(), plot_pixels);
-    let root = BitMapBackend::new(path, (1100, 560)).into_drawing_area();
+    let root = BitMapBackend::new(path, (width, HEIGHT_PIXELS)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(&result.title, ("sans-serif", 22))
         .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(80)
+        .x_label_area_size(x_label_pixels)
+        .y_label_area_size(Y_LABEL_PIXELS)
         .build_cartesian_2d(0f64..groups as f64, 0f64..top)?;
     let names: Vec<String> = result.groups.iter().map(|group| group.name.clone()).collect();
     chart
@@ -125,6 +164,17 @@ pub fn draw(path: &Path, result: &SeedResult) -> anyhow::Result<bool> {
         .y_label_formatter(&|y| format!("{y:.0}"))
         .label_style(("sans-serif", 13))
         .draw()?;
+    let note_style = ("sans-serif", 12)
+        .into_font()
+        .color(&RGBColor(80, 80, 80))
+        .pos(Pos::new(HPos::Center, VPos::Top));
+    for (index, note) in notes.iter().enumerate() {
+        if let Some(note) = note {
+            // Below the cluster's name.
+            let (x, y) = chart.backend_coord(&(index as f64 + 0.5, 0.0));
+            root.draw(&Text::new(note.clone(), (x, y + 26), note_style.clone()))?;
+        }
+    }
     let bar_width = 0.8 / labels.len() as f64;
     let mut drawn = BTreeSet::new();
     for (label_index, label) in labels.iter().enumerate() {
@@ -175,6 +225,81 @@ mod tests {
                 .collect();
             assert_eq!(colours.len(), count, "{count} configurations");
         }
+    }
+
+    fn seed_004_shaped(rows: &[&str]) -> SeedResult {
+        let names = [
+            "buffered write 4k",
+            "buffered write 64k",
+            "buffered write 1M",
+            "buffered read 4k",
+            "buffered read 64k",
+            "buffered read 1M",
+            "sequential buffered writes + writeback",
+        ];
+        let groups = names
+            .iter()
+            .enumerate()
+            .map(|(index, name)| crate::seeds::Group {
+                name: name.to_string(),
+                command: String::new(),
+                rows: rows
+                    .iter()
+                    .enumerate()
+                    .map(|(row_index, label)| crate::seeds::Row {
+                        label: label.to_string(),
+                        iops: 0.0,
+                        mib_per_second: 1000.0 * (index + row_index + 1) as f64,
+                        p99_us: 0.0,
+                        write_amplification: None,
+                        requests_per_io: None,
+                    })
+                    .collect(),
+            })
+            .collect();
+        SeedResult {
+            id: "004",
+            title: "Seed 004: the buffered path with large folios".into(),
+            metric: crate::seeds::Metric::MibPerSecond,
+            groups,
+            goals: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn no_cluster_label_is_wider_than_its_cluster() {
+        assert!(font_ready(), "the chart tests need fonts-dejavu-core");
+        let result = seed_004_shaped(&["foliofs", "folio_max=4k"]);
+        let notes: Vec<Option<String>> = result
+            .groups
+            .iter()
+            .map(|group| crate::posted::chart_note(result.id, group, result.metric))
+            .collect();
+        let width = chart_width(&result, &notes);
+        let cluster_pixels = (width - Y_LABEL_PIXELS - 2 * 12) / result.groups.len() as u32;
+        let font = ("sans-serif", 13).into_font();
+        for group in &result.groups {
+            let (label_pixels, _) = font.box_size(&group.name).unwrap();
+            // The longest name here did not fit the old fixed 1,100 pixels.
+            assert!(label_pixels + LABEL_GAP_PIXELS <= cluster_pixels, "{}", group.name);
+        }
+    }
+
+    #[test]
+    fn a_chart_is_drawn_with_the_posted_notes() {
+        assert!(font_ready(), "the chart tests need fonts-dejavu-core");
+        let path =
+            std::env::temp_dir().join(format!("foliofs-chart-test-{}.png", std::process::id()));
+        let result = seed_004_shaped(&["foliofs", "folio_max=4k", "kernel ext4"]);
+        assert!(draw(&path, &result).unwrap());
+        let bytes = std::fs::read(&path).unwrap();
+        if std::env::var_os("FOLIOFS_KEEP_CHART").is_none() {
+            std::fs::remove_file(&path).unwrap();
+        }
+        assert_eq!(&bytes[1..4], b"PNG");
+        // The width field of the PNG header.
+        let width = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
+        assert!(width > MINIMUM_WIDTH_PIXELS, "{width} pixels");
     }
 
     #[test]

@@ -3,13 +3,14 @@
 //! (`targets`: the raw device, memory), reported as fio does, in text or
 //! fio's JSON shape (`report`); and the seed experiments (`seeds`) beside the
 //! kernel's ext4 and XFS (`peers`) and on qemu-nbd (`nbd`), with tables, JSON
-//! and charts (`chart`).
+//! and charts (`chart`) that quote each seed's own posted figures (`posted`).
 
 pub mod chart;
 pub mod jobfile;
 pub mod latency;
 pub mod nbd;
 pub mod peers;
+pub mod posted;
 pub mod report;
 pub mod runner;
 pub mod seeds;

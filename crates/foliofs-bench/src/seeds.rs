@@ -909,6 +909,12 @@ pub fn to_markdown(result: &SeedResult) -> String {
             );
         }
         let _ = writeln!(out);
+        for posted in crate::posted::for_group(result.id, group) {
+            let _ = writeln!(out, "- {}", posted.summary(group, result.metric));
+        }
+        if crate::posted::for_group(result.id, group).next().is_some() {
+            let _ = writeln!(out);
+        }
     }
     if !result.goals.is_empty() {
         let _ = writeln!(out, "Goals:\n");
@@ -945,7 +951,21 @@ pub fn to_json(result: &SeedResult) -> Value {
                     })
                 })
                 .collect();
-            json!({"name": group.name, "fio_command": group.command, "rows": rows})
+            let posted: Vec<Value> = crate::posted::for_group(result.id, group)
+                .map(|posted| {
+                    json!({
+                        "setting": posted.setting,
+                        "unit": posted.unit,
+                        "old": {"label": posted.old.label, "value": posted.old.value},
+                        "new": {"label": posted.new.label, "value": posted.new.value},
+                        "posted_gain": posted.posted_gain(),
+                        "measured_old": posted.measured_old,
+                        "measured_new": posted.measured_new,
+                        "measured_gain": posted.measured_gain(group, result.metric),
+                    })
+                })
+                .collect();
+            json!({"name": group.name, "fio_command": group.command, "rows": rows, "posted": posted})
         })
         .collect();
     let goals: Vec<Value> = result
