@@ -11,7 +11,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::{register_font, FontStyle};
 
-use crate::seeds::SeedResult;
+use crate::results::SeedResult;
 
 const FONT_PATHS: &[&str] = &[
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
@@ -240,13 +240,13 @@ mod tests {
         let groups = names
             .iter()
             .enumerate()
-            .map(|(index, name)| crate::seeds::Group {
+            .map(|(index, name)| crate::results::Group {
                 name: name.to_string(),
                 command: String::new(),
                 rows: rows
                     .iter()
                     .enumerate()
-                    .map(|(row_index, label)| crate::seeds::Row {
+                    .map(|(row_index, label)| crate::results::Row {
                         label: label.to_string(),
                         iops: 0.0,
                         mib_per_second: 1000.0 * (index + row_index + 1) as f64,
@@ -260,7 +260,7 @@ mod tests {
         SeedResult {
             id: "004",
             title: "Seed 004: the buffered path with large folios".into(),
-            metric: crate::seeds::Metric::MibPerSecond,
+            metric: crate::results::Metric::MibPerSecond,
             groups,
             goals: Vec::new(),
         }

@@ -12,6 +12,7 @@ pub mod nbd;
 pub mod peers;
 pub mod posted;
 pub mod report;
+pub mod results;
 pub mod runner;
 pub mod seeds;
 pub mod targets;

@@ -4,7 +4,7 @@
 //! the same fio shape. Machines differ, so what can be compared is the gain,
 //! new over old, and the tables and charts put the two gains side by side.
 
-use crate::seeds::{Group, Metric};
+use crate::results::{Group, Metric};
 
 /// One figure of a post: what was measured and the value in its unit.
 #[derive(Debug, Clone, Copy)]
@@ -206,7 +206,7 @@ const SEED_004: &[Posted] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::seeds::Row;
+    use crate::results::Row;
 
     fn row(label: &str, iops: f64) -> Row {
         Row {
