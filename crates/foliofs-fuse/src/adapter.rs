@@ -25,6 +25,7 @@ use fuser::{
 
 use crate::attr::{errno, file_attr, file_type, timestamp};
 use crate::file_flags::{self, FlagsRequest};
+use crate::going_down;
 use crate::handles::{DirListing, Handle, Handles};
 use crate::in_flight;
 use crate::invalidate::{self, Invalidator};
@@ -124,6 +125,21 @@ impl FolioFs {
     /// request) are logged, since the caller sees only a number.
     fn failed(&self, operation: &str, error: &Error) -> Errno {
         failed(operation, error)
+    }
+
+    /// FS_IOC_SHUTDOWN: CAP_SYS_ADMIN only, as XFS and ext4 ask.
+    fn shut_down(&self, req: &Request, flags_address: u64, reply: fuser::ReplyIoctl) {
+        if !CallerStatus::of(req).has_capability(CAP_SYS_ADMIN) {
+            return reply.error(Errno::EPERM);
+        }
+        let mode = match going_down::requested_mode(req.pid(), flags_address) {
+            Ok(mode) => mode,
+            Err(errno) => return reply.error(Errno::from_i32(errno)),
+        };
+        match self.volume.shutdown(mode) {
+            Ok(()) => reply.ioctl(0, &[]),
+            Err(error) => reply.error(self.failed("shutdown", &error)),
+        }
     }
 
     fn file(&self, fh: FileHandle) -> Result<Arc<File>, Errno> {
@@ -968,8 +984,9 @@ impl Filesystem for FolioFs {
     }
 
     /// chattr / lsattr (FS_IOC_GETFLAGS, SETFLAGS and their fsxattr forms,
-    /// which the kernel sends on a handle of its own); any other ioctl is
-    /// ENOTTY, as the kernel answers for a file system without it.
+    /// which the kernel sends on a handle of its own) and FS_IOC_SHUTDOWN
+    /// (`going_down`); any other ioctl is ENOTTY, as the kernel answers for
+    /// a file system without it.
     fn ioctl(
         &self,
         req: &Request,
@@ -977,10 +994,14 @@ impl Filesystem for FolioFs {
         _fh: FileHandle,
         _flags: fuser::IoctlFlags,
         cmd: u32,
+        arg: u64,
         in_data: &[u8],
         _out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
+        if cmd == going_down::FS_IOC_SHUTDOWN {
+            return self.shut_down(req, arg, reply);
+        }
         let request = match file_flags::decode(cmd, in_data) {
             Ok(request) => request,
             Err(errno) => return reply.error(Errno::from_i32(errno)),

@@ -451,6 +451,7 @@ impl<'a> RequestWithSender<'a> {
                     x.file_handle(),
                     x.flags(),
                     x.command(),
+                    x.arg(),
                     x.in_data(),
                     x.out_size(),
                     self.reply(),
