@@ -14,7 +14,7 @@ use foliofs::dev::AlignedBuf;
 use foliofs::space::FallocateMode;
 use foliofs::{
     Access, Attr, Credentials, Error, File, OpenFlags, OpenOptions, Owner, Privilege, RenameFlags,
-    SetAttr, TimeSet, Volume, XattrFlags,
+    SetAttr, ShutdownMode, TimeSet, Volume, XattrFlags,
 };
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -127,16 +127,17 @@ impl FolioFs {
         failed(operation, error)
     }
 
-    /// FS_IOC_SHUTDOWN: CAP_SYS_ADMIN only, as XFS and ext4 ask.
+    /// FS_IOC_SHUTDOWN: CAP_SYS_ADMIN only, as XFS and ext4 ask; every
+    /// valid flag shuts down as `ShutdownMode::Sync` (see `going_down`).
     fn shut_down(&self, req: &Request, flags_address: u64, reply: fuser::ReplyIoctl) {
         if !CallerStatus::of(req).has_capability(CAP_SYS_ADMIN) {
             return reply.error(Errno::EPERM);
         }
-        let mode = match going_down::requested_mode(req.pid(), flags_address) {
-            Ok(mode) => mode,
+        match going_down::requested_mode(req.pid(), flags_address) {
+            Ok(asked) => tracing::info!("shutdown asked ({asked:?}): flushing everything first"),
             Err(errno) => return reply.error(Errno::from_i32(errno)),
-        };
-        match self.volume.shutdown(mode) {
+        }
+        match self.volume.shutdown(ShutdownMode::Sync) {
             Ok(()) => reply.ioctl(0, &[]),
             Err(error) => reply.error(self.failed("shutdown", &error)),
         }
