@@ -3,7 +3,8 @@
 //! answers EIO, and the next open of the image has everything written
 //! before it, whatever the flag: a syncfs on the mount never reaches the
 //! daemon, so the shutdown keeps what one would have. An invalid flag is
-//! EINVAL and changes nothing.
+//! EINVAL, a caller without CAP_SYS_ADMIN gets EPERM, and neither changes
+//! anything.
 
 mod common;
 
@@ -42,6 +43,7 @@ fn shutdown_ioctl_fails_later_requests_and_keeps_what_its_flag_flushed() {
         std::fs::write(&later, b"written, never synced").unwrap();
         let open_before = std::fs::OpenOptions::new().write(true).open(&later).unwrap();
 
+        assert_eq!(errno_without_sys_admin(&mount.point), libc::EPERM);
         let invalid = go_down(&mount.point, 7).expect_err("flags 7");
         assert_eq!(invalid.raw_os_error(), Some(libc::EINVAL));
         std::fs::write(mount.point.join("up"), b"x").expect("write after an invalid shutdown");
@@ -71,4 +73,23 @@ fn read(volume: &Volume, path: &str) -> Vec<u8> {
     let file = volume.open_file(attr.ino, OpenFlags::READ).unwrap();
     file.read_exact_at(&mut content, 0).unwrap();
     content
+}
+
+/// The errno of the ioctl issued by a process whose bounding set lacks
+/// CAP_SYS_ADMIN (root otherwise, as xfstests runs): python's fcntl.ioctl
+/// passes its buffer's address, as `godown` does.
+fn errno_without_sys_admin(point: &std::path::Path) -> i32 {
+    let script = "import fcntl, os, struct, sys\n\
+        try:\n    fcntl.ioctl(os.open(sys.argv[1], os.O_RDONLY), 0x8004587d, struct.pack('I', 2))\n\
+        except OSError as error:\n    print(error.errno)\n";
+    let output = std::process::Command::new("setpriv")
+        .args(["--bounding-set=-sys_admin", "--inh-caps=-sys_admin", "python3", "-c", script])
+        .arg(point)
+        .output()
+        .expect("setpriv and python3");
+    let printed = String::from_utf8_lossy(&output.stdout);
+    printed
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("the ioctl did not fail: {printed:?} {output:?}"))
 }
