@@ -88,7 +88,7 @@ pub enum Error {
     /// ELOOP: too many symbolic links while resolving a path.
     #[error("{0}: too many levels of symbolic links")]
     Loop(String),
-    /// EIO: the volume was shut down ([`crate::Volume::shutdown`]); only
+    /// EIO: the volume was shut down (`Volume::shutdown`); only
     /// closing it is left, and opening it again recovers what was durable.
     #[error("the volume was shut down (unmount it and mount it again to recover)")]
     ShutDown,

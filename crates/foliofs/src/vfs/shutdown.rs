@@ -39,7 +39,7 @@ impl ShutdownMode {
 
 impl Volume {
     /// Shuts the volume down after flushing what `mode` says. From then on
-    /// every operation fails with [`crate::Error::ShutDown`] (EIO), nothing
+    /// every operation fails with [`Error::ShutDown`](crate::error::Error::ShutDown) (EIO), nothing
     /// more is written or read, and closing it writes nothing either;
     /// opening it again replays the journal. Shutting down a volume that is
     /// already down does nothing. The volume goes down even when the flush
