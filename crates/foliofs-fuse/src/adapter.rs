@@ -14,7 +14,7 @@ use foliofs::dev::AlignedBuf;
 use foliofs::space::FallocateMode;
 use foliofs::{
     Access, Attr, Credentials, Error, File, OpenFlags, OpenOptions, Owner, Privilege, RenameFlags,
-    SetAttr, TimeSet, Volume, XattrFlags,
+    SetAttr, ShutdownMode, TimeSet, Volume, XattrFlags,
 };
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -25,6 +25,7 @@ use fuser::{
 
 use crate::attr::{errno, file_attr, file_type, timestamp};
 use crate::file_flags::{self, FlagsRequest};
+use crate::going_down;
 use crate::handles::{DirListing, Handle, Handles};
 use crate::in_flight;
 use crate::invalidate::{self, Invalidator};
@@ -82,6 +83,9 @@ pub struct FolioFs {
     /// The kernel enforces POSIX ACLs (FUSE_POSIX_ACL); it needs the
     /// kernel's permission checks, so only with default_permissions.
     posix_acl: bool,
+    /// FUSE_ALLOW_IDMAP: idmapped mounts of this mount (the kernel allows
+    /// them only with default_permissions).
+    allow_idmap: bool,
 }
 
 impl FolioFs {
@@ -103,6 +107,7 @@ impl FolioFs {
             ttl: options.attr_timeout,
             max_write_bytes: options.max_write_bytes,
             posix_acl: options.default_permissions,
+            allow_idmap: options.default_permissions,
             kills_privileges: false,
         }
     }
@@ -124,6 +129,22 @@ impl FolioFs {
     /// request) are logged, since the caller sees only a number.
     fn failed(&self, operation: &str, error: &Error) -> Errno {
         failed(operation, error)
+    }
+
+    /// FS_IOC_SHUTDOWN: CAP_SYS_ADMIN only, as XFS and ext4 ask; every
+    /// valid flag shuts down as `ShutdownMode::Sync` (see `going_down`).
+    fn shut_down(&self, req: &Request, flags_address: u64, reply: fuser::ReplyIoctl) {
+        if !CallerStatus::of(req).has_capability(CAP_SYS_ADMIN) {
+            return reply.error(Errno::EPERM);
+        }
+        match going_down::requested_mode(req.pid(), flags_address) {
+            Ok(asked) => tracing::info!("shutdown asked ({asked:?}): flushing everything first"),
+            Err(errno) => return reply.error(Errno::from_i32(errno)),
+        }
+        match self.volume.shutdown(ShutdownMode::Sync) {
+            Ok(()) => reply.ioctl(0, &[]),
+            Err(error) => reply.error(self.failed("shutdown", &error)),
+        }
     }
 
     fn file(&self, fh: FileHandle) -> Result<Arc<File>, Errno> {
@@ -168,7 +189,7 @@ impl FolioFs {
         flags: WriteFlags,
     ) -> Result<(), Errno> {
         let kill_setid = flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.volume.remove_privileges(ino.0, owner(req), kill_setid) {
+        match self.volume.remove_privileges(ino.0, caller_ids(req), kill_setid) {
             // The kernel keeps the old mode cached (a write or fallocate
             // reply carries no attributes, and `stat -c %A` asks for the
             // mode alone): drop its cached attributes.
@@ -202,7 +223,7 @@ impl FolioFs {
         chown: bool,
     ) -> foliofs::Result<Option<(u32, u32)>> {
         if truncate || chown {
-            self.volume.remove_privileges(ino, owner(req), truncate)?;
+            self.volume.remove_privileges(ino, caller_ids(req), truncate)?;
         }
         if !chown {
             return Ok(None);
@@ -265,6 +286,26 @@ fn owner(req: &Request) -> Owner {
     Owner { uid: req.uid(), gid: req.gid() }
 }
 
+/// FUSE_INVALID_UIDGID: with FUSE_ALLOW_IDMAP the kernel names the caller
+/// (its ids mapped through the mount's idmapping) only in the requests
+/// that create an inode; the others carry this in both ids.
+const INVALID_ID: u32 = u32::MAX;
+
+fn names_caller(req: &Request) -> bool {
+    req.uid() != INVALID_ID && req.gid() != INVALID_ID
+}
+
+/// The ids of the caller of a request that creates nothing: the header's,
+/// or where it names no caller the caller's file-system ids as its process
+/// status shows them (not mapped through an idmapped mount's idmapping:
+/// only the set-ID rule of a data change uses them).
+fn caller_ids(req: &Request) -> Owner {
+    if names_caller(req) {
+        return owner(req);
+    }
+    CallerStatus::of(req).ids(req)
+}
+
 fn time_set(time: TimeOrNow) -> TimeSet {
     match time {
         TimeOrNow::Now => TimeSet::Now,
@@ -294,6 +335,9 @@ const CAP_LINUX_IMMUTABLE: u32 = 9;
 struct CallerStatus {
     capabilities: u64,
     groups: Vec<u32>,
+    /// The caller's file-system uid and gid, for requests whose header
+    /// names no caller.
+    fs_ids: Option<Owner>,
 }
 
 impl CallerStatus {
@@ -307,7 +351,10 @@ impl CallerStatus {
         let groups = field("Groups:")
             .map(|list| list.split_whitespace().filter_map(|gid| gid.parse().ok()).collect())
             .unwrap_or_default();
-        Self { capabilities, groups }
+        // "Uid:" and "Gid:" list real, effective, saved and file-system ids.
+        let fs_id = |name: &str| field(name)?.split_whitespace().nth(3)?.parse().ok();
+        let fs_ids = fs_id("Uid:").zip(fs_id("Gid:")).map(|(uid, gid)| Owner { uid, gid });
+        Self { capabilities, groups, fs_ids }
     }
 
     fn has_capability(&self, capability: u32) -> bool {
@@ -316,12 +363,22 @@ impl CallerStatus {
 
     /// in_group_p: the caller's file-system gid or a supplementary group.
     fn in_group(&self, req: &Request, gid: u32) -> bool {
-        req.gid() == gid || self.groups.contains(&gid)
+        self.ids(req).gid == gid || self.groups.contains(&gid)
     }
 
     /// The caller as the library's access checks take it.
     fn credentials(self, req: &Request) -> Credentials {
-        Credentials { uid: req.uid(), gid: req.gid(), groups: self.groups }
+        let Owner { uid, gid } = self.ids(req);
+        Credentials { uid, gid, groups: self.groups }
+    }
+
+    /// The request header's ids, or where it names no caller the caller's
+    /// own file-system ids (see `caller_ids`).
+    fn ids(&self, req: &Request) -> Owner {
+        match self.fs_ids {
+            Some(ids) if !names_caller(req) => ids,
+            _ => owner(req),
+        }
     }
 }
 
@@ -358,6 +415,12 @@ impl Filesystem for FolioFs {
             if config.add_capabilities(acl).is_err() {
                 tracing::info!("the kernel does not offer POSIX ACLs");
             }
+        }
+        // Idmapped mounts (`mount --bind -o X-mount.idmap=...`, kernel
+        // 6.12+): the kernel maps ids itself and names the caller only in
+        // the requests that create (see `caller_ids`).
+        if self.allow_idmap && config.add_capabilities(InitFlags::FUSE_ALLOW_IDMAP).is_err() {
+            tracing::info!("the kernel does not offer FUSE_ALLOW_IDMAP");
         }
         // Buffered writes stay in the kernel's page cache; it sends them
         // (and the times it keeps) later. Without it, the mount stays
@@ -968,8 +1031,9 @@ impl Filesystem for FolioFs {
     }
 
     /// chattr / lsattr (FS_IOC_GETFLAGS, SETFLAGS and their fsxattr forms,
-    /// which the kernel sends on a handle of its own); any other ioctl is
-    /// ENOTTY, as the kernel answers for a file system without it.
+    /// which the kernel sends on a handle of its own) and FS_IOC_SHUTDOWN
+    /// (`going_down`); any other ioctl is ENOTTY, as the kernel answers for
+    /// a file system without it.
     fn ioctl(
         &self,
         req: &Request,
@@ -977,10 +1041,14 @@ impl Filesystem for FolioFs {
         _fh: FileHandle,
         _flags: fuser::IoctlFlags,
         cmd: u32,
+        arg: u64,
         in_data: &[u8],
         _out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
+        if cmd == going_down::FS_IOC_SHUTDOWN {
+            return self.shut_down(req, arg, reply);
+        }
         let request = match file_flags::decode(cmd, in_data) {
             Ok(request) => request,
             Err(errno) => return reply.error(Errno::from_i32(errno)),

@@ -21,6 +21,7 @@ mod adapter;
 mod attr;
 mod bdi;
 mod file_flags;
+mod going_down;
 mod handles;
 mod in_flight;
 mod invalidate;
@@ -122,6 +123,8 @@ impl Mount {
         // kernel had not released) when it ended, so this is the last owner.
         let closed = match Arc::try_unwrap(volume) {
             Ok(volume) => volume.close(),
+            // A shutdown lost what it did not flush on purpose.
+            Err(volume) if volume.is_shut_down() => Ok(()),
             Err(volume) => volume.sync(),
         };
         served.map_err(|error| foliofs::Error::io("serving FUSE requests", error))?;

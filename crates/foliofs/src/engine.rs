@@ -33,6 +33,15 @@ impl Engine {
         Ok(inode.size)
     }
 
+    /// Refuses every operation once the volume was shut down, those the
+    /// cache and the metadata in memory could still answer included.
+    pub fn check_running(&self) -> Result<()> {
+        if self.device.is_shut_down() {
+            return Err(Error::ShutDown);
+        }
+        Ok(())
+    }
+
     /// A write changed data only: advance the file's times in memory.
     pub fn touch_times(&self, ino: u64) {
         let now = Timestamp::now();

@@ -88,6 +88,10 @@ pub enum Error {
     /// ELOOP: too many symbolic links while resolving a path.
     #[error("{0}: too many levels of symbolic links")]
     Loop(String),
+    /// EIO: the volume was shut down (`Volume::shutdown`); only
+    /// closing it is left, and opening it again recovers what was durable.
+    #[error("the volume was shut down (unmount it and mount it again to recover)")]
+    ShutDown,
     /// An I/O error from the device or the host, with what was being done.
     /// Its message includes the cause's, so `source()` does not return the
     /// cause again (a printed chain would say it twice); [`Error::io_error`]
@@ -125,6 +129,7 @@ impl Error {
             Error::NoAttribute(_) => libc::ENODATA,
             Error::OutOfRange(_) => libc::ERANGE,
             Error::TooBig(_) => libc::E2BIG,
+            Error::ShutDown => libc::EIO,
             Error::Io { cause, .. } => cause.raw_os_error().unwrap_or(libc::EIO),
         }
     }

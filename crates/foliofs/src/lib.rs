@@ -96,7 +96,7 @@ pub use options::VolumeOptions;
 pub use space::FallocateMode;
 pub use vfs::{
     Access, Credentials, DirEntry, File, FileType, Metadata, MkfsOptions, OpenOptions, Permissions,
-    ReadDir, Volume,
+    ReadDir, ShutdownMode, Volume,
 };
 
 // The inode-level types the FUSE front end uses.

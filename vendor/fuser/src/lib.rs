@@ -915,7 +915,9 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
-    /// control device
+    /// control device. `arg` is the caller's argument (`fuse_ioctl_in.arg`,
+    /// libfuse's `arg`): an address in the caller for commands with data.
+    #[allow(clippy::too_many_arguments)]
     fn ioctl(
         &self,
         _req: &Request,
@@ -923,6 +925,7 @@ pub trait Filesystem: Send + Sync + 'static {
         fh: FileHandle,
         flags: IoctlFlags,
         cmd: u32,
+        _arg: u64,
         in_data: &[u8],
         out_size: u32,
         reply: ReplyIoctl,

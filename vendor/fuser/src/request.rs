@@ -88,12 +88,16 @@ impl<'a> RequestWithSender<'a> {
         se: &SessionEventLoop<FS>,
     ) -> Result<Option<ResponseData>, Errno> {
         let op = self.request.operation().map_err(|_| Errno::ENOSYS)?;
-        // Implement allow_root & access check for auto_unmount
-        if (se.allowed == SessionACL::RootAndOwner
+        // Implement allow_root & access check for auto_unmount. A request
+        // with FUSE_INVALID_UIDGID (the kernel names no caller: after
+        // FUSE_ALLOW_IDMAP, every request but the creating ones) was let
+        // through by the kernel's own allow_other check already.
+        let caller_named = self.request.uid().as_raw() != u32::MAX;
+        let refused = (se.allowed == SessionACL::RootAndOwner
             && self.request.uid() != se.session_owner
             && !self.request.uid().is_root())
-            || (se.allowed == SessionACL::Owner && self.request.uid() != se.session_owner)
-        {
+            || (se.allowed == SessionACL::Owner && self.request.uid() != se.session_owner);
+        if caller_named && refused {
             {
                 match op {
                     // Only allow operations that the kernel may issue without a uid set
@@ -451,6 +455,7 @@ impl<'a> RequestWithSender<'a> {
                     x.file_handle(),
                     x.flags(),
                     x.command(),
+                    x.arg(),
                     x.in_data(),
                     x.out_size(),
                     self.reply(),

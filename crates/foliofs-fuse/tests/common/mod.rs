@@ -107,6 +107,17 @@ impl InProcessMount {
 }
 
 impl InProcessMount {
+    /// As `unmount`, then returns the image, closed, for checking (it lives
+    /// as long as the directory returned with it).
+    pub fn unmount_keeping_image(mut self) -> (tempfile::TempDir, PathBuf) {
+        let dir = self.dir.take().unwrap();
+        let image = self.image.clone();
+        self.unmount();
+        (dir, image)
+    }
+}
+
+impl InProcessMount {
     /// `umount -f` (the kernel aborts the connection, whatever is in
     /// flight; the mount stays while files are open, so it is then detached
     /// with `umount -l`), then waits for serving to end (at most `timeout`) and the

@@ -20,7 +20,7 @@ pub(crate) use sys::{effective_ids, physical_memory_bytes};
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// How a write that must be durable on completion reaches the device.
@@ -278,13 +278,47 @@ pub struct Device {
     logical_block_bytes: u32,
     counters: Arc<Counters>,
     flushes: Arc<FlushTracker>,
+    /// Set by [`Device::shut_down`]: every later request fails EIO.
+    shut_down: Arc<AtomicBool>,
+}
+
+/// The error of a request made after [`Device::shut_down`].
+fn shut_down_error() -> io::Error {
+    io::Error::other("the volume was shut down: no more I/O reaches the device")
 }
 
 impl Device {
     pub fn new(raw: Arc<dyn RawDev>, fua: FuaMode) -> Self {
         let logical_block_bytes = raw.logical_block_bytes();
         assert!(logical_block_bytes.is_power_of_two());
-        Self { raw, fua, logical_block_bytes, counters: Arc::default(), flushes: Arc::default() }
+        Self {
+            raw,
+            fua,
+            logical_block_bytes,
+            counters: Arc::default(),
+            flushes: Arc::default(),
+            shut_down: Arc::default(),
+        }
+    }
+
+    /// Stops all I/O: every request made from now on fails (EIO) without
+    /// reaching the backend, as after XFS_IOC_GOINGDOWN. Requests already
+    /// handed to the backend finish as they would have. There is no way
+    /// back: the volume is opened again to go on.
+    pub fn shut_down(&self) {
+        self.shut_down.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`Device::shut_down`] was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::SeqCst)
+    }
+
+    fn check_running(&self) -> io::Result<()> {
+        if self.is_shut_down() {
+            return Err(shut_down_error());
+        }
+        Ok(())
     }
 
     /// Opens an image file or block device, or an NBD export named by its
@@ -357,6 +391,7 @@ impl Device {
 
     pub fn read_vectored(&self, offset: u64, buffers: &mut [IoSliceMut<'_>]) -> io::Result<()> {
         let length: usize = buffers.iter().map(|buffer| buffer.len()).sum();
+        self.check_running()?;
         self.check_aligned(offset, length)?;
         self.counters.read_requests.fetch_add(1, Ordering::Relaxed);
         self.counters.enter();
@@ -380,6 +415,7 @@ impl Device {
         fua: bool,
     ) -> io::Result<()> {
         let length: usize = buffers.iter().map(|buffer| buffer.len()).sum();
+        self.check_running()?;
         self.check_aligned(offset, length)?;
         let native_fua = fua && self.fua == FuaMode::Native;
         self.count_write(native_fua);
@@ -407,6 +443,7 @@ impl Device {
     /// Issues a flush: every write completed before the call is durable
     /// when it returns Ok.
     pub fn flush(&self) -> io::Result<()> {
+        self.check_running()?;
         let generation = self.flushes.start();
         self.counters.flush_requests.fetch_add(1, Ordering::Relaxed);
         let result = self.raw.flush();
@@ -462,6 +499,9 @@ impl Device {
     }
 
     fn submit_with(&self, request: DevRequest, done: DevCallback, plugged: bool) {
+        if let Err(error) = self.check_running() {
+            return done(DevResponse { buffer: take_buffer(request), result: Err(error) });
+        }
         let (offset, length) = match &request {
             DevRequest::Read { offset, buffer } | DevRequest::Write { offset, buffer, .. } => {
                 (*offset, buffer.len())
@@ -548,7 +588,13 @@ impl Device {
         let raw = Arc::clone(&self.raw);
         let counters = Arc::clone(&self.counters);
         let flushes = Arc::clone(&self.flushes);
+        let shut_down = Arc::clone(&self.shut_down);
         move |done: DevCallback| {
+            // FUA emulation's flush follows its write, which may have been
+            // in flight when the device was shut down.
+            if shut_down.load(Ordering::SeqCst) {
+                return done(DevResponse { buffer: None, result: Err(shut_down_error()) });
+            }
             let generation = flushes.start();
             counters.flush_requests.fetch_add(1, Ordering::Relaxed);
             raw.submit(

@@ -207,6 +207,15 @@ impl Journal {
         self.inner.lock().pending.len()
     }
 
+    /// Shuts the journal and its device down (`Volume::shutdown`): records
+    /// not yet committed stay in memory and no commit or checkpoint is
+    /// written any more, as if the machine had stopped here.
+    pub fn shut_down(&self) {
+        let mut inner = self.inner.lock();
+        inner.failed.get_or_insert_with(|| "the volume was shut down".into());
+        self.device.shut_down();
+    }
+
     pub fn failure(&self) -> Option<String> {
         self.inner.lock().failed.clone()
     }
@@ -309,9 +318,11 @@ impl Journal {
             }
             Err(error) => {
                 let message = format!("journal write failed, the volume is now read-only: {error}");
-                tracing::error!("{message}");
-                inner.failed = Some(message.clone());
-                Err(CommitError::Failed(message))
+                // A shutdown fails the group in flight on purpose.
+                if !self.device.is_shut_down() {
+                    tracing::error!("{message}");
+                }
+                Err(CommitError::Failed(inner.failed.get_or_insert(message).clone()))
             }
         }
     }
@@ -390,6 +401,9 @@ impl Journal {
         bytes[header_area..header_area + payload.len()].copy_from_slice(payload);
         let slot_offset = self.geometry.slot_offsets[header.slot_index()];
         if let Err(error) = self.write_durably(slot_offset, &bytes, "checkpoint") {
+            if self.device.is_shut_down() {
+                return Err(Error::ShutDown);
+            }
             let message = format!("checkpoint write failed, the volume is now read-only: {error}");
             tracing::error!("{message}");
             self.inner.lock().failed = Some(message.clone());

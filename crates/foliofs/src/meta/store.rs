@@ -203,6 +203,9 @@ impl MetaStore {
         if self.read_only {
             return Some(Error::ReadOnly("opened read-only".into()));
         }
+        if self.journal.device().is_shut_down() {
+            return Some(Error::ShutDown);
+        }
         self.journal.failure().map(Error::ReadOnly)
     }
 
@@ -268,6 +271,9 @@ impl MetaStore {
     /// Commits up to `lsn`, then flushes plain data writes the commit did
     /// not already cover: what fsync, fdatasync and syncfs promise.
     pub fn make_durable(&self, lsn: u64) -> Result<()> {
+        if self.journal.device().is_shut_down() {
+            return Err(Error::ShutDown);
+        }
         if let Some(failure) = self.journal.failure() {
             return Err(Error::io(failure, std::io::Error::from_raw_os_error(libc::EIO)));
         }

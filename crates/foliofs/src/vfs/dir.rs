@@ -21,6 +21,7 @@ pub struct Dir {
 impl Volume {
     /// Opens directory `ino` for listing (opendir).
     pub fn open_dir(&self, ino: u64) -> Result<Dir> {
+        self.shared.check_running()?;
         self.shared.meta.update_memory(|state| {
             let inode =
                 state.inode_mut(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;

@@ -86,6 +86,7 @@ pub struct File {
 impl Volume {
     /// Opens regular file `ino` (truncating it with `flags.truncate`).
     pub fn open_file(&self, ino: u64, flags: OpenFlags) -> Result<File> {
+        self.shared.check_running()?;
         if flags.write {
             if let Some(refusal) = self.shared.meta.refusal() {
                 return Err(refusal);
@@ -158,6 +159,7 @@ impl File {
     }
 
     fn check_readable(&self) -> Result<()> {
+        self.shared.check_running()?;
         if !self.flags.read {
             return Err(Error::BadHandle("file not open for reading".into()));
         }
@@ -165,6 +167,7 @@ impl File {
     }
 
     fn check_writable(&self) -> Result<()> {
+        self.shared.check_running()?;
         if !self.flags.write {
             return Err(Error::BadHandle("file not open for writing".into()));
         }
@@ -312,6 +315,7 @@ impl File {
 
     /// lseek(SEEK_DATA): the first data at or after `pos`; ENXIO past it.
     pub fn seek_data(&self, pos: u64) -> Result<u64> {
+        self.shared.check_running()?;
         let _shared = self.inode.io.shared();
         space::seek(&self.shared.engine, &self.inode, pos, Whence::Data)
     }
@@ -319,6 +323,7 @@ impl File {
     /// lseek(SEEK_HOLE): the first hole at or after `pos` (the end of file
     /// at the latest); ENXIO at or past the end of file.
     pub fn seek_hole(&self, pos: u64) -> Result<u64> {
+        self.shared.check_running()?;
         let _shared = self.inode.io.shared();
         space::seek(&self.shared.engine, &self.inode, pos, Whence::Hole)
     }
@@ -336,6 +341,7 @@ impl File {
     }
 
     fn sync_range(&self, start: u64, end: u64, data_only: bool) -> Result<()> {
+        self.shared.check_running()?;
         let written = writeback::write_back(&self.shared.engine, &self.inode, start, end);
         if let Some(message) = self.inode.check_error(&self.errors_seen) {
             return Err(Error::io(message, std::io::Error::from_raw_os_error(libc::EIO)));

@@ -81,6 +81,7 @@ impl Shared {
 impl Volume {
     /// The inode's attribute flags (`INODE_FLAG_*`, FS_IOC_GETFLAGS values).
     pub fn flags(&self, ino: u64) -> Result<u32> {
+        self.shared.check_running()?;
         flags_of(&self.shared.meta.read(), ino)
     }
 

@@ -239,11 +239,13 @@ impl Volume {
 
     /// The directory that holds directory `dir` (the root holds itself).
     pub fn parent_of(&self, dir: u64) -> Result<u64> {
+        self.shared.check_running()?;
         parent_dir_of(&self.shared.meta.read(), dir)
     }
 
     /// The inode at an absolute path; symlinks are not followed.
     pub fn resolve(&self, path: &str) -> Result<u64> {
+        self.shared.check_running()?;
         let state = self.shared.meta.read();
         let mut ino = ROOT_INO;
         for component in path.split('/').filter(|part| !part.is_empty() && *part != ".") {
@@ -262,6 +264,7 @@ impl Volume {
 
     /// The entries of directory `dir`, without "." and "..".
     pub fn readdir(&self, dir: u64) -> Result<Vec<DirEntry>> {
+        self.shared.check_running()?;
         let entries = list(&self.shared.meta.read(), dir)?;
         self.shared.accessed(dir);
         Ok(entries)
@@ -269,6 +272,7 @@ impl Volume {
 
     /// The target of symlink `ino`.
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        self.shared.check_running()?;
         let state = self.shared.meta.read();
         let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
         match &inode.body {

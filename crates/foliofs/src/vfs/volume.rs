@@ -86,6 +86,13 @@ impl Shared {
         orphaned
     }
 
+    /// Tells the background committer and the flusher to end.
+    pub(crate) fn stop_background(&self) {
+        *self.stop.lock() = true;
+        self.stop_signal.notify_all();
+        self.cache.stop_flusher();
+    }
+
     /// The I/O lock, folios and error sequence of `ino`, shared by every
     /// handle and operation on it.
     pub(crate) fn inode_cache(&self, ino: u64) -> Arc<InodeCache> {
@@ -93,6 +100,7 @@ impl Shared {
     }
 
     pub(crate) fn attr_of(&self, state: &MetaState, ino: u64) -> Result<Attr> {
+        self.check_running()?;
         let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
         Ok(Attr::of(ino, inode, self.superblock.block_bytes))
     }
@@ -371,6 +379,7 @@ impl Volume {
     /// The extents of a file, like FIEMAP: file offset, device offset, length
     /// and state, holes omitted.
     pub fn fiemap(&self, ino: u64) -> Result<Vec<FiemapExtent>> {
+        self.shared.check_running()?;
         let block_bytes = self.shared.block_bytes;
         let end_block = {
             let state = self.shared.meta.read();
@@ -404,21 +413,23 @@ impl Volume {
 
     /// Commits, checkpoints and stops the background committer; reports errors.
     pub fn close(mut self) -> Result<()> {
-        self.shutdown()
+        self.close_once()
     }
 
-    fn shutdown(&mut self) -> Result<()> {
+    fn close_once(&mut self) -> Result<()> {
         if std::mem::replace(&mut self.closed, true) {
             return Ok(());
         }
-        *self.shared.stop.lock() = true;
-        self.shared.stop_signal.notify_all();
+        self.shared.stop_background();
         if let Some(background) = self.background.take() {
             let _ = background.join();
         }
-        self.shared.cache.stop_flusher();
         if let Some(flusher) = self.flusher.take() {
             let _ = flusher.join();
+        }
+        // What a shutdown left in memory is lost on purpose.
+        if self.shared.device.is_shut_down() {
+            return Ok(());
         }
         if self.shared.meta.refusal().is_some() {
             return match self.shared.meta.journal().failure() {
@@ -433,7 +444,7 @@ impl Volume {
 
 impl Drop for Volume {
     fn drop(&mut self) {
-        if let Err(error) = self.shutdown() {
+        if let Err(error) = self.close_once() {
             tracing::error!("closing the volume: {error}");
         }
     }

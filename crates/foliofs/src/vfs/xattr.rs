@@ -214,6 +214,7 @@ impl Volume {
 
     /// The value of `name` on `ino` (getxattr).
     pub fn get_xattr(&self, ino: u64, name: &[u8], privilege: Privilege) -> Result<Vec<u8>> {
+        self.shared.check_running()?;
         let namespace = namespace_of(name)?;
         let state = self.shared.meta.read();
         let inode = inode_of(&state, ino)?;
@@ -226,6 +227,7 @@ impl Volume {
     /// The names of the attributes of `ino` that `privilege` may see
     /// (listxattr; `trusted.` names only for CAP_SYS_ADMIN), in byte order.
     pub fn list_xattr(&self, ino: u64, privilege: Privilege) -> Result<Vec<Vec<u8>>> {
+        self.shared.check_running()?;
         let state = self.shared.meta.read();
         let inode = inode_of(&state, ino)?;
         Ok(inode

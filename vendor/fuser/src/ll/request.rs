@@ -1359,6 +1359,13 @@ mod op {
         pub(crate) fn out_size(&self) -> u32 {
             self.arg.out_size
         }
+        /// The caller's argument: for a command that encodes no size or
+        /// direction the value itself, otherwise the address in the caller
+        /// of the data the kernel copies (which a restricted ioctl with
+        /// `_IOR` does not copy in).
+        pub(crate) fn arg(&self) -> u64 {
+            self.arg.arg
+        }
     }
 
     /// Poll.
