@@ -4,6 +4,7 @@
 
 mod common;
 
+use foliofs::dev::fault::TRIMMED_BYTE;
 use foliofs::space::FallocateMode;
 use foliofs::{OpenFlags, Volume, VolumeOptions};
 
@@ -29,8 +30,8 @@ fn device_ranges(volume: &Volume, ino: u64) -> Vec<(u64, u64)> {
     ranges
 }
 
-fn zeros_in(image: &[u8], (start, end): (u64, u64)) -> bool {
-    image[start as usize..end as usize].iter().all(|&byte| byte == 0)
+fn trimmed(image: &[u8], (start, end): (u64, u64)) -> bool {
+    image[start as usize..end as usize].iter().all(|&byte| byte == TRIMMED_BYTE)
 }
 
 #[test]
@@ -48,18 +49,18 @@ fn freed_blocks_are_discarded_once_the_free_is_durable() {
 
     file.fallocate(FallocateMode::PunchHole, 64 << 10, 64 << 10).unwrap();
     assert_eq!(device.discard_requests(), 0, "the punch is not durable yet");
-    assert!(!zeros_in(&device.image(), (start + (64 << 10), start + (128 << 10))));
+    assert!(!trimmed(&device.image(), (start + (64 << 10), start + (128 << 10))));
     volume.sync().unwrap();
     assert_eq!(device.discard_requests(), 1);
     let image = device.image();
-    assert!(zeros_in(&image, (start + (64 << 10), start + (128 << 10))), "the hole is discarded");
-    assert!(!zeros_in(&image, (start, start + (64 << 10))), "data before it is kept");
+    assert!(trimmed(&image, (start + (64 << 10), start + (128 << 10))), "the hole is discarded");
+    assert!(!trimmed(&image, (start, start + (64 << 10))), "data before it is kept");
     assert_eq!(volume.statfs().available_blocks, free_before + 16, "and reusable");
 
     file.set_len(512 << 10).unwrap();
     volume.sync().unwrap();
     assert_eq!(device.discard_requests(), 2);
-    assert!(zeros_in(&device.image(), (start + (512 << 10), end)), "the cut tail is discarded");
+    assert!(trimmed(&device.image(), (start + (512 << 10), end)), "the cut tail is discarded");
 
     drop(file);
     volume.unlink(ROOT, b"f").unwrap();
@@ -67,7 +68,7 @@ fn freed_blocks_are_discarded_once_the_free_is_durable() {
     volume.sync().unwrap();
     // The two runs left (before and after the hole) are one discard each.
     assert_eq!(device.discard_requests(), 4);
-    assert!(zeros_in(&device.image(), (start, end)), "every block of the file is discarded");
+    assert!(trimmed(&device.image(), (start, end)), "every block of the file is discarded");
     let stats = volume.device().stats();
     assert_eq!((stats.discard_requests, stats.bytes_discarded), (4, FILE_BYTES as u64));
 
@@ -99,7 +100,7 @@ fn without_the_option_nothing_is_discarded() {
     assert_eq!(device.discard_requests(), 0);
     assert_eq!(volume.device().stats().discard_requests, 0);
     let image = device.image();
-    assert!(!zeros_in(&image, ranges[0]), "the freed data stays where it was");
+    assert!(!trimmed(&image, ranges[0]), "the freed data stays where it was");
     assert_ne!(image[ranges[0].0 as usize], GARBAGE_BYTE);
     volume.close().unwrap();
 }

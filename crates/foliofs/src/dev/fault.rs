@@ -7,9 +7,11 @@
 //! chosen subset (possibly torn at sector granularity) of the writes after
 //! the last flush, applied in the order they completed.
 //!
-//! A discard is recorded as a plain write of zeros: the strictest reading
-//! of TRIM (the blocks may read as zeros at once, or keep their data until a
-//! crash), so a discard of blocks a live file still maps shows as lost data.
+//! A discard is recorded as a plain write: of zeros for a zeroing, and for
+//! TRIM of [`TRIMMED_BYTE`], the strictest reading of TRIM (the spec lets
+//! the blocks read as anything until rewritten). So a trim of blocks that a
+//! live file still maps, at any crash point, shows as bytes the file never
+//! held.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::ops::Range;
@@ -18,6 +20,9 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::{run_blocking, DevCallback, DevRequest, DiscardMode, RawDev};
+
+/// What trimmed blocks read as: no file ever holds it by accident.
+pub const TRIMMED_BYTE: u8 = 0xD7;
 
 /// Bytes of the unit that a torn write keeps or loses as a whole.
 pub const TEAR_SECTOR_BYTES: usize = 512;
@@ -409,15 +414,16 @@ impl RawDev for FaultDev {
         done(run_blocking(self, request))
     }
 
-    fn discard(&self, offset: u64, length: u64, _mode: DiscardMode) -> io::Result<()> {
+    fn discard(&self, offset: u64, length: u64, mode: DiscardMode) -> io::Result<()> {
         let mut state = self.state.lock();
         self.check_fault(&mut state, FaultOp::Write, Some(offset..offset.saturating_add(length)))?;
         if offset.saturating_add(length) > state.current.len() as u64 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "discard past the end"));
         }
-        let zeros = vec![0u8; length as usize];
-        apply_write(&mut state.current, offset, &zeros, &Keep::All);
-        state.log.push(LogEntry::Write { offset, data: zeros.into(), fua: false });
+        let fill = if mode == DiscardMode::Zero { 0 } else { TRIMMED_BYTE };
+        let data = vec![fill; length as usize];
+        apply_write(&mut state.current, offset, &data, &Keep::All);
+        state.log.push(LogEntry::Write { offset, data: data.into(), fua: false });
         state.discard_requests += 1;
         Ok(())
     }
