@@ -246,7 +246,58 @@ fn server_write_errors_are_eio_then_read_only_and_nothing_fsynced_is_lost() {
     assert!(report.is_clean(), "{:?}", report.problems);
 }
 
-/// Seeded choices without a dependency: splitmix64.
+/// Writes 8 MiB to a file, fsyncs, deletes it and syncs on a volume with
+/// `-o discard` as `discard` says; returns the device's discard count.
+fn write_then_delete(uri: &Path, discard: bool) -> u64 {
+    mkfs(uri);
+    let volume = Volume::open(uri, &VolumeOptions { discard, ..options(FuaMode::Native) }).unwrap();
+    let ino = volume.create(1, b"big", 0o644, Owner::current()).unwrap().ino;
+    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    file.write_at(&vec![9; 8 << 20], 0).unwrap();
+    file.fsync().unwrap();
+    drop(file);
+    volume.unlink(1, b"big").unwrap();
+    volume.sync().unwrap();
+    let stats = volume.device().stats();
+    assert_eq!(stats.bytes_discarded, if discard { 8 << 20 } else { 0 }, "{stats:?}");
+    volume.close().unwrap();
+    stats.discard_requests
+}
+
+/// `-o discard` reaches nbdkit as TRIM (counted by its log filter), and
+/// qemu-nbd with `--discard=unmap` punches the freed blocks out of its
+/// image file; without the option the server sees none.
+#[test]
+fn freed_blocks_reach_the_server_as_trim_with_discard() {
+    let dir = tempfile::tempdir().unwrap();
+    for discard in [false, true] {
+        let log = dir.path().join(format!("trim-{discard}.log"));
+        let logfile = format!("logfile={}", log.display());
+        let name = format!("trim-{discard}");
+        let args = ["--filter=log", "memory", "64M", &logfile];
+        let Some(server) = Nbdkit::start(dir.path(), &name, &args) else { return };
+        let discards = write_then_delete(&server.uri(), discard);
+        let trims =
+            logged_requests(&log).iter().filter(|(command, _)| command == "Trim").count() as u64;
+        assert_eq!(trims, discards, "every discard is one TRIM");
+        assert_eq!(trims > 0, discard, "discard={discard}");
+    }
+    let disk = dir.path().join("unmap.img");
+    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
+    let Some((mut qemu, uri)) = qemu_nbd_with(dir.path(), &disk, &["--discard=unmap"]) else {
+        return;
+    };
+    use std::os::unix::fs::MetadataExt;
+    let allocated_bytes = || std::fs::metadata(&disk).unwrap().blocks() * 512;
+    mkfs(&uri);
+    let before = allocated_bytes();
+    write_then_delete(&uri, true);
+    let _ = qemu.kill();
+    let _ = qemu.wait();
+    assert!(allocated_bytes() < before + (1 << 20), "the 8 MiB went back to the file system");
+}
+
+/// Seeded choices without a dependency: splitmix64./// Seeded choices without a dependency: splitmix64.
 struct Choices(u64);
 
 impl Choices {
@@ -338,9 +389,16 @@ fn killing_a_volatile_cache_server_keeps_every_fsynced_byte() {
 
 /// qemu-nbd on a unix socket (the other server family); None when missing.
 fn qemu_nbd(dir: &Path, disk: &Path) -> Option<(Child, PathBuf)> {
+    qemu_nbd_with(dir, disk, &[])
+}
+
+/// qemu-nbd with `extra` arguments before the socket.
+fn qemu_nbd_with(dir: &Path, disk: &Path, extra: &[&str]) -> Option<(Child, PathBuf)> {
     let socket = dir.join("qemu.sock");
     let child = match Command::new("qemu-nbd")
-        .args(["-f", "raw", "-x", "vol", "-t", "-e", "4", "-k"])
+        .args(["-f", "raw", "-x", "vol", "-t", "-e", "4"])
+        .args(extra)
+        .arg("-k")
         .arg(&socket)
         .arg(disk)
         .stderr(Stdio::null())

@@ -1015,6 +1015,31 @@ mod tests {
     }
 
     #[test]
+    fn discards_are_trim_and_write_zeroes_only_where_offered() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorded = Arc::clone(&seen);
+        let flags = proto::TF_SEND_FLUSH | proto::TF_SEND_TRIM;
+        let (_dir, uri, server) = fake_server(flags, false, move |stream| {
+            while let Some(request) = read_request(stream) {
+                if request.command == proto::CMD_DISC {
+                    break;
+                }
+                recorded.lock().push((request.command, request.offset, request.length));
+                let reply = proto::SimpleReply { error: 0, cookie: request.cookie };
+                stream.write_all(&reply.encode()).unwrap();
+            }
+        });
+        let device = NbdDev::open(&uri, &writable()).unwrap();
+        device.discard(8192, 65536, DiscardMode::Trim).unwrap();
+        let error = device.discard(0, 4096, DiscardMode::Zero).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::Unsupported, "{error}");
+        assert!(error.to_string().contains("WRITE_ZEROES"), "{error}");
+        drop(device);
+        server.join().unwrap();
+        assert_eq!(*seen.lock(), [(proto::CMD_TRIM, 8192, 65536)], "nothing sent for the refusal");
+    }
+
+    #[test]
     fn a_request_without_reply_times_out() {
         let (_dir, uri, server) = fake_server(proto::TF_SEND_FLUSH, false, |stream| {
             // Hold the connection open, never replying, until the client hangs up.
