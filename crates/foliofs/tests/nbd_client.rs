@@ -297,7 +297,7 @@ fn freed_blocks_reach_the_server_as_trim_with_discard() {
     assert!(allocated_bytes() < before + (1 << 20), "the 8 MiB went back to the file system");
 }
 
-/// Seeded choices without a dependency: splitmix64./// Seeded choices without a dependency: splitmix64.
+/// Seeded choices without a dependency: splitmix64.
 struct Choices(u64);
 
 impl Choices {
