@@ -882,4 +882,27 @@ mod tests {
         state.release_pending_frees(10);
         assert_eq!(state.alloc.free_blocks(), 1000);
     }
+
+    /// With discard, durable frees stay out of the allocator (and counted
+    /// as pending) until their discard is done: nothing can be allocated
+    /// on blocks a discard in flight may still wipe.
+    #[test]
+    fn discarded_blocks_wait_for_their_discard() {
+        let mut state = populated();
+        state.finish_load().unwrap();
+        state.discard_freed = true;
+        let displaced =
+            state.apply(&Record::ExtentUnmap { ino: 3, file_block: 0, block_count: 4 }).unwrap();
+        state.release_displaced(&displaced, 10);
+        assert!(state.take_durable_frees(9).is_empty(), "not durable yet");
+        state.release_pending_frees(10);
+        assert_eq!(state.alloc.free_blocks(), 996, "release leaves them to the discard");
+        let runs = state.take_durable_frees(10);
+        assert_eq!(runs.iter().map(|run| run.count).sum::<u64>(), 4);
+        assert_eq!(state.alloc.free_blocks(), 996, "not reusable while discarding");
+        assert_eq!(state.pending_free_blocks(), 4, "still counted as freed space");
+        state.finish_discards(&runs);
+        assert_eq!(state.alloc.free_blocks(), 1000);
+        assert_eq!(state.pending_free_blocks(), 0);
+    }
 }
