@@ -14,12 +14,13 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::path::Path;
 use std::sync::Arc;
 
 use foliofs::dev::fault::Keep;
 use foliofs::dev::{AlignedBuf, FaultDev};
 use foliofs::space::FallocateMode;
-use foliofs::{File, OpenFlags, Volume};
+use foliofs::{File, MkfsOptions, OpenFlags, Volume};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -212,11 +213,28 @@ impl fmt::Display for FsxFailure {
     }
 }
 
-struct Fsx {
+/// Where fsx's volume lives.
+pub enum FsxDevice<'a> {
+    /// The in-memory fault device: a crash keeps exactly what it made
+    /// durable.
+    Memory,
+    /// An image or NBD export (`nbd://`, `nbd+unix://`), formatted at the
+    /// start. `power_cut` crashes it: it must lose what the device has not
+    /// made durable (kill a server with a volatile cache) and return once
+    /// the device serves again.
+    Path { path: &'a Path, power_cut: &'a mut dyn FnMut() },
+}
+
+enum Backend<'a> {
+    Memory(Arc<FaultDev>),
+    Path { path: &'a Path, power_cut: &'a mut dyn FnMut() },
+}
+
+struct Fsx<'a> {
     config: FsxConfig,
     options: foliofs::VolumeOptions,
     rng: ChaCha8Rng,
-    raw: Arc<FaultDev>,
+    backend: Backend<'a>,
     volume: Option<Volume>,
     ino: u64,
     handles: Option<(File, File)>,
@@ -227,20 +245,55 @@ struct Fsx {
 
 type Checked = Result<(), String>;
 
+impl Fsx<'_> {
+    fn reopen(&self) -> foliofs::Result<Volume> {
+        match &self.backend {
+            Backend::Memory(raw) => open_raw(raw, &self.options),
+            Backend::Path { path, .. } => Volume::open(path, &self.options),
+        }
+    }
+}
+
 /// Runs `config.ops` operations; `progress` is called every 10,000 ops.
 pub fn run(config: FsxConfig, progress: &mut dyn FnMut(&FsxStats)) -> Result<FsxStats, FsxFailure> {
+    run_on(config, FsxDevice::Memory, progress)
+}
+
+/// [`run`] on `device`.
+pub fn run_on(
+    config: FsxConfig,
+    device: FsxDevice<'_>,
+    progress: &mut dyn FnMut(&FsxStats),
+) -> Result<FsxStats, FsxFailure> {
     let file_max = config.file_max();
     let volume_bytes = (file_max * 16).max(16 << 20);
     let options = crate::options_with(config.options)
         .unwrap_or_else(|error| panic!("options {:?}: {error}", config.options));
-    let (raw, volume) = new_volume(volume_bytes, config.block_bytes, None, &options)
-        .expect("mkfs on the in-memory device");
+    let (backend, volume) = match device {
+        FsxDevice::Memory => {
+            let (raw, volume) = new_volume(volume_bytes, config.block_bytes, None, &options)
+                .expect("mkfs on the in-memory device");
+            (Backend::Memory(raw), volume)
+        }
+        FsxDevice::Path { path, power_cut } => {
+            let mkfs = MkfsOptions {
+                block_bytes: config.block_bytes,
+                journal_bytes: None,
+                root_owner: owner(),
+            };
+            Volume::mkfs_path(path, None, &mkfs, &options)
+                .unwrap_or_else(|error| panic!("mkfs {}: {error}", path.display()));
+            let volume = Volume::open(path, &options)
+                .unwrap_or_else(|error| panic!("open {}: {error}", path.display()));
+            (Backend::Path { path, power_cut }, volume)
+        }
+    };
     let ino = volume.create(ROOT, b"fsx", 0o644, owner()).expect("create").ino;
     let mut fsx = Fsx {
         config,
         options,
         rng: ChaCha8Rng::seed_from_u64(mix(&[config.seed, u64::from(config.block_bytes)])),
-        raw,
+        backend,
         volume: Some(volume),
         ino,
         handles: None,
@@ -274,7 +327,9 @@ pub fn run(config: FsxConfig, progress: &mut dyn FnMut(&FsxStats)) -> Result<Fsx
         if (index + 1) % 4096 == 0 {
             // The device's write log is only needed back to the last crash
             // point we may take: drop it now and then to bound memory.
-            fsx.raw.reset_log();
+            if let Backend::Memory(raw) = &fsx.backend {
+                raw.reset_log();
+            }
         }
         if (index + 1) % 10_000 == 0 {
             progress(&fsx.stats);
@@ -303,7 +358,7 @@ fn failure_options(options: &str) -> String {
     }
 }
 
-impl Fsx {
+impl Fsx<'_> {
     fn volume(&self) -> &Volume {
         self.volume.as_ref().expect("mounted")
     }
@@ -478,8 +533,7 @@ impl Fsx {
                 self.handles = None;
                 let volume = self.volume.take().expect("mounted");
                 volume.close().map_err(|error| format!("close: {error}"))?;
-                let volume = open_raw(&self.raw, &self.options)
-                    .map_err(|error| format!("remount: {error}"))?;
+                let volume = self.reopen().map_err(|error| format!("remount: {error}"))?;
                 self.volume = Some(volume);
                 self.open_handles()?;
                 self.compare_all()
@@ -487,13 +541,24 @@ impl Fsx {
             FsxOp::CrashRemount => {
                 self.stats.crash_remounts += 1;
                 self.buffered().fsync().map_err(|error| format!("fsync: {error}"))?;
-                let image = self.raw.crash_image(self.raw.log_len(), &|_| Keep::Nothing);
                 self.handles = None;
-                // The old volume closes on its own device, which no longer matters.
-                drop(self.volume.take());
-                self.raw = Arc::new(FaultDev::from_image(image, SECTOR_BYTES));
-                let volume = open_raw(&self.raw, &self.options)
-                    .map_err(|error| format!("mount after the crash: {error}"))?;
+                match &mut self.backend {
+                    Backend::Memory(raw) => {
+                        let image = raw.crash_image(raw.log_len(), &|_| Keep::Nothing);
+                        // The old volume closes on its own device, which no
+                        // longer matters.
+                        drop(self.volume.take());
+                        *raw = Arc::new(FaultDev::from_image(image, SECTOR_BYTES));
+                    }
+                    Backend::Path { power_cut, .. } => {
+                        power_cut();
+                        // Its connection died with the server: closing
+                        // writes nothing to the new one.
+                        drop(self.volume.take());
+                    }
+                }
+                let volume =
+                    self.reopen().map_err(|error| format!("mount after the crash: {error}"))?;
                 self.volume = Some(volume);
                 self.open_handles()?;
                 self.compare_all().map_err(|error| format!("after fsync and crash: {error}"))

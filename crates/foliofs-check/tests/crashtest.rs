@@ -70,6 +70,25 @@ fn throttled_writeback_4k() {
     slice_with("dirty_bytes=64k,dirty_background_bytes=32k", 4096, 4200..4204, 1, 40);
 }
 
+/// `-o discard`: blocks freed by truncate, punch hole and unlink are
+/// discarded (the fault device writes zeros over them, the strictest
+/// TRIM), so a discard before its free is durable, or one that overtakes
+/// a new owner's write, shows as lost or wrong data at some crash point.
+#[test]
+fn discard_4k() {
+    let seeds = 4300..4306;
+    let discards: u64 = seeds
+        .clone()
+        .map(|seed| {
+            let config =
+                WorkloadConfig { options: "discard", ..WorkloadConfig::new(seed, 4096, 1, 40) };
+            Workload::generate(config).device.discard_requests()
+        })
+        .sum();
+    assert!(discards > 0, "the workloads freed blocks");
+    slice_with("discard", 4096, seeds, 1, 40);
+}
+
 /// The first of the seeded workloads from 7 on with a span of this kind.
 fn workload_with(wanted: impl Fn(&SpanKind) -> bool) -> Workload {
     (7..100)

@@ -39,3 +39,11 @@ fn fsx_4k_folio_dirty_throttled() {
         10_000,
     );
 }
+
+/// `-o discard`: truncates and punched holes trim the freed blocks (the
+/// fault device fills them with a byte no file holds), across remounts
+/// and crashes.
+#[test]
+fn fsx_4k_discard() {
+    slice_with("discard", 4096, 7, 5_000);
+}

@@ -40,6 +40,11 @@ pub const OPTION_KEYS: &[(&str, &str)] = &[
          old) | strictatime (every read) | noatime (default relatime)",
     ),
     ("nodiratime", "listing a directory leaves its access time alone: on | off (default off)"),
+    (
+        "discard",
+        "tell the device which blocks are free (TRIM / punched holes) once their freeing is \
+         durable: on | off (default off)",
+    ),
 ];
 
 /// When a read advances the access time, as the mount options of the same
@@ -138,6 +143,8 @@ pub struct VolumeOptions {
     pub atime: AtimePolicy,
     /// Directories' access times are never updated (on top of `atime`).
     pub nodiratime: bool,
+    /// Freed blocks are discarded on the device (as ext4's `discard`).
+    pub discard: bool,
 }
 
 impl Default for VolumeOptions {
@@ -158,6 +165,7 @@ impl Default for VolumeOptions {
             writeback_interval_ms: 5000,
             atime: AtimePolicy::Relatime,
             nodiratime: false,
+            discard: false,
         }
     }
 }
@@ -233,6 +241,8 @@ impl VolumeOptions {
             }
             "atime" => self.atime = value.parse().map_err(bad)?,
             "nodiratime" => self.nodiratime = parse_switch(value).map_err(bad)?,
+            "discard" => self.discard = parse_switch(value).map_err(bad)?,
+            "nodiscard" => self.discard = !parse_switch(value).map_err(bad)?,
             _ => {
                 let known: Vec<&str> = OPTION_KEYS.iter().map(|(name, _)| *name).collect();
                 return Err(Error::invalid(format!(

@@ -246,6 +246,57 @@ fn server_write_errors_are_eio_then_read_only_and_nothing_fsynced_is_lost() {
     assert!(report.is_clean(), "{:?}", report.problems);
 }
 
+/// Writes 8 MiB to a file, fsyncs, deletes it and syncs on a volume with
+/// `-o discard` as `discard` says; returns the device's discard count.
+fn write_then_delete(uri: &Path, discard: bool) -> u64 {
+    mkfs(uri);
+    let volume = Volume::open(uri, &VolumeOptions { discard, ..options(FuaMode::Native) }).unwrap();
+    let ino = volume.create(1, b"big", 0o644, Owner::current()).unwrap().ino;
+    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    file.write_at(&vec![9; 8 << 20], 0).unwrap();
+    file.fsync().unwrap();
+    drop(file);
+    volume.unlink(1, b"big").unwrap();
+    volume.sync().unwrap();
+    let stats = volume.device().stats();
+    assert_eq!(stats.bytes_discarded, if discard { 8 << 20 } else { 0 }, "{stats:?}");
+    volume.close().unwrap();
+    stats.discard_requests
+}
+
+/// `-o discard` reaches nbdkit as TRIM (counted by its log filter), and
+/// qemu-nbd with `--discard=unmap` punches the freed blocks out of its
+/// image file; without the option the server sees none.
+#[test]
+fn freed_blocks_reach_the_server_as_trim_with_discard() {
+    let dir = tempfile::tempdir().unwrap();
+    for discard in [false, true] {
+        let log = dir.path().join(format!("trim-{discard}.log"));
+        let logfile = format!("logfile={}", log.display());
+        let name = format!("trim-{discard}");
+        let args = ["--filter=log", "memory", "64M", &logfile];
+        let Some(server) = Nbdkit::start(dir.path(), &name, &args) else { return };
+        let discards = write_then_delete(&server.uri(), discard);
+        let trims =
+            logged_requests(&log).iter().filter(|(command, _)| command == "Trim").count() as u64;
+        assert_eq!(trims, discards, "every discard is one TRIM");
+        assert_eq!(trims > 0, discard, "discard={discard}");
+    }
+    let disk = dir.path().join("unmap.img");
+    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
+    let Some((mut qemu, uri)) = qemu_nbd_with(dir.path(), &disk, &["--discard=unmap"]) else {
+        return;
+    };
+    use std::os::unix::fs::MetadataExt;
+    let allocated_bytes = || std::fs::metadata(&disk).unwrap().blocks() * 512;
+    mkfs(&uri);
+    let before = allocated_bytes();
+    write_then_delete(&uri, true);
+    let _ = qemu.kill();
+    let _ = qemu.wait();
+    assert!(allocated_bytes() < before + (1 << 20), "the 8 MiB went back to the file system");
+}
+
 /// Seeded choices without a dependency: splitmix64.
 struct Choices(u64);
 
@@ -338,11 +389,27 @@ fn killing_a_volatile_cache_server_keeps_every_fsynced_byte() {
 
 /// qemu-nbd on a unix socket (the other server family); None when missing.
 fn qemu_nbd(dir: &Path, disk: &Path) -> Option<(Child, PathBuf)> {
+    qemu_nbd_with(dir, disk, &[])
+}
+
+/// qemu-nbd with `extra` arguments before the socket.
+fn qemu_nbd_with(dir: &Path, disk: &Path, extra: &[&str]) -> Option<(Child, PathBuf)> {
+    let disk = disk.display().to_string();
+    let mut image = vec!["-f", "raw"];
+    image.extend_from_slice(extra);
+    image.push(&disk);
+    qemu_nbd_serving(dir, &image)
+}
+
+/// qemu-nbd exporting `image` (options and the image, as qemu-nbd takes
+/// them) as "vol"; the socket of an earlier one killed is replaced.
+fn qemu_nbd_serving(dir: &Path, image: &[&str]) -> Option<(Child, PathBuf)> {
     let socket = dir.join("qemu.sock");
+    let _ = std::fs::remove_file(&socket);
     let child = match Command::new("qemu-nbd")
-        .args(["-f", "raw", "-x", "vol", "-t", "-e", "4", "-k"])
+        .args(["-x", "vol", "-t", "-e", "4", "-k"])
         .arg(&socket)
-        .arg(disk)
+        .args(image)
         .stderr(Stdio::null())
         .spawn()
     {
@@ -358,6 +425,80 @@ fn qemu_nbd(dir: &Path, disk: &Path) -> Option<(Child, PathBuf)> {
         std::thread::sleep(Duration::from_millis(10));
     }
     Some((child, PathBuf::from(format!("nbd+unix:///vol?socket={}", socket.display()))))
+}
+
+/// qemu-nbd with blkdebug between the export and the image, failing every
+/// write with EIO: a volume whose device starts refusing writes turns
+/// read-only, and after a restart without the fault everything fsynced
+/// before is there and fsck is clean.
+#[test]
+fn blkdebug_write_errors_on_qemu_nbd_turn_the_volume_read_only_and_lose_nothing_fsynced() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk.img");
+    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
+    let Some((qemu, uri)) = qemu_nbd(dir.path(), &disk) else { return };
+    let healthy = KillOnDrop(qemu);
+    mkfs(&uri);
+    let volume = Volume::open(&uri, &options(FuaMode::Native)).unwrap();
+    let kept = volume.create(1, b"kept", 0o644, Owner::current()).unwrap().ino;
+    let handle = volume.open_file(kept, OpenFlags::READ_WRITE).unwrap();
+    handle.write_at(&[4; 100_000], 0).unwrap();
+    handle.fsync().unwrap();
+    drop(handle);
+    volume.close().unwrap();
+    drop(healthy);
+
+    let rules = dir.path().join("blkdebug.cfg");
+    let rule =
+        "[inject-error]\nevent = \"pwritev\"\nerrno = \"5\"\nonce = \"off\"\niotype = \"write\"\n";
+    std::fs::write(&rules, rule).unwrap();
+    let image = format!(
+        "driver=raw,file.driver=blkdebug,file.config={},file.image.driver=file,\
+         file.image.filename={}",
+        rules.display(),
+        disk.display()
+    );
+    let Some((qemu, uri)) = qemu_nbd_serving(dir.path(), &["--image-opts", &image]) else {
+        return;
+    };
+    let faulty = KillOnDrop(qemu);
+    let volume = Volume::open(&uri, &options(FuaMode::Native)).unwrap();
+    let later = volume.create(1, b"later", 0o644, Owner::current()).unwrap().ino;
+    let other = volume.open_file(later, OpenFlags::READ_WRITE).unwrap();
+    other.write_at(&[5; 10_000], 0).unwrap();
+    let error = other.fsync().unwrap_err();
+    assert_eq!(error.errno(), libc::EIO, "{error}");
+    // Metadata cannot be written either: the volume turns read-only.
+    let error = volume.checkpoint().unwrap_err();
+    assert!([libc::EIO, libc::EROFS].contains(&error.errno()), "{error}");
+    let error = volume.create(1, b"refused", 0o644, Owner::current()).unwrap_err();
+    assert_eq!(error.errno(), libc::EROFS, "{error}");
+    drop(other);
+    let _ = volume.close();
+    drop(faulty);
+
+    let Some((qemu, uri)) = qemu_nbd(dir.path(), &disk) else { return };
+    let _healthy = KillOnDrop(qemu);
+    let volume = Volume::open(&uri, &options(FuaMode::Native)).unwrap();
+    let handle = volume.open_file(kept, OpenFlags::READ).unwrap();
+    let mut data = vec![0; 100_001];
+    assert_eq!(handle.read_at(&mut data, 0).unwrap(), 100_000);
+    assert!(data[..100_000].iter().all(|byte| *byte == 4));
+    drop(handle);
+    volume.close().unwrap();
+    let device = foliofs::dev::Device::open(&uri, &options(FuaMode::Native).dev_options()).unwrap();
+    let report = foliofs::fsck::check(std::sync::Arc::new(device));
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
+/// A server process killed (and reaped) however the test ends.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Four threads, each writing its own file at random offsets (buffered

@@ -6,6 +6,12 @@
 //! therefore: every write before the last flush, every FUA write, and any
 //! chosen subset (possibly torn at sector granularity) of the writes after
 //! the last flush, applied in the order they completed.
+//!
+//! A discard is recorded as a plain write: of zeros for a zeroing, and for
+//! TRIM of [`TRIMMED_BYTE`], the strictest reading of TRIM (the spec lets
+//! the blocks read as anything until rewritten). So a trim of blocks that a
+//! live file still maps, at any crash point, shows as bytes the file never
+//! held.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::ops::Range;
@@ -13,7 +19,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::{run_blocking, DevCallback, DevRequest, RawDev};
+use super::{run_blocking, DevCallback, DevRequest, DiscardMode, RawDev};
+
+/// What trimmed blocks read as: no file ever holds it by accident.
+pub const TRIMMED_BYTE: u8 = 0xD7;
 
 /// Bytes of the unit that a torn write keeps or loses as a whole.
 pub const TEAR_SECTOR_BYTES: usize = 512;
@@ -164,6 +173,7 @@ struct State {
     drop_cache_on_failed_flush: bool,
     /// Plain writes lost that way.
     writes_dropped: u64,
+    discard_requests: u64,
 }
 
 pub struct FaultDev {
@@ -190,6 +200,7 @@ impl FaultDev {
             failures_injected: 0,
             drop_cache_on_failed_flush: false,
             writes_dropped: 0,
+            discard_requests: 0,
         };
         Self { state: Mutex::new(state), logical_block_bytes }
     }
@@ -219,6 +230,11 @@ impl FaultDev {
     /// Plain writes lost by failed flushes.
     pub fn writes_dropped(&self) -> u64 {
         self.state.lock().writes_dropped
+    }
+
+    /// Discards carried out (each also in the log as a write of zeros).
+    pub fn discard_requests(&self) -> u64 {
+        self.state.lock().discard_requests
     }
 
     /// From now on every request fails: the machine "lost power".
@@ -396,6 +412,20 @@ impl RawDev for FaultDev {
 
     fn submit(&self, request: DevRequest, done: DevCallback) {
         done(run_blocking(self, request))
+    }
+
+    fn discard(&self, offset: u64, length: u64, mode: DiscardMode) -> io::Result<()> {
+        let mut state = self.state.lock();
+        self.check_fault(&mut state, FaultOp::Write, Some(offset..offset.saturating_add(length)))?;
+        if offset.saturating_add(length) > state.current.len() as u64 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "discard past the end"));
+        }
+        let fill = if mode == DiscardMode::Zero { 0 } else { TRIMMED_BYTE };
+        let data = vec![fill; length as usize];
+        apply_write(&mut state.current, offset, &data, &Keep::All);
+        state.log.push(LogEntry::Write { offset, data: data.into(), fua: false });
+        state.discard_requests += 1;
+        Ok(())
     }
 
     fn size_bytes(&self) -> u64 {

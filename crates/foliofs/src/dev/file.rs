@@ -9,7 +9,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
-use super::{sys, DevCallback, DevOptions, DevRequest, RawDev, BUFFER_ALIGN_BYTES};
+use super::{sys, DevCallback, DevOptions, DevRequest, DiscardMode, RawDev, BUFFER_ALIGN_BYTES};
 
 /// The smallest logical block we report: the classic sector, which every
 /// device and file system accepts for O_DIRECT at worst.
@@ -21,6 +21,8 @@ pub(crate) struct FileDev {
     file: File,
     size_bytes: u64,
     logical_block_bytes: u32,
+    /// Discards go to the block layer's ioctls, not to fallocate.
+    block_device: bool,
 }
 
 impl FileDev {
@@ -43,7 +45,8 @@ impl FileDev {
         // Device requires a power of two; every real device reports one.
         let logical_block_bytes =
             reported_block_bytes.max(MIN_LOGICAL_BLOCK_BYTES).next_power_of_two();
-        Ok(Self { file, size_bytes, logical_block_bytes })
+        let block_device = file_type.is_block_device();
+        Ok(Self { file, size_bytes, logical_block_bytes, block_device })
     }
 
     /// The open file, for engines that issue their own I/O on it.
@@ -53,6 +56,14 @@ impl FileDev {
 
     fn fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
+    }
+
+    fn kind_name(&self) -> &'static str {
+        if self.block_device {
+            "block device"
+        } else {
+            "file system"
+        }
     }
 }
 
@@ -156,6 +167,23 @@ impl RawDev for FileDev {
         done(super::run_blocking(self, request))
     }
 
+    fn discard(&self, offset: u64, length: u64, mode: DiscardMode) -> io::Result<()> {
+        let zero = mode == DiscardMode::Zero;
+        let result = if self.block_device {
+            sys::block_device_discard(self.fd(), offset, length, zero)
+        } else {
+            let how = if zero { libc::FALLOC_FL_ZERO_RANGE } else { libc::FALLOC_FL_PUNCH_HOLE };
+            sys::fallocate(self.fd(), how | libc::FALLOC_FL_KEEP_SIZE, offset, length)
+        };
+        result.map_err(|error| match error.raw_os_error() {
+            Some(libc::EOPNOTSUPP) => io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("the backing {} cannot discard: {error}", self.kind_name()),
+            ),
+            _ => error,
+        })
+    }
+
     fn size_bytes(&self) -> u64 {
         self.size_bytes
     }
@@ -243,6 +271,35 @@ pub(super) mod test_support {
             }),
         );
         receiver.recv_timeout(CALLBACK_TIMEOUT).expect("completion callback never ran")
+    }
+
+    /// TRIM punches a hole in the image (its blocks go back to the file
+    /// system) and reads zeros; a zeroed range reads zeros; both counted.
+    pub(crate) fn discard_punches_and_zeroes(engine: EngineKind) {
+        use crate::dev::DiscardMode;
+        use std::os::unix::fs::MetadataExt;
+        let image = Image::new();
+        let device = open(&image.path, &options(engine, FuaMode::Native));
+        let data: Vec<u8> = (0..16).flat_map(|block| pattern(block).to_vec()).collect();
+        device.write(0, &AlignedBuf::from_slice(&data), true).unwrap();
+        let allocated_sectors = || std::fs::metadata(&image.path).unwrap().blocks();
+        let before = allocated_sectors();
+        device.discard(byte_offset(4), byte_offset(4), DiscardMode::Trim).unwrap();
+        device.discard(byte_offset(8), byte_offset(4), DiscardMode::Zero).unwrap();
+        device.flush().unwrap();
+        assert!(allocated_sectors() < before, "the trimmed blocks went back to the file system");
+        let mut back = AlignedBuf::zeroed(data.len());
+        device.read(0, &mut back).unwrap();
+        assert_eq!(back[..byte_offset(4) as usize], data[..byte_offset(4) as usize]);
+        assert!(back[byte_offset(4) as usize..byte_offset(12) as usize].iter().all(|&b| b == 0));
+        assert_eq!(back[byte_offset(12) as usize..], data[byte_offset(12) as usize..]);
+        let stats = device.stats();
+        assert_eq!((stats.discard_requests, stats.bytes_discarded), (2, byte_offset(8)));
+        let error = device.discard(100, byte_offset(1), DiscardMode::Trim).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::InvalidInput, "{error}");
+        let error = device.discard(IMAGE_BYTES, byte_offset(1), DiscardMode::Trim).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::InvalidInput, "{error}");
+        assert_eq!(device.stats().discard_requests, 2, "refused discards are not counted");
     }
 
     pub(crate) fn vectored_round_trip(engine: EngineKind) {
@@ -508,6 +565,11 @@ mod tests {
     #[test]
     fn fua_counts() {
         support::fua_counts(ENGINE);
+    }
+
+    #[test]
+    fn discard_punches_and_zeroes() {
+        support::discard_punches_and_zeroes(ENGINE);
     }
 
     #[test]

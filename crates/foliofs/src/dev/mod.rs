@@ -69,6 +69,16 @@ impl std::str::FromStr for EngineKind {
     }
 }
 
+/// What a discard promises about the range afterwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiscardMode {
+    /// The device may forget the blocks (TRIM, BLKDISCARD, a punched hole):
+    /// reads return zeros or old data, whichever the device likes.
+    Trim,
+    /// Reads return zeros (WRITE_ZEROES, BLKZEROOUT, a zeroed range).
+    Zero,
+}
+
 /// An asynchronous request; buffers are owned so they outlive the call.
 #[derive(Debug)]
 pub enum DevRequest {
@@ -108,6 +118,12 @@ pub trait RawDev: Send + Sync {
     }
     /// Hands requests held by `submit_plugged` to the kernel.
     fn unplug(&self) {}
+    /// Discards or zeroes `length` bytes at `offset`, as a plain write: a
+    /// later flush makes it durable. `Unsupported` where the device cannot.
+    fn discard(&self, offset: u64, length: u64, mode: DiscardMode) -> io::Result<()> {
+        let _ = (offset, length, mode);
+        Err(io::Error::new(io::ErrorKind::Unsupported, "the device cannot discard"))
+    }
     fn size_bytes(&self) -> u64;
     fn logical_block_bytes(&self) -> u32;
 }
@@ -121,6 +137,8 @@ struct Counters {
     fua_writes: AtomicU64,
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
+    discard_requests: AtomicU64,
+    bytes_discarded: AtomicU64,
     /// Reads and writes handed to the backend and not yet completed.
     in_flight: AtomicU64,
     in_flight_peak: AtomicU64,
@@ -150,6 +168,10 @@ pub struct DevStats {
     pub fua_writes: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    /// Discards and zeroings (TRIM / WRITE_ZEROES, punched holes) that the
+    /// device carried out.
+    pub discard_requests: u64,
+    pub bytes_discarded: u64,
     /// The most reads and writes in flight at once since the device was
     /// opened, blocking and submitted ones alike: the queue depth the
     /// engine's callers reached.
@@ -158,7 +180,7 @@ pub struct DevStats {
 
 impl DevStats {
     pub fn requests(&self) -> u64 {
-        self.read_requests + self.write_requests + self.flush_requests
+        self.read_requests + self.write_requests + self.flush_requests + self.discard_requests
     }
 
     /// Counter-wise difference `self - earlier`.
@@ -170,6 +192,8 @@ impl DevStats {
             fua_writes: self.fua_writes - earlier.fua_writes,
             bytes_read: self.bytes_read - earlier.bytes_read,
             bytes_written: self.bytes_written - earlier.bytes_written,
+            discard_requests: self.discard_requests - earlier.discard_requests,
+            bytes_discarded: self.bytes_discarded - earlier.bytes_discarded,
             // A high-water mark, not a count: the later one covers both.
             in_flight_peak: self.in_flight_peak,
         }
@@ -357,13 +381,19 @@ impl Device {
             fua_writes: load(&counters.fua_writes),
             bytes_read: load(&counters.bytes_read),
             bytes_written: load(&counters.bytes_written),
+            discard_requests: load(&counters.discard_requests),
+            bytes_discarded: load(&counters.bytes_discarded),
             in_flight_peak: load(&counters.in_flight_peak),
         }
     }
 
     fn check_aligned(&self, offset: u64, length: usize) -> io::Result<()> {
+        self.check_range(offset, length as u64)
+    }
+
+    fn check_range(&self, offset: u64, length: u64) -> io::Result<()> {
         let mask = u64::from(self.logical_block_bytes) - 1;
-        if offset & mask != 0 || length as u64 & mask != 0 {
+        if offset & mask != 0 || length & mask != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
@@ -373,7 +403,7 @@ impl Device {
                 ),
             ));
         }
-        let end = offset.checked_add(length as u64);
+        let end = offset.checked_add(length);
         if end.is_none_or(|end| end > self.raw.size_bytes()) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -438,6 +468,22 @@ impl Device {
         if native_fua {
             self.counters.fua_writes.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Discards or zeroes `length` bytes at `offset` (see
+    /// [`RawDev::discard`]); counted only when the device did it. Like a
+    /// plain write it is durable after the next flush, so it joins the
+    /// writes that [`Device::flush_if_needed`] covers.
+    pub fn discard(&self, offset: u64, length: u64, mode: DiscardMode) -> io::Result<()> {
+        self.check_range(offset, length)?;
+        if length == 0 {
+            return Ok(());
+        }
+        self.raw.discard(offset, length, mode)?;
+        self.counters.discard_requests.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes_discarded.fetch_add(length, Ordering::Relaxed);
+        self.flushes.write_completed();
+        Ok(())
     }
 
     /// Issues a flush: every write completed before the call is durable

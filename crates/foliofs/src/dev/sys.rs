@@ -130,6 +130,73 @@ pub(crate) fn fdatasync(fd: BorrowedFd<'_>) -> io::Result<()> {
     }
 }
 
+/// `_IO(0x12, 119)` and `_IO(0x12, 127)` from <linux/fs.h>; libc exports
+/// neither.
+const BLKDISCARD: libc::Ioctl = ioctl_none_request(0x12, 119);
+const BLKZEROOUT: libc::Ioctl = ioctl_none_request(0x12, 127);
+
+/// Encodes `_IO(kind, number)` for this architecture.
+const fn ioctl_none_request(kind: u32, number: u32) -> libc::Ioctl {
+    // "No direction" is 0 in the generic layout and 1 << 29 in the one
+    // mips, powerpc and sparc use.
+    #[cfg(any(
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "powerpc",
+        target_arch = "powerpc64",
+        target_arch = "sparc",
+        target_arch = "sparc64"
+    ))]
+    const NONE_DIRECTION: u32 = 1 << 29;
+    #[cfg(not(any(
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "powerpc",
+        target_arch = "powerpc64",
+        target_arch = "sparc",
+        target_arch = "sparc64"
+    )))]
+    const NONE_DIRECTION: u32 = 0;
+    (NONE_DIRECTION | (kind << 8) | number) as libc::Ioctl
+}
+
+/// fallocate(2) with `mode` over `[offset_bytes, offset_bytes + length_bytes)`,
+/// retried when a signal interrupts it.
+pub(crate) fn fallocate(
+    fd: BorrowedFd<'_>,
+    mode: libc::c_int,
+    offset_bytes: u64,
+    length_bytes: u64,
+) -> io::Result<()> {
+    let offset = file_offset(offset_bytes)?;
+    let length = file_offset(length_bytes)?;
+    loop {
+        // SAFETY: fallocate takes a descriptor, which the borrow keeps open,
+        // and plain integers.
+        let result = unsafe { libc::fallocate(fd.as_raw_fd(), mode, offset, length) };
+        match check(result as libc::ssize_t) {
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other.map(drop),
+        }
+    }
+}
+
+/// Discards (`zero` false: BLKDISCARD) or zeroes (BLKZEROOUT) a byte range
+/// of a block device.
+pub(crate) fn block_device_discard(
+    fd: BorrowedFd<'_>,
+    offset_bytes: u64,
+    length_bytes: u64,
+    zero: bool,
+) -> io::Result<()> {
+    let range: [u64; 2] = [offset_bytes, length_bytes];
+    let request = if zero { BLKZEROOUT } else { BLKDISCARD };
+    // SAFETY: both ioctls read two u64s (start, length) from the pointer,
+    // which points at `range`, alive for the call; they write nothing back.
+    let result = unsafe { libc::ioctl(fd.as_raw_fd(), request, range.as_ptr()) };
+    check(result as libc::ssize_t).map(drop)
+}
+
 /// Size of a block device (ioctl BLKGETSIZE64).
 pub(crate) fn block_device_size_bytes(fd: BorrowedFd<'_>) -> io::Result<u64> {
     let mut size_bytes: u64 = 0;
@@ -543,5 +610,14 @@ mod tests {
     fn blkgetsize64_matches_linux_headers() {
         #[cfg(target_arch = "x86_64")]
         assert_eq!(BLKGETSIZE64 as u32, 0x8008_1272);
+    }
+
+    #[test]
+    fn discard_ioctls_match_linux_headers() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert_eq!(BLKDISCARD as u32, 0x1277);
+            assert_eq!(BLKZEROOUT as u32, 0x127f);
+        }
     }
 }

@@ -226,6 +226,10 @@ impl RawDev for UringDev {
         self.sweeper.unplug_all();
     }
 
+    fn discard(&self, offset: u64, length: u64, mode: super::DiscardMode) -> io::Result<()> {
+        self.file.discard(offset, length, mode)
+    }
+
     fn size_bytes(&self) -> u64 {
         self.file.size_bytes()
     }
@@ -730,6 +734,11 @@ mod tests {
     #[test]
     fn fua_counts() {
         support::fua_counts(ENGINE);
+    }
+
+    #[test]
+    fn discard_punches_and_zeroes() {
+        support::discard_punches_and_zeroes(ENGINE);
     }
 
     #[test]

@@ -128,6 +128,12 @@ pub struct MetaState {
     pub alloc: Allocator,
     /// Blocks freed by records not yet durable, with the lsn that freed them.
     pending_frees: Vec<(u64, BlockRun)>,
+    /// With `-o discard`: durable frees wait for their discard (see
+    /// `MetaStore::discard_durable_frees`) instead of going straight back
+    /// to the allocator.
+    pub discard_freed: bool,
+    /// Runs taken for discarding, not yet back in the allocator.
+    discarding_blocks: u64,
     /// Upper bound of the checkpoint payload this state encodes to.
     persisted_bytes_estimate: u64,
 }
@@ -140,6 +146,8 @@ impl MetaState {
             data_region,
             alloc: Allocator::new(data_region),
             pending_frees: Vec::new(),
+            discard_freed: false,
+            discarding_blocks: 0,
             persisted_bytes_estimate: 0,
         }
     }
@@ -640,9 +648,10 @@ impl MetaState {
         mapped_end - file_block
     }
 
-    /// Makes blocks freed by records up to `durable_lsn` allocatable.
+    /// Makes blocks freed by records up to `durable_lsn` allocatable; with
+    /// `discard_freed` they wait for [`MetaState::take_durable_frees`].
     pub fn release_pending_frees(&mut self, durable_lsn: u64) {
-        if self.pending_frees.iter().all(|&(lsn, _)| lsn > durable_lsn) {
+        if self.discard_freed || self.pending_frees.iter().all(|&(lsn, _)| lsn > durable_lsn) {
             return;
         }
         let pending = std::mem::take(&mut self.pending_frees);
@@ -655,8 +664,32 @@ impl MetaState {
         }
     }
 
+    /// Takes the runs freed by records up to `durable_lsn`, to be discarded
+    /// and then handed to [`MetaState::finish_discards`]; still counted as
+    /// pending meanwhile.
+    pub fn take_durable_frees(&mut self, durable_lsn: u64) -> Vec<BlockRun> {
+        let mut taken = Vec::new();
+        self.pending_frees.retain(|&(lsn, run)| {
+            let durable = lsn <= durable_lsn;
+            if durable {
+                taken.push(run);
+            }
+            !durable
+        });
+        self.discarding_blocks += taken.iter().map(|run| run.count).sum::<u64>();
+        taken
+    }
+
+    /// Makes runs taken by [`MetaState::take_durable_frees`] allocatable.
+    pub fn finish_discards(&mut self, runs: &[BlockRun]) {
+        for &run in runs {
+            self.discarding_blocks -= run.count;
+            self.alloc.free(run);
+        }
+    }
+
     pub fn pending_free_blocks(&self) -> u64 {
-        self.pending_frees.iter().map(|(_, run)| run.count).sum()
+        self.pending_frees.iter().map(|(_, run)| run.count).sum::<u64>() + self.discarding_blocks
     }
 }
 
@@ -848,5 +881,28 @@ mod tests {
         assert_eq!(state.alloc.free_blocks(), 996);
         state.release_pending_frees(10);
         assert_eq!(state.alloc.free_blocks(), 1000);
+    }
+
+    /// With discard, durable frees stay out of the allocator (and counted
+    /// as pending) until their discard is done: nothing can be allocated
+    /// on blocks a discard in flight may still wipe.
+    #[test]
+    fn discarded_blocks_wait_for_their_discard() {
+        let mut state = populated();
+        state.finish_load().unwrap();
+        state.discard_freed = true;
+        let displaced =
+            state.apply(&Record::ExtentUnmap { ino: 3, file_block: 0, block_count: 4 }).unwrap();
+        state.release_displaced(&displaced, 10);
+        assert!(state.take_durable_frees(9).is_empty(), "not durable yet");
+        state.release_pending_frees(10);
+        assert_eq!(state.alloc.free_blocks(), 996, "release leaves them to the discard");
+        let runs = state.take_durable_frees(10);
+        assert_eq!(runs.iter().map(|run| run.count).sum::<u64>(), 4);
+        assert_eq!(state.alloc.free_blocks(), 996, "not reusable while discarding");
+        assert_eq!(state.pending_free_blocks(), 4, "still counted as freed space");
+        state.finish_discards(&runs);
+        assert_eq!(state.alloc.free_blocks(), 1000);
+        assert_eq!(state.pending_free_blocks(), 0);
     }
 }

@@ -6,18 +6,34 @@
 //! of records in the log is the order in which the state changed, and a
 //! checkpoint taken under the read lock is exactly "the state after lsn L".
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::alloc::BlockRun;
-use crate::dev::Device;
+use crate::dev::{Device, DiscardMode};
 use crate::error::{Error, Result};
 use crate::extent::Extent;
 use crate::format::{InodeAttrs, Record, Superblock, ROOT_INO};
 use crate::journal::{self, CommitError, Journal, JournalGeometry};
 
 use super::state::MetaState;
+
+/// `runs` sorted and joined where one ends where the next starts, as
+/// (start, count): one discard per contiguous stretch.
+fn merged_runs(runs: &[BlockRun]) -> Vec<(u64, u64)> {
+    let mut sorted = runs.to_vec();
+    sorted.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for run in sorted {
+        match merged.last_mut() {
+            Some((start, count)) if *start + *count == run.start => *count += run.count,
+            _ => merged.push((run.start, run.count)),
+        }
+    }
+    merged
+}
 
 /// The parts of `displaced` whose device blocks no run of `remapped` covers
 /// (delayed extents, which hold no device blocks, pass unchanged).
@@ -52,6 +68,8 @@ pub struct MetaStore {
     journal: Journal,
     checkpoint_lock: Mutex<()>,
     read_only: bool,
+    /// Bytes of a block once `-o discard` is on; 0 while off.
+    discard_block_bytes: AtomicU64,
 }
 
 /// A transaction: records applied to the state as they are added, appended to
@@ -169,8 +187,13 @@ impl MetaStore {
             journal_records_replayed: loaded.journal_records.len() as u64,
         };
         let journal = Journal::new(device, geometry, loaded.position);
-        let store =
-            Self { state: RwLock::new(state), journal, checkpoint_lock: Mutex::new(()), read_only };
+        let store = Self {
+            state: RwLock::new(state),
+            journal,
+            checkpoint_lock: Mutex::new(()),
+            read_only,
+            discard_block_bytes: AtomicU64::new(0),
+        };
         Ok((store, report))
     }
 
@@ -255,11 +278,70 @@ impl MetaStore {
         Ok((value, lsn))
     }
 
+    /// From now on blocks freed by a durable record are discarded on the
+    /// device before they can be reused (`-o discard`, as ext4's).
+    pub fn enable_discard(&self, block_bytes: u64) {
+        self.discard_block_bytes.store(block_bytes, Ordering::Relaxed);
+        self.state.write().discard_freed = true;
+    }
+
+    /// Discards the blocks freed by records now durable, then hands them to
+    /// the allocator. Why this order keeps every crash image sound:
+    /// - only runs whose freeing record is durable are discarded, so replay
+    ///   after any crash applies that record and no live file maps them
+    ///   (discarding at the free itself would wipe data that a crash before
+    ///   the commit brings back into a file);
+    /// - the runs reach the allocator only after the discard completed, so
+    ///   no write of a new owner's data can be overtaken by it (a device
+    ///   orders a completed request before one issued later);
+    /// - the discard is not flushed: lost in a crash, the old bytes stay in
+    ///   free space, which nothing reads (a new allocation is unwritten, read
+    ///   as zeros, until its data is written).
+    ///
+    /// A failed discard only costs the device its hint: the blocks are freed
+    /// all the same, and a device that cannot discard is not asked again.
+    fn discard_durable_frees(&self) {
+        let block_bytes = self.discard_block_bytes.load(Ordering::Relaxed);
+        if block_bytes == 0 {
+            return;
+        }
+        let runs = self.state.write().take_durable_frees(self.journal.durable_lsn());
+        if runs.is_empty() {
+            return;
+        }
+        for (start, count) in merged_runs(&runs) {
+            let discarded = self.journal.device().discard(
+                start * block_bytes,
+                count * block_bytes,
+                DiscardMode::Trim,
+            );
+            match discarded {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::Unsupported => {
+                    tracing::warn!("discard turned off: {error}");
+                    self.discard_block_bytes.store(0, Ordering::Relaxed);
+                    break;
+                }
+                Err(error) => tracing::warn!("discard of {count} blocks at {start}: {error}"),
+            }
+        }
+        let mut state = self.state.write();
+        state.finish_discards(&runs);
+        if self.discard_block_bytes.load(Ordering::Relaxed) == 0 {
+            state.discard_freed = false;
+            let durable_lsn = self.journal.durable_lsn();
+            state.release_pending_frees(durable_lsn);
+        }
+    }
+
     /// Makes every record up to `lsn` durable, checkpointing when the log is full.
     pub fn commit(&self, lsn: u64) -> Result<()> {
         loop {
             match self.journal.commit(lsn) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.discard_durable_frees();
+                    return Ok(());
+                }
                 Err(CommitError::Full) => self.checkpoint()?,
                 Err(CommitError::Failed(message)) => {
                     return Err(Error::io(message, std::io::Error::from_raw_os_error(libc::EIO)))

@@ -271,6 +271,9 @@ impl Volume {
                 options.folio_max_bytes
             )));
         }
+        if options.discard && !options.read_only {
+            meta.enable_discard(block_bytes);
+        }
         let cache = crate::cache::PageCache::new(CachePolicy::new(options, block_bytes));
         let engine = Engine { device, meta, cache, block_bytes, options: options.clone() };
         let shared = Arc::new(Shared {

@@ -25,7 +25,9 @@ use parking_lot::Mutex;
 
 use super::proto::{self, ChunkError, ChunkHeader, GoRequest, Info, ReplyHeader, Request};
 use super::{NbdAddress, Stream};
-use crate::dev::{AlignedBuf, DevCallback, DevOptions, DevRequest, DevResponse, RawDev};
+use crate::dev::{
+    AlignedBuf, DevCallback, DevOptions, DevRequest, DevResponse, DiscardMode, RawDev,
+};
 
 /// The smallest logical block used: the engine's direct I/O unit, and
 /// what the spec asks clients to align to when the server names none.
@@ -33,6 +35,9 @@ const LOGICAL_BLOCK_MIN_BYTES: u32 = 512;
 /// A chunk's payload beyond its data (error messages, block status) is
 /// small; longer ones are refused rather than allocated.
 const CHUNK_PAYLOAD_MAX_BYTES: u32 = 64 << 10;
+/// The longest TRIM or WRITE_ZEROES sent: a request's length is 32 bits,
+/// and servers split long ones themselves.
+const DISCARD_PIECE_MAX_BYTES: u64 = 1 << 30;
 
 /// What the handshake agreed.
 #[derive(Debug, Clone, Copy)]
@@ -297,6 +302,56 @@ impl NbdDev {
         }
     }
 
+    /// TRIM or WRITE_ZEROES over `length` bytes at `offset`, in pieces a
+    /// 32-bit length holds, all in flight at once; the first error wins.
+    fn discard_range(&self, offset: u64, length: u64, mode: DiscardMode) -> io::Result<()> {
+        let (command, flag) = match mode {
+            DiscardMode::Trim => (proto::CMD_TRIM, proto::TF_SEND_TRIM),
+            DiscardMode::Zero => (proto::CMD_WRITE_ZEROES, proto::TF_SEND_WRITE_ZEROES),
+        };
+        if !self.negotiated.has(flag) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("the NBD server does not offer {}", proto::command_name(command)),
+            ));
+        }
+        let piece_max_bytes = DISCARD_PIECE_MAX_BYTES / u64::from(self.logical_block_bytes)
+            * u64::from(self.logical_block_bytes);
+        let (sender, receiver) = mpsc::channel();
+        let mut pieces = 0;
+        let mut piece_offset = offset;
+        while piece_offset < offset + length {
+            let piece_bytes = piece_max_bytes.min(offset + length - piece_offset);
+            let next = self.next_connection.fetch_add(1, Ordering::Relaxed);
+            let connection = &self.connections[next % self.connections.len()];
+            let sender = sender.clone();
+            connection.send(
+                command,
+                0,
+                piece_offset,
+                piece_bytes as u32,
+                None,
+                Box::new(move |response| {
+                    let _ = sender.send(response.result);
+                }),
+                true,
+            );
+            pieces += 1;
+            piece_offset += piece_bytes;
+        }
+        drop(sender);
+        let mut outcome = Ok(());
+        for _ in 0..pieces {
+            let result = receiver
+                .recv()
+                .unwrap_or_else(|_| Err(lost(&self.connections[0].description, "request dropped")));
+            if outcome.is_ok() {
+                outcome = result;
+            }
+        }
+        outcome
+    }
+
     fn run(&self, request: DevRequest) -> DevResponse {
         let (sender, receiver) = mpsc::sync_channel(1);
         self.start(
@@ -362,6 +417,10 @@ impl RawDev for NbdDev {
 
     fn submit(&self, request: DevRequest, done: DevCallback) {
         self.start(request, done, false)
+    }
+
+    fn discard(&self, offset: u64, length: u64, mode: DiscardMode) -> io::Result<()> {
+        self.discard_range(offset, length, mode)
     }
 
     fn size_bytes(&self) -> u64 {
@@ -953,6 +1012,31 @@ mod tests {
         assert!(error.to_string().contains("lost"), "{error}");
         server.join().unwrap();
         drop(device);
+    }
+
+    #[test]
+    fn discards_are_trim_and_write_zeroes_only_where_offered() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorded = Arc::clone(&seen);
+        let flags = proto::TF_SEND_FLUSH | proto::TF_SEND_TRIM;
+        let (_dir, uri, server) = fake_server(flags, false, move |stream| {
+            while let Some(request) = read_request(stream) {
+                if request.command == proto::CMD_DISC {
+                    break;
+                }
+                recorded.lock().push((request.command, request.offset, request.length));
+                let reply = proto::SimpleReply { error: 0, cookie: request.cookie };
+                stream.write_all(&reply.encode()).unwrap();
+            }
+        });
+        let device = NbdDev::open(&uri, &writable()).unwrap();
+        device.discard(8192, 65536, DiscardMode::Trim).unwrap();
+        let error = device.discard(0, 4096, DiscardMode::Zero).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::Unsupported, "{error}");
+        assert!(error.to_string().contains("WRITE_ZEROES"), "{error}");
+        drop(device);
+        server.join().unwrap();
+        assert_eq!(*seen.lock(), [(proto::CMD_TRIM, 8192, 65536)], "nothing sent for the refusal");
     }
 
     #[test]
