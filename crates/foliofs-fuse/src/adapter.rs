@@ -24,6 +24,7 @@ use fuser::{
 };
 
 use crate::attr::{errno, file_attr, file_type, timestamp};
+use crate::direct_payload::DirectWriteCounters;
 use crate::file_flags::{self, FlagsRequest};
 use crate::handles::{DirListing, Handle, Handles};
 use crate::in_flight;
@@ -82,6 +83,7 @@ pub struct FolioFs {
     /// The kernel enforces POSIX ACLs (FUSE_POSIX_ACL); it needs the
     /// kernel's permission checks, so only with default_permissions.
     posix_acl: bool,
+    direct_writes: Arc<DirectWriteCounters>,
 }
 
 impl FolioFs {
@@ -104,7 +106,13 @@ impl FolioFs {
             max_write_bytes: options.max_write_bytes,
             posix_acl: options.default_permissions,
             kills_privileges: false,
+            direct_writes: Arc::default(),
         }
+    }
+
+    /// Where the payloads of direct writes are counted.
+    pub(crate) fn direct_write_counters(&self) -> Arc<DirectWriteCounters> {
+        Arc::clone(&self.direct_writes)
     }
 
     /// Where [`crate::Mount`] puts the session's notifier.
@@ -665,10 +673,10 @@ impl Filesystem for FolioFs {
             };
         }
         if file.flags().direct {
-            // Copied once, into memory aligned as the device needs (the
-            // payload follows the request headers and never is); the reply
-            // is sent from the write's completion.
-            let write = file.write_at_async(AlignedBuf::from_slice(data), offset);
+            // In place when the payload arrived aligned (io_uring), else
+            // copied once into aligned memory; the reply is sent from the
+            // write's completion.
+            let write = file.write_at_async(self.direct_writes.buffer(&reply, data), offset);
             // Its change event comes from the thread that completes it.
             let write = invalidate::serving(write);
             let invalidator = Arc::clone(&self.invalidator);

@@ -20,6 +20,7 @@
 mod adapter;
 mod attr;
 mod bdi;
+mod direct_payload;
 mod file_flags;
 mod handles;
 mod in_flight;
@@ -29,6 +30,7 @@ mod mounting;
 pub mod transport;
 
 pub use adapter::FolioFs;
+pub use direct_payload::{DirectWriteCounters, DirectWriteStats};
 pub use mount_options::{MountOptions, PageCacheUse, Transport, MOUNT_OPTION_KEYS};
 pub use mounting::{bind_if_mounted, remount, RemountWatcher, Unmounter};
 
@@ -44,6 +46,7 @@ pub struct Mount {
     unmounter: Unmounter,
     watcher: Option<RemountWatcher>,
     transport: transport::LiveTransport,
+    direct_writes: Arc<DirectWriteCounters>,
 }
 
 impl Mount {
@@ -54,6 +57,7 @@ impl Mount {
         let volume = Arc::new(Volume::open(image, &options.volume)?);
         let fs = FolioFs::new(Arc::clone(&volume), options);
         let notifier = fs.notifier_slot();
+        let direct_writes = fs.direct_write_counters();
         let config = options.fuse_config(image);
         let failed =
             |error| foliofs::Error::io(format!("mount on {}", mountpoint.display()), error);
@@ -91,7 +95,7 @@ impl Mount {
             bdi::relax_dirty_limits(mountpoint);
         }
         let watcher = RemountWatcher::start(mountpoint, Arc::downgrade(&volume));
-        Ok(Self { session, volume, unmounter, watcher, transport })
+        Ok(Self { session, volume, unmounter, watcher, transport, direct_writes })
     }
 
     /// The transport INIT settled on (io_uring, or /dev/fuse and why).
@@ -105,6 +109,11 @@ impl Mount {
         &self.volume
     }
 
+    /// How direct writes' payloads reached the engine (in place or copied).
+    pub fn direct_write_counters(&self) -> Arc<DirectWriteCounters> {
+        Arc::clone(&self.direct_writes)
+    }
+
     /// Something that unmounts from another thread (a signal handler), which
     /// makes [`Mount::run`] return.
     pub fn unmounter(&mut self) -> Unmounter {
@@ -114,7 +123,7 @@ impl Mount {
     /// Serves requests until the file system is unmounted, then writes back
     /// and closes the volume, reporting what that finds.
     pub fn run(self) -> foliofs::Result<()> {
-        let Self { session, volume, unmounter, watcher, transport: _ } = self;
+        let Self { session, volume, unmounter, watcher, transport: _, direct_writes: _ } = self;
         let served = session.run();
         unmounter.session_ended();
         drop(watcher);

@@ -435,6 +435,18 @@ impl Reply for ReplyWrite {
 }
 
 impl ReplyWrite {
+    /// Lends `data` (the write's payload as the handler got it) in place,
+    /// when the request came through io_uring: the bytes stay valid and
+    /// untouched until the returned value is dropped, and this reply is held
+    /// back until then. `None` on /dev/fuse, whose read buffer is reused.
+    #[cfg(target_os = "linux")]
+    pub fn lend_payload(&self, data: &[u8]) -> Option<crate::LentPayload> {
+        match &self.reply.sender {
+            Some(ReplySender::Uring(sender)) => sender.lend(data),
+            _ => None,
+        }
+    }
+
     /// Reply to a request with the number of bytes written
     pub fn written(self, size: u32) {
         self.reply.send_ll(&ll::ResponseStruct::new_write(size));
