@@ -10,7 +10,6 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use foliofs::dev::AlignedBuf;
 use foliofs::space::FallocateMode;
 use foliofs::{
     Access, Attr, Credentials, Error, File, OpenFlags, OpenOptions, Owner, Privilege, RenameFlags,
@@ -24,7 +23,7 @@ use fuser::{
 };
 
 use crate::attr::{errno, file_attr, file_type, timestamp};
-use crate::direct_payload::DirectWriteCounters;
+use crate::direct_payload::DirectIoCounters;
 use crate::file_flags::{self, FlagsRequest};
 use crate::handles::{DirListing, Handle, Handles};
 use crate::in_flight;
@@ -83,7 +82,7 @@ pub struct FolioFs {
     /// The kernel enforces POSIX ACLs (FUSE_POSIX_ACL); it needs the
     /// kernel's permission checks, so only with default_permissions.
     posix_acl: bool,
-    direct_writes: Arc<DirectWriteCounters>,
+    direct_io: Arc<DirectIoCounters>,
 }
 
 impl FolioFs {
@@ -106,13 +105,13 @@ impl FolioFs {
             max_write_bytes: options.max_write_bytes,
             posix_acl: options.default_permissions,
             kills_privileges: false,
-            direct_writes: Arc::default(),
+            direct_io: Arc::default(),
         }
     }
 
     /// Where the payloads of direct writes are counted.
-    pub(crate) fn direct_write_counters(&self) -> Arc<DirectWriteCounters> {
-        Arc::clone(&self.direct_writes)
+    pub(crate) fn direct_io_counters(&self) -> Arc<DirectIoCounters> {
+        Arc::clone(&self.direct_io)
     }
 
     /// Where [`crate::Mount`] puts the session's notifier.
@@ -622,7 +621,8 @@ impl Filesystem for FolioFs {
         if file.flags().direct {
             // The serving thread does not wait for the device: the reply is
             // sent from the read's completion.
-            let read = file.read_at_async(AlignedBuf::zeroed(size as usize), offset);
+            let buffer = self.direct_io.read_buffer(&reply, size as usize);
+            let read = file.read_at_async(buffer, offset);
             return in_flight::spawn(async move {
                 match read.await {
                     (buffer, Ok(count)) => reply.data(&buffer[..count]),
@@ -676,7 +676,7 @@ impl Filesystem for FolioFs {
             // In place when the payload arrived aligned (io_uring), else
             // copied once into aligned memory; the reply is sent from the
             // write's completion.
-            let write = file.write_at_async(self.direct_writes.buffer(&reply, data), offset);
+            let write = file.write_at_async(self.direct_io.write_buffer(&reply, data), offset);
             // Its change event comes from the thread that completes it.
             let write = invalidate::serving(write);
             let invalidator = Arc::clone(&self.invalidator);

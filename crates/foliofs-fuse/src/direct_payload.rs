@@ -1,51 +1,77 @@
-//! The memory a direct write goes to the device from. A payload that came
-//! through io_uring sits page-aligned in its ring entry and is lent to the
-//! engine in place (the entry's reply waits until the device is done with
-//! it); any other payload, /dev/fuse's or a misaligned one, is copied once
-//! into aligned memory ("staged"). Counted, so the zero-copy path can be
-//! checked through a real mount.
+//! The memory direct I/O goes to and from the device through. A write's
+//! payload that came through io_uring sits page-aligned in its ring entry
+//! and is lent to the engine in place (the entry's reply waits until the
+//! device is done with it); any other payload, /dev/fuse's or a misaligned
+//! one, is copied once into aligned memory ("staged"). A direct read on
+//! io_uring reads into the entry's own buffer, where the kernel takes the
+//! reply's data from; on /dev/fuse into a fresh buffer, copied into the
+//! reply. Counted, so the zero-copy paths can be checked through a mount.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use foliofs::dev::{AlignedBuf, LentBytes, BUFFER_ALIGN_BYTES};
-use fuser::{LentPayload, ReplyWrite};
+use fuser::{LentPayload, ReplyData, ReplyWrite};
 
-/// Payload bytes of direct writes, by how they reached the engine.
+/// Bytes of direct writes and reads, by how they moved between the request
+/// and the engine.
 #[derive(Debug, Default)]
-pub struct DirectWriteCounters {
-    lent_bytes: AtomicU64,
-    staged_bytes: AtomicU64,
+pub struct DirectIoCounters {
+    lent_write_bytes: AtomicU64,
+    staged_write_bytes: AtomicU64,
+    lent_read_bytes: AtomicU64,
+    staged_read_bytes: AtomicU64,
 }
 
-/// A snapshot of [`DirectWriteCounters`].
+/// A snapshot of [`DirectIoCounters`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DirectWriteStats {
+pub struct DirectIoStats {
     /// Handed to the engine in place, with no copy.
-    pub lent_bytes: u64,
+    pub lent_write_bytes: u64,
     /// Copied into aligned memory first.
-    pub staged_bytes: u64,
+    pub staged_write_bytes: u64,
+    /// Direct reads into the reply's own memory (asked for, not read).
+    pub lent_read_bytes: u64,
+    /// Direct reads into a buffer of their own, copied into the reply.
+    pub staged_read_bytes: u64,
 }
 
-impl DirectWriteCounters {
-    pub fn stats(&self) -> DirectWriteStats {
-        DirectWriteStats {
-            lent_bytes: self.lent_bytes.load(Ordering::Relaxed),
-            staged_bytes: self.staged_bytes.load(Ordering::Relaxed),
+impl DirectIoCounters {
+    pub fn stats(&self) -> DirectIoStats {
+        DirectIoStats {
+            lent_write_bytes: self.lent_write_bytes.load(Ordering::Relaxed),
+            staged_write_bytes: self.staged_write_bytes.load(Ordering::Relaxed),
+            lent_read_bytes: self.lent_read_bytes.load(Ordering::Relaxed),
+            staged_read_bytes: self.staged_read_bytes.load(Ordering::Relaxed),
         }
     }
 
+    /// The buffer a direct read of `length` bytes reads into; the reply
+    /// then sends a slice of it from its start.
+    pub(crate) fn read_buffer(&self, reply: &ReplyData, length: usize) -> AlignedBuf {
+        if let Some(lent) = reply.lend_buffer(length) {
+            // The entry's buffer is page-aligned, so only a zero length is
+            // refused; the lend is handed back when dropped here.
+            if let Ok(buffer) = AlignedBuf::lent(Box::new(RequestPayload(lent))) {
+                self.lent_read_bytes.fetch_add(length as u64, Ordering::Relaxed);
+                return buffer;
+            }
+        }
+        self.staged_read_bytes.fetch_add(length as u64, Ordering::Relaxed);
+        AlignedBuf::zeroed(length)
+    }
+
     /// The buffer for a direct write of `data`, the request's payload.
-    pub(crate) fn buffer(&self, reply: &ReplyWrite, data: &[u8]) -> AlignedBuf {
+    pub(crate) fn write_buffer(&self, reply: &ReplyWrite, data: &[u8]) -> AlignedBuf {
         let aligned = (data.as_ptr() as usize).is_multiple_of(BUFFER_ALIGN_BYTES);
         if let Some(lent) = reply.lend_payload(data).filter(|_| aligned) {
             // Refused only when empty, which the engine answers without I/O;
             // the lend is dropped (handed back) then.
             if let Ok(buffer) = AlignedBuf::lent(Box::new(RequestPayload(lent))) {
-                self.lent_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                self.lent_write_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
                 return buffer;
             }
         }
-        self.staged_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.staged_write_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         AlignedBuf::from_slice(data)
     }
 }

@@ -212,6 +212,19 @@ impl Reply for ReplyData {
 }
 
 impl ReplyData {
+    /// Lends `length` bytes of memory, page-aligned, for the reply's data
+    /// when the request came through io_uring: its entry's own buffer, so
+    /// `data` with a slice that starts there copies nothing. The reply is
+    /// committed once the returned value is dropped. `None` on /dev/fuse or
+    /// when `length` exceeds the entry's buffer.
+    #[cfg(target_os = "linux")]
+    pub fn lend_buffer(&self, length: usize) -> Option<crate::LentPayload> {
+        match &self.reply.sender {
+            Some(ReplySender::Uring(sender)) => sender.lend_reply_buffer(length),
+            _ => None,
+        }
+    }
+
     /// Reply to a request with the given data
     pub fn data(self, data: &[u8]) {
         self.reply.send_ll(&ll::ResponseSlice(data));

@@ -164,6 +164,9 @@ struct ReplyState {
     /// itself is in `staged` (kept between requests) until dispatch returns.
     staged_unique: Option<u64>,
     staged: Vec<u8>,
+    /// The staged reply is already in the entry (its data was written in
+    /// place, into a lent reply buffer): only its commit waits.
+    staged_in_place: bool,
 }
 
 /// What a ring thread shares with the reply senders of its entries.
@@ -277,6 +280,11 @@ impl RingShared {
     /// nothing borrows the request's bytes.
     fn commit_staged(&self, index: usize, mut state: parking_lot::MutexGuard<'_, ReplyState>) {
         if let Some(unique) = state.staged_unique.take() {
+            if std::mem::take(&mut state.staged_in_place) {
+                drop(state);
+                self.queue_commit(index as u16, unique);
+                return;
+            }
             let reply = &state.staged;
             let parts: [&[u8]; 2] = [&reply[..OUT_HEADER_BYTES], &reply[OUT_HEADER_BYTES..]];
             self.write_reply(index, &parts);
@@ -306,9 +314,12 @@ impl RingShared {
             for part in &reply[1..] {
                 // SAFETY: the entry is ours until its commit is queued, the
                 // total fits the payload buffer, and no request bytes of this
-                // entry are borrowed any more (see `EntrySender::send`).
+                // entry are borrowed any more (see `EntrySender::send`). Data
+                // already in place (a lent reply buffer) is not copied.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(part.as_ptr(), at, part.len());
+                    if !std::ptr::eq(part.as_ptr(), at) {
+                        std::ptr::copy_nonoverlapping(part.as_ptr(), at, part.len());
+                    }
                     at = at.add(part.len());
                 }
             }
@@ -368,6 +379,14 @@ impl EntrySender {
         }
         {
             let mut state = self.ring.entries[index].reply.lock();
+            if state.payload_lent && self.is_in_place(&parts) {
+                // The data is where the kernel reads it (a lent reply
+                // buffer): write the header now, commit once handed back.
+                let unique = self.ring.write_reply(index, &parts);
+                state.staged_unique = Some(unique);
+                state.staged_in_place = true;
+                return Ok(());
+            }
             if (state.dispatching && state.request_has_payload) || state.payload_lent {
                 // The handler (or a lent payload's user) may still hold the
                 // request's payload, which the reply would overwrite: keep
@@ -384,6 +403,40 @@ impl EntrySender {
         let unique = self.ring.write_reply(index, &parts);
         self.ring.queue_commit(self.index, unique);
         Ok(())
+    }
+
+    /// Whether a reply's data is one slice at the start of the entry's
+    /// payload buffer, where the kernel reads it from.
+    fn is_in_place(&self, parts: &[&[u8]]) -> bool {
+        let payload = self.ring.payload(usize::from(self.index));
+        matches!(parts, [_, data] if std::ptr::eq(data.as_ptr(), payload))
+    }
+
+    /// Lends the first `length` bytes of the entry's payload buffer, for
+    /// a request that carried no payload, to receive the reply's data in
+    /// place (a direct read): replying with a slice that starts there
+    /// copies nothing. `None` when it does not fit or the request carried a
+    /// payload.
+    pub(crate) fn lend_reply_buffer(&self, length: usize) -> Option<LentPayload> {
+        let index = usize::from(self.index);
+        if length == 0 || length > self.ring.payload_bytes {
+            return None;
+        }
+        let mut state = self.ring.entries[index].reply.lock();
+        if !state.dispatching
+            || state.request_has_payload
+            || state.payload_lent
+            || state.staged_unique.is_some()
+        {
+            return None;
+        }
+        state.payload_lent = true;
+        Some(LentPayload {
+            ring: Arc::clone(&self.ring),
+            index: self.index,
+            pointer: self.ring.payload(index),
+            length,
+        })
     }
 
     /// Lends `data`, a slice of this request's payload as the handler got
@@ -416,9 +469,10 @@ impl EntrySender {
 
 /// A request's payload lent in place out of its io_uring entry, so that a
 /// handler can hand it to asynchronous work (a direct write) without a
-/// copy. Until this is dropped the bytes stay at their address and the
-/// kernel does not touch them: the request's reply, whose commit returns
-/// the entry to the kernel, is held back until then. Page-aligned when it
+/// copy; or the entry's payload buffer lent to receive a reply's data in
+/// place (a direct read). Until this is dropped the bytes stay at their
+/// address and the kernel does not touch them: the request's reply, whose
+/// commit returns the entry to the kernel, is held back until then. Page-aligned when it
 /// starts the payload (the payload buffer is).
 pub struct LentPayload {
     ring: Arc<RingShared>,
