@@ -87,7 +87,7 @@ unsafe impl LentBytes for RequestPayload {
         self.0.as_mut_ptr()
     }
 
-    fn len(&self) -> usize {
+    fn length_bytes(&self) -> usize {
         self.0.len()
     }
 }

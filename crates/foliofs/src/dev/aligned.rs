@@ -29,12 +29,12 @@ pub struct AlignedBuf {
 /// # Safety
 ///
 /// `as_mut_ptr` returns the same pointer for the whole life of the value,
-/// valid for reads and writes of `len` bytes, and nothing else reads or
+/// valid for reads and writes of `length_bytes` bytes, and nothing else reads or
 /// writes those bytes until the value is dropped: the device may transfer
 /// to or from them asynchronously until then.
 pub unsafe trait LentBytes: Send + Sync + 'static {
     fn as_mut_ptr(&self) -> *mut u8;
-    fn len(&self) -> usize;
+    fn length_bytes(&self) -> usize;
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
@@ -71,7 +71,7 @@ impl AlignedBuf {
     /// (the lender dropped) with the buffer. Memory not aligned to
     /// [`BUFFER_ALIGN_BYTES`], or empty, is refused and returned.
     pub fn lent(lender: Box<dyn LentBytes>) -> Result<Self, Box<dyn LentBytes>> {
-        let (raw, length) = (lender.as_mut_ptr(), lender.len());
+        let (raw, length) = (lender.as_mut_ptr(), lender.length_bytes());
         match NonNull::new(raw) {
             Some(pointer) if length > 0 && (raw as usize).is_multiple_of(BUFFER_ALIGN_BYTES) => {
                 Ok(Self { pointer, length, lender: Some(lender) })
@@ -167,7 +167,7 @@ mod tests {
         fn as_mut_ptr(&self) -> *mut u8 {
             self.memory.pointer.as_ptr()
         }
-        fn len(&self) -> usize {
+        fn length_bytes(&self) -> usize {
             self.memory.length
         }
     }
@@ -206,7 +206,7 @@ mod tests {
                 // SAFETY: the offset is below the buffer's length.
                 unsafe { self.0.pointer.as_ptr().add(self.1) }
             }
-            fn len(&self) -> usize {
+            fn length_bytes(&self) -> usize {
                 self.0.length - self.1
             }
         }
