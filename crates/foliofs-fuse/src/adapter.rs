@@ -10,7 +10,6 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use foliofs::dev::AlignedBuf;
 use foliofs::space::FallocateMode;
 use foliofs::{
     Access, Attr, Credentials, Error, File, OpenFlags, OpenOptions, Owner, Privilege, RenameFlags,
@@ -24,6 +23,7 @@ use fuser::{
 };
 
 use crate::attr::{errno, file_attr, file_type, timestamp};
+use crate::direct_payload::DirectIoCounters;
 use crate::file_flags::{self, FlagsRequest};
 use crate::going_down;
 use crate::handles::{DirListing, Handle, Handles};
@@ -86,6 +86,7 @@ pub struct FolioFs {
     /// FUSE_ALLOW_IDMAP: idmapped mounts of this mount (the kernel allows
     /// them only with default_permissions).
     allow_idmap: bool,
+    direct_io: Arc<DirectIoCounters>,
 }
 
 impl FolioFs {
@@ -109,7 +110,13 @@ impl FolioFs {
             posix_acl: options.default_permissions,
             allow_idmap: options.default_permissions,
             kills_privileges: false,
+            direct_io: Arc::default(),
         }
+    }
+
+    /// Where the payloads of direct writes are counted.
+    pub(crate) fn direct_io_counters(&self) -> Arc<DirectIoCounters> {
+        Arc::clone(&self.direct_io)
     }
 
     /// Where [`crate::Mount`] puts the session's notifier.
@@ -677,7 +684,8 @@ impl Filesystem for FolioFs {
         if file.flags().direct {
             // The serving thread does not wait for the device: the reply is
             // sent from the read's completion.
-            let read = file.read_at_async(AlignedBuf::zeroed(size as usize), offset);
+            let buffer = self.direct_io.read_buffer(&reply, size as usize);
+            let read = file.read_at_async(buffer, offset);
             return in_flight::spawn(async move {
                 match read.await {
                     (buffer, Ok(count)) => reply.data(&buffer[..count]),
@@ -728,10 +736,10 @@ impl Filesystem for FolioFs {
             };
         }
         if file.flags().direct {
-            // Copied once, into memory aligned as the device needs (the
-            // payload follows the request headers and never is); the reply
-            // is sent from the write's completion.
-            let write = file.write_at_async(AlignedBuf::from_slice(data), offset);
+            // In place when the payload arrived aligned (io_uring), else
+            // copied once into aligned memory; the reply is sent from the
+            // write's completion.
+            let write = file.write_at_async(self.direct_io.write_buffer(&reply, data), offset);
             // Its change event comes from the thread that completes it.
             let write = invalidate::serving(write);
             let invalidator = Arc::clone(&self.invalidator);

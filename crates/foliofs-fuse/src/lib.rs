@@ -20,6 +20,7 @@
 mod adapter;
 mod attr;
 mod bdi;
+mod direct_payload;
 mod file_flags;
 mod going_down;
 mod handles;
@@ -30,6 +31,7 @@ mod mounting;
 pub mod transport;
 
 pub use adapter::FolioFs;
+pub use direct_payload::{DirectIoCounters, DirectIoStats};
 pub use mount_options::{MountOptions, PageCacheUse, Transport, MOUNT_OPTION_KEYS};
 pub use mounting::{bind_if_mounted, remount, RemountWatcher, Unmounter};
 
@@ -45,6 +47,7 @@ pub struct Mount {
     unmounter: Unmounter,
     watcher: Option<RemountWatcher>,
     transport: transport::LiveTransport,
+    direct_io: Arc<DirectIoCounters>,
 }
 
 impl Mount {
@@ -55,6 +58,7 @@ impl Mount {
         let volume = Arc::new(Volume::open(image, &options.volume)?);
         let fs = FolioFs::new(Arc::clone(&volume), options);
         let notifier = fs.notifier_slot();
+        let direct_io = fs.direct_io_counters();
         let config = options.fuse_config(image);
         let failed =
             |error| foliofs::Error::io(format!("mount on {}", mountpoint.display()), error);
@@ -92,7 +96,7 @@ impl Mount {
             bdi::relax_dirty_limits(mountpoint);
         }
         let watcher = RemountWatcher::start(mountpoint, Arc::downgrade(&volume));
-        Ok(Self { session, volume, unmounter, watcher, transport })
+        Ok(Self { session, volume, unmounter, watcher, transport, direct_io })
     }
 
     /// The transport INIT settled on (io_uring, or /dev/fuse and why).
@@ -106,6 +110,12 @@ impl Mount {
         &self.volume
     }
 
+    /// How direct writes' and reads' data moved between the requests and the
+    /// engine (in place or copied).
+    pub fn direct_io_counters(&self) -> Arc<DirectIoCounters> {
+        Arc::clone(&self.direct_io)
+    }
+
     /// Something that unmounts from another thread (a signal handler), which
     /// makes [`Mount::run`] return.
     pub fn unmounter(&mut self) -> Unmounter {
@@ -115,7 +125,7 @@ impl Mount {
     /// Serves requests until the file system is unmounted, then writes back
     /// and closes the volume, reporting what that finds.
     pub fn run(self) -> foliofs::Result<()> {
-        let Self { session, volume, unmounter, watcher, transport: _ } = self;
+        let Self { session, volume, unmounter, watcher, transport: _, direct_io: _ } = self;
         let served = session.run();
         unmounter.session_ended();
         drop(watcher);

@@ -82,6 +82,8 @@ pub use crate::session::SessionUnmounter;
 pub use crate::session::Transport;
 #[cfg(target_os = "linux")]
 pub use crate::uring::IoUringInfo;
+#[cfg(target_os = "linux")]
+pub use crate::uring::LentPayload;
 
 mod access_flags;
 mod bsd_file_flags;

@@ -212,6 +212,19 @@ impl Reply for ReplyData {
 }
 
 impl ReplyData {
+    /// Lends `length` bytes of memory, page-aligned, for the reply's data
+    /// when the request came through io_uring: its entry's own buffer, so
+    /// `data` with a slice that starts there copies nothing. The reply is
+    /// committed once the returned value is dropped. `None` on /dev/fuse or
+    /// when `length` exceeds the entry's buffer.
+    #[cfg(target_os = "linux")]
+    pub fn lend_buffer(&self, length: usize) -> Option<crate::LentPayload> {
+        match &self.reply.sender {
+            Some(ReplySender::Uring(sender)) => sender.lend_reply_buffer(length),
+            _ => None,
+        }
+    }
+
     /// Reply to a request with the given data
     pub fn data(self, data: &[u8]) {
         self.reply.send_ll(&ll::ResponseSlice(data));
@@ -435,6 +448,18 @@ impl Reply for ReplyWrite {
 }
 
 impl ReplyWrite {
+    /// Lends `data` (the write's payload as the handler got it) in place,
+    /// when the request came through io_uring: the bytes stay valid and
+    /// untouched until the returned value is dropped, and this reply is held
+    /// back until then. `None` on /dev/fuse, whose read buffer is reused.
+    #[cfg(target_os = "linux")]
+    pub fn lend_payload(&self, data: &[u8]) -> Option<crate::LentPayload> {
+        match &self.reply.sender {
+            Some(ReplySender::Uring(sender)) => sender.lend(data),
+            _ => None,
+        }
+    }
+
     /// Reply to a request with the number of bytes written
     pub fn written(self, size: u32) {
         self.reply.send_ll(&ll::ResponseStruct::new_write(size));

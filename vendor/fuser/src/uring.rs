@@ -157,10 +157,16 @@ struct ReplyState {
     dispatching: bool,
     /// The request carried a payload, which the reply would overwrite.
     request_has_payload: bool,
+    /// A [`LentPayload`] of the request lives: the entry is not committed
+    /// (handed back to the kernel) until it is dropped.
+    payload_lent: bool,
     /// The unique of a reply sent while both of the above held; the reply
     /// itself is in `staged` (kept between requests) until dispatch returns.
     staged_unique: Option<u64>,
     staged: Vec<u8>,
+    /// The staged reply is already in the entry (its data was written in
+    /// place, into a lent reply buffer): only its commit waits.
+    staged_in_place: bool,
 }
 
 /// What a ring thread shares with the reply senders of its entries.
@@ -270,6 +276,23 @@ impl RingShared {
         }
     }
 
+    /// Commits the reply staged for entry `index`, if any, now that
+    /// nothing borrows the request's bytes.
+    fn commit_staged(&self, index: usize, mut state: parking_lot::MutexGuard<'_, ReplyState>) {
+        if let Some(unique) = state.staged_unique.take() {
+            if std::mem::take(&mut state.staged_in_place) {
+                drop(state);
+                self.queue_commit(index as u16, unique);
+                return;
+            }
+            let reply = &state.staged;
+            let parts: [&[u8]; 2] = [&reply[..OUT_HEADER_BYTES], &reply[OUT_HEADER_BYTES..]];
+            self.write_reply(index, &parts);
+            drop(state);
+            self.queue_commit(index as u16, unique);
+        }
+    }
+
     /// Writes a reply (`fuse_out_header` first) into entry `index`.
     fn write_reply(&self, index: usize, reply: &[&[u8]]) -> u64 {
         let entry = &self.entries[index];
@@ -291,9 +314,12 @@ impl RingShared {
             for part in &reply[1..] {
                 // SAFETY: the entry is ours until its commit is queued, the
                 // total fits the payload buffer, and no request bytes of this
-                // entry are borrowed any more (see `EntrySender::send`).
+                // entry are borrowed any more (see `EntrySender::send`). Data
+                // already in place (a lent reply buffer) is not copied.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(part.as_ptr(), at, part.len());
+                    if !std::ptr::eq(part.as_ptr(), at) {
+                        std::ptr::copy_nonoverlapping(part.as_ptr(), at, part.len());
+                    }
                     at = at.add(part.len());
                 }
             }
@@ -353,9 +379,18 @@ impl EntrySender {
         }
         {
             let mut state = self.ring.entries[index].reply.lock();
-            if state.dispatching && state.request_has_payload {
-                // The handler may still hold the request's payload, which
-                // the reply would overwrite: keep it until dispatch returns.
+            if state.payload_lent && self.is_in_place(&parts) {
+                // The data is where the kernel reads it (a lent reply
+                // buffer): write the header now, commit once handed back.
+                let unique = self.ring.write_reply(index, &parts);
+                state.staged_unique = Some(unique);
+                state.staged_in_place = true;
+                return Ok(());
+            }
+            if (state.dispatching && state.request_has_payload) || state.payload_lent {
+                // The handler (or a lent payload's user) may still hold the
+                // request's payload, which the reply would overwrite: keep
+                // it until dispatch returns and the payload is handed back.
                 let unique = u64::from_ne_bytes(parts[0][8..16].try_into().unwrap());
                 state.staged.clear();
                 for part in &parts {
@@ -368,6 +403,134 @@ impl EntrySender {
         let unique = self.ring.write_reply(index, &parts);
         self.ring.queue_commit(self.index, unique);
         Ok(())
+    }
+
+    /// Whether a reply's data is one slice at the start of the entry's
+    /// payload buffer, where the kernel reads it from.
+    fn is_in_place(&self, parts: &[&[u8]]) -> bool {
+        let payload = self.ring.payload(usize::from(self.index));
+        matches!(parts, [_, data] if std::ptr::eq(data.as_ptr(), payload))
+    }
+
+    /// Lends the first `length` bytes of the entry's payload buffer, for
+    /// a request that carried no payload, to receive the reply's data in
+    /// place (a direct read): replying with a slice that starts there
+    /// copies nothing. `None` when it does not fit or the request carried a
+    /// payload.
+    pub(crate) fn lend_reply_buffer(&self, length: usize) -> Option<LentPayload> {
+        let index = usize::from(self.index);
+        if length == 0 || length > self.ring.payload_bytes {
+            return None;
+        }
+        let mut state = self.ring.entries[index].reply.lock();
+        if !state.dispatching
+            || state.request_has_payload
+            || state.payload_lent
+            || state.staged_unique.is_some()
+        {
+            return None;
+        }
+        state.payload_lent = true;
+        Some(LentPayload {
+            ring: Arc::clone(&self.ring),
+            index: self.index,
+            pointer: self.ring.payload(index),
+            length,
+        })
+    }
+
+    /// Lends `data`, a slice of this request's payload as the handler got
+    /// it, in place: see [`LentPayload`]. `None` when `data` lies elsewhere,
+    /// the request is no longer being dispatched, or it was lent already.
+    pub(crate) fn lend(&self, data: &[u8]) -> Option<LentPayload> {
+        let index = usize::from(self.index);
+        let start = self.ring.payload(index) as usize;
+        let address = data.as_ptr() as usize;
+        let inside = address >= start
+            && address
+                .checked_add(data.len())
+                .is_some_and(|end| end <= start + self.ring.payload_bytes);
+        if !inside || data.is_empty() {
+            return None;
+        }
+        let mut state = self.ring.entries[index].reply.lock();
+        if !state.dispatching || state.payload_lent || state.staged_unique.is_some() {
+            return None;
+        }
+        state.payload_lent = true;
+        Some(LentPayload {
+            ring: Arc::clone(&self.ring),
+            index: self.index,
+            pointer: data.as_ptr().cast_mut(),
+            length: data.len(),
+        })
+    }
+}
+
+/// A request's payload lent in place out of its io_uring entry, so that a
+/// handler can hand it to asynchronous work (a direct write) without a
+/// copy; or the entry's payload buffer lent to receive a reply's data in
+/// place (a direct read). Until this is dropped the bytes stay at their
+/// address and the kernel does not touch them: the request's reply, whose
+/// commit returns the entry to the kernel, is held back until then. Page-aligned when it
+/// starts the payload (the payload buffer is).
+pub struct LentPayload {
+    ring: Arc<RingShared>,
+    index: u16,
+    pointer: *mut u8,
+    length: usize,
+}
+
+// SAFETY: the bytes are the entry's, which no one else touches while the
+// lend lasts (see `EntrySender::lend` and `send`); `ring` keeps them alive.
+unsafe impl Send for LentPayload {}
+// SAFETY: as for Send; shared access only reads.
+unsafe impl Sync for LentPayload {}
+
+impl LentPayload {
+    /// The first byte, which stays at this address while `self` lives.
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.pointer
+    }
+
+    /// The number of bytes lent.
+    pub fn len(&self) -> usize {
+        self.length
+    }
+
+    /// Whether no bytes are lent.
+    pub fn is_empty(&self) -> bool {
+        self.length == 0
+    }
+}
+
+impl std::ops::Deref for LentPayload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the lent bytes stay valid and unchanged by the kernel
+        // while `self` lives (see the type's documentation).
+        unsafe { std::slice::from_raw_parts(self.pointer, self.length) }
+    }
+}
+
+impl fmt::Debug for LentPayload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LentPayload")
+            .field("qid", &self.ring.qid)
+            .field("entry", &self.index)
+            .field("bytes", &self.length)
+            .finish()
+    }
+}
+
+impl Drop for LentPayload {
+    fn drop(&mut self) {
+        let index = usize::from(self.index);
+        let mut state = self.ring.entries[index].reply.lock();
+        state.payload_lent = false;
+        if !state.dispatching {
+            self.ring.commit_staged(index, state);
+        }
     }
 }
 
@@ -555,6 +718,7 @@ impl RingThread {
         start: mpsc::Receiver<SessionEventLoop<FS>>,
     ) -> io::Result<()> {
         RING_THREAD.with(|ring| ring.set(Arc::as_ptr(&self.shared)));
+        pin_to_cpu(usize::from(self.shared.qid));
         let result = self
             .register(&registered)
             .and_then(|arrived| match start.recv() {
@@ -749,13 +913,33 @@ impl RingThread {
         }
         let mut state = entry.reply.lock();
         state.dispatching = false;
-        if let Some(unique) = state.staged_unique.take() {
-            let reply = &state.staged;
-            let parts: [&[u8]; 2] = [&reply[..OUT_HEADER_BYTES], &reply[OUT_HEADER_BYTES..]];
-            shared.write_reply(index, &parts);
-            drop(state);
-            shared.queue_commit(index as u16, unique);
+        if !state.payload_lent {
+            shared.commit_staged(index, state);
         }
+    }
+}
+
+/// Keeps a ring thread on its queue's CPU (the kernel numbers queues by
+/// CPU). The kernel queues a request on the caller's CPU and runs its
+/// delivery as task work of the ring thread: on the same CPU, the caller
+/// blocking and the ring thread waking is one local switch, where a thread
+/// elsewhere costs a cross-CPU wake-up (an IPI, a VM exit on a guest) each
+/// way. Best effort: a CPU outside the process's allowed set stays unpinned.
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if cpu >= 8 * size_of::<libc::cpu_set_t>() {
+        return;
+    }
+    // SAFETY: `cpu` is within the set's bits (checked above).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: pid 0 is this thread; the set outlives the call.
+    let pinned = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+    if pinned != 0 {
+        debug!(
+            "io_uring ring thread left unpinned (CPU {cpu}): {}",
+            io::Error::last_os_error()
+        );
     }
 }
 

@@ -63,6 +63,8 @@ pub struct InProcessMount {
     pub image: PathBuf,
     pub point: PathBuf,
     pub volume: Arc<Volume>,
+    /// How direct I/O data moved between requests and the engine.
+    pub direct_io: Arc<foliofs_fuse::DirectIoCounters>,
     unmounter: foliofs_fuse::Unmounter,
     server: Option<JoinHandle<foliofs::Result<()>>>,
 }
@@ -83,6 +85,7 @@ impl InProcessMount {
         let uring = matches!(mount.transport(), foliofs_fuse::transport::LiveTransport::IoUring(_));
         assert_eq!(uring, transport() == "uring", "live transport: {:?}", mount.transport());
         let volume = Arc::clone(mount.volume());
+        let direct_io = mount.direct_io_counters();
         let unmounter = mount.unmounter();
         let server = std::thread::spawn(move || mount.run());
         let started = Instant::now();
@@ -90,7 +93,7 @@ impl InProcessMount {
             assert!(started.elapsed() < Duration::from_secs(20), "mount did not appear");
             std::thread::sleep(Duration::from_millis(10));
         }
-        Self { dir: Some(dir), image, point, volume, unmounter, server: Some(server) }
+        Self { dir: Some(dir), image, point, volume, direct_io, unmounter, server: Some(server) }
     }
 
     /// Unmounts (retrying while a file just closed is still busy) and checks

@@ -12,10 +12,29 @@ pub const BUFFER_ALIGN_BYTES: usize = 4096;
 /// 4 KiB pages: 2 MiB).
 const HUGE_PAGE_BYTES: usize = 2 << 20;
 
-/// A zero-initialised, page-aligned byte buffer of fixed length.
+/// A page-aligned byte buffer of fixed length: zero-initialised memory of
+/// its own, or memory lent by another owner ([`AlignedBuf::lent`]).
 pub struct AlignedBuf {
     pointer: NonNull<u8>,
     length: usize,
+    /// The owner of lent memory, kept (and its bytes with it) until the
+    /// buffer is dropped; `None` for memory this buffer allocated.
+    lender: Option<Box<dyn LentBytes>>,
+}
+
+/// Memory its owner lends to an [`AlignedBuf`], so a direct write can go
+/// from it to the device with no staging copy (a FUSE request's payload,
+/// received in place in page-aligned memory).
+///
+/// # Safety
+///
+/// `as_mut_ptr` returns the same pointer for the whole life of the value,
+/// valid for reads and writes of `length_bytes` bytes, and nothing else reads or
+/// writes those bytes until the value is dropped: the device may transfer
+/// to or from them asynchronously until then.
+pub unsafe trait LentBytes: Send + Sync + 'static {
+    fn as_mut_ptr(&self) -> *mut u8;
+    fn length_bytes(&self) -> usize;
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
@@ -26,7 +45,7 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     pub fn zeroed(length: usize) -> Self {
         if length == 0 {
-            return Self { pointer: NonNull::dangling(), length: 0 };
+            return Self { pointer: NonNull::dangling(), length: 0, lender: None };
         }
         let layout = Self::layout(length);
         if layout.align() == HUGE_PAGE_BYTES {
@@ -40,12 +59,30 @@ impl AlignedBuf {
             unsafe { libc::madvise(raw.cast(), length, libc::MADV_HUGEPAGE) };
             // SAFETY: the allocation is valid for `length` bytes.
             unsafe { std::ptr::write_bytes(raw, 0, length) };
-            return Self { pointer, length };
+            return Self { pointer, length, lender: None };
         }
         // SAFETY: the layout has a non-zero size (checked above) and a valid alignment.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(pointer) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
-        Self { pointer, length }
+        Self { pointer, length, lender: None }
+    }
+
+    /// A buffer over lent memory, without a copy; the memory is handed back
+    /// (the lender dropped) with the buffer. Memory not aligned to
+    /// [`BUFFER_ALIGN_BYTES`], or empty, is refused and returned.
+    pub fn lent(lender: Box<dyn LentBytes>) -> Result<Self, Box<dyn LentBytes>> {
+        let (raw, length) = (lender.as_mut_ptr(), lender.length_bytes());
+        match NonNull::new(raw) {
+            Some(pointer) if length > 0 && (raw as usize).is_multiple_of(BUFFER_ALIGN_BYTES) => {
+                Ok(Self { pointer, length, lender: Some(lender) })
+            }
+            _ => Err(lender),
+        }
+    }
+
+    /// Whether the bytes are lent (no copy was made into this buffer).
+    pub fn is_lent(&self) -> bool {
+        self.lender.is_some()
     }
 
     pub fn from_slice(bytes: &[u8]) -> Self {
@@ -68,21 +105,23 @@ impl Deref for AlignedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         // SAFETY: pointer is valid for `length` initialised bytes (zeroed at
-        // allocation), or dangling with length 0, which from_raw_parts allows.
+        // allocation, or lent under the `LentBytes` contract), or dangling
+        // with length 0, which from_raw_parts allows.
         unsafe { std::slice::from_raw_parts(self.pointer.as_ptr(), self.length) }
     }
 }
 
 impl DerefMut for AlignedBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in deref, and &mut self guarantees exclusive access.
+        // SAFETY: as in deref, and &mut self guarantees exclusive access
+        // (lent bytes are the buffer's alone by the `LentBytes` contract).
         unsafe { std::slice::from_raw_parts_mut(self.pointer.as_ptr(), self.length) }
     }
 }
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if self.length != 0 {
+        if self.length != 0 && self.lender.is_none() {
             // SAFETY: allocated in `zeroed` with exactly this layout.
             unsafe { alloc::dealloc(self.pointer.as_ptr(), Self::layout(self.length)) }
         }
@@ -91,7 +130,8 @@ impl Drop for AlignedBuf {
 
 impl std::fmt::Debug for AlignedBuf {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(formatter, "AlignedBuf({} bytes)", self.length)
+        let lent = if self.is_lent() { ", lent" } else { "" };
+        write!(formatter, "AlignedBuf({} bytes{lent})", self.length)
     }
 }
 
@@ -112,5 +152,66 @@ mod tests {
             }
         }
         assert_eq!(&AlignedBuf::from_slice(b"abc")[..], b"abc");
+    }
+
+    /// Lends an owned aligned buffer and counts the lender's drops.
+    struct Lender {
+        memory: AlignedBuf,
+        dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    // SAFETY: the pointer is the owned buffer's, which never moves or
+    // changes while the lender lives, and only the borrowing AlignedBuf
+    // touches it.
+    unsafe impl LentBytes for Lender {
+        fn as_mut_ptr(&self) -> *mut u8 {
+            self.memory.pointer.as_ptr()
+        }
+        fn length_bytes(&self) -> usize {
+            self.memory.length
+        }
+    }
+
+    impl Drop for Lender {
+        fn drop(&mut self) {
+            self.dropped.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn lent_memory_is_used_in_place_and_handed_back_on_drop() {
+        let dropped = std::sync::Arc::default();
+        let memory = AlignedBuf::from_slice(&[7u8; 4096]);
+        let address = memory.as_ptr();
+        let lender = Lender { memory, dropped: std::sync::Arc::clone(&dropped) };
+        let Ok(mut buffer) = AlignedBuf::lent(Box::new(lender)) else {
+            panic!("aligned memory refused")
+        };
+        assert!(buffer.is_lent());
+        assert_eq!(buffer.as_ptr(), address, "no copy");
+        assert!(buffer.iter().all(|&byte| byte == 7));
+        buffer[0] = 1;
+        assert_eq!(buffer[0], 1);
+        assert_eq!(dropped.load(std::sync::atomic::Ordering::SeqCst), 0);
+        drop(buffer);
+        assert_eq!(dropped.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn unaligned_or_empty_memory_is_not_lent() {
+        struct Offset(AlignedBuf, usize);
+        // SAFETY: as for Lender; the offset stays inside the owned buffer.
+        unsafe impl LentBytes for Offset {
+            fn as_mut_ptr(&self) -> *mut u8 {
+                // SAFETY: the offset is below the buffer's length.
+                unsafe { self.0.pointer.as_ptr().add(self.1) }
+            }
+            fn length_bytes(&self) -> usize {
+                self.0.length - self.1
+            }
+        }
+        assert!(AlignedBuf::lent(Box::new(Offset(AlignedBuf::zeroed(8192), 512))).is_err());
+        assert!(AlignedBuf::lent(Box::new(Offset(AlignedBuf::zeroed(4096), 4096))).is_err());
+        assert!(AlignedBuf::lent(Box::new(Offset(AlignedBuf::zeroed(8192), 4096))).is_ok());
     }
 }

@@ -14,7 +14,7 @@ mod sys;
 mod threads;
 mod uring;
 
-pub use aligned::{AlignedBuf, BUFFER_ALIGN_BYTES};
+pub use aligned::{AlignedBuf, LentBytes, BUFFER_ALIGN_BYTES};
 pub use fault::FaultDev;
 pub(crate) use sys::{effective_ids, physical_memory_bytes};
 
