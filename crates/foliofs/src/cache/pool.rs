@@ -35,9 +35,35 @@ pub const SLAB_BYTES: usize = 2 << 20;
 /// at most this.
 const KEPT_BYTES_ALWAYS_MAX: u64 = 256 << 20;
 
-/// One slab's memory: `SLAB_BYTES`, aligned to it, zeroed at allocation.
+/// Slab mappings whose pool let go of them, for the next slab of any pool
+/// in the process (their old bytes are initialised memory, and a piece's
+/// contents are unspecified anyway). A process that opens volumes one after
+/// another otherwise maps and populates fresh slabs for each and unmaps them
+/// at close: the crash checker, which mounts every crash image four times,
+/// spent half its time there.
+static FREE_SLABS: FreeSlabs = FreeSlabs::new(32);
+
+struct FreeSlabs {
+    addresses: std::sync::Mutex<Vec<usize>>,
+    count_max: usize,
+}
+
+impl FreeSlabs {
+    const fn new(count_max: usize) -> Self {
+        Self { addresses: std::sync::Mutex::new(Vec::new()), count_max }
+    }
+
+    fn addresses(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        self.addresses.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+}
+
+/// One slab's memory: `SLAB_BYTES`, aligned to it, initialised (zeroed when
+/// mapped, or a freed slab's old bytes).
 struct SlabMemory {
     pointer: NonNull<u8>,
+    /// Where it goes when freed.
+    free_slabs: &'static FreeSlabs,
 }
 
 // SAFETY: SlabMemory owns its allocation; which bytes each piece may touch
@@ -47,7 +73,11 @@ unsafe impl Send for SlabMemory {}
 unsafe impl Sync for SlabMemory {}
 
 impl SlabMemory {
-    fn new() -> Self {
+    fn new(free_slabs: &'static FreeSlabs) -> Self {
+        if let Some(address) = free_slabs.addresses().pop() {
+            let pointer = NonNull::new(address as *mut u8).expect("mapped slabs");
+            return Self { pointer, free_slabs };
+        }
         // SAFETY: an anonymous private mapping of SLAB_BYTES at an address of
         // the kernel's choosing; it touches no existing memory.
         let raw = unsafe {
@@ -68,7 +98,7 @@ impl SlabMemory {
         // small file's create + write; a huge page cleared on first touch
         // stalled the writer for milliseconds on this VM). Anonymous pages
         // are zero-filled, so the slab is initialised memory.
-        Self { pointer: NonNull::new(raw.cast()).expect("mmap returned a mapping") }
+        Self { pointer: NonNull::new(raw.cast()).expect("mmap returned a mapping"), free_slabs }
     }
 
     fn address(&self) -> usize {
@@ -78,6 +108,12 @@ impl SlabMemory {
 
 impl Drop for SlabMemory {
     fn drop(&mut self) {
+        let mut freed = self.free_slabs.addresses();
+        if freed.len() < self.free_slabs.count_max {
+            freed.push(self.address());
+            return;
+        }
+        drop(freed);
         // SAFETY: the mapping made in `new`, of exactly SLAB_BYTES; no piece
         // of it is in use (each piece holds the Arc that owns this).
         unsafe { libc::munmap(self.pointer.as_ptr().cast(), SLAB_BYTES) };
@@ -113,7 +149,7 @@ impl Deref for FolioMemory {
             MemoryKind::Whole(buffer) => buffer,
             // SAFETY: the piece lies inside the slab (the pool carves pieces
             // at multiples of their length below SLAB_BYTES), the slab is
-            // initialised (zeroed when allocated) and kept alive by the Arc,
+            // initialised (see SlabMemory) and kept alive by the Arc,
             // and the pool hands each piece to one FolioMemory at a time.
             MemoryKind::Piece { slab, offset, length } => unsafe {
                 std::slice::from_raw_parts(slab.pointer.as_ptr().add(*offset), *length)
@@ -246,7 +282,7 @@ impl BufferPool {
         if state.slabs_with_room[class].is_empty() {
             // Allocated (and zeroed) outside the lock: it faults in 2 MiB.
             drop(state);
-            let memory = Arc::new(SlabMemory::new());
+            let memory = Arc::new(SlabMemory::new(&FREE_SLABS));
             state = self.state.lock();
             let address = memory.address();
             let slab =
@@ -400,6 +436,23 @@ mod tests {
     }
 
     #[test]
+    fn freed_slabs_are_mapped_again_up_to_a_limit() {
+        let free_slabs: &'static FreeSlabs = Box::leak(Box::new(FreeSlabs::new(1)));
+        let first = SlabMemory::new(free_slabs);
+        let second = SlabMemory::new(free_slabs);
+        let first_address = first.address();
+        drop(first);
+        drop(second);
+        assert_eq!(*free_slabs.addresses(), vec![first_address], "one kept, one unmapped");
+        let again = SlabMemory::new(free_slabs);
+        assert_eq!(again.address(), first_address, "the kept slab comes back");
+        assert!(free_slabs.addresses().is_empty());
+        let fresh = SlabMemory::new(free_slabs);
+        drop((again, fresh));
+        assert_eq!(free_slabs.addresses().len(), 1);
+    }
+
+    #[test]
     fn small_folios_are_aligned_pieces_of_shared_slabs() {
         let pool = BufferPool::new(0);
         let per_slab = SLAB_BYTES / 4096;
@@ -416,7 +469,6 @@ mod tests {
         assert_eq!(addresses.len(), per_slab, "no two pieces share memory");
         let small = pool.take(512);
         assert_eq!(small.as_ptr() as usize % 512, 0);
-        assert!(small.iter().all(|&byte| byte == 0), "fresh slabs are zeroed");
         assert_eq!(pool.slab_bytes(), 2 * SLAB_BYTES as u64, "one slab per size");
         let freed_address = pieces[7].as_ptr() as usize;
         pool.give(pieces.swap_remove(7));
