@@ -80,7 +80,15 @@ pub fn open_image(
     image: Vec<u8>,
     options: &VolumeOptions,
 ) -> foliofs::Result<(Arc<FaultDev>, Volume)> {
-    let raw = Arc::new(FaultDev::from_image(image, SECTOR_BYTES));
+    open_shared_image(Arc::new(image), options)
+}
+
+/// Opens a volume over `image`, shared until the volume first writes.
+pub fn open_shared_image(
+    image: Arc<Vec<u8>>,
+    options: &VolumeOptions,
+) -> foliofs::Result<(Arc<FaultDev>, Volume)> {
+    let raw = Arc::new(FaultDev::from_shared_image(image, SECTOR_BYTES));
     let volume = open_raw(&raw, options)?;
     Ok((raw, volume))
 }

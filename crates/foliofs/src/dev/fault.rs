@@ -151,9 +151,12 @@ impl FaultRule {
 
 struct State {
     /// The image when recording started.
-    base: Vec<u8>,
-    /// What reads see now.
-    current: Vec<u8>,
+    base: Arc<Vec<u8>>,
+    /// What reads see now. Shared with `base` (and with other devices made
+    /// from the same image) until the first write copies it: the crash
+    /// checker opens several devices on every crash image, most of them
+    /// only to read.
+    current: Arc<Vec<u8>>,
     log: Vec<LogEntry>,
     rules: Vec<FaultRule>,
     /// Every request fails once the device is marked dead (after a simulated crash).
@@ -179,10 +182,15 @@ impl FaultDev {
 
     /// A device holding `image`; recording starts from it.
     pub fn from_image(image: Vec<u8>, logical_block_bytes: u32) -> Self {
+        Self::from_shared_image(Arc::new(image), logical_block_bytes)
+    }
+
+    /// A device holding `image`, which it copies only when first written.
+    pub fn from_shared_image(image: Arc<Vec<u8>>, logical_block_bytes: u32) -> Self {
         assert!(logical_block_bytes.is_power_of_two());
         assert_eq!(image.len() % logical_block_bytes as usize, 0);
         let state = State {
-            base: image.clone(),
+            base: Arc::clone(&image),
             current: image,
             log: Vec::new(),
             rules: Vec::new(),
@@ -228,7 +236,12 @@ impl FaultDev {
 
     /// The current contents (what a read returns).
     pub fn image(&self) -> Vec<u8> {
-        self.state.lock().current.clone()
+        self.state.lock().current.to_vec()
+    }
+
+    /// The current contents, shared (copied by whoever writes first).
+    pub fn shared_image(&self) -> Arc<Vec<u8>> {
+        Arc::clone(&self.state.lock().current)
     }
 
     pub fn log(&self) -> Vec<LogEntry> {
@@ -242,7 +255,7 @@ impl FaultDev {
     /// Drops the history: the current image becomes the base.
     pub fn reset_log(&self) {
         let mut state = self.state.lock();
-        state.base = state.current.clone();
+        state.base = Arc::clone(&state.current);
         state.log.clear();
     }
 
@@ -283,7 +296,7 @@ impl FaultDev {
         let entries = &state.log[..cut.min(state.log.len())];
         let durable_end =
             entries.iter().rposition(|entry| *entry == LogEntry::Flush).map_or(0, |i| i + 1);
-        let mut image = state.base.clone();
+        let mut image = state.base.to_vec();
         for (index, entry) in entries.iter().enumerate() {
             let LogEntry::Write { offset, data, fua } = entry else {
                 continue;
@@ -328,13 +341,13 @@ fn drop_volatile_writes(state: &mut State) {
         keep
     });
     state.writes_dropped += (before - state.log.len()) as u64;
-    let mut image = state.base.clone();
+    let mut image = state.base.to_vec();
     for entry in &state.log {
         if let LogEntry::Write { offset, data, .. } = entry {
             apply_write(&mut image, *offset, data, &Keep::All);
         }
     }
-    state.current = image;
+    state.current = Arc::new(image);
 }
 
 fn apply_write(image: &mut [u8], offset: u64, data: &[u8], keep: &Keep) {
@@ -377,7 +390,8 @@ impl RawDev for FaultDev {
         if offset as usize + data.len() > state.current.len() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "write past the end"));
         }
-        apply_write(&mut state.current, offset, &data, &Keep::All);
+        let current: &mut Vec<u8> = Arc::make_mut(&mut state.current);
+        apply_write(current, offset, &data, &Keep::All);
         state.log.push(LogEntry::Write { offset, data: data.into(), fua });
         Ok(())
     }
@@ -413,6 +427,20 @@ mod tests {
 
     fn write(device: &FaultDev, offset: u64, byte: u8, length: usize, fua: bool) {
         device.write_at(offset, &[IoSlice::new(&vec![byte; length])], fua).unwrap();
+    }
+
+    #[test]
+    fn devices_share_an_image_until_they_write() {
+        let image = Arc::new(vec![7u8; 4096]);
+        let reader = FaultDev::from_shared_image(Arc::clone(&image), 512);
+        let writer = FaultDev::from_shared_image(Arc::clone(&image), 512);
+        let mut buffer = [0u8; 512];
+        reader.read_at(0, &mut [IoSliceMut::new(&mut buffer)]).unwrap();
+        assert!(Arc::ptr_eq(&reader.shared_image(), &image), "reading copies nothing");
+        write(&writer, 512, 9, 512, false);
+        assert!(!Arc::ptr_eq(&writer.shared_image(), &image), "the first write copies");
+        assert_eq!((writer.image()[512], image[512], reader.image()[512]), (9, 7, 7));
+        assert_eq!(writer.crash_image(writer.log_len(), &|_| Keep::Nothing)[512], 7);
     }
 
     #[test]
