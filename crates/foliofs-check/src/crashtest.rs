@@ -34,7 +34,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use foliofs::dev::fault::{Keep, LogEntry, TEAR_SECTOR_BYTES};
+use foliofs::dev::fault::{CowImage, Keep, LogEntry, TEAR_SECTOR_BYTES};
 use foliofs::dev::{Device, FaultDev, FuaMode};
 use foliofs::{InodeKind, VolumeOptions};
 use rand::{RngExt, SeedableRng};
@@ -44,7 +44,7 @@ use crate::model::{read_tree, read_tree_xattrs, subtree, tree_diff, Tree};
 use crate::workload::{
     LiveFailure, Op, Span, SpanKind, ThreadModel, Workload, WorkloadConfig, Xattrs,
 };
-use crate::{mix, open_image, open_shared_image, SECTOR_BYTES};
+use crate::{mix, open_cow_image, SECTOR_BYTES};
 
 /// How thoroughly each workload is crashed.
 #[derive(Debug, Clone, Copy)]
@@ -273,8 +273,9 @@ pub fn check_workload(
             }
         }
         for choice in choices {
-            let image = device
-                .crash_image(cut, &|index| choice.get(&index).cloned().unwrap_or(Keep::Nothing));
+            let image = device.crash_cow_image(cut, &|index| {
+                choice.get(&index).cloned().unwrap_or(Keep::Nothing)
+            });
             stats.images += 1;
             check_image(workload, cut, image).map_err(|message| Violation {
                 cut: Some(cut),
@@ -291,11 +292,10 @@ fn read_only(workload: &Workload) -> VolumeOptions {
 }
 
 /// One crash image: fsck, mounts, replays, then the model.
-fn check_image(workload: &Workload, cut: usize, image: Vec<u8>) -> Result<(), String> {
-    // One copy of the image for every device on it (each copies it only if
-    // it writes: the writable mount).
-    let image = Arc::new(image);
-    let raw = Arc::new(FaultDev::from_shared_image(Arc::clone(&image), SECTOR_BYTES));
+fn check_image(workload: &Workload, cut: usize, image: CowImage) -> Result<(), String> {
+    // Every device on the image shares its chunks (the writable mount
+    // copies those it writes).
+    let raw = Arc::new(FaultDev::from_cow_image(image.clone(), SECTOR_BYTES));
     let fsck = foliofs::fsck::check(Arc::new(Device::new(raw, FuaMode::Native)));
     if !fsck.is_clean() {
         return Err(format!("fsck: {:?}", fsck.problems));
@@ -303,7 +303,7 @@ fn check_image(workload: &Workload, cut: usize, image: Vec<u8>) -> Result<(), St
     let ballast = workload.ballast.1;
     let skip = HashSet::from([ballast]);
     let (full, xattrs) = {
-        let (_, volume) = open_shared_image(Arc::clone(&image), &read_only(workload))
+        let (_, volume) = open_cow_image(image.clone(), &read_only(workload))
             .map_err(|error| format!("mount: {error}"))?;
         let tree = read_tree(&volume, &HashSet::new())?;
         let xattrs = read_tree_xattrs(&volume, &tree)?;
@@ -325,7 +325,7 @@ fn check_image(workload: &Workload, cut: usize, image: Vec<u8>) -> Result<(), St
         })
         .collect();
     // Recovery by a writable mount (which frees orphans and may write).
-    let (recovered_raw, recovered) = open_shared_image(image, &workload.config.volume_options())
+    let (recovered_raw, recovered) = open_cow_image(image, &workload.config.volume_options())
         .map_err(|error| format!("writable mount: {error}"))?;
     let seen = read_tree(&recovered, &skip)?;
     if seen != first {
@@ -333,8 +333,8 @@ fn check_image(workload: &Workload, cut: usize, image: Vec<u8>) -> Result<(), St
     }
     same_xattrs(&recovered, "on the writable mount")?;
     // A crash right after the recovery mount: only what it made durable.
-    let again = recovered_raw.crash_image(recovered_raw.log_len(), &|_| Keep::Nothing);
-    let (_, volume) = open_image(again, &read_only(workload))
+    let again = recovered_raw.crash_cow_image(recovered_raw.log_len(), &|_| Keep::Nothing);
+    let (_, volume) = open_cow_image(again, &read_only(workload))
         .map_err(|error| format!("mount after a crash during recovery: {error}"))?;
     let seen = read_tree(&volume, &skip)?;
     if seen != first {
@@ -346,7 +346,7 @@ fn check_image(workload: &Workload, cut: usize, image: Vec<u8>) -> Result<(), St
     same_xattrs(&volume, "replaying again after recovery")?;
     drop(volume);
     recovered.close().map_err(|error| format!("closing the recovered volume: {error}"))?;
-    let (_, volume) = open_shared_image(recovered_raw.shared_image(), &read_only(workload))
+    let (_, volume) = open_cow_image(recovered_raw.cow_image(), &read_only(workload))
         .map_err(|error| format!("mount after recovery and close: {error}"))?;
     let seen = read_tree(&volume, &skip)?;
     if seen != first {

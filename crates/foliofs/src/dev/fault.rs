@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+pub use super::cow_image::CowImage;
 use super::{run_blocking, DevCallback, DevRequest, RawDev};
 
 /// Bytes of the unit that a torn write keeps or loses as a whole.
@@ -151,12 +152,12 @@ impl FaultRule {
 
 struct State {
     /// The image when recording started.
-    base: Arc<Vec<u8>>,
-    /// What reads see now. Shared with `base` (and with other devices made
-    /// from the same image) until the first write copies it: the crash
+    base: CowImage,
+    /// What reads see now. Shares its chunks with `base` (and with other
+    /// devices made from the same image) until writes copy them: the crash
     /// checker opens several devices on every crash image, most of them
     /// only to read.
-    current: Arc<Vec<u8>>,
+    current: CowImage,
     log: Vec<LogEntry>,
     rules: Vec<FaultRule>,
     /// Every request fails once the device is marked dead (after a simulated crash).
@@ -182,15 +183,15 @@ impl FaultDev {
 
     /// A device holding `image`; recording starts from it.
     pub fn from_image(image: Vec<u8>, logical_block_bytes: u32) -> Self {
-        Self::from_shared_image(Arc::new(image), logical_block_bytes)
+        Self::from_cow_image(CowImage::from_bytes(&image), logical_block_bytes)
     }
 
-    /// A device holding `image`, which it copies only when first written.
-    pub fn from_shared_image(image: Arc<Vec<u8>>, logical_block_bytes: u32) -> Self {
+    /// A device holding `image`, sharing its chunks until it writes them.
+    pub fn from_cow_image(image: CowImage, logical_block_bytes: u32) -> Self {
         assert!(logical_block_bytes.is_power_of_two());
         assert_eq!(image.len() % logical_block_bytes as usize, 0);
         let state = State {
-            base: Arc::clone(&image),
+            base: image.clone(),
             current: image,
             log: Vec::new(),
             rules: Vec::new(),
@@ -239,9 +240,9 @@ impl FaultDev {
         self.state.lock().current.to_vec()
     }
 
-    /// The current contents, shared (copied by whoever writes first).
-    pub fn shared_image(&self) -> Arc<Vec<u8>> {
-        Arc::clone(&self.state.lock().current)
+    /// The current contents, sharing their chunks with the device.
+    pub fn cow_image(&self) -> CowImage {
+        self.state.lock().current.clone()
     }
 
     pub fn log(&self) -> Vec<LogEntry> {
@@ -255,7 +256,7 @@ impl FaultDev {
     /// Drops the history: the current image becomes the base.
     pub fn reset_log(&self) {
         let mut state = self.state.lock();
-        state.base = Arc::clone(&state.current);
+        state.base = state.current.clone();
         state.log.clear();
     }
 
@@ -292,11 +293,16 @@ impl FaultDev {
     /// of each unflushed plain write what `keep` says (durable writes are
     /// always kept).
     pub fn crash_image(&self, cut: usize, keep: &dyn Fn(usize) -> Keep) -> Vec<u8> {
+        self.crash_cow_image(cut, keep).to_vec()
+    }
+
+    /// `crash_image`, sharing the chunks no write after the base touched.
+    pub fn crash_cow_image(&self, cut: usize, keep: &dyn Fn(usize) -> Keep) -> CowImage {
         let state = self.state.lock();
         let entries = &state.log[..cut.min(state.log.len())];
         let durable_end =
             entries.iter().rposition(|entry| *entry == LogEntry::Flush).map_or(0, |i| i + 1);
-        let mut image = state.base.to_vec();
+        let mut image = state.base.clone();
         for (index, entry) in entries.iter().enumerate() {
             let LogEntry::Write { offset, data, fua } = entry else {
                 continue;
@@ -341,25 +347,24 @@ fn drop_volatile_writes(state: &mut State) {
         keep
     });
     state.writes_dropped += (before - state.log.len()) as u64;
-    let mut image = state.base.to_vec();
+    let mut image = state.base.clone();
     for entry in &state.log {
         if let LogEntry::Write { offset, data, .. } = entry {
             apply_write(&mut image, *offset, data, &Keep::All);
         }
     }
-    state.current = Arc::new(image);
+    state.current = image;
 }
 
-fn apply_write(image: &mut [u8], offset: u64, data: &[u8], keep: &Keep) {
+fn apply_write(image: &mut CowImage, offset: u64, data: &[u8], keep: &Keep) {
     let start = offset as usize;
     match keep {
-        Keep::All => image[start..start + data.len()].copy_from_slice(data),
+        Keep::All => image.write(start, data),
         Keep::Nothing => {}
         Keep::Sectors(sectors) => {
             for (index, chunk) in data.chunks(TEAR_SECTOR_BYTES).enumerate() {
                 if sectors.get(index).copied().unwrap_or(false) {
-                    let at = start + index * TEAR_SECTOR_BYTES;
-                    image[at..at + chunk.len()].copy_from_slice(chunk);
+                    image.write(start + index * TEAR_SECTOR_BYTES, chunk);
                 }
             }
         }
@@ -376,9 +381,8 @@ impl RawDev for FaultDev {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end"));
         }
         for buffer in buffers.iter_mut() {
-            let length = buffer.len();
-            buffer.copy_from_slice(&state.current[position..position + length]);
-            position += length;
+            state.current.read(position, buffer);
+            position += buffer.len();
         }
         Ok(())
     }
@@ -390,8 +394,7 @@ impl RawDev for FaultDev {
         if offset as usize + data.len() > state.current.len() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "write past the end"));
         }
-        let current: &mut Vec<u8> = Arc::make_mut(&mut state.current);
-        apply_write(current, offset, &data, &Keep::All);
+        apply_write(&mut state.current, offset, &data, &Keep::All);
         state.log.push(LogEntry::Write { offset, data: data.into(), fua });
         Ok(())
     }
@@ -431,16 +434,18 @@ mod tests {
 
     #[test]
     fn devices_share_an_image_until_they_write() {
-        let image = Arc::new(vec![7u8; 4096]);
-        let reader = FaultDev::from_shared_image(Arc::clone(&image), 512);
-        let writer = FaultDev::from_shared_image(Arc::clone(&image), 512);
+        let image = CowImage::from_bytes(&[7u8; 4096]);
+        let reader = FaultDev::from_cow_image(image.clone(), 512);
+        let writer = FaultDev::from_cow_image(image.clone(), 512);
         let mut buffer = [0u8; 512];
         reader.read_at(0, &mut [IoSliceMut::new(&mut buffer)]).unwrap();
-        assert!(Arc::ptr_eq(&reader.shared_image(), &image), "reading copies nothing");
+        assert!(reader.cow_image().shares_all_chunks_with(&image), "reading copies nothing");
         write(&writer, 512, 9, 512, false);
-        assert!(!Arc::ptr_eq(&writer.shared_image(), &image), "the first write copies");
-        assert_eq!((writer.image()[512], image[512], reader.image()[512]), (9, 7, 7));
-        assert_eq!(writer.crash_image(writer.log_len(), &|_| Keep::Nothing)[512], 7);
+        assert!(!writer.cow_image().shares_all_chunks_with(&image), "a write copies");
+        assert_eq!((writer.image()[512], image.to_vec()[512], reader.image()[512]), (9, 7, 7));
+        let crashed = writer.crash_cow_image(writer.log_len(), &|_| Keep::Nothing);
+        assert!(crashed.shares_all_chunks_with(&image), "nothing kept: the base as it was");
+        assert_eq!(writer.crash_image(writer.log_len(), &|_| Keep::All)[512], 9);
     }
 
     #[test]
