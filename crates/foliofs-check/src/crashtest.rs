@@ -34,7 +34,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use foliofs::dev::fault::{Keep, LogEntry, TEAR_SECTOR_BYTES};
+use foliofs::dev::fault::{CowImage, Keep, LogEntry, TEAR_SECTOR_BYTES};
 use foliofs::dev::{Device, FaultDev, FuaMode};
 use foliofs::{InodeKind, VolumeOptions};
 use rand::{RngExt, SeedableRng};
@@ -44,7 +44,7 @@ use crate::model::{read_tree, read_tree_xattrs, subtree, tree_diff, Tree};
 use crate::workload::{
     LiveFailure, Op, Span, SpanKind, ThreadModel, Workload, WorkloadConfig, Xattrs,
 };
-use crate::{mix, open_image, SECTOR_BYTES};
+use crate::{mix, open_cow_image, SECTOR_BYTES};
 
 /// How thoroughly each workload is crashed.
 #[derive(Debug, Clone, Copy)]
@@ -273,8 +273,9 @@ pub fn check_workload(
             }
         }
         for choice in choices {
-            let image = device
-                .crash_image(cut, &|index| choice.get(&index).cloned().unwrap_or(Keep::Nothing));
+            let image = device.crash_cow_image(cut, &|index| {
+                choice.get(&index).cloned().unwrap_or(Keep::Nothing)
+            });
             stats.images += 1;
             check_image(workload, cut, image).map_err(|message| Violation {
                 cut: Some(cut),
@@ -291,8 +292,10 @@ fn read_only(workload: &Workload) -> VolumeOptions {
 }
 
 /// One crash image: fsck, mounts, replays, then the model.
-fn check_image(workload: &Workload, cut: usize, image: Vec<u8>) -> Result<(), String> {
-    let raw = Arc::new(FaultDev::from_image(image.clone(), SECTOR_BYTES));
+fn check_image(workload: &Workload, cut: usize, image: CowImage) -> Result<(), String> {
+    // Every device on the image shares its chunks (the writable mount
+    // copies those it writes).
+    let raw = Arc::new(FaultDev::from_cow_image(image.clone(), SECTOR_BYTES));
     let fsck = foliofs::fsck::check(Arc::new(Device::new(raw, FuaMode::Native)));
     if !fsck.is_clean() {
         return Err(format!("fsck: {:?}", fsck.problems));
@@ -300,7 +303,7 @@ fn check_image(workload: &Workload, cut: usize, image: Vec<u8>) -> Result<(), St
     let ballast = workload.ballast.1;
     let skip = HashSet::from([ballast]);
     let (full, xattrs) = {
-        let (_, volume) = open_image(image.clone(), &read_only(workload))
+        let (_, volume) = open_cow_image(image.clone(), &read_only(workload))
             .map_err(|error| format!("mount: {error}"))?;
         let tree = read_tree(&volume, &HashSet::new())?;
         let xattrs = read_tree_xattrs(&volume, &tree)?;
@@ -312,12 +315,17 @@ fn check_image(workload: &Workload, cut: usize, image: Vec<u8>) -> Result<(), St
         }
         Ok(())
     };
-    let mut first = full.clone();
-    if let Some(entry) = first.get_mut(&workload.ballast.0) {
-        entry.2.clear();
-    }
+    // What the later mounts must read: the tree, the ballast's content
+    // skipped (as they read it).
+    let first: Tree = full
+        .iter()
+        .map(|(path, (ino, kind, content))| {
+            let content = if *path == workload.ballast.0 { Vec::new() } else { content.clone() };
+            (path.clone(), (*ino, *kind, content))
+        })
+        .collect();
     // Recovery by a writable mount (which frees orphans and may write).
-    let (recovered_raw, recovered) = open_image(image, &workload.config.volume_options())
+    let (recovered_raw, recovered) = open_cow_image(image, &workload.config.volume_options())
         .map_err(|error| format!("writable mount: {error}"))?;
     let seen = read_tree(&recovered, &skip)?;
     if seen != first {
@@ -325,8 +333,8 @@ fn check_image(workload: &Workload, cut: usize, image: Vec<u8>) -> Result<(), St
     }
     same_xattrs(&recovered, "on the writable mount")?;
     // A crash right after the recovery mount: only what it made durable.
-    let again = recovered_raw.crash_image(recovered_raw.log_len(), &|_| Keep::Nothing);
-    let (_, volume) = open_image(again, &read_only(workload))
+    let again = recovered_raw.crash_cow_image(recovered_raw.log_len(), &|_| Keep::Nothing);
+    let (_, volume) = open_cow_image(again, &read_only(workload))
         .map_err(|error| format!("mount after a crash during recovery: {error}"))?;
     let seen = read_tree(&volume, &skip)?;
     if seen != first {
@@ -338,7 +346,7 @@ fn check_image(workload: &Workload, cut: usize, image: Vec<u8>) -> Result<(), St
     same_xattrs(&volume, "replaying again after recovery")?;
     drop(volume);
     recovered.close().map_err(|error| format!("closing the recovered volume: {error}"))?;
-    let (_, volume) = open_image(recovered_raw.image(), &read_only(workload))
+    let (_, volume) = open_cow_image(recovered_raw.cow_image(), &read_only(workload))
         .map_err(|error| format!("mount after recovery and close: {error}"))?;
     let seen = read_tree(&volume, &skip)?;
     if seen != first {
@@ -419,8 +427,7 @@ fn check_against_model(
                 .filter(own)
                 .any(|later| later.op_index > span.op_index && later.log_start < cut);
             if !later_started {
-                let mut found = subtree(tree, &thread.base);
-                found.remove(ballast_path);
+                let found = subtree(tree, &thread.base, Some(ballast_path));
                 if &found != expected {
                     return Err(format!(
                         "thread {}: the tree after {} (op {}) differs: {}",
@@ -587,8 +594,7 @@ fn check_namespace(
             reason = format!("thread {} op {} ({})", span.thread, span.op_index, span.description);
         }
     }
-    let mut found = subtree(tree, &thread.base);
-    found.remove(&workload.ballast.0);
+    let mut found = subtree(tree, &thread.base, Some(&workload.ballast.0));
     for (_, kind, content) in found.values_mut() {
         if *kind == InodeKind::File {
             content.clear();

@@ -21,6 +21,7 @@ pub mod workload;
 
 use std::sync::Arc;
 
+use foliofs::dev::fault::CowImage;
 use foliofs::dev::{Device, FaultDev, FuaMode};
 use foliofs::vfs::MkfsOptions;
 use foliofs::{Owner, Volume, VolumeOptions};
@@ -80,7 +81,15 @@ pub fn open_image(
     image: Vec<u8>,
     options: &VolumeOptions,
 ) -> foliofs::Result<(Arc<FaultDev>, Volume)> {
-    let raw = Arc::new(FaultDev::from_image(image, SECTOR_BYTES));
+    open_cow_image(CowImage::from_bytes(&image), options)
+}
+
+/// Opens a volume over `image`, whose chunks it shares until it writes them.
+pub fn open_cow_image(
+    image: CowImage,
+    options: &VolumeOptions,
+) -> foliofs::Result<(Arc<FaultDev>, Volume)> {
+    let raw = Arc::new(FaultDev::from_cow_image(image, SECTOR_BYTES));
     let volume = open_raw(&raw, options)?;
     Ok((raw, volume))
 }

@@ -174,14 +174,14 @@ pub fn tree_diff(expected: &Tree, found: &Tree) -> String {
     format!("extra entries {extra:?}")
 }
 
-/// The entries of `tree` at or under `base` ("" is everything).
-pub fn subtree(tree: &Tree, base: &str) -> Tree {
-    if base.is_empty() {
-        return tree.clone();
-    }
+/// The entries of `tree` at or under `base` ("" is everything) but the one
+/// at `except` (never copied: the crash checker's ballast file is most of
+/// the volume).
+pub fn subtree(tree: &Tree, base: &str, except: Option<&str>) -> Tree {
     let prefix = format!("{base}/");
     tree.iter()
-        .filter(|(path, _)| path.as_str() == base || path.starts_with(&prefix))
+        .filter(|(path, _)| base.is_empty() || path.as_str() == base || path.starts_with(&prefix))
+        .filter(|(path, _)| Some(path.as_str()) != except)
         .map(|(path, entry)| (path.clone(), entry.clone()))
         .collect()
 }

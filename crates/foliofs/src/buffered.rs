@@ -220,6 +220,7 @@ pub fn write(engine: &Engine, inode: &Arc<InodeCache>, data: &[u8], pos: u64) ->
         .checked_add(total)
         .ok_or_else(|| Error::FileTooLarge(format!("inode {}", inode.ino)))?;
     let stream_bytes = inode.write_folio_bytes(pos, total, engine.cache.policy().folio_max_bytes);
+    engine.cache.recycle_behind_stream(inode, pos, total);
     let mut done = 0u64;
     while done < total {
         let at = pos + done;

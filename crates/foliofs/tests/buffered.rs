@@ -137,6 +137,7 @@ block_size_tests!(
     a_full_volume_fails_the_write_not_the_writeback,
     writeback_errors_reach_every_handle_once_and_data_is_retried,
     writes_larger_than_the_cache_survive_remount,
+    a_long_stream_recycles_its_folios_behind_it,
     a_small_write_into_a_new_file_makes_a_small_folio,
     sequential_writes_grow_folios_up_to_folio_max,
     many_small_files_stay_within_twice_their_data,
@@ -420,6 +421,55 @@ fn writes_larger_than_the_cache_survive_remount(block_bytes: u32) {
     let cached_bytes = volume.cache_stats().cached_bytes;
     assert!(cached_bytes <= 3 << 20, "the cache stayed near its limit: {cached_bytes}");
     drop(file);
+    volume.close().unwrap();
+    let (_, volume) = open_image_with(device.image(), &options).unwrap();
+    assert!(read_all(&volume, ino) == data);
+}
+
+fn cached_bytes_of(volume: &Volume, ino: u64) -> u64 {
+    volume.cached_folios(ino).iter().map(|&(_, bytes)| bytes as u64).sum()
+}
+
+/// A sequential stream longer than the dirty limit drops its written-back
+/// folios far behind it, reusing their memory for its next ones, instead of
+/// growing the cache with fresh memory; its last `dirty_limit` bytes stay
+/// cached, and a file within the dirty limit stays cached whole.
+fn a_long_stream_recycles_its_folios_behind_it(block_bytes: u32) {
+    let options =
+        options_with("cache_bytes=64M,dirty_bytes=4M,folio_max=1M,writeback_interval_ms=0");
+    let (device, volume) = new_volume_with_options(128 << 20, block_bytes, None, &options);
+    let small = create(&volume, "small");
+    let small_data = pattern(5, 3 << 20);
+    let file = volume.open_file(small, OpenFlags::WRITE).unwrap();
+    for (index, chunk) in small_data.chunks(256 << 10).enumerate() {
+        file.write_at(chunk, index as u64 * (256 << 10)).unwrap();
+    }
+    file.fsync().unwrap();
+    drop(file);
+    let ino = create(&volume, "stream");
+    let data = pattern(6, 32 << 20);
+    let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    for (index, chunk) in data.chunks(1 << 20).enumerate() {
+        file.write_at(chunk, index as u64 * (1 << 20)).unwrap();
+        if index % 2 == 1 {
+            file.fsync().unwrap();
+        }
+    }
+    let stream_cached_bytes = cached_bytes_of(&volume, ino);
+    assert!(stream_cached_bytes <= 6 << 20, "the stream keeps {stream_cached_bytes} bytes cached");
+    let first_cached = volume.cached_folios(ino)[0].0;
+    assert!(first_cached >= 26 << 20, "the stream's tail stays cached, from {first_cached}");
+    assert_eq!(cached_bytes_of(&volume, small), 3 << 20, "the small file stays cached");
+    let stats = volume.cache_stats();
+    assert!(
+        stats.folios_allocated <= 16,
+        "{} folios of fresh memory for {} reused",
+        stats.folios_allocated,
+        stats.folios_reused
+    );
+    drop(file);
+    assert!(read_all(&volume, ino) == data);
+    assert!(read_all(&volume, small) == small_data);
     volume.close().unwrap();
     let (_, volume) = open_image_with(device.image(), &options).unwrap();
     assert!(read_all(&volume, ino) == data);

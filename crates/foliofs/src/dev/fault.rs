@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+pub use super::cow_image::CowImage;
 use super::{run_blocking, DevCallback, DevRequest, DiscardMode, RawDev};
 
 /// What trimmed blocks read as: no file ever holds it by accident.
@@ -160,9 +161,12 @@ impl FaultRule {
 
 struct State {
     /// The image when recording started.
-    base: Vec<u8>,
-    /// What reads see now.
-    current: Vec<u8>,
+    base: CowImage,
+    /// What reads see now. Shares its chunks with `base` (and with other
+    /// devices made from the same image) until writes copy them: the crash
+    /// checker opens several devices on every crash image, most of them
+    /// only to read.
+    current: CowImage,
     log: Vec<LogEntry>,
     rules: Vec<FaultRule>,
     /// Every request fails once the device is marked dead (after a simulated crash).
@@ -189,6 +193,11 @@ impl FaultDev {
 
     /// A device holding `image`; recording starts from it.
     pub fn from_image(image: Vec<u8>, logical_block_bytes: u32) -> Self {
+        Self::from_cow_image(CowImage::from_bytes(&image), logical_block_bytes)
+    }
+
+    /// A device holding `image`, sharing its chunks until it writes them.
+    pub fn from_cow_image(image: CowImage, logical_block_bytes: u32) -> Self {
         assert!(logical_block_bytes.is_power_of_two());
         assert_eq!(image.len() % logical_block_bytes as usize, 0);
         let state = State {
@@ -244,6 +253,11 @@ impl FaultDev {
 
     /// The current contents (what a read returns).
     pub fn image(&self) -> Vec<u8> {
+        self.state.lock().current.to_vec()
+    }
+
+    /// The current contents, sharing their chunks with the device.
+    pub fn cow_image(&self) -> CowImage {
         self.state.lock().current.clone()
     }
 
@@ -295,6 +309,11 @@ impl FaultDev {
     /// of each unflushed plain write what `keep` says (durable writes are
     /// always kept).
     pub fn crash_image(&self, cut: usize, keep: &dyn Fn(usize) -> Keep) -> Vec<u8> {
+        self.crash_cow_image(cut, keep).to_vec()
+    }
+
+    /// `crash_image`, sharing the chunks no write after the base touched.
+    pub fn crash_cow_image(&self, cut: usize, keep: &dyn Fn(usize) -> Keep) -> CowImage {
         let state = self.state.lock();
         let entries = &state.log[..cut.min(state.log.len())];
         let durable_end =
@@ -353,16 +372,15 @@ fn drop_volatile_writes(state: &mut State) {
     state.current = image;
 }
 
-fn apply_write(image: &mut [u8], offset: u64, data: &[u8], keep: &Keep) {
+fn apply_write(image: &mut CowImage, offset: u64, data: &[u8], keep: &Keep) {
     let start = offset as usize;
     match keep {
-        Keep::All => image[start..start + data.len()].copy_from_slice(data),
+        Keep::All => image.write(start, data),
         Keep::Nothing => {}
         Keep::Sectors(sectors) => {
             for (index, chunk) in data.chunks(TEAR_SECTOR_BYTES).enumerate() {
                 if sectors.get(index).copied().unwrap_or(false) {
-                    let at = start + index * TEAR_SECTOR_BYTES;
-                    image[at..at + chunk.len()].copy_from_slice(chunk);
+                    image.write(start + index * TEAR_SECTOR_BYTES, chunk);
                 }
             }
         }
@@ -379,9 +397,8 @@ impl RawDev for FaultDev {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end"));
         }
         for buffer in buffers.iter_mut() {
-            let length = buffer.len();
-            buffer.copy_from_slice(&state.current[position..position + length]);
-            position += length;
+            state.current.read(position, buffer);
+            position += buffer.len();
         }
         Ok(())
     }
@@ -443,6 +460,22 @@ mod tests {
 
     fn write(device: &FaultDev, offset: u64, byte: u8, length: usize, fua: bool) {
         device.write_at(offset, &[IoSlice::new(&vec![byte; length])], fua).unwrap();
+    }
+
+    #[test]
+    fn devices_share_an_image_until_they_write() {
+        let image = CowImage::from_bytes(&[7u8; 4096]);
+        let reader = FaultDev::from_cow_image(image.clone(), 512);
+        let writer = FaultDev::from_cow_image(image.clone(), 512);
+        let mut buffer = [0u8; 512];
+        reader.read_at(0, &mut [IoSliceMut::new(&mut buffer)]).unwrap();
+        assert!(reader.cow_image().shares_all_chunks_with(&image), "reading copies nothing");
+        write(&writer, 512, 9, 512, false);
+        assert!(!writer.cow_image().shares_all_chunks_with(&image), "a write copies");
+        assert_eq!((writer.image()[512], image.to_vec()[512], reader.image()[512]), (9, 7, 7));
+        let crashed = writer.crash_cow_image(writer.log_len(), &|_| Keep::Nothing);
+        assert!(crashed.shares_all_chunks_with(&image), "nothing kept: the base as it was");
+        assert_eq!(writer.crash_image(writer.log_len(), &|_| Keep::All)[512], 9);
     }
 
     #[test]

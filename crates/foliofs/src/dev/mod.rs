@@ -7,6 +7,7 @@
 //! request, so benchmarks and tests can read exactly what reached the device.
 
 mod aligned;
+mod cow_image;
 pub mod fault;
 mod file;
 pub mod nbd;
