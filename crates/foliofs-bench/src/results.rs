@@ -42,6 +42,19 @@ pub struct Goal {
     pub met: bool,
 }
 
+impl Goal {
+    /// A goal met when `value >= target`; the text is derived, so the
+    /// number in it is always the one checked.
+    pub fn at_least(what: impl std::fmt::Display, value: f64, target: f64) -> Self {
+        Self { text: format!("{what} >= {target}"), value, target, met: value >= target }
+    }
+
+    /// A goal met when `value <= target` (a bound on a cost).
+    pub fn at_most(what: impl std::fmt::Display, value: f64, target: f64) -> Self {
+        Self { text: format!("{what} <= {target}"), value, target, met: value <= target }
+    }
+}
+
 pub struct SeedResult {
     pub id: &'static str,
     pub title: String,
@@ -205,4 +218,21 @@ pub fn write_outputs(dir: &Path, result: &SeedResult) -> anyhow::Result<Vec<Path
         written.push(chart_path);
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_goal_states_the_number_it_checks() {
+        let met = Goal::at_least("overwrite / exclusive", 12.0, 10.0);
+        assert_eq!(met.text, "overwrite / exclusive >= 10");
+        assert!(met.met);
+        assert!(!Goal::at_least("writeback / raw device", 0.38, 0.9).met);
+        let bound = Goal::at_most("a FUSE round trip, us", 10.27, 10.0);
+        assert_eq!(bound.text, "a FUSE round trip, us <= 10");
+        assert!(!bound.met);
+        assert!(Goal::at_most("device bytes per user byte", 1.0, 1.05).met);
+    }
 }
