@@ -142,6 +142,9 @@ impl FolioFs {
         // O_TRUNC arrives as a separate setattr.
         open.direct = flags & libc::O_DIRECT != 0;
         open.dsync = flags & libc::O_DSYNC != 0;
+        // The kernel's page cache keeps what a buffered handle reads and
+        // writes (FOPEN_KEEP_CACHE): one copy in memory, not two.
+        open.drop_behind = !open.direct && self.page_cache != PageCacheUse::Engine;
         open
     }
 
@@ -654,7 +657,12 @@ impl Filesystem for FolioFs {
             // O_DIRECT file) through whichever handle is writable: its pages,
             // partial at end of file, are not the caller's direct I/O, and
             // take the buffered path through a handle of their own.
-            let cached = OpenFlags { direct: false, truncate: false, ..file.flags() };
+            let cached = OpenFlags {
+                direct: false,
+                truncate: false,
+                drop_behind: self.page_cache != PageCacheUse::Engine,
+                ..file.flags()
+            };
             let written = self.volume.open_file(file.ino(), cached).and_then(|buffered| {
                 let written = invalidate::kernel_sees(|| buffered.write_at(data, offset));
                 buffered.close().and(written)

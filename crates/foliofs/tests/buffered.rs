@@ -142,6 +142,7 @@ block_size_tests!(
     many_small_files_stay_within_twice_their_data,
     mixed_folio_sizes_and_overlaps_read_back_exact,
     dirty_folio_writes_back_whole_folios_of_a_file_written_small,
+    drop_behind_keeps_no_copy_of_what_was_read_or_written_back,
 );
 
 /// Per-block dirty tracking with the default folios and with folios larger
@@ -616,4 +617,46 @@ fn dirty_folio_writes_back_whole_folios_of_a_file_written_small(block_bytes: u32
         assert_eq!(delta.bytes_read, 0, "{list}: the file was cached");
         assert_eq!(delta.bytes_written, 16 * bytes_per_write, "{list}: bytes written back");
     }
+}
+
+/// Drop-behind (the kernel's page cache holds the data, as under a FUSE
+/// mount with `page_cache=kernel`): a sequential reader in requests smaller
+/// than a folio leaves cached only the folio its last read ended inside,
+/// and nothing once it reaches the end of file; the bytes read are the
+/// file's; written-back folios of such a file are dropped; a handle without
+/// it keeps what it reads.
+fn drop_behind_keeps_no_copy_of_what_was_read_or_written_back(block_bytes: u32) {
+    let folio_max = 256 << 10;
+    let options = options_with("folio_max=256k");
+    let (_device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
+    let ino = create(&volume, "cached-by-the-kernel");
+    let data = pattern(21, 4 << 20);
+    let writer = volume.open_file(ino, OpenFlags::WRITE.with_drop_behind()).unwrap();
+    writer.write_at(&data, 0).unwrap();
+    assert!(volume.cache_stats().cached_bytes >= data.len() as u64, "dirty data stays cached");
+    writer.fsync().unwrap();
+    assert_eq!(volume.cached_folios(ino), vec![], "written back, then dropped");
+    drop(writer);
+
+    let reader = volume.open_file(ino, OpenFlags::READ.with_drop_behind()).unwrap();
+    let request = 64 << 10;
+    let mut buffer = vec![0; request];
+    for pos in (0..folio_max + request).step_by(request) {
+        assert_eq!(reader.read_at(&mut buffer, pos as u64).unwrap(), request);
+        assert!(buffer == data[pos..pos + request], "bytes at {pos}");
+    }
+    // The reads ended inside the second folio: it stays, the first went.
+    let cached = volume.cached_folios(ino);
+    assert!(cached.iter().all(|&(pos, _)| pos >= folio_max as u64), "{cached:?}");
+    assert!(cached.iter().any(|&(pos, _)| pos == folio_max as u64), "{cached:?}");
+    for pos in (folio_max + request..data.len()).step_by(request) {
+        assert_eq!(reader.read_at(&mut buffer, pos as u64).unwrap(), request);
+        assert!(buffer == data[pos..pos + request], "bytes at {pos}");
+    }
+    assert_eq!(volume.cached_folios(ino), vec![], "read to the end of file: nothing kept");
+    drop(reader);
+
+    let keeper = volume.open_file(ino, OpenFlags::READ).unwrap();
+    assert_eq!(keeper.read_at(&mut buffer, 0).unwrap(), request);
+    assert!(!volume.cached_folios(ino).is_empty(), "without drop-behind the read is cached");
 }

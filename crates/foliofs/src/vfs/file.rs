@@ -39,6 +39,13 @@ pub struct OpenFlags {
     pub direct: bool,
     /// O_DSYNC: a write is durable when it returns.
     pub dsync: bool,
+    /// Another cache (the kernel's page cache in front of a FUSE mount)
+    /// keeps what this handle reads and writes, so the engine does not keep
+    /// a second copy (as RWF_DONTCACHE): clean folios a buffered read has
+    /// consumed are dropped after it, and the file's folios are dropped
+    /// once written back. Dirty data, delayed allocation and large-folio
+    /// writeback are unchanged.
+    pub drop_behind: bool,
 }
 
 impl OpenFlags {
@@ -50,6 +57,7 @@ impl OpenFlags {
         append: false,
         direct: false,
         dsync: false,
+        drop_behind: false,
     };
     /// Write only.
     pub const WRITE: Self = Self { read: false, write: true, ..Self::READ };
@@ -64,6 +72,11 @@ impl OpenFlags {
     /// These flags with O_DSYNC.
     pub fn with_dsync(self) -> Self {
         Self { dsync: true, ..self }
+    }
+
+    /// These flags with drop-behind ([`OpenFlags::drop_behind`]).
+    pub fn with_drop_behind(self) -> Self {
+        Self { drop_behind: true, ..self }
     }
 }
 
@@ -118,6 +131,9 @@ impl Volume {
             Ok(())
         })?;
         let inode = self.shared.inode_cache(ino);
+        if flags.drop_behind {
+            inode.set_drop_behind();
+        }
         let file = File {
             shared: Arc::clone(&self.shared),
             ino,
@@ -179,7 +195,11 @@ impl File {
             direct::read(engine, &self.inode, self.ino, buffer, pos)
         } else {
             let _shared = self.inode.io.shared();
-            buffered::read(engine, &self.inode, &self.readahead, buffer, pos)
+            let read = buffered::read(engine, &self.inode, &self.readahead, buffer, pos);
+            if let (Ok(count), true) = (&read, self.flags.drop_behind) {
+                self.drop_consumed(pos, pos + *count as u64)?;
+            }
+            read
         };
         if read.is_ok() && !buffer.is_empty() {
             self.shared.accessed(self.ino);
@@ -237,6 +257,18 @@ impl File {
             }
             Err(error) => DirectFuture::failed(buffer, error),
         }
+    }
+
+    /// Drop-behind after a buffered read of `[pos, end)`: the folios it
+    /// finished (up to its end, or all of them once it reached the end of
+    /// file). A folio the read ended inside stays for the read that
+    /// continues it: a sequential reader in requests smaller than a folio
+    /// would otherwise read each folio from the device again.
+    fn drop_consumed(&self, pos: u64, end: u64) -> Result<()> {
+        let size = self.shared.engine.size_of(self.ino)?;
+        let consumed_end = if end >= size { u64::MAX } else { end };
+        self.inode.drop_behind_range(pos, end, consumed_end);
+        Ok(())
     }
 
     /// Asynchronous write from an owned buffer (direct files only).
