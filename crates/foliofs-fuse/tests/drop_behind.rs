@@ -13,7 +13,7 @@
 
 mod common;
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
@@ -109,7 +109,7 @@ fn one_copy_in(page_cache: &str) {
     let mount = InProcessMount::new(256 << 20, &format!("page_cache={page_cache}"));
     let path = mount.point.join("file");
     let chunk = vec![b'r'; CHUNK_BYTES];
-    let mut file = OpenOptions::new().create(true).write(true).open(&path).unwrap();
+    let mut file = File::create(&path).unwrap();
     for _ in 0..FILE_BYTES / CHUNK_BYTES {
         file.write_all(&chunk).unwrap();
     }
