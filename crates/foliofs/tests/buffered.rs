@@ -143,6 +143,7 @@ block_size_tests!(
     mixed_folio_sizes_and_overlaps_read_back_exact,
     dirty_folio_writes_back_whole_folios_of_a_file_written_small,
     drop_behind_keeps_no_copy_of_what_was_read_or_written_back,
+    reads_in_place_hand_out_the_cached_bytes_of_one_folio,
 );
 
 /// Per-block dirty tracking with the default folios and with folios larger
@@ -659,4 +660,38 @@ fn drop_behind_keeps_no_copy_of_what_was_read_or_written_back(block_bytes: u32) 
     let keeper = volume.open_file(ino, OpenFlags::READ).unwrap();
     assert_eq!(keeper.read_at(&mut buffer, 0).unwrap(), request);
     assert!(!volume.cached_folios(ino).is_empty(), "without drop-behind the read is cached");
+}
+
+/// `File::read_in_place` hands out the file's bytes where one cached folio
+/// holds the whole range, clipped at the end of file; a range across two
+/// folios, a range not cached yet and a direct handle get `None` and the
+/// closure is not called.
+fn reads_in_place_hand_out_the_cached_bytes_of_one_folio(block_bytes: u32) {
+    let folio_max = 256 << 10;
+    let options = options_with("folio_max=256k");
+    let (device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
+    let ino = create(&volume, "served");
+    let data = pattern(23, 2 * folio_max + 1000);
+    let writer = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    writer.write_at(&data, 0).unwrap();
+    drop(writer);
+    volume.close().unwrap();
+    let (_, volume) = open_image_with(device.image(), &options).unwrap();
+    let reader = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let in_place = |pos: usize, length: usize| {
+        reader.read_in_place(pos as u64, length, |bytes| bytes.to_vec()).unwrap()
+    };
+    assert_eq!(in_place(4096, 4096), None, "nothing cached yet");
+    let mut buffer = vec![0; 4096];
+    reader.read_at(&mut buffer, 0).unwrap();
+    let inside = in_place(4096, 64 << 10).expect("inside the first folio");
+    assert!(inside == data[4096..4096 + (64 << 10)]);
+    assert_eq!(in_place(folio_max - 4096, 8192), None, "across two folios");
+    reader.read_at(&mut buffer, 2 * folio_max as u64).unwrap();
+    let tail = in_place(2 * folio_max, 1 << 20).expect("the last folio");
+    assert!(tail == data[2 * folio_max..], "clipped at the end of file");
+    let direct = volume.open_file(ino, OpenFlags::READ.with_direct()).unwrap();
+    let mut called = false;
+    assert_eq!(direct.read_in_place(0, 4096, |_| called = true).unwrap(), None);
+    assert!(!called);
 }

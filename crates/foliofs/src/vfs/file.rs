@@ -259,6 +259,37 @@ impl File {
         }
     }
 
+    /// A buffered read without a copy where the cache allows it: `consume`
+    /// gets the bytes of `[pos, pos + length)` (fewer at end of file) where
+    /// the cache holds them, when one cached folio holds them all; `None`
+    /// comes back otherwise (and always on a direct handle), `consume`
+    /// uncalled: read with [`File::read_at`] then. A server replying from
+    /// the bytes saves the copy into its own buffer.
+    pub fn read_in_place<R>(
+        &self,
+        pos: u64,
+        length: usize,
+        consume: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
+        self.check_readable()?;
+        if self.flags.direct {
+            return Ok(None);
+        }
+        let engine = &self.shared.engine;
+        let read = {
+            let _shared = self.inode.io.shared();
+            buffered::read_in_place(engine, &self.inode, &self.readahead, pos, length, consume)?
+        };
+        let Some((consumed, count)) = read else { return Ok(None) };
+        if count > 0 {
+            self.shared.accessed(self.ino);
+        }
+        if self.flags.drop_behind {
+            self.drop_consumed(pos, pos + count as u64)?;
+        }
+        Ok(Some(consumed))
+    }
+
     /// Drop-behind after a buffered read of `[pos, end)`: the folios it
     /// finished (up to its end, or all of them once it reached the end of
     /// file). A folio the read ended inside stays for the read that
