@@ -170,6 +170,9 @@ impl FolioFs {
         // O_TRUNC arrives as a separate setattr.
         open.direct = flags & libc::O_DIRECT != 0;
         open.dsync = flags & libc::O_DSYNC != 0;
+        // The kernel's page cache keeps what a buffered handle reads and
+        // writes (FOPEN_KEEP_CACHE): one copy in memory, not two.
+        open.drop_behind = !open.direct && self.page_cache != PageCacheUse::Engine;
         open
     }
 
@@ -693,6 +696,20 @@ impl Filesystem for FolioFs {
                 }
             });
         }
+        // From the engine's folio when one holds the range: one copy less
+        // than through the staging buffer.
+        let mut reply = Some(reply);
+        let in_place = file.read_in_place(offset, size as usize, |bytes| {
+            if let Some(reply) = reply.take() {
+                reply.data(bytes);
+            }
+        });
+        if let Err(error) = in_place {
+            if let Some(reply) = reply.take() {
+                reply.error(self.failed("read", &error));
+            }
+        }
+        let Some(reply) = reply else { return };
         with_staging(size as usize, |buffer| match file.read_at(buffer, offset) {
             Ok(count) => reply.data(&buffer[..count]),
             Err(error) => reply.error(self.failed("read", &error)),
@@ -725,7 +742,12 @@ impl Filesystem for FolioFs {
             // O_DIRECT file) through whichever handle is writable: its pages,
             // partial at end of file, are not the caller's direct I/O, and
             // take the buffered path through a handle of their own.
-            let cached = OpenFlags { direct: false, truncate: false, ..file.flags() };
+            let cached = OpenFlags {
+                direct: false,
+                truncate: false,
+                drop_behind: self.page_cache != PageCacheUse::Engine,
+                ..file.flags()
+            };
             let written = self.volume.open_file(file.ino(), cached).and_then(|buffered| {
                 let written = invalidate::kernel_sees(|| buffered.write_at(data, offset));
                 buffered.close().and(written)

@@ -91,6 +91,41 @@ pub fn read(
     Ok(total as usize)
 }
 
+/// The bytes of `[pos, pos + length)` (clipped at the end of file) handed to
+/// `consume` where the cache holds them, with how many there were, when one
+/// cached folio holds them all uptodate (a request inside a large folio,
+/// the usual case once readahead ran); `None` otherwise, and `consume` is
+/// not called. The folio stays read-locked while `consume` runs.
+pub fn read_in_place<R>(
+    engine: &Engine,
+    inode: &InodeCache,
+    readahead: &Readahead,
+    pos: u64,
+    length: usize,
+    consume: impl FnOnce(&[u8]) -> R,
+) -> Result<Option<(R, usize)>> {
+    let size = engine.size_of(inode.ino)?;
+    if pos >= size || length == 0 {
+        return Ok(None);
+    }
+    let end = pos + (length as u64).min(size - pos);
+    let Some(folio) = inode.folio_at(pos) else { return Ok(None) };
+    if end > folio.end() {
+        return Ok(None);
+    }
+    let (first, count) = folio.blocks_of(pos, end);
+    let state = folio.read();
+    if !state.uptodate.all_set(first, count) {
+        return Ok(None);
+    }
+    let start = (pos - folio.pos()) as usize;
+    let bytes = (end - pos) as usize;
+    let consumed = consume(&state.data[start..start + bytes]);
+    drop(state);
+    readahead.note_read(end);
+    Ok(Some((consumed, bytes)))
+}
+
 /// Copies `out.len()` bytes at `pos` out of `folio`, first filling any of
 /// the blocks involved that are not uptodate.
 fn copy_out(

@@ -101,10 +101,16 @@ pub fn write_back(engine: &Engine, inode: &InodeCache, start: u64, end: u64) -> 
     // evictable while this writeback runs.
     while cursor < end {
         let batch = inode.dirty_folios_from(cursor, end, BATCH_BYTES_MAX);
-        let Some(last) = batch.last() else { break };
+        let (Some(first), Some(last)) = (batch.first(), batch.last()) else { break };
+        let batch_start = first.pos();
         cursor = last.end();
         let written = write_batch(engine, inode, &batch, &mut size_may_grow);
         drop(batch);
+        if written.is_ok() && inode.drops_behind() {
+            // Another cache holds these pages: the engine keeps no second
+            // copy once they are on disk.
+            inode.drop_behind_range(batch_start, cursor, u64::MAX);
+        }
         // Throttled writers may go on as soon as a batch is clean.
         engine.cache.note_progress();
         if result.is_ok() {

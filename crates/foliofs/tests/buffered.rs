@@ -143,6 +143,8 @@ block_size_tests!(
     many_small_files_stay_within_twice_their_data,
     mixed_folio_sizes_and_overlaps_read_back_exact,
     dirty_folio_writes_back_whole_folios_of_a_file_written_small,
+    drop_behind_keeps_no_copy_of_what_was_read_or_written_back,
+    reads_in_place_hand_out_the_cached_bytes_of_one_folio,
 );
 
 /// Per-block dirty tracking with the default folios and with folios larger
@@ -666,4 +668,80 @@ fn dirty_folio_writes_back_whole_folios_of_a_file_written_small(block_bytes: u32
         assert_eq!(delta.bytes_read, 0, "{list}: the file was cached");
         assert_eq!(delta.bytes_written, 16 * bytes_per_write, "{list}: bytes written back");
     }
+}
+
+/// Drop-behind (the kernel's page cache holds the data, as under a FUSE
+/// mount with `page_cache=kernel`): a sequential reader in requests smaller
+/// than a folio leaves cached only the folio its last read ended inside,
+/// and nothing once it reaches the end of file; the bytes read are the
+/// file's; written-back folios of such a file are dropped; a handle without
+/// it keeps what it reads.
+fn drop_behind_keeps_no_copy_of_what_was_read_or_written_back(block_bytes: u32) {
+    let folio_max = 256 << 10;
+    let options = options_with("folio_max=256k");
+    let (_device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
+    let ino = create(&volume, "cached-by-the-kernel");
+    let data = pattern(21, 4 << 20);
+    let writer = volume.open_file(ino, OpenFlags::WRITE.with_drop_behind()).unwrap();
+    writer.write_at(&data, 0).unwrap();
+    assert!(volume.cache_stats().cached_bytes >= data.len() as u64, "dirty data stays cached");
+    writer.fsync().unwrap();
+    assert_eq!(volume.cached_folios(ino), vec![], "written back, then dropped");
+    drop(writer);
+
+    let reader = volume.open_file(ino, OpenFlags::READ.with_drop_behind()).unwrap();
+    let request = 64 << 10;
+    let mut buffer = vec![0; request];
+    for pos in (0..folio_max + request).step_by(request) {
+        assert_eq!(reader.read_at(&mut buffer, pos as u64).unwrap(), request);
+        assert!(buffer == data[pos..pos + request], "bytes at {pos}");
+    }
+    // The reads ended inside the second folio: it stays, the first went.
+    let cached = volume.cached_folios(ino);
+    assert!(cached.iter().all(|&(pos, _)| pos >= folio_max as u64), "{cached:?}");
+    assert!(cached.iter().any(|&(pos, _)| pos == folio_max as u64), "{cached:?}");
+    for pos in (folio_max + request..data.len()).step_by(request) {
+        assert_eq!(reader.read_at(&mut buffer, pos as u64).unwrap(), request);
+        assert!(buffer == data[pos..pos + request], "bytes at {pos}");
+    }
+    assert_eq!(volume.cached_folios(ino), vec![], "read to the end of file: nothing kept");
+    drop(reader);
+
+    let keeper = volume.open_file(ino, OpenFlags::READ).unwrap();
+    assert_eq!(keeper.read_at(&mut buffer, 0).unwrap(), request);
+    assert!(!volume.cached_folios(ino).is_empty(), "without drop-behind the read is cached");
+}
+
+/// `File::read_in_place` hands out the file's bytes where one cached folio
+/// holds the whole range, clipped at the end of file; a range across two
+/// folios, a range not cached yet and a direct handle get `None` and the
+/// closure is not called.
+fn reads_in_place_hand_out_the_cached_bytes_of_one_folio(block_bytes: u32) {
+    let folio_max = 256 << 10;
+    let options = options_with("folio_max=256k");
+    let (device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
+    let ino = create(&volume, "served");
+    let data = pattern(23, 2 * folio_max + 1000);
+    let writer = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    writer.write_at(&data, 0).unwrap();
+    drop(writer);
+    volume.close().unwrap();
+    let (_, volume) = open_image_with(device.image(), &options).unwrap();
+    let reader = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let in_place = |pos: usize, length: usize| {
+        reader.read_in_place(pos as u64, length, |bytes| bytes.to_vec()).unwrap()
+    };
+    assert_eq!(in_place(4096, 4096), None, "nothing cached yet");
+    let mut buffer = vec![0; 4096];
+    reader.read_at(&mut buffer, 0).unwrap();
+    let inside = in_place(4096, 64 << 10).expect("inside the first folio");
+    assert!(inside == data[4096..4096 + (64 << 10)]);
+    assert_eq!(in_place(folio_max - 4096, 8192), None, "across two folios");
+    reader.read_at(&mut buffer, 2 * folio_max as u64).unwrap();
+    let tail = in_place(2 * folio_max, 1 << 20).expect("the last folio");
+    assert!(tail == data[2 * folio_max..], "clipped at the end of file");
+    let direct = volume.open_file(ino, OpenFlags::READ.with_direct()).unwrap();
+    let mut called = false;
+    assert_eq!(direct.read_in_place(0, 4096, |_| called = true).unwrap(), None);
+    assert!(!called);
 }

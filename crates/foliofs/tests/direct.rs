@@ -27,6 +27,7 @@ const DIRECT_RW: OpenFlags = OpenFlags {
     append: false,
     direct: true,
     dsync: false,
+    drop_behind: false,
 };
 
 fn aligned(data: &[u8]) -> AlignedBuf {

@@ -33,6 +33,8 @@ pub struct Folio {
     state: RwLock<FolioState>,
     /// Set on every access, cleared by the CLOCK hand: a second chance.
     referenced: AtomicBool,
+    /// Dropped behind: its memory goes back to the system, not the pool.
+    release_memory: AtomicBool,
     accounting: Arc<Accounting>,
 }
 
@@ -62,6 +64,7 @@ impl Folio {
             block_bytes,
             state: RwLock::new(state),
             referenced: AtomicBool::new(true),
+            release_memory: AtomicBool::new(false),
             accounting,
         }
     }
@@ -117,6 +120,12 @@ impl Folio {
         self.state.try_read()
     }
 
+    /// When the last reference goes, the memory is released
+    /// ([`super::BufferPool::give_for_release`]).
+    pub(super) fn release_memory_when_dropped(&self) {
+        self.release_memory.store(true, Ordering::Relaxed);
+    }
+
     /// The CLOCK hand passes: true if the folio was used since last time.
     pub(super) fn take_referenced(&self) -> bool {
         self.referenced.swap(false, Ordering::Relaxed)
@@ -129,7 +138,11 @@ impl Drop for Folio {
         self.accounting.live_folios.fetch_sub(1, Ordering::Relaxed);
         let empty = FolioMemory::whole(crate::dev::AlignedBuf::zeroed(0));
         let data = std::mem::replace(&mut self.state.get_mut().data, empty);
-        self.accounting.pool.give(data);
+        if *self.release_memory.get_mut() {
+            self.accounting.pool.give_for_release(data);
+        } else {
+            self.accounting.pool.give(data);
+        }
     }
 }
 

@@ -15,7 +15,7 @@ mod folio;
 mod pool;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -95,6 +95,9 @@ pub struct InodeCache {
     /// it folios have been recycled (`PageCache::recycle_behind_stream`).
     stream_start_pos: AtomicU64,
     stream_recycled_pos: AtomicU64,
+    /// Some handle opened with drop-behind: another cache holds the file's
+    /// pages, so its folios are dropped once written back.
+    drop_behind: AtomicBool,
     accounting: Arc<Accounting>,
     block_bytes: u64,
 }
@@ -268,17 +271,44 @@ impl InodeCache {
     /// what a direct write does after completing, so a buffered read that
     /// raced with it cannot keep stale bytes.
     pub fn remove_clean_range(&self, start: u64, end: u64) {
+        self.remove_idle_clean(start, end, u64::MAX, false);
+    }
+
+    /// Drop-behind: as [`Self::remove_clean_range`], but only the folios
+    /// that end by `folio_end_max` (a read keeps the folio it ended inside),
+    /// and their memory goes back to the system rather than to the pool
+    /// beyond a little kept for the next readahead: memory kept for reuse is
+    /// still resident, a second copy by another name.
+    pub fn drop_behind_range(&self, start: u64, end: u64, folio_end_max: u64) {
+        self.remove_idle_clean(start, end, folio_end_max, true);
+    }
+
+    fn remove_idle_clean(&self, start: u64, end: u64, folio_end_max: u64, release: bool) {
         let mut folios = self.folios.write();
         for key in keys_overlapping(&folios, start, end) {
             let idle_and_clean = folios.get(&key).is_some_and(|folio| {
-                Arc::strong_count(folio) == 1
+                folio.end() <= folio_end_max
+                    && Arc::strong_count(folio) == 1
                     && folio.try_read().is_some_and(|state| state.dirty.is_empty())
             });
             if idle_and_clean {
-                folios.remove(&key);
+                if let Some(folio) = folios.remove(&key) {
+                    if release {
+                        folio.release_memory_when_dropped();
+                    }
+                }
                 self.folio_count.fetch_sub(1, Ordering::AcqRel);
             }
         }
+    }
+
+    /// From now on the file's folios are dropped once written back.
+    pub fn set_drop_behind(&self) {
+        self.drop_behind.store(true, Ordering::Relaxed);
+    }
+
+    pub fn drops_behind(&self) -> bool {
+        self.drop_behind.load(Ordering::Relaxed)
     }
 
     /// Records a failed writeback.
@@ -395,6 +425,7 @@ impl PageCache {
                 write_folio_bytes: AtomicU64::new(0),
                 stream_start_pos: AtomicU64::new(0),
                 stream_recycled_pos: AtomicU64::new(0),
+                drop_behind: AtomicBool::new(false),
                 accounting: Arc::clone(&self.accounting),
                 block_bytes: self.policy.block_bytes,
             })

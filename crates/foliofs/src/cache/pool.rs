@@ -29,6 +29,9 @@ use crate::dev::AlignedBuf;
 /// Size classes: powers of two from 512 B to 64 MiB.
 const CLASS_COUNT: usize = 18;
 const SMALLEST_CLASS_SHIFT: u32 = 9;
+/// Freed memory of dropped-behind folios the pool keeps at most (two of
+/// the engine's largest readahead windows).
+const RELEASED_KEPT_BYTES_MAX: u64 = 8 << 20;
 /// Memory carved into small folios: a huge page.
 pub const SLAB_BYTES: usize = 2 << 20;
 /// Freed buffers kept whatever else the pool holds: a quarter of its limit,
@@ -318,6 +321,25 @@ impl BufferPool {
         match memory.kind {
             MemoryKind::Piece { slab, offset, length } => self.give_piece(slab, offset, length),
             MemoryKind::Whole(buffer) => self.give_whole(buffer),
+        }
+    }
+
+    /// Returns the memory of a folio another cache also holds (drop-behind):
+    /// kept for reuse only while the pool keeps less than
+    /// `RELEASED_KEPT_BYTES_MAX` (enough for a readahead window to recycle),
+    /// otherwise freed. Slab pieces go back as with [`Self::give`].
+    pub fn give_for_release(&self, memory: FolioMemory) {
+        match memory.kind {
+            MemoryKind::Piece { slab, offset, length } => self.give_piece(slab, offset, length),
+            MemoryKind::Whole(buffer) => {
+                let kept_bytes = self.state.lock().kept_bytes;
+                if kept_bytes + buffer.len() as u64 <= RELEASED_KEPT_BYTES_MAX {
+                    self.give_whole(buffer);
+                } else {
+                    self.whole_bytes_out.fetch_sub(buffer.len() as u64, Ordering::Relaxed);
+                    drop(buffer);
+                }
+            }
         }
     }
 

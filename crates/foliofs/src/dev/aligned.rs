@@ -49,17 +49,7 @@ impl AlignedBuf {
         }
         let layout = Self::layout(length);
         if layout.align() == HUGE_PAGE_BYTES {
-            // Ask for transparent huge pages before the first touch: one
-            // fault (and one page clear) per 2 MiB instead of 512, which is
-            // most of the cost of filling a fresh cache.
-            // SAFETY: the layout has a non-zero size and a valid alignment.
-            let raw = unsafe { alloc::alloc(layout) };
-            let Some(pointer) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
-            // SAFETY: madvise only advises on the range we own; failure is harmless.
-            unsafe { libc::madvise(raw.cast(), length, libc::MADV_HUGEPAGE) };
-            // SAFETY: the allocation is valid for `length` bytes.
-            unsafe { std::ptr::write_bytes(raw, 0, length) };
-            return Self { pointer, length, lender: None };
+            return Self { pointer: map_huge_pages(length), length, lender: None };
         }
         // SAFETY: the layout has a non-zero size (checked above) and a valid alignment.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
@@ -101,6 +91,53 @@ impl AlignedBuf {
     }
 }
 
+/// `length` bytes (a multiple of a huge page) of zeroed anonymous memory
+/// aligned to a huge page, a mapping of their own: freeing one returns its
+/// memory to the system at once. From the heap, a freed buffer stayed
+/// resident (the allocator raises its mmap threshold after the first such
+/// free and then serves these sizes from its arenas), so memory the cache
+/// let go of, such as the folios it drops behind the kernel's page cache,
+/// still counted against the process.
+fn map_huge_pages(length: usize) -> NonNull<u8> {
+    let mapped_bytes = length + HUGE_PAGE_BYTES;
+    // SAFETY: a fresh anonymous private mapping at an address of the
+    // kernel's choosing; it touches no existing memory.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            mapped_bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        let layout = Layout::from_size_align(length, HUGE_PAGE_BYTES).expect("layout");
+        alloc::handle_alloc_error(layout);
+    }
+    let start = raw as usize;
+    let aligned = start.next_multiple_of(HUGE_PAGE_BYTES);
+    let head_bytes = aligned - start;
+    let tail_bytes = mapped_bytes - head_bytes - length;
+    // SAFETY: the unaligned head and the tail past `length` are parts of
+    // the mapping just made, used by nothing; failure to unmap only wastes
+    // address space. madvise only advises on the range kept; failure is
+    // harmless (no transparent huge pages: 4 KiB faults).
+    unsafe {
+        if head_bytes > 0 {
+            libc::munmap(raw, head_bytes);
+        }
+        if tail_bytes > 0 {
+            libc::munmap((aligned + length) as *mut libc::c_void, tail_bytes);
+        }
+        // Transparent huge pages before the first touch: one fault (and one
+        // page clear) per 2 MiB instead of 512.
+        libc::madvise(aligned as *mut libc::c_void, length, libc::MADV_HUGEPAGE);
+    }
+    NonNull::new(aligned as *mut u8).expect("mmap returned a mapping")
+}
+
 impl Deref for AlignedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -122,6 +159,12 @@ impl DerefMut for AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.length != 0 && self.lender.is_none() {
+            if Self::layout(self.length).align() == HUGE_PAGE_BYTES {
+                // SAFETY: the mapping of exactly `length` bytes made by
+                // map_huge_pages in `zeroed`; nothing else refers to it.
+                unsafe { libc::munmap(self.pointer.as_ptr().cast(), self.length) };
+                return;
+            }
             // SAFETY: allocated in `zeroed` with exactly this layout.
             unsafe { alloc::dealloc(self.pointer.as_ptr(), Self::layout(self.length)) }
         }
@@ -151,6 +194,11 @@ mod tests {
                 assert_eq!(buffer[length - 1], 9);
             }
         }
+        let mut huge = AlignedBuf::zeroed(2 * HUGE_PAGE_BYTES);
+        assert_eq!(huge.as_ptr() as usize % HUGE_PAGE_BYTES, 0);
+        assert!(huge.iter().all(|&byte| byte == 0));
+        huge[2 * HUGE_PAGE_BYTES - 1] = 9;
+        assert_eq!(huge[2 * HUGE_PAGE_BYTES - 1], 9);
         assert_eq!(&AlignedBuf::from_slice(b"abc")[..], b"abc");
     }
 

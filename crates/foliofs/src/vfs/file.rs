@@ -39,6 +39,13 @@ pub struct OpenFlags {
     pub direct: bool,
     /// O_DSYNC: a write is durable when it returns.
     pub dsync: bool,
+    /// Another cache (the kernel's page cache in front of a FUSE mount)
+    /// keeps what this handle reads and writes, so the engine does not keep
+    /// a second copy (as RWF_DONTCACHE): clean folios a buffered read has
+    /// consumed are dropped after it, and the file's folios are dropped
+    /// once written back. Dirty data, delayed allocation and large-folio
+    /// writeback are unchanged.
+    pub drop_behind: bool,
 }
 
 impl OpenFlags {
@@ -50,6 +57,7 @@ impl OpenFlags {
         append: false,
         direct: false,
         dsync: false,
+        drop_behind: false,
     };
     /// Write only.
     pub const WRITE: Self = Self { read: false, write: true, ..Self::READ };
@@ -64,6 +72,11 @@ impl OpenFlags {
     /// These flags with O_DSYNC.
     pub fn with_dsync(self) -> Self {
         Self { dsync: true, ..self }
+    }
+
+    /// These flags with drop-behind ([`OpenFlags::drop_behind`]).
+    pub fn with_drop_behind(self) -> Self {
+        Self { drop_behind: true, ..self }
     }
 }
 
@@ -119,6 +132,9 @@ impl Volume {
             Ok(())
         })?;
         let inode = self.shared.inode_cache(ino);
+        if flags.drop_behind {
+            inode.set_drop_behind();
+        }
         let file = File {
             shared: Arc::clone(&self.shared),
             ino,
@@ -182,7 +198,11 @@ impl File {
             direct::read(engine, &self.inode, self.ino, buffer, pos)
         } else {
             let _shared = self.inode.io.shared();
-            buffered::read(engine, &self.inode, &self.readahead, buffer, pos)
+            let read = buffered::read(engine, &self.inode, &self.readahead, buffer, pos);
+            if let (Ok(count), true) = (&read, self.flags.drop_behind) {
+                self.drop_consumed(pos, pos + *count as u64)?;
+            }
+            read
         };
         if read.is_ok() && !buffer.is_empty() {
             self.shared.accessed(self.ino);
@@ -240,6 +260,49 @@ impl File {
             }
             Err(error) => DirectFuture::failed(buffer, error),
         }
+    }
+
+    /// A buffered read without a copy where the cache allows it: `consume`
+    /// gets the bytes of `[pos, pos + length)` (fewer at end of file) where
+    /// the cache holds them, when one cached folio holds them all; `None`
+    /// comes back otherwise (and always on a direct handle), `consume`
+    /// uncalled: read with [`File::read_at`] then. A server replying from
+    /// the bytes saves the copy into its own buffer.
+    pub fn read_in_place<R>(
+        &self,
+        pos: u64,
+        length: usize,
+        consume: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
+        self.check_readable()?;
+        if self.flags.direct {
+            return Ok(None);
+        }
+        let engine = &self.shared.engine;
+        let read = {
+            let _shared = self.inode.io.shared();
+            buffered::read_in_place(engine, &self.inode, &self.readahead, pos, length, consume)?
+        };
+        let Some((consumed, count)) = read else { return Ok(None) };
+        if count > 0 {
+            self.shared.accessed(self.ino);
+        }
+        if self.flags.drop_behind {
+            self.drop_consumed(pos, pos + count as u64)?;
+        }
+        Ok(Some(consumed))
+    }
+
+    /// Drop-behind after a buffered read of `[pos, end)`: the folios it
+    /// finished (up to its end, or all of them once it reached the end of
+    /// file). A folio the read ended inside stays for the read that
+    /// continues it: a sequential reader in requests smaller than a folio
+    /// would otherwise read each folio from the device again.
+    fn drop_consumed(&self, pos: u64, end: u64) -> Result<()> {
+        let size = self.shared.engine.size_of(self.ino)?;
+        let consumed_end = if end >= size { u64::MAX } else { end };
+        self.inode.drop_behind_range(pos, end, consumed_end);
+        Ok(())
     }
 
     /// Asynchronous write from an owned buffer (direct files only).

@@ -170,6 +170,7 @@ impl OpenOptions {
             append: self.append,
             direct: self.direct,
             dsync: self.dsync,
+            drop_behind: false,
         })
     }
 }
