@@ -26,8 +26,8 @@ use crate::latency::Latencies;
 /// Bytes per request when laying out or pre-reading a file.
 const LAYOUT_CHUNK_BYTES: usize = 1 << 20;
 
-/// An asynchronous request's outcome: the buffer back and the bytes moved.
-pub type Submitted = Pin<Box<dyn Future<Output = (AlignedBuf, foliofs::Result<usize>)> + Send>>;
+/// An asynchronous request's outcome: the bytes moved and the buffer back.
+pub type Submitted = Pin<Box<dyn Future<Output = foliofs::DirectResult> + Send>>;
 
 /// What a job instance reads and writes: a file of the engine, a region of
 /// the raw device (the engine's limit), or memory (the cache's limit). One
@@ -481,14 +481,14 @@ fn run_async(
         if is_read {
             let future = file.read_async(buffer, offset);
             Box::pin(async move {
-                let (buffer, result) = future.await;
+                let (result, buffer) = future.await;
                 (buffer, result, true, started, offset)
             })
         } else {
             instance.fill_for_write(&mut buffer, offset);
             let future = file.write_async(buffer, offset);
             Box::pin(async move {
-                let (buffer, result) = future.await;
+                let (result, buffer) = future.await;
                 (buffer, result, false, started, offset)
             })
         }

@@ -53,7 +53,7 @@ impl RawRegion {
                 let buffer = response.buffer.expect("reads and writes hand their buffer back");
                 let result =
                     response.result.map(|()| length).map_err(|error| io_error("request", error));
-                completer.complete((buffer, result));
+                completer.complete((result, buffer));
             }),
         );
         Box::pin(Unplugging { inner: future, device: Arc::clone(&self.device) })
@@ -94,12 +94,12 @@ impl Target for RawRegion {
 
 /// A raw request's future: unplugs the device when it would wait.
 struct Unplugging {
-    inner: IoFuture<(AlignedBuf, foliofs::Result<usize>)>,
+    inner: IoFuture<foliofs::DirectResult>,
     device: Arc<Device>,
 }
 
 impl Future for Unplugging {
-    type Output = (AlignedBuf, foliofs::Result<usize>);
+    type Output = foliofs::DirectResult;
 
     fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
         let polled = Pin::new(&mut self.inner).poll(context);
@@ -140,12 +140,12 @@ impl Target for MemoryRegion {
 
     fn read_async(&self, mut buffer: AlignedBuf, offset: u64) -> Submitted {
         let result = self.read_at(&mut buffer, offset);
-        Box::pin(completion::ready((buffer, result)))
+        Box::pin(completion::ready((result, buffer)))
     }
 
     fn write_async(&self, buffer: AlignedBuf, offset: u64) -> Submitted {
         let result = self.write_at(&buffer, offset);
-        Box::pin(completion::ready((buffer, result)))
+        Box::pin(completion::ready((result, buffer)))
     }
 
     fn fsync(&self) -> foliofs::Result<()> {

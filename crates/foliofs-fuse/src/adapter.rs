@@ -691,8 +691,8 @@ impl Filesystem for FolioFs {
             let read = file.read_at_async(buffer, offset);
             return in_flight::spawn(async move {
                 match read.await {
-                    (buffer, Ok(count)) => reply.data(&buffer[..count]),
-                    (_, Err(error)) => reply.error(failed("read", &error)),
+                    (Ok(count), buffer) => reply.data(&buffer[..count]),
+                    (Err(error), _) => reply.error(failed("read", &error)),
                 }
             });
         }
@@ -766,7 +766,7 @@ impl Filesystem for FolioFs {
             let write = invalidate::serving(write);
             let invalidator = Arc::clone(&self.invalidator);
             return in_flight::spawn(async move {
-                let (_, written) = write.await;
+                let (written, _) = write.await;
                 // After the invalidation of the range its completion queued.
                 invalidator.after_queued(move || match written {
                     Ok(count) => reply.written(count as u32),

@@ -30,7 +30,7 @@ fn main() -> foliofs::Result<()> {
         .map(|index| direct.write_at_async(AlignedBuf::zeroed(4096), index * 4096))
         .collect(); // futures: any executor can drive them
     for future in pending {
-        let (_buffer, written) = block_on(future);
+        let (written, _buffer) = block_on(future);
         written?;
     }
     for entry in volume.read_dir("/docs")? {

@@ -28,9 +28,10 @@ use crate::options::DioUnaligned;
 use crate::passthru::DataPath;
 use crate::writeback;
 
-/// What an asynchronous read or write resolves to: the caller's buffer back,
-/// and the bytes transferred.
-pub type DirectResult = (AlignedBuf, Result<usize>);
+/// What an asynchronous read or write resolves to: the bytes transferred,
+/// and the caller's buffer back, in the `(result, buffer)` order of
+/// tokio-uring and the other io_uring crates.
+pub type DirectResult = (Result<usize>, AlignedBuf);
 
 /// An asynchronous direct read or write. Its device requests are plugged
 /// (held for a batch); polling it while it is not done unplugs them, so a
@@ -57,7 +58,7 @@ impl DirectFuture {
 
     /// A request refused before it reached the device.
     pub fn failed(buffer: AlignedBuf, error: Error) -> Self {
-        Self::ready((buffer, Err(error)))
+        Self::ready((Err(error), buffer))
     }
 }
 
@@ -75,7 +76,7 @@ impl std::future::Future for DirectFuture {
                     engine.device.unplug();
                 }
             }
-            std::task::Poll::Ready((_, Ok(count))) => {
+            std::task::Poll::Ready((Ok(count), _)) => {
                 if let Some(action) = self.on_success.take() {
                     action(*count);
                 }
@@ -471,7 +472,7 @@ pub fn write_async(
         return DirectFuture::failed(buffer, error);
     }
     if buffer.is_empty() {
-        return DirectFuture::ready((buffer, Ok(0)));
+        return DirectFuture::ready((Ok(0), buffer));
     }
     let length = buffer.len() as u64;
     {
@@ -497,7 +498,7 @@ pub fn write_async(
     let _exclusive = inode.io.exclusive(|| engine.device.unplug());
     let result = writeback::sync_for_direct(engine, inode, pos, length, true)
         .and_then(|()| write_alone(engine, inode, ino, &buffer, pos, dsync));
-    DirectFuture::ready((buffer, result))
+    DirectFuture::ready((result, buffer))
 }
 
 /// Finishes one caller's request once all its device requests completed,
@@ -593,7 +594,7 @@ fn submit_write(
             (None, Err(error)) => Err(error),
             (None, Ok(())) => Ok(length),
         };
-        completer.complete((buffer, result));
+        completer.complete((result, buffer));
     });
     submit_group(engine, requests, finish);
     DirectFuture { inner: future, engine: Some(Arc::clone(engine)), on_success: None }
@@ -616,7 +617,7 @@ pub fn read_async(
         .and_then(|()| read_pieces(engine, ino, buffer.len(), pos));
     let (count, pieces) = match prepared {
         Err(error) => return DirectFuture::failed(buffer, error),
-        Ok(None) => return DirectFuture::ready((buffer, Ok(0))),
+        Ok(None) => return DirectFuture::ready((Ok(0), buffer)),
         Ok(Some(found)) => found,
     };
     inode.io.dio_started();
@@ -670,6 +671,6 @@ fn read_finish(
             Some(error) => Err(Error::io("direct read", error)),
             None => Ok(count),
         };
-        completer.complete((buffer, result));
+        completer.complete((result, buffer));
     })
 }

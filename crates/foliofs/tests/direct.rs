@@ -91,7 +91,7 @@ fn misaligned_direct_io_is_einval_and_changes_nothing(block_bytes: u32) {
     }
     let mut read_buffer = AlignedBuf::zeroed(1024);
     assert_eq!(file.read_at(&mut read_buffer[1..513], 0).unwrap_err().errno(), libc::EINVAL);
-    let (_, result) = block_on(file.write_at_async(AlignedBuf::zeroed(100), 0));
+    let (result, _) = block_on(file.write_at_async(AlignedBuf::zeroed(100), 0));
     assert_eq!(result.unwrap_err().errno(), libc::EINVAL);
     assert_eq!(volume.getattr(attr.ino).unwrap().size, 0, "nothing was written");
 }
@@ -284,13 +284,13 @@ fn hundreds_of_async_requests_in_flight_from_one_thread(block_bytes: u32) {
             })
             .collect();
         for future in writes {
-            assert_eq!(block_on(future).1.unwrap(), length, "{engine}");
+            assert_eq!(block_on(future).0.unwrap(), length, "{engine}");
         }
         let reads: Vec<_> = (0..256u64)
             .map(|index| file.read_at_async(AlignedBuf::zeroed(slot), index * slot as u64))
             .collect();
         for (index, future) in reads.into_iter().enumerate() {
-            let (buffer, result) = block_on(future);
+            let (result, buffer) = block_on(future);
             assert_eq!(result.unwrap(), slot);
             assert_eq!(
                 &buffer[start..start + length],
@@ -319,10 +319,10 @@ fn async_writes_into_holes_and_past_eof_complete_and_persist(block_bytes: u32) {
         .map(|index| file.write_at_async(aligned(&pattern(index, write)), index * stride as u64))
         .collect();
     for future in in_holes {
-        block_on(future).1.unwrap();
+        block_on(future).0.unwrap();
     }
     let unit = direct_unit(block_bytes);
-    let (_, extended) =
+    let (extended, _) =
         block_on(file.write_at_async(aligned(&pattern(99, 3 * unit)), (sparse + unit) as u64));
     extended.unwrap();
     assert_eq!(volume.getattr(attr.ino).unwrap().size, (sparse + 4 * unit) as u64);
@@ -449,14 +449,14 @@ fn queue_of_hole_writes_and_overwrites(
                 let mut in_flight = VecDeque::new();
                 for (pos, data) in writes {
                     if in_flight.len() == QUEUE_DEPTH {
-                        let (_, result): (_, foliofs::Result<usize>) =
+                        let (result, _): (foliofs::Result<usize>, _) =
                             block_on(in_flight.pop_front().unwrap());
                         result.unwrap();
                     }
                     in_flight.push_back(file.write_at_async(aligned(&data), pos as u64));
                 }
                 for future in in_flight {
-                    block_on(future).1.unwrap();
+                    block_on(future).0.unwrap();
                 }
             })
         })
@@ -508,7 +508,7 @@ fn buffered_read_after_a_direct_write_sees_it_despite_racing_readers(block_bytes
                 if cycle % 3 == 0 {
                     writer.write_at(data, 0).unwrap();
                 } else {
-                    let (_, result) = block_on(writer.write_at_async(aligned(data), 0));
+                    let (result, _) = block_on(writer.write_at_async(aligned(data), 0));
                     result.unwrap();
                 }
                 checker.read_at(&mut seen, 0).unwrap();

@@ -159,7 +159,7 @@ mod tests {
         file.fallocate(FallocateMode::PunchHole, 4096, 4096).unwrap();
         let direct = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
         direct.write_at(&AlignedBuf::zeroed(4096), 8192).unwrap();
-        let (_, written) =
+        let (written, _) =
             crate::completion::block_on(direct.write_at_async(AlignedBuf::zeroed(4096), 16384));
         written.unwrap();
         volume.setattr(ino, &SetAttr { size: Some(100), ..SetAttr::default() }).unwrap();

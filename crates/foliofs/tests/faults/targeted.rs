@@ -122,7 +122,7 @@ pub(crate) fn assert_handles_refuse(buffered: &File, direct: &File, block_bytes:
         (
             "asynchronous direct overwrite",
             foliofs::completion::block_on(direct.write_at_async(AlignedBuf::zeroed(block), 0))
-                .1
+                .0
                 .map(|_| ()),
         ),
     ];
