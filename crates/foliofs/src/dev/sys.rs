@@ -16,29 +16,21 @@ pub(crate) const MAX_IOVECS: usize = libc::UIO_MAXIOV as usize;
 /// `_IOR(0x12, 114, size_t)` from <linux/fs.h>; libc does not export it.
 const BLKGETSIZE64: libc::Ioctl = ioctl_read_request(0x12, 114, std::mem::size_of::<usize>());
 
+/// mips, powerpc and sparc place the ioctl direction bits differently from
+/// the generic layout (and give "read" another value).
+const IOCTL_ALTERNATE_LAYOUT: bool = cfg!(any(
+    target_arch = "mips",
+    target_arch = "mips64",
+    target_arch = "powerpc",
+    target_arch = "powerpc64",
+    target_arch = "sparc",
+    target_arch = "sparc64"
+));
+
 /// Encodes `_IOR(kind, number, size)` for this architecture.
 const fn ioctl_read_request(kind: u32, number: u32, size_bytes: usize) -> libc::Ioctl {
-    // The direction field's position and the value of "read" differ between
-    // the generic layout and the one mips, powerpc and sparc use.
-    #[cfg(any(
-        target_arch = "mips",
-        target_arch = "mips64",
-        target_arch = "powerpc",
-        target_arch = "powerpc64",
-        target_arch = "sparc",
-        target_arch = "sparc64"
-    ))]
-    const READ_DIRECTION: u32 = 2 << 29;
-    #[cfg(not(any(
-        target_arch = "mips",
-        target_arch = "mips64",
-        target_arch = "powerpc",
-        target_arch = "powerpc64",
-        target_arch = "sparc",
-        target_arch = "sparc64"
-    )))]
-    const READ_DIRECTION: u32 = 2 << 30;
-    (READ_DIRECTION | ((size_bytes as u32) << 16) | (kind << 8) | number) as libc::Ioctl
+    let read_direction: u32 = if IOCTL_ALTERNATE_LAYOUT { 2 << 29 } else { 2 << 30 };
+    (read_direction | ((size_bytes as u32) << 16) | (kind << 8) | number) as libc::Ioctl
 }
 
 /// The O_DIRECT alignment a regular file's file system requires.
@@ -135,29 +127,11 @@ pub(crate) fn fdatasync(fd: BorrowedFd<'_>) -> io::Result<()> {
 const BLKDISCARD: libc::Ioctl = ioctl_none_request(0x12, 119);
 const BLKZEROOUT: libc::Ioctl = ioctl_none_request(0x12, 127);
 
-/// Encodes `_IO(kind, number)` for this architecture.
+/// Encodes `_IO(kind, number)` for this architecture: "no direction" is 0
+/// in the generic layout and 1 << 29 in the alternate one.
 const fn ioctl_none_request(kind: u32, number: u32) -> libc::Ioctl {
-    // "No direction" is 0 in the generic layout and 1 << 29 in the one
-    // mips, powerpc and sparc use.
-    #[cfg(any(
-        target_arch = "mips",
-        target_arch = "mips64",
-        target_arch = "powerpc",
-        target_arch = "powerpc64",
-        target_arch = "sparc",
-        target_arch = "sparc64"
-    ))]
-    const NONE_DIRECTION: u32 = 1 << 29;
-    #[cfg(not(any(
-        target_arch = "mips",
-        target_arch = "mips64",
-        target_arch = "powerpc",
-        target_arch = "powerpc64",
-        target_arch = "sparc",
-        target_arch = "sparc64"
-    )))]
-    const NONE_DIRECTION: u32 = 0;
-    (NONE_DIRECTION | (kind << 8) | number) as libc::Ioctl
+    let none_direction: u32 = if IOCTL_ALTERNATE_LAYOUT { 1 << 29 } else { 0 };
+    (none_direction | (kind << 8) | number) as libc::Ioctl
 }
 
 /// fallocate(2) with `mode` over `[offset_bytes, offset_bytes + length_bytes)`,
