@@ -73,6 +73,16 @@ fn options(fua: FuaMode) -> VolumeOptions {
     }
 }
 
+/// After the server failed a write: the fsync that needed it reports EIO,
+/// and metadata cannot be written either, so the volume turns read-only.
+fn fsync_fails_and_the_volume_turns_read_only(volume: &Volume, file: &foliofs::File) {
+    let error = file.fsync().unwrap_err();
+    assert_eq!(error.errno(), libc::EIO, "{error}");
+    let error = volume.checkpoint().unwrap_err();
+    assert!([libc::EIO, libc::EROFS].contains(&error.errno()), "{error}");
+    let error = volume.create(1, b"refused", 0o644, Owner::current()).unwrap_err();
+    assert_eq!(error.errno(), libc::EROFS, "{error}");
+}
 fn mkfs(uri: &Path) {
     Volume::mkfs_path(uri, None, &MkfsOptions::default(), &options(FuaMode::Native)).unwrap();
 }
@@ -222,13 +232,7 @@ fn server_write_errors_are_eio_then_read_only_and_nothing_fsynced_is_lost() {
     let other = volume.open_file(later, OpenFlags::READ_WRITE).unwrap();
     other.write_at(&[5; 10_000], 0).unwrap();
     std::fs::write(&inject, b"").unwrap();
-    let error = other.fsync().unwrap_err();
-    assert_eq!(error.errno(), libc::EIO, "{error}");
-    // Metadata cannot be written either: the volume turns read-only.
-    let error = volume.checkpoint().unwrap_err();
-    assert!([libc::EIO, libc::EROFS].contains(&error.errno()), "{error}");
-    let error = volume.create(1, b"refused", 0o644, Owner::current()).unwrap_err();
-    assert_eq!(error.errno(), libc::EROFS, "{error}");
+    fsync_fails_and_the_volume_turns_read_only(&volume, &other);
     std::fs::remove_file(&inject).unwrap();
     drop((handle, other));
     let _ = volume.close();
@@ -466,13 +470,7 @@ fn blkdebug_write_errors_on_qemu_nbd_turn_the_volume_read_only_and_lose_nothing_
     let later = volume.create(1, b"later", 0o644, Owner::current()).unwrap().ino;
     let other = volume.open_file(later, OpenFlags::READ_WRITE).unwrap();
     other.write_at(&[5; 10_000], 0).unwrap();
-    let error = other.fsync().unwrap_err();
-    assert_eq!(error.errno(), libc::EIO, "{error}");
-    // Metadata cannot be written either: the volume turns read-only.
-    let error = volume.checkpoint().unwrap_err();
-    assert!([libc::EIO, libc::EROFS].contains(&error.errno()), "{error}");
-    let error = volume.create(1, b"refused", 0o644, Owner::current()).unwrap_err();
-    assert_eq!(error.errno(), libc::EROFS, "{error}");
+    fsync_fails_and_the_volume_turns_read_only(&volume, &other);
     drop(other);
     let _ = volume.close();
     drop(faulty);
