@@ -71,7 +71,7 @@ fn round_trip_a_source_tree() {
     assert_eq!(snapshot(&out.join("src")), snapshot(&source_tree()));
     let fsck = ok(&["fsck", image]);
     assert!(fsck.contains("clean"), "{fsck}");
-    let fiemap = ok(&["fiemap", &format!("{image}:/copy/src/journal.rs")]);
+    let fiemap = ok(&["fiemap", &format!("{image}:/copy/src/journal/mod.rs")]);
     assert!(fiemap.contains("1 extent found"), "{fiemap}");
     ok(&["rm", "-r", &format!("{image}:/copy")]);
     assert_eq!(ok(&["ls", &format!("{image}:/")]), "");
