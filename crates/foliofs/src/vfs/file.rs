@@ -302,6 +302,14 @@ impl File {
         let size = self.shared.engine.size_of(self.ino)?;
         let consumed_end = if end >= size { u64::MAX } else { end };
         self.inode.drop_behind_range(pos, end, consumed_end);
+        // And the folios wholly behind this read that an earlier read
+        // finished while a concurrent one still held them (the kernel sends
+        // readahead from several threads, so reads end out of order): a
+        // reader moving forward does not come back for them. Cheap, since
+        // drop-behind leaves few of the file's folios cached.
+        if pos > 0 {
+            self.inode.drop_behind_range(0, pos, pos);
+        }
         Ok(())
     }
 
