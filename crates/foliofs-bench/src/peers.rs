@@ -246,6 +246,11 @@ impl FuseMount {
     pub fn stop(mut self) -> anyhow::Result<()> {
         let mut daemon = self.daemon.take().expect("running");
         if let Err(error) = run(Command::new("umount").arg(&self.mount)) {
+            // Name what kept the mount busy: the failure is rare and only under load, so the
+            // error itself must carry the evidence.
+            let holders = mount_holders(&self.mount);
+            let error =
+                error.context(format!("processes using {}: {holders:?}", self.mount.display()));
             let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
             let _ = daemon.kill();
             let _ = daemon.wait();
@@ -311,4 +316,55 @@ pub fn fio(arguments: &[String]) -> anyhow::Result<Value> {
     let start = output.find('{').context("fio printed no JSON")?;
     let json: Value = serde_json::from_str(&output[start..]).context("parse fio's JSON")?;
     Ok(json["jobs"][0].clone())
+}
+
+/// Processes with an open file, working directory or root under `point`, as "PID (COMM) PATH".
+fn mount_holders(point: &Path) -> Vec<String> {
+    let mut holders = Vec::new();
+    let Ok(processes) = std::fs::read_dir("/proc") else { return holders };
+    for process in processes.flatten() {
+        let pid = process.file_name();
+        if !pid.to_string_lossy().bytes().all(|byte| byte.is_ascii_digit()) {
+            continue;
+        }
+        let dir = process.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let mut links: Vec<PathBuf> = vec![dir.join("cwd"), dir.join("root")];
+        if let Ok(fds) = std::fs::read_dir(dir.join("fd")) {
+            links.extend(fds.flatten().map(|fd| fd.path()));
+        }
+        for link in links {
+            if let Ok(target) = std::fs::read_link(&link) {
+                if target.starts_with(point) {
+                    holders.push(format!(
+                        "{} ({}) {}",
+                        pid.to_string_lossy(),
+                        comm.trim(),
+                        target.display()
+                    ));
+                }
+            }
+        }
+    }
+    holders
+}
+
+#[cfg(test)]
+mod holder_tests {
+    use super::mount_holders;
+
+    #[test]
+    fn mount_holders_names_this_process_open_file() {
+        let dir = std::env::temp_dir().join(format!("foliofs-holders-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("held");
+        let _file = std::fs::File::create(&path).unwrap();
+        let me = std::process::id().to_string();
+        let holders = mount_holders(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            holders.iter().any(|holder| holder.starts_with(&me) && holder.ends_with("held")),
+            "{holders:?}"
+        );
+    }
 }
