@@ -80,6 +80,15 @@ const NOTE_ROW_PIXELS: u32 = 16;
 /// Space kept between two clusters' labels.
 const LABEL_GAP_PIXELS: u32 = 24;
 
+/// Under each cluster's name, the seed's posted gain beside this run's.
+fn cluster_notes(result: &SeedResult) -> Vec<Option<String>> {
+    result
+        .groups
+        .iter()
+        .map(|group| crate::posted::chart_note(result.id, group, result.metric))
+        .collect()
+}
+
 /// Wide enough that no cluster's name or note runs into its neighbour's:
 /// every cluster gets the width of the widest label plus a gap.
 fn chart_width(result: &SeedResult, notes: &[Option<String>]) -> u32 {
@@ -126,12 +135,7 @@ pub fn draw(path: &Path, result: &SeedResult) -> anyhow::Result<bool> {
         .fold(0.0f64, f64::max)
         .max(1.0);
     let groups = result.groups.len();
-    // Under each cluster's name, the seed's posted gain beside this run's.
-    let notes: Vec<Option<String>> = result
-        .groups
-        .iter()
-        .map(|group| crate::posted::chart_note(result.id, group, result.metric))
-        .collect();
+    let notes = cluster_notes(result);
     let note_rows = usize::from(notes.iter().any(Option::is_some));
     let x_label_pixels = 40 + note_rows as u32 * NOTE_ROW_PIXELS;
     let width = chart_width(result, &notes);
@@ -270,11 +274,7 @@ mod tests {
     fn no_cluster_label_is_wider_than_its_cluster() {
         assert!(font_ready(), "the chart tests need fonts-dejavu-core");
         let result = seed_004_shaped(&["foliofs", "folio_max=4k"]);
-        let notes: Vec<Option<String>> = result
-            .groups
-            .iter()
-            .map(|group| crate::posted::chart_note(result.id, group, result.metric))
-            .collect();
+        let notes = cluster_notes(&result);
         let width = chart_width(&result, &notes);
         let cluster_pixels = (width - Y_LABEL_PIXELS - 2 * 12) / result.groups.len() as u32;
         let font = ("sans-serif", 13).into_font();

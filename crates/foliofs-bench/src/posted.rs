@@ -4,7 +4,7 @@
 //! the same fio shape. Machines differ, so what can be compared is the gain,
 //! new over old, and the tables and charts put the two gains side by side.
 
-use crate::results::{Group, Metric};
+use crate::results::{format_number, Group, Metric};
 
 /// One figure of a post: what was measured and the value in its unit.
 #[derive(Debug, Clone, Copy)]
@@ -54,9 +54,9 @@ impl Posted {
             "posted ({}): {} {} -> {} {} {}, {:.2}x",
             self.setting,
             self.old.label,
-            format_figure(self.old.value),
+            format_number(self.old.value),
             self.new.label,
-            format_figure(self.new.value),
+            format_number(self.new.value),
             self.unit,
             self.posted_gain()
         );
@@ -86,16 +86,6 @@ pub fn chart_note(id: &str, group: &Group, metric: Metric) -> Option<String> {
         note.push_str(&format!("; here {gain:.2}x"));
     }
     Some(note)
-}
-
-fn format_figure(value: f64) -> String {
-    if value >= 100_000.0 {
-        format!("{:.0}k", value / 1000.0)
-    } else if value >= 100.0 {
-        format!("{value:.0}")
-    } else {
-        format!("{value:.3}")
-    }
 }
 
 /// The posted pairs of seed `id` (000 to 004), in the order of its groups.
@@ -245,7 +235,7 @@ mod tests {
         let posted: Vec<_> = for_group("000", &group).collect();
         assert_eq!(posted.len(), 1);
         let line = posted[0].summary(&group, Metric::Iops);
-        assert!(line.contains("v6.2 4328 -> patched 801k IOPS, 185.07x"), "{line}");
+        assert!(line.contains("v6.2 4,328 -> patched 801,000 IOPS, 185.07x"), "{line}");
         assert!(
             line.ends_with("here dio_unaligned=exclusive -> dio_unaligned=overwrite: 15.00x"),
             "{line}"

@@ -86,7 +86,7 @@ impl Metric {
     }
 }
 
-fn format_number(value: f64) -> String {
+pub(crate) fn format_number(value: f64) -> String {
     if value >= 100.0 {
         let whole = value.round() as u64;
         let digits = whole.to_string();
