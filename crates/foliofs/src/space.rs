@@ -281,13 +281,20 @@ fn allocate_once(
                 done += run.count;
             }
         }
-        if runs.len() + written.len() > records_max {
+        // Free space in pieces may need more runs than the holes: reserve
+        // for the records these runs make.
+        let room = if runs.len() + written.len() > records_max {
+            Err(Error::NoSpace(format!(
+                "fallocate of inode {ino} needs more extents than one journal transaction holds"
+            )))
+        } else {
+            txn.ensure_metadata_room(48 * (runs.len() + written.len()) as u64 + 128)
+        };
+        if let Err(error) = room {
             for (_, run) in runs.drain(..) {
                 txn.state_mut().alloc.free(run);
             }
-            return Err(Error::NoSpace(format!(
-                "fallocate of inode {ino} needs more extents than one journal transaction holds"
-            )));
+            return Err(error);
         }
         for (file_block, run) in runs {
             iomap::map_unwritten(txn, ino, file_block, run.start, run.count);
@@ -329,8 +336,8 @@ fn shift(
                 moved.len()
             )));
         }
-        txn.ensure_metadata_room(48 * moved.len() as u64 + 128)?;
         let mapped_end = extents.end_block();
+        txn.ensure_metadata_room(48 * moved.len() as u64 + 128)?;
         if mapped_end > first {
             txn.apply(Record::ExtentUnmap {
                 ino,

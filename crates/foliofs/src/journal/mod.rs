@@ -68,6 +68,12 @@ impl JournalGeometry {
         self.journal_bytes / 4
     }
 
+    /// Room for records in the largest group, after its header: what one
+    /// transaction may log.
+    pub fn group_payload_bytes_max(&self) -> u64 {
+        self.group_bytes_max() - GROUP_HEADER_BYTES as u64
+    }
+
     /// Room for the checkpoint payload after its header sector.
     pub fn slot_payload_bytes_max(&self) -> u64 {
         self.slot_bytes - u64::from(self.sector_bytes)
@@ -183,7 +189,7 @@ impl Journal {
             record.encode(&mut writer);
         }
         assert!(
-            (writer.len() as u64) + GROUP_HEADER_BYTES as u64 <= self.geometry.group_bytes_max(),
+            writer.len() as u64 <= self.geometry.group_payload_bytes_max(),
             "a transaction of {} bytes exceeds the journal group limit",
             writer.len()
         );
@@ -272,7 +278,7 @@ impl Journal {
         &self,
         inner: &mut parking_lot::MutexGuard<'_, Inner>,
     ) -> Result<(), CommitError> {
-        let payload_bytes_max = self.geometry.group_bytes_max() as usize - GROUP_HEADER_BYTES;
+        let payload_bytes_max = self.geometry.group_payload_bytes_max() as usize;
         let taken_txns = inner
             .pending_txn_ends
             .iter()

@@ -175,7 +175,7 @@ impl<'a> GroupReader<'a> {
         self.device
             .read(geometry.journal_offset + physical, &mut first_sector)
             .context(|| "read journal".into())?;
-        let payload_max = geometry.group_bytes_max() - GROUP_HEADER_BYTES as u64;
+        let payload_max = geometry.group_payload_bytes_max();
         let Ok(header) = decode_group_header(&first_sector, &geometry.uuid, payload_max) else {
             return Ok(None);
         };

@@ -72,9 +72,24 @@ pub struct MetaStore {
     discard_block_bytes: AtomicU64,
 }
 
+/// Journal bytes any transaction may use without reserving them: a few
+/// inode, directory-entry and extent records (each under 300 bytes). The
+/// smallest journal's group (`JOURNAL_BYTES_MIN / 4`, 16 KiB) holds it many
+/// times over, so only a transaction that reserves more can be refused.
+pub const TXN_LOG_BYTES_UNRESERVED: u64 = 1024;
+
 /// A transaction: records applied to the state as they are added, appended to
 /// the journal when the closure returns Ok. A closure validates before its
 /// first `apply`; returning an error after applying is a bug (asserted).
+///
+/// Its size is bounded here, where it can still be refused: a transaction
+/// must fit one journal group (replay applies whole groups), so a closure
+/// whose records can grow past [`TXN_LOG_BYTES_UNRESERVED`] reserves their
+/// room with [`Txn::ensure_metadata_room`] before its first `apply`, which
+/// fails with ENOSPC when the group cannot hold them. `apply` asserts that
+/// the records stay within what was reserved, so an estimate that falls
+/// short is caught at the operation that made it, never as a journal write
+/// that cannot be done.
 pub struct Txn<'a> {
     state: &'a mut MetaState,
     records: Vec<Record>,
@@ -87,6 +102,14 @@ pub struct Txn<'a> {
     /// reading data back (for the per-inode lsns fsync and fdatasync use).
     touched: Vec<(u64, bool)>,
     metadata_bytes_max: u64,
+    /// Upper bound of the applied records' encoded size
+    /// ([`Record::encoded_bytes_max`]).
+    log_bytes: u64,
+    /// What `log_bytes` may reach: the unreserved allowance, raised by
+    /// `ensure_metadata_room`; never above `log_bytes_max`.
+    log_bytes_granted: u64,
+    /// One journal group's payload.
+    log_bytes_max: u64,
 }
 
 impl Txn<'_> {
@@ -102,6 +125,14 @@ impl Txn<'_> {
 
     /// Applies `record` now and logs it at the end of the transaction.
     pub fn apply(&mut self, record: Record) {
+        self.log_bytes += record.encoded_bytes_max() as u64;
+        assert!(
+            self.log_bytes <= self.log_bytes_granted,
+            "transaction outgrew its reservation: {} journal bytes after {record:?}, {} reserved \
+             (reserve with ensure_metadata_room before the first apply)",
+            self.log_bytes,
+            self.log_bytes_granted
+        );
         self.note_touched(&record);
         if let Record::ExtentMap { dev_block, block_count, .. } = record {
             self.remapped.push(BlockRun { start: dev_block, count: block_count });
@@ -143,9 +174,12 @@ impl Txn<'_> {
         self.records.len()
     }
 
-    /// Fails with ENOSPC if the metadata would outgrow the checkpoint slot
-    /// after adding about `extra_bytes`.
-    pub fn ensure_metadata_room(&self, extra_bytes: u64) -> Result<()> {
+    /// Reserves room for records of up to `extra_bytes` (encoded, as
+    /// [`Record::encoded_bytes_max`] counts them) beyond those applied so
+    /// far and the unreserved allowance. Fails with ENOSPC, changing
+    /// nothing, if they would not fit one journal group or the metadata
+    /// would outgrow the checkpoint slot.
+    pub fn ensure_metadata_room(&mut self, extra_bytes: u64) -> Result<()> {
         let needed = self.state.persisted_bytes_estimate() + extra_bytes;
         if needed > self.metadata_bytes_max {
             return Err(Error::NoSpace(format!(
@@ -153,6 +187,15 @@ impl Txn<'_> {
                 self.metadata_bytes_max
             )));
         }
+        let log_bytes_needed = self.log_bytes + extra_bytes + TXN_LOG_BYTES_UNRESERVED;
+        if log_bytes_needed > self.log_bytes_max {
+            return Err(Error::NoSpace(format!(
+                "one change would need {log_bytes_needed} bytes of journal; a journal group \
+                 holds {} (make the volume with a larger journal)",
+                self.log_bytes_max
+            )));
+        }
+        self.log_bytes_granted = self.log_bytes_granted.max(log_bytes_needed);
         Ok(())
     }
 }
@@ -239,6 +282,8 @@ impl MetaStore {
             return Err(refusal);
         }
         let metadata_bytes_max = self.journal.geometry().slot_payload_bytes_max();
+        let log_bytes_max = self.journal.geometry().group_payload_bytes_max();
+        debug_assert!(TXN_LOG_BYTES_UNRESERVED <= log_bytes_max);
         let mut state = self.state.write();
         state.release_pending_frees(self.journal.durable_lsn());
         let mut txn = Txn {
@@ -248,6 +293,9 @@ impl MetaStore {
             remapped: Vec::new(),
             touched: Vec::new(),
             metadata_bytes_max,
+            log_bytes: 0,
+            log_bytes_granted: TXN_LOG_BYTES_UNRESERVED.min(log_bytes_max),
+            log_bytes_max,
         };
         let value = match change(&mut txn) {
             Ok(value) => value,

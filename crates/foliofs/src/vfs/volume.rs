@@ -509,14 +509,25 @@ fn free_orphans(shared: &Shared) -> Result<()> {
         return Ok(());
     }
     tracing::info!("freeing {} orphaned inodes", orphans.len());
-    let (_, lsn) = shared.meta.transact(|txn| {
-        for &ino in &orphans {
-            txn.apply(Record::InodeFree { ino });
-        }
-        Ok(())
-    })?;
+    // In batches: one transaction must fit a journal group, and a crash can
+    // leave more orphans than a small journal's group holds records.
+    let mut lsn = 0;
+    for batch in orphans.chunks(ORPHANS_FREED_PER_TXN) {
+        let free_record_bytes = Record::InodeFree { ino: batch[0] }.encoded_bytes_max() as u64;
+        (_, lsn) = shared.meta.transact(|txn| {
+            txn.ensure_metadata_room(free_record_bytes * batch.len() as u64)?;
+            for &ino in batch {
+                txn.apply(Record::InodeFree { ino });
+            }
+            Ok(())
+        })?;
+    }
     shared.meta.commit(lsn)
 }
+
+/// Orphans freed by one transaction at mount: 9 bytes of journal each, so a
+/// batch fits the smallest journal's 16 KiB group with room to spare.
+const ORPHANS_FREED_PER_TXN: usize = 1024;
 
 /// Commits the journal every `interval_ms` and checkpoints when it fills.
 fn spawn_background(shared: Weak<Shared>, interval_ms: u64) -> std::io::Result<JoinHandle<()>> {

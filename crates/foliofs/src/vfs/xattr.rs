@@ -166,6 +166,7 @@ impl Volume {
             )));
         }
         self.shared.meta.transact(|txn| {
+            txn.ensure_metadata_room(record_bytes)?;
             let inode = inode_of(txn.state(), ino)?;
             if let Some(why) = refusal(namespace, inode.attrs.kind, privilege, name) {
                 return Err(Error::NotPermitted(why));
@@ -192,7 +193,6 @@ impl Volume {
                      {XATTR_LIST_BYTES_MAX} bytes"
                 )));
             }
-            txn.ensure_metadata_room(record_bytes)?;
             let mut attrs = inode.attrs;
             attrs.ctime = Timestamp::now();
             attrs.mode = mode.unwrap_or(attrs.mode);
