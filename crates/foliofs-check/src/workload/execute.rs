@@ -1,0 +1,414 @@
+//! Running one op on the volume and on the thread's model together, and
+//! what the crash checks may then expect of it.
+
+use foliofs::dev::AlignedBuf;
+use foliofs::space::FallocateMode;
+use foliofs::{OpenFlags, Privilege, RenameFlags, Volume, XattrFlags};
+
+use super::{xattr_name, InodeModel, Op, SpanKind, ThreadModel};
+use crate::model::{apply_fallocate, read_file, read_xattrs};
+use crate::{owner, pattern, SECTOR_BYTES};
+
+pub(super) type Executed = Result<(Vec<u64>, SpanKind), String>;
+
+fn skipped() -> Executed {
+    Ok((Vec::new(), SpanKind::Other))
+}
+
+fn dsync_kind(durable: bool, ino: u64, pos: u64, data: Vec<u8>) -> SpanKind {
+    if durable {
+        SpanKind::DsyncWrite { ino, pos, data }
+    } else {
+        SpanKind::Other
+    }
+}
+
+fn split(path: &str) -> (&str, &str) {
+    path.rsplit_once('/').expect("absolute path")
+}
+
+fn open(volume: &Volume, ino: u64, flags: OpenFlags) -> Result<foliofs::File, String> {
+    volume.open_file(ino, flags).map_err(|error| format!("open inode {ino}: {error}"))
+}
+
+impl ThreadModel {
+    /// Runs `op` on the volume and the model. Ops that do not fit the
+    /// model (after shrinking removed what they needed) are skipped.
+    pub fn execute(&mut self, volume: &Volume, op: &Op) -> Executed {
+        match op {
+            Op::Create { path } | Op::Mkdir { path } => {
+                let (dir_path, name) = split(path);
+                let Some(dir) = self.dir_ino(dir_path) else { return skipped() };
+                if self.exists(path) {
+                    return skipped();
+                }
+                if matches!(op, Op::Mkdir { .. }) {
+                    let attr = volume
+                        .mkdir(dir, name.as_bytes(), 0o755, owner())
+                        .map_err(|error| format!("mkdir: {error}"))?;
+                    self.dirs.push((path.clone(), attr.ino));
+                    return Ok((vec![dir, attr.ino], SpanKind::Other));
+                }
+                let attr = volume
+                    .create(dir, name.as_bytes(), 0o644, owner())
+                    .map_err(|error| format!("create: {error}"))?;
+                self.files.insert(path.clone(), attr.ino);
+                self.inodes.insert(attr.ino, InodeModel::new(false));
+                Ok((vec![dir, attr.ino], SpanKind::Other))
+            }
+            Op::Write { path, pos, len, data, direct, dsync } => {
+                let Some(&ino) = self.files.get(path) else { return skipped() };
+                let data = pattern(*data, *len);
+                let whole = self.write(volume, ino, *pos, &data, *direct, *dsync)?;
+                Ok((vec![ino], dsync_kind(*dsync && whole, ino, *pos, data)))
+            }
+            Op::Append { path, len, data, direct, dsync } => {
+                let Some(&ino) = self.logs.get(path) else { return skipped() };
+                let pos = self.inodes[&ino].content.len() as u64;
+                let direct = *direct && pos.is_multiple_of(u64::from(SECTOR_BYTES));
+                let data = pattern(*data, *len);
+                let whole = self.write(volume, ino, pos, &data, direct, *dsync)?;
+                Ok((vec![ino], dsync_kind(*dsync && whole, ino, pos, data)))
+            }
+            Op::Truncate { path, size } => {
+                let Some(&ino) = self.files.get(path) else { return skipped() };
+                let file = open(volume, ino, OpenFlags::WRITE)?;
+                file.set_len(*size).map_err(|error| format!("truncate: {error}"))?;
+                let inode = self.inodes.get_mut(&ino).expect("known");
+                inode.content.resize(*size as usize, 0);
+                inode.sizes_seen.insert(*size);
+                Ok((vec![ino], SpanKind::Other))
+            }
+            Op::Fallocate { path, mode, offset, len } => {
+                self.fallocate_op(volume, path, *mode, *offset, *len)
+            }
+            Op::Rename { from, to } => self.rename_op(volume, from, to),
+            Op::Link { from, to } => {
+                let Some(ino) = self.files.get(from).copied().or_else(|| self.symlink_ino(from))
+                else {
+                    return skipped();
+                };
+                let (to_dir_path, to_name) = split(to);
+                let Some(to_dir) = self.dir_ino(to_dir_path) else { return skipped() };
+                if self.exists(to) {
+                    return skipped();
+                }
+                volume
+                    .link(ino, to_dir, to_name.as_bytes())
+                    .map_err(|error| format!("link: {error}"))?;
+                if let Some(link) = self.symlinks.get(from).cloned() {
+                    self.symlinks.insert(to.clone(), link);
+                } else {
+                    self.files.insert(to.clone(), ino);
+                }
+                Ok((vec![ino, to_dir], SpanKind::Other))
+            }
+            Op::Unlink { path } => {
+                let Some(ino) = self.files.get(path).copied().or_else(|| self.symlink_ino(path))
+                else {
+                    return skipped();
+                };
+                let (dir_path, name) = split(path);
+                let dir = self.dir_ino(dir_path).expect("a file's directory is known");
+                volume.unlink(dir, name.as_bytes()).map_err(|error| format!("unlink: {error}"))?;
+                self.files.remove(path);
+                self.symlinks.remove(path);
+                Ok((vec![ino, dir], SpanKind::Other))
+            }
+            Op::Symlink { path, target } => {
+                let (dir_path, name) = split(path);
+                let Some(dir) = self.dir_ino(dir_path) else { return skipped() };
+                if self.exists(path) {
+                    return skipped();
+                }
+                let attr = volume
+                    .symlink(dir, name.as_bytes(), target.as_bytes(), owner())
+                    .map_err(|error| format!("symlink: {error}"))?;
+                self.symlinks.insert(path.clone(), (attr.ino, target.clone()));
+                Ok((vec![dir, attr.ino], SpanKind::Other))
+            }
+            Op::RenameDir { from, to } => self.rename_dir_op(volume, from, to),
+            Op::Rmdir { path } => {
+                let Some(ino) = self.dir_ino(path).filter(|_| *path != self.base) else {
+                    return skipped();
+                };
+                let (parent_path, name) = split(path);
+                let parent = self.dir_ino(parent_path).expect("a directory's parent is known");
+                let result = volume.rmdir(parent, name.as_bytes());
+                if !self.is_empty_dir(path) {
+                    return match result {
+                        Err(error) if error.errno() == libc::ENOTEMPTY => skipped(),
+                        Err(error) => Err(format!("rmdir of a non-empty directory: {error}")),
+                        Ok(()) => Err("rmdir removed a directory that is not empty".into()),
+                    };
+                }
+                result.map_err(|error| format!("rmdir: {error}"))?;
+                self.dirs.retain(|(dir, _)| dir != path);
+                Ok((vec![parent, ino], SpanKind::Other))
+            }
+            Op::FsyncDir { path } => {
+                let Some(ino) = self.dir_ino(path) else { return skipped() };
+                volume.fsync_inode(ino, false).map_err(|error| format!("fsync dir: {error}"))?;
+                Ok((Vec::new(), SpanKind::FsyncDir { ino }))
+            }
+            Op::Fsync { path, data_only } => self.fsync_op(volume, path, *data_only),
+            Op::Sync => {
+                volume.sync().map_err(|error| format!("syncfs: {error}"))?;
+                Ok((Vec::new(), SpanKind::Sync(self.tree())))
+            }
+            Op::Checkpoint => {
+                volume.checkpoint().map_err(|error| format!("checkpoint: {error}"))?;
+                Ok((Vec::new(), SpanKind::Other))
+            }
+            Op::SetXattr { path, name, len, data } => {
+                let Some(&ino) = self.files.get(path).or_else(|| self.logs.get(path)) else {
+                    return skipped();
+                };
+                let (name, value) = (xattr_name(*name), pattern(*data, *len));
+                volume
+                    .set_xattr(ino, &name, &value, XattrFlags::default(), Privilege::Unprivileged)
+                    .map_err(|error| format!("setxattr: {error}"))?;
+                let inode = self.inodes.get_mut(&ino).expect("known");
+                inode.xattrs.insert(name, value);
+                inode.xattr_states.push(inode.xattrs.clone());
+                Ok((vec![ino], SpanKind::Other))
+            }
+            Op::RemoveXattr { path, name } => {
+                let Some(&ino) = self.files.get(path).or_else(|| self.logs.get(path)) else {
+                    return skipped();
+                };
+                let name = xattr_name(*name);
+                let inode = self.inodes.get_mut(&ino).expect("known");
+                if !inode.xattrs.contains_key(&name) {
+                    return skipped();
+                }
+                volume
+                    .remove_xattr(ino, &name, Privilege::Unprivileged)
+                    .map_err(|error| format!("removexattr: {error}"))?;
+                inode.xattrs.remove(&name);
+                inode.xattr_states.push(inode.xattrs.clone());
+                Ok((vec![ino], SpanKind::Other))
+            }
+        }
+    }
+
+    fn fallocate_op(
+        &mut self,
+        volume: &Volume,
+        path: &str,
+        mode: FallocateMode,
+        offset: u64,
+        len: u64,
+    ) -> Executed {
+        let Some(&ino) = self.files.get(path) else { return skipped() };
+        let file = open(volume, ino, OpenFlags::WRITE)?;
+        match file.fallocate(mode, offset, len) {
+            Ok(()) => {
+                let inode = self.inodes.get_mut(&ino).expect("known");
+                apply_fallocate(&mut inode.content, mode, offset as usize, len as usize);
+                // Shifted bytes were given at their new offsets too.
+                inode.history.record(0, &inode.content);
+                inode.sizes_seen.insert(inode.content.len() as u64);
+                Ok((vec![ino], SpanKind::Other))
+            }
+            Err(error) if matches!(error.errno(), libc::EINVAL | libc::ENOSPC | libc::EFBIG) => {
+                // Refused: the file must be as it was.
+                let now = read_file(volume, ino).map_err(|error| format!("read back: {error}"))?;
+                if now != self.inodes[&ino].content {
+                    return Err(format!("fallocate refused ({error}) but changed the file"));
+                }
+                Ok((Vec::new(), SpanKind::Other))
+            }
+            Err(error) => Err(format!("fallocate: {error}")),
+        }
+    }
+
+    fn rename_op(&mut self, volume: &Volume, from: &str, to: &str) -> Executed {
+        let Some(ino) = self.files.get(from).copied().or_else(|| self.symlink_ino(from)) else {
+            return skipped();
+        };
+        let (from_dir, from_name) = split(from);
+        let (to_dir_path, to_name) = split(to);
+        let Some(to_dir) = self.dir_ino(to_dir_path) else { return skipped() };
+        let from_dir = self.dir_ino(from_dir).expect("a file's directory is known");
+        if from == to || self.logs.contains_key(to) || self.dirs.iter().any(|d| d.0 == to) {
+            return skipped();
+        }
+        let target_ino = self.files.get(to).copied().or_else(|| self.symlink_ino(to));
+        volume
+            .rename(
+                from_dir,
+                from_name.as_bytes(),
+                to_dir,
+                to_name.as_bytes(),
+                RenameFlags::default(),
+            )
+            .map_err(|error| format!("rename: {error}"))?;
+        if target_ino == Some(ino) {
+            // Both names are links to one inode: POSIX says do nothing.
+            return Ok((Vec::new(), SpanKind::Other));
+        }
+        let victim = self.files.remove(to).or(self.symlinks.remove(to).map(|(ino, _)| ino));
+        if let Some(ino) = self.files.remove(from) {
+            self.files.insert(to.to_string(), ino);
+        } else if let Some(link) = self.symlinks.remove(from) {
+            self.symlinks.insert(to.to_string(), link);
+        }
+        let touched = [Some(ino), victim, Some(from_dir), Some(to_dir)];
+        Ok((touched.into_iter().flatten().collect(), SpanKind::Other))
+    }
+
+    fn fsync_op(&mut self, volume: &Volume, path: &str, data_only: bool) -> Executed {
+        let Some(&ino) = self.files.get(path).or_else(|| self.logs.get(path)) else {
+            return skipped();
+        };
+        let file = open(volume, ino, OpenFlags::READ)?;
+        if data_only { file.fdatasync() } else { file.fsync() }
+            .map_err(|error| format!("fsync: {error}"))?;
+        let content = self.inodes[&ino].content.clone();
+        let xattrs = self.inodes[&ino].xattrs.clone();
+        // The model must agree with the live file, or every crash
+        // check after this would be wrong.
+        let live_xattrs = read_xattrs(volume, ino)?;
+        if live_xattrs != xattrs {
+            return Err(format!(
+                "live extended attributes differ from the model: {:?} vs {:?}",
+                live_xattrs.keys().collect::<Vec<_>>(),
+                xattrs.keys().collect::<Vec<_>>()
+            ));
+        }
+        let live = read_file(volume, ino).map_err(|error| format!("read: {error}"))?;
+        if live != content {
+            let at = live.iter().zip(&content).position(|(a, b)| a != b);
+            return Err(format!(
+                "live file differs from the model: {} vs {} bytes, first difference at {at:?}",
+                live.len(),
+                content.len()
+            ));
+        }
+        let xattrs = (!data_only).then_some(xattrs);
+        Ok((Vec::new(), SpanKind::Fsync { ino, content, xattrs }))
+    }
+
+    fn rename_dir_op(&mut self, volume: &Volume, from: &str, to: &str) -> Executed {
+        let Some(ino) = self.dir_ino(from).filter(|_| from != self.base) else {
+            return skipped();
+        };
+        let (from_parent_path, from_name) = split(from);
+        let (to_parent_path, to_name) = split(to);
+        let Some(to_parent) = self.dir_ino(to_parent_path) else { return skipped() };
+        let from_parent = self.dir_ino(from_parent_path).expect("a directory's parent is known");
+        let inside = |path: &str| path == from || path.starts_with(&format!("{from}/"));
+        let victim = self.dir_ino(to);
+        let over_empty_dir = victim.is_some() && self.is_empty_dir(to);
+        if inside(to) || (self.exists(to) && !over_empty_dir) {
+            return skipped();
+        }
+        volume
+            .rename(
+                from_parent,
+                from_name.as_bytes(),
+                to_parent,
+                to_name.as_bytes(),
+                RenameFlags::default(),
+            )
+            .map_err(|error| format!("rename of a directory: {error}"))?;
+        self.dirs.retain(|(dir, _)| dir != to);
+        let moved = |path: &String| -> String {
+            if inside(path) {
+                format!("{to}{}", &path[from.len()..])
+            } else {
+                path.clone()
+            }
+        };
+        for (dir, _) in &mut self.dirs {
+            *dir = moved(dir);
+        }
+        self.files = self.files.iter().map(|(path, ino)| (moved(path), *ino)).collect();
+        self.symlinks =
+            self.symlinks.iter().map(|(path, link)| (moved(path), link.clone())).collect();
+        let touched = [Some(ino), victim, Some(from_parent), Some(to_parent)];
+        Ok((touched.into_iter().flatten().collect(), SpanKind::Other))
+    }
+
+    /// Writes `data` at `pos`, buffered or direct, and updates the model.
+    /// A write refused or cut short for want of space must leave every byte
+    /// either as it was or as written; the model then takes what the file
+    /// holds. Whether the whole write went in.
+    fn write(
+        &mut self,
+        volume: &Volume,
+        ino: u64,
+        pos: u64,
+        data: &[u8],
+        direct: bool,
+        dsync: bool,
+    ) -> Result<bool, String> {
+        let flags = if direct { OpenFlags::WRITE.with_direct() } else { OpenFlags::WRITE };
+        let flags = if dsync { flags.with_dsync() } else { flags };
+        let file = open(volume, ino, flags)?;
+        let result = if direct {
+            file.write_at(&AlignedBuf::from_slice(data), pos)
+        } else {
+            file.write_at(data, pos)
+        };
+        drop(file);
+        let inode = self.inodes.get_mut(&ino).expect("known");
+        let start = pos as usize;
+        inode.history.record(start, data);
+        match result {
+            Ok(written) if written == data.len() => {
+                if inode.content.len() < start + written {
+                    inode.content.resize(start + written, 0);
+                }
+                inode.content[start..start + written].copy_from_slice(data);
+                inode.sizes_seen.insert(inode.content.len() as u64);
+                if direct {
+                    // A direct write past the on-disk size moves it to the
+                    // write's end, even when buffered data not yet written
+                    // back makes the file longer.
+                    inode.sizes_seen.insert((start + written) as u64);
+                }
+                Ok(true)
+            }
+            Ok(_) => self.adopt_partial(volume, ino, start, data).map(|()| false),
+            Err(error) if error.errno() == libc::ENOSPC => {
+                self.adopt_partial(volume, ino, start, data).map(|()| false)
+            }
+            Err(error) => Err(format!("write: {error}")),
+        }
+    }
+
+    fn adopt_partial(
+        &mut self,
+        volume: &Volume,
+        ino: u64,
+        start: usize,
+        data: &[u8],
+    ) -> Result<(), String> {
+        let now = read_file(volume, ino).map_err(|error| format!("read back: {error}"))?;
+        let inode = self.inodes.get_mut(&ino).expect("known");
+        let old = &inode.content;
+        let end = start + data.len();
+        if now.len() < old.len() || now.len() > old.len().max(end) {
+            return Err(format!(
+                "a write cut short for want of space left size {} (was {}, write ended at {end})",
+                now.len(),
+                old.len()
+            ));
+        }
+        for (pos, &byte) in now.iter().enumerate() {
+            let before = old.get(pos).copied().unwrap_or(0);
+            let written = (start..end).contains(&pos).then(|| data[pos - start]);
+            if byte != before && Some(byte) != written {
+                return Err(format!(
+                    "a write cut short for want of space left byte {pos} = {byte:#04x}, \
+                     neither the old {before:#04x} nor the new {written:?}"
+                ));
+            }
+        }
+        inode.content = now;
+        inode.sizes_seen.insert(inode.content.len() as u64);
+        Ok(())
+    }
+}
