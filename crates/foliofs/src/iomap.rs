@@ -74,6 +74,35 @@ pub fn begin(
     block_bytes: u64,
 ) -> Result<Mapping> {
     assert!(length > 0);
+    let mapping = map_first_blocks(meta, ino, pos, length, intent, block_bytes)?;
+    // What every caller relies on when it advances by the mapping, as the
+    // kernel's iomap_iter_done checks: it starts at or before `pos`, covers
+    // `pos`, ends no later than the block holding the range's last byte,
+    // and is in whole blocks; a hole has no device address.
+    let range_end = (pos + length).div_ceil(block_bytes) * block_bytes;
+    assert!(
+        mapping.length > 0
+            && mapping.offset <= pos
+            && mapping.end() > pos
+            && mapping.end() <= range_end
+            && mapping.offset.is_multiple_of(block_bytes)
+            && mapping.length.is_multiple_of(block_bytes)
+            && mapping.dev_offset.is_multiple_of(block_bytes)
+            && (mapping.kind != MapKind::Hole || (mapping.dev_offset == 0 && !mapping.new))
+            && (intent != Intent::Write || mapping.kind != MapKind::Hole),
+        "inode {ino}: mapping {mapping:?} for {length} bytes at {pos} ({intent:?})"
+    );
+    Ok(mapping)
+}
+
+fn map_first_blocks(
+    meta: &MetaStore,
+    ino: u64,
+    pos: u64,
+    length: u64,
+    intent: Intent,
+    block_bytes: u64,
+) -> Result<Mapping> {
     let first_block = pos / block_bytes;
     let wanted_blocks = (pos + length).div_ceil(block_bytes) - first_block;
     let mut commits_for_space = 0;

@@ -217,8 +217,16 @@ impl InodeCache {
         batch
     }
 
-    /// Marks blocks dirty (they must be uptodate and mapped).
+    /// Marks blocks dirty. They must be uptodate (writeback writes whole
+    /// blocks from memory) and mapped (their space reserved, so writeback
+    /// cannot meet ENOSPC): ARCHITECTURE.md's invariant, asserted here.
     pub fn mark_dirty(&self, state: &mut FolioState, first: usize, count: usize) {
+        assert!(
+            state.uptodate.all_set(first, count) && state.mapped.all_set(first, count),
+            "inode {}: blocks {first}..{} marked dirty while not uptodate and mapped",
+            self.ino,
+            first + count
+        );
         let newly = state.dirty.set_range(first, count);
         self.account_dirty(newly as i64);
     }
