@@ -17,10 +17,7 @@ impl ThreadModel {
         format!("{dir}/n{}", self.next_name)
     }
 
-    fn pick<'a>(
-        rng: &mut ChaCha8Rng,
-        map: &'a BTreeMap<String, u64>,
-    ) -> Option<&'a String> {
+    fn pick<'a>(rng: &mut ChaCha8Rng, map: &'a BTreeMap<String, u64>) -> Option<&'a String> {
         if map.is_empty() {
             return None;
         }
@@ -153,10 +150,7 @@ impl ThreadModel {
         }
     }
 
-    fn pick_symlink(
-        rng: &mut ChaCha8Rng,
-        map: &BTreeMap<String, (u64, String)>,
-    ) -> Option<String> {
+    fn pick_symlink(rng: &mut ChaCha8Rng, map: &BTreeMap<String, (u64, String)>) -> Option<String> {
         if map.is_empty() {
             return None;
         }
