@@ -198,8 +198,13 @@ impl FolioFs {
         ino: INodeNo,
         flags: WriteFlags,
     ) -> Result<(), Errno> {
-        let kill_setid = flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.volume.remove_privileges(ino.0, caller_ids(req), kill_setid) {
+        // The caller's ids decide only which set-ID bits go, so they are
+        // looked up (in /proc: three system calls and a dozen allocations)
+        // only for a file that has some; the library ignores them otherwise.
+        let kill_setid = flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)
+            && self.volume.getattr(ino.0).is_ok_and(|attr| attr.mode & SET_ID_BITS != 0);
+        let caller = if kill_setid { caller_ids(req) } else { owner(req) };
+        match self.volume.remove_privileges(ino.0, caller, kill_setid) {
             // The kernel keeps the old mode cached (a write or fallocate
             // reply carries no attributes, and `stat -c %A` asks for the
             // mode alone): drop its cached attributes.
@@ -291,6 +296,9 @@ fn failed(operation: &str, error: &Error) -> Errno {
 fn name_bytes(name: &OsStr) -> &[u8] {
     name.as_bytes()
 }
+
+/// The set-user-ID and set-group-ID mode bits.
+const SET_ID_BITS: u32 = libc::S_ISUID | libc::S_ISGID;
 
 fn owner(req: &Request) -> Owner {
     Owner { uid: req.uid(), gid: req.gid() }
