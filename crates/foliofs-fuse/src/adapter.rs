@@ -697,12 +697,10 @@ impl Filesystem for FolioFs {
             // sent from the read's completion.
             let buffer = self.direct_io.read_buffer(&reply, size as usize);
             let read = file.read_at_async(buffer, offset);
-            return in_flight::spawn(async move {
-                match read.await {
-                    (Ok(count), buffer) => reply.data(&buffer[..count]),
-                    (Err(error), _) => reply.error(failed("read", &error)),
-                }
-            });
+            return in_flight::spawn(in_flight::then(read, move |read| match read {
+                (Ok(count), buffer) => reply.data(&buffer[..count]),
+                (Err(error), _) => reply.error(failed("read", &error)),
+            }));
         }
         // From the engine's folio when one holds the range: one copy less
         // than through the staging buffer.
@@ -773,14 +771,13 @@ impl Filesystem for FolioFs {
             // Its change event comes from the thread that completes it.
             let write = invalidate::serving(write);
             let invalidator = Arc::clone(&self.invalidator);
-            return in_flight::spawn(async move {
-                let (written, _) = write.await;
+            return in_flight::spawn(in_flight::then(write, move |(written, _)| {
                 // After the invalidation of the range its completion queued.
                 invalidator.after_queued(move || match written {
                     Ok(count) => reply.written(count as u32),
                     Err(error) => reply.error(failed("write", &error)),
                 });
-            });
+            }));
         }
         // A buffered handle: the kernel's page cache took the write first
         // (write-through), or there is none (`page_cache=engine`).

@@ -41,19 +41,38 @@ pub type DirectResult = (Result<usize>, AlignedBuf);
 pub struct DirectFuture {
     inner: IoFuture<DirectResult>,
     engine: Option<Arc<Engine>>,
-    /// Run with the bytes transferred once the request succeeded.
-    on_success: Option<Box<dyn FnOnce(usize) + Send>>,
+    /// Told once the write succeeded.
+    observer: Option<WriteNote>,
+}
+
+/// Told of an asynchronous direct write that succeeded, before its future
+/// resolves (the volume reports it as a change).
+pub(crate) trait WriteObserver: Send + Sync {
+    fn direct_written(&self, ino: u64, pos: u64, written: usize);
+}
+
+/// Whom a write's success is told to, and where it wrote: an `Arc` the
+/// observer already had, cloned, so no allocation per request.
+struct WriteNote {
+    observer: Arc<dyn WriteObserver>,
+    ino: u64,
+    pos: u64,
 }
 
 impl DirectFuture {
     fn ready(result: DirectResult) -> Self {
-        Self { inner: completion::ready(result), engine: None, on_success: None }
+        Self { inner: completion::ready(result), engine: None, observer: None }
     }
 
-    /// Runs `action` with the bytes transferred when the request succeeds,
-    /// before the future resolves.
-    pub(crate) fn on_success(mut self, action: impl FnOnce(usize) + Send + 'static) -> Self {
-        self.on_success = Some(Box::new(action));
+    /// Tells `observer` the bytes written at `pos` of `ino` when the write
+    /// succeeds, before the future resolves.
+    pub(crate) fn observed_by(
+        mut self,
+        observer: Arc<dyn WriteObserver>,
+        ino: u64,
+        pos: u64,
+    ) -> Self {
+        self.observer = Some(WriteNote { observer, ino, pos });
         self
     }
 
@@ -78,8 +97,8 @@ impl std::future::Future for DirectFuture {
                 }
             }
             std::task::Poll::Ready((Ok(count), _)) => {
-                if let Some(action) = self.on_success.take() {
-                    action(*count);
+                if let Some(note) = self.observer.take() {
+                    note.observer.direct_written(note.ino, note.pos, *count);
                 }
             }
             std::task::Poll::Ready(_) => {}
@@ -528,10 +547,9 @@ where
         0 => finish(Returned::new(), None),
         1 => {
             let request = requests.pop().expect("one request");
-            let callback: DevCallback = Box::new(move |response: DevResponse| {
+            engine.device.submit_plugged(request, move |response: DevResponse| {
                 finish(smallvec![response.buffer], response.result.err())
             });
-            engine.device.submit_plugged(request, callback);
         }
         count => submit_many(engine, requests, count, Box::new(finish)),
     }
@@ -613,7 +631,7 @@ fn submit_write(
         completer.complete((result, buffer));
     };
     submit_group(engine, requests, finish);
-    DirectFuture { inner: future, engine: Some(Arc::clone(engine)), on_success: None }
+    DirectFuture { inner: future, engine: Some(Arc::clone(engine)), observer: None }
 }
 
 /// Asynchronous direct read into `buffer` from `pos`.
@@ -659,7 +677,7 @@ pub fn read_async(
     };
     let (future, completer) = completion::pair();
     submit_group(engine, requests, read_finish(Arc::clone(inode), count, on_disk, kept, completer));
-    DirectFuture { inner: future, engine: Some(Arc::clone(engine)), on_success: None }
+    DirectFuture { inner: future, engine: Some(Arc::clone(engine)), observer: None }
 }
 
 fn read_finish(

@@ -527,12 +527,9 @@ pub(super) mod test_support {
             let device = open(&path, &options(engine, FuaMode::Emulate));
             let (sender, receiver) = mpsc::channel();
             let request = DevRequest::Write { offset: 0, buffer: pattern(9), fua: true };
-            device.submit(
-                request,
-                Box::new(move |response| {
-                    let _ = sender.send(response.result);
-                }),
-            );
+            device.submit(request, move |response: DevResponse| {
+                let _ = sender.send(response.result);
+            });
             drop(device);
             let result = receiver.recv_timeout(CALLBACK_TIMEOUT).expect("callback lost on drop");
             result.unwrap();
