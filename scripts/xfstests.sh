@@ -6,6 +6,7 @@
 #   scripts/xfstests.sh                      # the CI slice: tests/xfstests/ci.list
 #   scripts/xfstests.sh -g quick             # the quick group (about 40 minutes here)
 #   scripts/xfstests.sh generic/451 ...      # given tests
+#   FOLIOFS_XFSTESTS_LOOP=1 scripts/xfstests.sh -g quick   # on two loop devices
 #
 # ../shared/tools/xfstests.sh builds the suite, mounts each image with
 # `mount -t fuse.foliofs` and writes a per-test status file; this script
@@ -13,7 +14,7 @@
 # its diff), and says which listed tests passed (the list should shrink).
 # Environment: as ../shared/tools/xfstests.sh (WORK, FOLIOFS, IMG_SIZE,
 # FOLIOFS_MOUNT_OPTS), plus RUN_TIMEOUT and TEST_TIMEOUT (seconds, whole run and
-# one test).
+# one test), and FOLIOFS_XFSTESTS_LOOP=1 for block devices (below).
 set -u
 repo=$(cd "$(dirname "$0")/.." && pwd)
 shared_tool=$repo/../shared/tools/xfstests.sh
@@ -36,34 +37,61 @@ grep -q "s/fuse.foliofs/fuse/" "$rc" \
 grep -q "s/fuse.foliofs/fuse/" "$rc" || { echo "xfstests.sh: could not patch $rc" >&2; exit 2; }
 
 # The suite cannot make a volume of a given size or block size for FSTYP=fuse
-# (those tests were "not run"): teach it to make a foliofs image, and to make
-# the scratch image again at the run's size when a sized one is left over.
+# (those tests were "not run"): teach it to make a foliofs volume, and to make
+# the scratch volume again at the run's size when a sized one is left over.
+# The block is replaced whole on each run (it is the file's tail), so a suite
+# patched by an older copy of this script gets this one.
 export FOLIOFS_XFSTESTS_MKFS=$FOLIOFS FOLIOFS_XFSTESTS_SIZE=${IMG_SIZE:-4G}
-grep -q "foliofs: sized volumes" "$rc" || cat >>"$rc" <<'RC'
-
+export FOLIOFS_XFSTESTS_SIZED_MARK=$WORK/scratch-is-sized
+sed -i '/^# foliofs: sized volumes/,$d' "$rc"
+cat >>"$rc" <<'RC'
 # foliofs: sized volumes (added by the foliofs repository's scripts/xfstests.sh)
 if [ "$FSTYP" = fuse ] && [ -n "${FOLIOFS_XFSTESTS_MKFS:-}" ]; then
 _foliofs_mkfs() {
-	touch "$SCRATCH_DEV.custom"
+	touch "$FOLIOFS_XFSTESTS_SIZED_MARK"
 	"$FOLIOFS_XFSTESTS_MKFS" mkfs "$SCRATCH_DEV" "$@" >/dev/null
+}
+# The run's full size: the image's, or all of a block device.
+_foliofs_full_size() {
+	[ -b "$SCRATCH_DEV" ] || echo "--size $FOLIOFS_XFSTESTS_SIZE"
 }
 _try_scratch_mkfs_sized() {
 	local fssize=$1 blocksize=${2:-4096}
 	[[ $fssize =~ ^[0-9]+$ ]] || _notrun "_scratch_mkfs_sized: fs size \"$fssize\" not an integer."
+	if [ -b "$SCRATCH_DEV" ]; then
+		[ "$fssize" -gt "$(blockdev --getsize64 "$SCRATCH_DEV")" ] && _notrun "Scratch device too small"
+	fi
 	_foliofs_mkfs --size "$fssize" --block-size "$blocksize"
 }
 _scratch_mkfs_blocksized() {
-	_foliofs_mkfs --size "$FOLIOFS_XFSTESTS_SIZE" --block-size "$1" \
+	_foliofs_mkfs $(_foliofs_full_size) --block-size "$1" \
 		|| _notrun "foliofs mkfs --block-size $1 failed"
 }
 eval "_foliofs_upstream$(declare -f _scratch_mkfs)"
 _scratch_mkfs() {
-	if [ -e "$SCRATCH_DEV.custom" ]; then
-		rm -f "$SCRATCH_DEV.custom"
-		"$FOLIOFS_XFSTESTS_MKFS" mkfs "$SCRATCH_DEV" --size "$FOLIOFS_XFSTESTS_SIZE" >/dev/null
+	if [ -e "$FOLIOFS_XFSTESTS_SIZED_MARK" ]; then
+		rm -f "$FOLIOFS_XFSTESTS_SIZED_MARK"
+		"$FOLIOFS_XFSTESTS_MKFS" mkfs "$SCRATCH_DEV" $(_foliofs_full_size) >/dev/null
 		return
 	fi
 	_foliofs_upstream_scratch_mkfs "$@"
+}
+# A test's own device (a loop device over a file, say): upstream does nothing
+# for FSTYP=fuse, which leaves the device without a volume to mount.
+_try_mkfs_dev() {
+	"$FOLIOFS_XFSTESTS_MKFS" mkfs "${@: -1}"
+}
+# Tests mount with `-t $FSTYP`, which for FUSE names the generic helper
+# (mount.fuse runs the source as the file system's program): name ours, as
+# _scratch_mount and _test_mount do with $FUSE_SUBTYP.
+_mount() {
+	local arg previous= args=()
+	for arg in $*; do
+		[ "$previous" = -t ] && [ "$arg" = fuse ] && arg=fuse$FUSE_SUBTYP
+		args+=("$arg")
+		previous=$arg
+	done
+	$MOUNT_PROG "${args[@]}"
 }
 fi
 RC
@@ -77,6 +105,57 @@ grep -q "foliofs: ACL limit" "$attr" \
 	|| sed -i "s|^\tjfs)\$|\tfuse) # foliofs: ACL limit (scripts/xfstests.sh)\n\t\techo $acl_entries_max\n\t\t;;\n&|" "$attr"
 grep -q "foliofs: ACL limit" "$attr" || { echo "xfstests.sh: could not patch $attr" >&2; exit 2; }
 
+# Block devices: with FOLIOFS_XFSTESTS_LOOP=1, TEST_DEV and SCRATCH_DEV are
+# two loop devices over sparse files in $WORK/loop (IMG_SIZE each), made
+# foliofs volumes here and checked with `foliofs fsck` after the run; the
+# tests that want a block device then run (the shared tool knows image
+# files only: its images are made and checked but go unused). The config it
+# writes is sourced by ours, which names the loop devices (HOST_OPTIONS).
+# The loop devices are detached on every way out of this script.
+loop_devs=()
+loop_mounts_gone() {
+	local dev=$1 target i
+	for target in $(findmnt -rn -S "$dev" -o TARGET 2>/dev/null); do
+		umount "$target" 2>/dev/null || { sleep 2; umount "$target" 2>/dev/null; } || umount -l "$target"
+	done
+	# The daemon closes the volume after umount returns.
+	for i in $(seq 1 60); do
+		pgrep -f "foliofs(\.foliofs)? $dev( |$)" >/dev/null || return 0
+		sleep 1
+	done
+	echo "xfstests.sh: a daemon still holds $dev" >&2
+}
+detach_loops() {
+	local dev
+	for dev in "${loop_devs[@]}"; do
+		loop_mounts_gone "$dev"
+		losetup -d "$dev" || echo "xfstests.sh: could not detach $dev" >&2
+	done
+	loop_devs=()
+}
+if [ "${FOLIOFS_XFSTESTS_LOOP:-0}" = 1 ]; then
+	trap detach_loops EXIT
+	trap 'exit 130' INT TERM
+	loop_dir=$WORK/loop
+	mkdir -p "$loop_dir"
+	for name in test scratch; do
+		rm -f "$loop_dir/$name.img"
+		truncate -s "${IMG_SIZE:-4G}" "$loop_dir/$name.img" || exit 2
+		dev=$(losetup -f --show "$loop_dir/$name.img") || { echo "xfstests.sh: losetup failed" >&2; exit 2; }
+		loop_devs+=("$dev")
+		"$FOLIOFS" mkfs "$dev" >/dev/null || exit 2
+	done
+	rm -f "$FOLIOFS_XFSTESTS_SIZED_MARK"
+	cat >"$WORK/loop.config" <<EOF
+# generated by the foliofs repository's scripts/xfstests.sh (FOLIOFS_XFSTESTS_LOOP=1)
+. $WORK/src/local.config
+export TEST_DEV=${loop_devs[0]}
+export SCRATCH_DEV=${loop_devs[1]}
+EOF
+	export HOST_OPTIONS=$WORK/loop.config
+	echo "xfstests.sh: TEST_DEV=${loop_devs[0]} SCRATCH_DEV=${loop_devs[1]} (over $loop_dir)" >&2
+fi
+
 if [ $# -eq 0 ]; then
 	set -- -f "$repo/tests/xfstests/ci.list"
 fi
@@ -84,6 +163,23 @@ bash "$shared_tool" --timeout "${RUN_TIMEOUT:-3600}" --test-timeout "${TEST_TIME
 status=$?
 summary=$WORK/summary.txt
 [ $status -eq 0 ] && [ -s "$summary" ] || { echo "xfstests.sh: the run did not finish ($status)" >&2; exit 2; }
+
+fsck_unclean=
+for dev in "${loop_devs[@]}"; do
+	loop_mounts_gone "$dev"
+	if out=$("$FOLIOFS" fsck "$dev" 2>&1); then
+		echo "xfstests.sh: fsck $dev: clean" >&2
+	elif [ "$dev" = "${loop_devs[1]}" ]; then
+		# The scratch device is the tests' to overwrite (mkswap, other file
+		# systems' mkfs) and leave so: reported, as the shared tool does.
+		echo "xfstests.sh: fsck $dev (scratch, the last test's to leave as it likes): not clean" >&2
+		echo "$out" | head -5 >&2
+	else
+		echo "xfstests.sh: fsck $dev: NOT CLEAN" >&2
+		echo "$out" | head -20 >&2
+		fsck_unclean="$fsck_unclean $dev"
+	fi
+done
 
 listed() { grep -qE "^$1([[:space:]]|#|$)" "$limits"; }
 unexpected=
@@ -96,6 +192,10 @@ done <"$summary"
 passed=$(grep -c ' pass$' "$summary"); failed=$(grep -c ' fail$' "$summary")
 notrun=$(grep -c ' notrun$' "$summary")
 echo "xfstests: $passed passed, $failed failed, $notrun skipped"
+if [ -n "${fsck_unclean:-}" ]; then
+	echo "xfstests.sh: volumes not clean after the run:$fsck_unclean" >&2
+	exit 1
+fi
 if [ -n "$unexpected" ]; then
 	echo "xfstests.sh: failures not explained by FUSE:$unexpected" >&2
 	exit 1

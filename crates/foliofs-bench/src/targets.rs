@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use foliofs::completion::{self, IoFuture};
-use foliofs::dev::{AlignedBuf, DevRequest, Device};
+use foliofs::dev::{AlignedBuf, DevRequest, DevResponse, Device};
 use foliofs::Error as FsError;
 use parking_lot::Mutex;
 
@@ -47,15 +47,12 @@ impl RawRegion {
         let (future, completer) = completion::pair();
         // Plugged, and unplugged when the job would wait, as the engine's
         // direct path submits.
-        self.device.submit_plugged(
-            request,
-            Box::new(move |response| {
-                let buffer = response.buffer.expect("reads and writes hand their buffer back");
-                let result =
-                    response.result.map(|()| length).map_err(|error| io_error("request", error));
-                completer.complete((result, buffer));
-            }),
-        );
+        self.device.submit_plugged(request, move |response: DevResponse| {
+            let buffer = response.buffer.expect("reads and writes hand their buffer back");
+            let result =
+                response.result.map(|()| length).map_err(|error| io_error("request", error));
+            completer.complete((result, buffer));
+        });
         Box::pin(Unplugging { inner: future, device: Arc::clone(&self.device) })
     }
 }

@@ -46,7 +46,8 @@ enum Command {
     /// Create a volume in IMAGE (a file, created or resized, or a block device).
     Mkfs {
         image: PathBuf,
-        /// Volume size, e.g. 4G; required for a file that does not exist yet.
+        /// Volume size, e.g. 4G; required for a file that does not exist yet; on a
+        /// block device, the part of it the volume takes (default: all of it).
         #[arg(long)]
         size: Option<String>,
         /// File-system block size: 1024, 2048, 4096, ..., 65536.

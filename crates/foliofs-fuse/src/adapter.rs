@@ -198,8 +198,13 @@ impl FolioFs {
         ino: INodeNo,
         flags: WriteFlags,
     ) -> Result<(), Errno> {
-        let kill_setid = flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.volume.remove_privileges(ino.0, caller_ids(req), kill_setid) {
+        // The caller's ids decide only which set-ID bits go, so they are
+        // looked up (in /proc: three system calls and a dozen allocations)
+        // only for a file that has some; the library ignores them otherwise.
+        let kill_setid = flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)
+            && self.volume.getattr(ino.0).is_ok_and(|attr| attr.mode & SET_ID_BITS != 0);
+        let caller = if kill_setid { caller_ids(req) } else { owner(req) };
+        match self.volume.remove_privileges(ino.0, caller, kill_setid) {
             // The kernel keeps the old mode cached (a write or fallocate
             // reply carries no attributes, and `stat -c %A` asks for the
             // mode alone): drop its cached attributes.
@@ -291,6 +296,9 @@ fn failed(operation: &str, error: &Error) -> Errno {
 fn name_bytes(name: &OsStr) -> &[u8] {
     name.as_bytes()
 }
+
+/// The set-user-ID and set-group-ID mode bits.
+const SET_ID_BITS: u32 = libc::S_ISUID | libc::S_ISGID;
 
 fn owner(req: &Request) -> Owner {
     Owner { uid: req.uid(), gid: req.gid() }
@@ -689,12 +697,10 @@ impl Filesystem for FolioFs {
             // sent from the read's completion.
             let buffer = self.direct_io.read_buffer(&reply, size as usize);
             let read = file.read_at_async(buffer, offset);
-            return in_flight::spawn(async move {
-                match read.await {
-                    (Ok(count), buffer) => reply.data(&buffer[..count]),
-                    (Err(error), _) => reply.error(failed("read", &error)),
-                }
-            });
+            return in_flight::spawn(in_flight::then(read, move |read| match read {
+                (Ok(count), buffer) => reply.data(&buffer[..count]),
+                (Err(error), _) => reply.error(failed("read", &error)),
+            }));
         }
         // From the engine's folio when one holds the range: one copy less
         // than through the staging buffer.
@@ -765,14 +771,13 @@ impl Filesystem for FolioFs {
             // Its change event comes from the thread that completes it.
             let write = invalidate::serving(write);
             let invalidator = Arc::clone(&self.invalidator);
-            return in_flight::spawn(async move {
-                let (written, _) = write.await;
+            return in_flight::spawn(in_flight::then(write, move |(written, _)| {
                 // After the invalidation of the range its completion queued.
                 invalidator.after_queued(move || match written {
                     Ok(count) => reply.written(count as u32),
                     Err(error) => reply.error(failed("write", &error)),
                 });
-            });
+            }));
         }
         // A buffered handle: the kernel's page cache took the write first
         // (write-through), or there is none (`page_cache=engine`).

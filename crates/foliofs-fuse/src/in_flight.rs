@@ -28,22 +28,56 @@ const WOKEN_WHILE_POLLING: u8 = 2;
 /// The future completed; wake-ups are ignored.
 const DONE: u8 = 3;
 
-type BoxedFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-struct Task {
+/// A task and its future in one allocation, the only one a spawn makes.
+/// The future is `Unpin` (the request's engine future and its reply, not an
+/// `async` block), so it is polled in place without pinning a box.
+struct Task<F> {
     state: AtomicU8,
-    future: Mutex<Option<BoxedFuture>>,
+    /// None once the future completed.
+    future: Mutex<Option<F>>,
 }
 
 /// Runs `future` to completion without a thread waiting for it: polled once
 /// now, then again by whoever wakes it.
-pub(crate) fn spawn(future: impl Future<Output = ()> + Send + 'static) {
-    let task = Arc::new(Task { state: AtomicU8::new(IDLE), future: Mutex::new(None) });
-    *task.future.lock() = Some(Box::pin(future));
-    task.run();
+pub(crate) fn spawn<F>(future: F)
+where
+    F: Future<Output = ()> + Unpin + Send + 'static,
+{
+    Arc::new(Task { state: AtomicU8::new(IDLE), future: Mutex::new(Some(future)) }).run();
 }
 
-impl Task {
+/// `future`, then `continuation` with its output, on the thread that
+/// completed it: a request's I/O, then its reply.
+pub(crate) fn then<F, C>(future: F, continuation: C) -> Then<F, C>
+where
+    F: Future + Unpin,
+    C: FnOnce(F::Output) + Unpin,
+{
+    Then { future, continuation: Some(continuation) }
+}
+
+pub(crate) struct Then<F, C> {
+    future: F,
+    continuation: Option<C>,
+}
+
+impl<F, C> Future for Then<F, C>
+where
+    F: Future + Unpin,
+    C: FnOnce(F::Output) + Unpin,
+{
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<()> {
+        let output = std::task::ready!(Pin::new(&mut self.future).poll(context));
+        if let Some(continuation) = self.continuation.take() {
+            continuation(output);
+        }
+        Poll::Ready(())
+    }
+}
+
+impl<F: Future<Output = ()> + Unpin + Send + 'static> Task<F> {
     fn run(self: Arc<Self>) {
         // Become the poller, or leave a note for the current one.
         let mut state = self.state.load(Ordering::Acquire);
@@ -65,7 +99,7 @@ impl Task {
         loop {
             let ready = {
                 let mut slot = self.future.lock();
-                match slot.as_mut().map(|future| future.as_mut().poll(&mut context)) {
+                match slot.as_mut().map(|future| Pin::new(future).poll(&mut context)) {
                     Some(Poll::Pending) => false,
                     Some(Poll::Ready(())) | None => {
                         // Dropped here, on the completing thread: the reply
@@ -89,7 +123,7 @@ impl Task {
     }
 }
 
-impl Wake for Task {
+impl<F: Future<Output = ()> + Unpin + Send + 'static> Wake for Task<F> {
     fn wake(self: Arc<Self>) {
         self.run();
     }
@@ -104,10 +138,9 @@ mod tests {
     fn a_task_completed_on_another_thread_runs_its_continuation_there() {
         let (future, completer) = foliofs::completion::pair::<u32>();
         let (sender, receiver) = mpsc::channel();
-        spawn(async move {
-            let value = future.await;
+        spawn(then(future, move |value| {
             sender.send((value, std::thread::current().id())).unwrap();
-        });
+        }));
         assert!(receiver.try_recv().is_err(), "nothing completed yet");
         let completer_thread = std::thread::spawn(move || {
             completer.complete(42);
@@ -122,10 +155,7 @@ mod tests {
     #[test]
     fn a_task_already_complete_runs_inline() {
         let (sender, receiver) = mpsc::channel();
-        spawn(async move {
-            let value = foliofs::completion::ready(7u32).await;
-            sender.send(value).unwrap();
-        });
+        spawn(then(foliofs::completion::ready(7u32), move |value| sender.send(value).unwrap()));
         assert_eq!(receiver.try_recv().unwrap(), 7);
     }
 
@@ -135,9 +165,7 @@ mod tests {
             let (future, completer) = foliofs::completion::pair::<u32>();
             let (sender, receiver) = mpsc::channel();
             let racer = std::thread::spawn(move || completer.complete(1));
-            spawn(async move {
-                sender.send(future.await).unwrap();
-            });
+            spawn(then(future, move |value| sender.send(value).unwrap()));
             racer.join().unwrap();
             assert_eq!(receiver.recv_timeout(std::time::Duration::from_secs(10)).unwrap(), 1);
         }

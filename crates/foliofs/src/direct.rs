@@ -17,6 +17,7 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use smallvec::{smallvec, SmallVec};
 
 use crate::cache::InodeCache;
 use crate::completion::{self, Completer, IoFuture};
@@ -40,19 +41,38 @@ pub type DirectResult = (Result<usize>, AlignedBuf);
 pub struct DirectFuture {
     inner: IoFuture<DirectResult>,
     engine: Option<Arc<Engine>>,
-    /// Run with the bytes transferred once the request succeeded.
-    on_success: Option<Box<dyn FnOnce(usize) + Send>>,
+    /// Told once the write succeeded.
+    observer: Option<WriteNote>,
+}
+
+/// Told of an asynchronous direct write that succeeded, before its future
+/// resolves (the volume reports it as a change).
+pub(crate) trait WriteObserver: Send + Sync {
+    fn direct_written(&self, ino: u64, pos: u64, written: usize);
+}
+
+/// Whom a write's success is told to, and where it wrote: an `Arc` the
+/// observer already had, cloned, so no allocation per request.
+struct WriteNote {
+    observer: Arc<dyn WriteObserver>,
+    ino: u64,
+    pos: u64,
 }
 
 impl DirectFuture {
     fn ready(result: DirectResult) -> Self {
-        Self { inner: completion::ready(result), engine: None, on_success: None }
+        Self { inner: completion::ready(result), engine: None, observer: None }
     }
 
-    /// Runs `action` with the bytes transferred when the request succeeds,
-    /// before the future resolves.
-    pub(crate) fn on_success(mut self, action: impl FnOnce(usize) + Send + 'static) -> Self {
-        self.on_success = Some(Box::new(action));
+    /// Tells `observer` the bytes written at `pos` of `ino` when the write
+    /// succeeds, before the future resolves.
+    pub(crate) fn observed_by(
+        mut self,
+        observer: Arc<dyn WriteObserver>,
+        ino: u64,
+        pos: u64,
+    ) -> Self {
+        self.observer = Some(WriteNote { observer, ino, pos });
         self
     }
 
@@ -77,8 +97,8 @@ impl std::future::Future for DirectFuture {
                 }
             }
             std::task::Poll::Ready((Ok(count), _)) => {
-                if let Some(action) = self.on_success.take() {
-                    action(*count);
+                if let Some(note) = self.observer.take() {
+                    note.observer.direct_written(note.ino, note.pos, *count);
                 }
             }
             std::task::Poll::Ready(_) => {}
@@ -109,6 +129,10 @@ struct Piece {
     end: usize,
     dev_offset: u64,
 }
+
+/// A request's pieces: nearly always one, kept inline (no allocation per
+/// request).
+type Pieces = SmallVec<[Piece; 2]>;
 
 fn piece_of(mapping: Mapping, pos: u64, done: u64, length: u64) -> Piece {
     let at = pos + done;
@@ -156,7 +180,7 @@ struct WritePlan {
     /// Whole blocks and inside EOF.
     aligned_inside_eof: bool,
     /// The pieces, when `pure_overwrite` (no allocation was needed to know them).
-    pieces: Vec<Piece>,
+    pieces: Pieces,
 }
 
 impl WritePlan {
@@ -178,7 +202,7 @@ fn plan_write(engine: &Engine, ino: u64, pos: u64, length: u64) -> Result<WriteP
         inside_eof && report.mappings.iter().all(|mapping| mapping.kind == MapKind::Written);
     let pieces = if pure_overwrite {
         let mut done = 0;
-        let mut pieces = Vec::with_capacity(report.mappings.len());
+        let mut pieces = Pieces::new();
         for mapping in report.mappings {
             let piece = piece_of(mapping, pos, done, length);
             done = piece.end as u64;
@@ -186,7 +210,7 @@ fn plan_write(engine: &Engine, ino: u64, pos: u64, length: u64) -> Result<WriteP
         }
         pieces
     } else {
-        Vec::new()
+        Pieces::new()
     };
     Ok(WritePlan { pure_overwrite, aligned_inside_eof: aligned && inside_eof, pieces })
 }
@@ -199,8 +223,8 @@ fn allocate_pieces(
     pos: u64,
     length: u64,
     intent: Intent,
-) -> Result<Vec<Piece>> {
-    let mut pieces = Vec::new();
+) -> Result<Pieces> {
+    let mut pieces = Pieces::new();
     let mut done = 0u64;
     while done < length {
         let mapping =
@@ -219,7 +243,7 @@ fn pieces_for(
     pos: u64,
     length: u64,
     plan: &mut WritePlan,
-) -> Result<Vec<Piece>> {
+) -> Result<Pieces> {
     if plan.pure_overwrite {
         return Ok(std::mem::take(&mut plan.pieces));
     }
@@ -430,7 +454,7 @@ fn read_pieces(
     ino: u64,
     length: usize,
     pos: u64,
-) -> Result<Option<(usize, Vec<Piece>)>> {
+) -> Result<Option<(usize, Pieces)>> {
     if length == 0 {
         return Ok(None);
     }
@@ -441,7 +465,7 @@ fn read_pieces(
     let count = (length as u64).min(report.size - pos);
     let align = u64::from(engine.device.logical_block_bytes());
     let io_length = count.div_ceil(align) * align;
-    let mut pieces = Vec::with_capacity(report.mappings.len());
+    let mut pieces = Pieces::new();
     let mut done = 0;
     for mapping in report.mappings {
         if done >= io_length {
@@ -501,34 +525,44 @@ pub fn write_async(
     DirectFuture::ready((result, buffer))
 }
 
+/// The buffers a caller's device requests handed back, in their order:
+/// inline for the one request of nearly every caller.
+type Returned = SmallVec<[Option<AlignedBuf>; 1]>;
+
+/// A caller's device requests: nearly always one, kept inline.
+type Requests = SmallVec<[DevRequest; 1]>;
+
 /// Finishes one caller's request once all its device requests completed,
 /// given the buffers they handed back and the first failure.
-type Finish = Box<dyn FnOnce(Vec<Option<AlignedBuf>>, Option<std::io::Error>) + Send>;
+type Finish = Box<dyn FnOnce(Returned, Option<std::io::Error>) + Send>;
 
 /// Submits `requests` and runs `finish` when the last one completes. A
-/// single request (the common case) needs no shared bookkeeping.
-fn submit_group(engine: &Engine, requests: Vec<DevRequest>, finish: Finish) {
+/// single request (the common case) needs no shared bookkeeping, and its
+/// `finish` goes into the device's callback as it is: one allocation.
+fn submit_group<F>(engine: &Engine, mut requests: Requests, finish: F)
+where
+    F: FnOnce(Returned, Option<std::io::Error>) + Send + 'static,
+{
     match requests.len() {
-        0 => finish(Vec::new(), None),
+        0 => finish(Returned::new(), None),
         1 => {
-            let request = requests.into_iter().next().expect("one request");
-            let callback: DevCallback = Box::new(move |response: DevResponse| {
-                finish(vec![response.buffer], response.result.err())
+            let request = requests.pop().expect("one request");
+            engine.device.submit_plugged(request, move |response: DevResponse| {
+                finish(smallvec![response.buffer], response.result.err())
             });
-            engine.device.submit_plugged(request, callback);
         }
-        count => submit_many(engine, requests, count, finish),
+        count => submit_many(engine, requests, count, Box::new(finish)),
     }
 }
 
 struct GroupState {
     remaining: usize,
     failure: Option<std::io::Error>,
-    returned: Vec<Option<AlignedBuf>>,
+    returned: Returned,
     finish: Option<Finish>,
 }
 
-fn submit_many(engine: &Engine, requests: Vec<DevRequest>, count: usize, finish: Finish) {
+fn submit_many(engine: &Engine, requests: Requests, count: usize, finish: Finish) {
     let group = Arc::new(Mutex::new(GroupState {
         remaining: count,
         failure: None,
@@ -562,7 +596,7 @@ fn submit_write(
     inode: &Arc<InodeCache>,
     ino: u64,
     buffer: AlignedBuf,
-    pieces: Vec<Piece>,
+    pieces: Pieces,
     dsync: bool,
     pure_overwrite: bool,
 ) -> DirectFuture {
@@ -571,7 +605,7 @@ fn submit_write(
     let length = buffer.len();
     // One request carrying the caller's buffer, or a copy per piece.
     let (requests, kept) = if let [piece] = pieces.as_slice() {
-        (vec![DevRequest::Write { offset: piece.dev_offset, buffer, fua }], None)
+        (smallvec![DevRequest::Write { offset: piece.dev_offset, buffer, fua }], None)
     } else {
         let copies = pieces
             .iter()
@@ -584,7 +618,7 @@ fn submit_write(
         (copies, Some(buffer))
     };
     let (owned_engine, inode) = (Arc::clone(engine), Arc::clone(inode));
-    let finish: Finish = Box::new(move |mut returned, failure| {
+    let finish = move |mut returned: Returned, failure: Option<std::io::Error>| {
         let buffer = kept.or_else(|| returned[0].take()).expect("the caller's buffer comes back");
         let finished =
             finish_write(&owned_engine, &inode, ino, &pieces, failure.is_none(), dsync, fua);
@@ -595,9 +629,9 @@ fn submit_write(
             (None, Ok(())) => Ok(length),
         };
         completer.complete((result, buffer));
-    });
+    };
     submit_group(engine, requests, finish);
-    DirectFuture { inner: future, engine: Some(Arc::clone(engine)), on_success: None }
+    DirectFuture { inner: future, engine: Some(Arc::clone(engine)), observer: None }
 }
 
 /// Asynchronous direct read into `buffer` from `pos`.
@@ -624,13 +658,13 @@ pub fn read_async(
     for piece in pieces.iter().filter(|piece| piece.mapping.reads_as_zeros()) {
         buffer[piece.start..piece.end].fill(0);
     }
-    let on_disk: Vec<Piece> =
+    let on_disk: Pieces =
         pieces.into_iter().filter(|piece| !piece.mapping.reads_as_zeros()).collect();
     // The caller's buffer goes to the device when one piece fills all of it.
     let whole =
         matches!(on_disk.as_slice(), [piece] if piece.start == 0 && piece.end == buffer.len());
     let (requests, kept) = if whole {
-        (vec![DevRequest::Read { offset: on_disk[0].dev_offset, buffer }], None)
+        (smallvec![DevRequest::Read { offset: on_disk[0].dev_offset, buffer }], None)
     } else {
         let reads = on_disk
             .iter()
@@ -642,19 +676,18 @@ pub fn read_async(
         (reads, Some(buffer))
     };
     let (future, completer) = completion::pair();
-    let finish = read_finish(Arc::clone(inode), count, on_disk, kept, completer);
-    submit_group(engine, requests, finish);
-    DirectFuture { inner: future, engine: Some(Arc::clone(engine)), on_success: None }
+    submit_group(engine, requests, read_finish(Arc::clone(inode), count, on_disk, kept, completer));
+    DirectFuture { inner: future, engine: Some(Arc::clone(engine)), observer: None }
 }
 
 fn read_finish(
     inode: Arc<InodeCache>,
     count: usize,
-    on_disk: Vec<Piece>,
+    on_disk: Pieces,
     kept: Option<AlignedBuf>,
     completer: Completer<DirectResult>,
-) -> Finish {
-    Box::new(move |mut returned, failure| {
+) -> impl FnOnce(Returned, Option<std::io::Error>) + Send + 'static {
+    move |mut returned: Returned, failure| {
         let buffer = match kept {
             Some(mut buffer) => {
                 for (piece, read) in on_disk.iter().zip(&returned) {
@@ -672,5 +705,5 @@ fn read_finish(
             None => Ok(count),
         };
         completer.complete((result, buffer));
-    })
+    }
 }

@@ -130,7 +130,12 @@ impl Error {
             Error::OutOfRange(_) => libc::ERANGE,
             Error::TooBig(_) => libc::E2BIG,
             Error::ShutDown => libc::EIO,
-            Error::Io { cause, .. } => cause.raw_os_error().unwrap_or(libc::EIO),
+            // "In use" errors made here (an image locked by another
+            // process, a device claimed by another program) carry no errno.
+            Error::Io { cause, .. } => cause.raw_os_error().unwrap_or(match cause.kind() {
+                io::ErrorKind::ResourceBusy => libc::EBUSY,
+                _ => libc::EIO,
+            }),
         }
     }
 

@@ -8,6 +8,8 @@
 //! A crash in between leaves Unwritten blocks, which read as zeros, so a file
 //! can never expose stale blocks.
 
+use smallvec::SmallVec;
+
 use crate::alloc::BlockRun;
 use crate::error::{Error, Result};
 use crate::extent::{ExtentKind, ExtentMap, Lookup};
@@ -353,7 +355,9 @@ pub fn end_write(
 /// never allocating: what a direct write needs to decide how it may run.
 pub struct RangeReport {
     pub size: u64,
-    pub mappings: Vec<Mapping>,
+    /// Inline up to two: a direct request's range is nearly always one
+    /// mapping, and it asks for a report per request.
+    pub mappings: SmallVec<[Mapping; 2]>,
 }
 
 /// Reports `[pos, pos + length)` as mappings (holes included), in one pass.
@@ -369,7 +373,7 @@ pub fn report_range(
     let extents = file_extents(&state, ino)?;
     let end_block = (pos + length).div_ceil(block_bytes);
     let mut block = pos / block_bytes;
-    let mut mappings = Vec::new();
+    let mut mappings = SmallVec::new();
     while block < end_block {
         let wanted_blocks = end_block - block;
         let mapping = match extents.lookup(block) {

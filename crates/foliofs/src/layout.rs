@@ -30,7 +30,25 @@ pub fn check_mkfs_args(size_bytes: u64, block_bytes: u32) -> Result<()> {
 
 /// Lays out a new volume filling `device`.
 pub fn plan(device: &Device, block_bytes: u32, journal_bytes: Option<u64>) -> Result<Superblock> {
-    check_mkfs_args(device.size_bytes(), block_bytes)?;
+    plan_sized(device, device.size_bytes(), block_bytes, journal_bytes)
+}
+
+/// Lays out a new volume of `volume_bytes` at the start of `device`: a
+/// block device may be larger than the volume asked for (`mkfs --size`),
+/// as with other file systems' mkfs; the rest of it is left alone.
+pub fn plan_sized(
+    device: &Device,
+    volume_bytes: u64,
+    block_bytes: u32,
+    journal_bytes: Option<u64>,
+) -> Result<Superblock> {
+    check_mkfs_args(volume_bytes, block_bytes)?;
+    if volume_bytes > device.size_bytes() {
+        return Err(Error::invalid(format!(
+            "a volume of {volume_bytes} bytes does not fit on the device's {} bytes",
+            device.size_bytes()
+        )));
+    }
     let sector_bytes = device.logical_block_bytes().max(SECTOR_BYTES_MIN);
     if sector_bytes > block_bytes {
         return Err(Error::invalid(format!(
@@ -39,7 +57,7 @@ pub fn plan(device: &Device, block_bytes: u32, journal_bytes: Option<u64>) -> Re
     }
     let uuid: [u8; 16] = rand::random();
     Superblock::layout(
-        device.size_bytes(),
+        volume_bytes,
         block_bytes,
         sector_bytes,
         journal_bytes,

@@ -77,7 +77,6 @@ impl FileDev {
 /// volume after `umount` returned, or a device whose last reference drops on
 /// one of its own completion threads.
 fn lock_image(file: &File, path: &Path, read_only: bool) -> io::Result<()> {
-    const LET_GO_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
     let started = std::time::Instant::now();
     loop {
         let locked = if read_only { file.try_lock_shared() } else { file.try_lock() };
@@ -101,13 +100,48 @@ fn lock_image(file: &File, path: &Path, read_only: bool) -> io::Result<()> {
     }
 }
 
+/// How long an open waits for another holder of the image to let go.
+const LET_GO_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A block device opened for writing is claimed exclusively (O_EXCL), as
+/// the kernel's file systems, mkfs and swapon claim theirs: the flock alone
+/// keeps out other foliofs processes, not a kernel mount of the device, a
+/// swap area on it, or another file system's mkfs.
 fn open_file(path: &Path, options: &DevOptions) -> io::Result<File> {
     let mut flags = libc::O_CLOEXEC;
     if options.direct {
         flags |= libc::O_DIRECT;
     }
-    let opened =
-        OpenOptions::new().read(true).write(!options.read_only).custom_flags(flags).open(path);
+    let exclusive = !options.read_only
+        && std::fs::metadata(path).is_ok_and(|metadata| metadata.file_type().is_block_device());
+    if exclusive {
+        flags |= libc::O_EXCL;
+    }
+    let started = std::time::Instant::now();
+    let opened = loop {
+        let opened =
+            OpenOptions::new().read(true).write(!options.read_only).custom_flags(flags).open(path);
+        match opened {
+            Err(error)
+                if exclusive
+                    && error.raw_os_error() == Some(libc::EBUSY)
+                    && started.elapsed() < LET_GO_WAIT =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(error) if exclusive && error.raw_os_error() == Some(libc::EBUSY) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::ResourceBusy,
+                    format!(
+                        "{} is in use (mounted, a swap area, or open exclusively by another \
+                         program): {error}",
+                        path.display()
+                    ),
+                ))
+            }
+            opened => break opened,
+        }
+    };
     opened.map_err(|error| {
         // open(2) answers EINVAL for O_DIRECT on file systems without it
         // (tmpfs before Linux 6.6, some FUSE and network file systems).
@@ -527,12 +561,9 @@ pub(super) mod test_support {
             let device = open(&path, &options(engine, FuaMode::Emulate));
             let (sender, receiver) = mpsc::channel();
             let request = DevRequest::Write { offset: 0, buffer: pattern(9), fua: true };
-            device.submit(
-                request,
-                Box::new(move |response| {
-                    let _ = sender.send(response.result);
-                }),
-            );
+            device.submit(request, move |response: DevResponse| {
+                let _ = sender.send(response.result);
+            });
             drop(device);
             let result = receiver.recv_timeout(CALLBACK_TIMEOUT).expect("callback lost on drop");
             result.unwrap();

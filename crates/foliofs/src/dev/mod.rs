@@ -521,14 +521,20 @@ impl Device {
     }
 
     /// Asynchronous form of read/write/flush; `done` runs exactly once.
-    pub fn submit(&self, request: DevRequest, done: DevCallback) {
+    /// (Unboxed: a read or write boxes it once, with the device's own
+    /// accounting, for the backend.)
+    pub fn submit(&self, request: DevRequest, done: impl FnOnce(DevResponse) + Send + 'static) {
         self.submit_with(request, done, false)
     }
 
     /// Asynchronous read or write that the backend may hold for a batch
     /// until [`Device::unplug`] (the kernel's block plug, for io_uring: one
     /// `io_uring_enter` for many requests). Callers unplug before they wait.
-    pub fn submit_plugged(&self, request: DevRequest, done: DevCallback) {
+    pub fn submit_plugged(
+        &self,
+        request: DevRequest,
+        done: impl FnOnce(DevResponse) + Send + 'static,
+    ) {
         self.submit_with(request, done, true)
     }
 
@@ -545,7 +551,10 @@ impl Device {
         }
     }
 
-    fn submit_with(&self, request: DevRequest, done: DevCallback, plugged: bool) {
+    fn submit_with<F>(&self, request: DevRequest, done: F, plugged: bool)
+    where
+        F: FnOnce(DevResponse) + Send + 'static,
+    {
         if let Err(error) = self.check_running() {
             return done(DevResponse { buffer: take_buffer(request), result: Err(error) });
         }
@@ -553,7 +562,7 @@ impl Device {
             DevRequest::Read { offset, buffer } | DevRequest::Write { offset, buffer, .. } => {
                 (*offset, buffer.len())
             }
-            DevRequest::Flush => return self.submit_flush(done),
+            DevRequest::Flush => return self.submit_flush(Box::new(done)),
         };
         if let Err(error) = self.check_aligned(offset, length) {
             return done(DevResponse { buffer: take_buffer(request), result: Err(error) });
@@ -569,7 +578,10 @@ impl Device {
         }
     }
 
-    fn submit_read(&self, request: DevRequest, length: usize, done: DevCallback, plugged: bool) {
+    fn submit_read<F>(&self, request: DevRequest, length: usize, done: F, plugged: bool)
+    where
+        F: FnOnce(DevResponse) + Send + 'static,
+    {
         self.counters.read_requests.fetch_add(1, Ordering::Relaxed);
         self.counters.enter();
         let counters = Arc::clone(&self.counters);
@@ -586,13 +598,10 @@ impl Device {
         );
     }
 
-    fn submit_write(
-        &self,
-        request: DevRequest,
-        emulate_fua: bool,
-        done: DevCallback,
-        plugged: bool,
-    ) {
+    fn submit_write<F>(&self, request: DevRequest, emulate_fua: bool, done: F, plugged: bool)
+    where
+        F: FnOnce(DevResponse) + Send + 'static,
+    {
         let DevRequest::Write { buffer, fua: native_fua, .. } = &request else {
             unreachable!("submit_write takes writes")
         };

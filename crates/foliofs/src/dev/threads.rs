@@ -195,13 +195,10 @@ mod tests {
             Box::new(|_| panic!("callback panic (expected in this test)")),
         );
         let (sender, receiver) = mpsc::channel();
-        device.submit(
-            DevRequest::Flush,
-            Box::new(move |response| {
-                let name = thread::current().name().map(str::to_owned);
-                let _ = sender.send((name, response.result));
-            }),
-        );
+        device.submit(DevRequest::Flush, move |response: DevResponse| {
+            let name = thread::current().name().map(str::to_owned);
+            let _ = sender.send((name, response.result));
+        });
         let (name, result) = receiver.recv_timeout(support::CALLBACK_TIMEOUT).unwrap();
         assert_eq!(name.as_deref(), Some("foliofs-io-0"));
         result.unwrap();

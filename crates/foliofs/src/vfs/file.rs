@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use crate::buffered::{self, Readahead};
 use crate::cache::InodeCache;
 use crate::dev::AlignedBuf;
-use crate::direct::{self, DirectFuture};
+use crate::direct::{self, DirectFuture, WriteObserver};
 use crate::error::{Error, Result};
 use crate::format::record::{INODE_FLAG_APPEND, INODE_FLAG_IMMUTABLE};
 use crate::format::InodeKind;
@@ -323,12 +323,9 @@ impl File {
         match checked {
             Ok(()) => {
                 let engine = &self.shared.engine;
-                let (shared, ino) = (Arc::clone(&self.shared), self.ino);
+                let shared: Arc<dyn WriteObserver> = Arc::clone(&self.shared) as _;
                 direct::write_async(engine, &self.inode, self.ino, buffer, pos, self.flags.dsync)
-                    .on_success(move |written| {
-                        let changed = ChangeEvent::range(ino, pos, written as u64);
-                        shared.changed(ChangeEvent { deferred: true, ..changed })
-                    })
+                    .observed_by(shared, self.ino, pos)
             }
             Err(error) => DirectFuture::failed(buffer, error),
         }
@@ -574,6 +571,14 @@ impl io::Write for File {
 impl io::Seek for File {
     fn seek(&mut self, position: SeekFrom) -> io::Result<u64> {
         (&*self).seek(position)
+    }
+}
+
+/// A direct write's change event comes from the thread that completed it.
+impl WriteObserver for Shared {
+    fn direct_written(&self, ino: u64, pos: u64, written: usize) {
+        let changed = ChangeEvent::range(ino, pos, written as u64);
+        self.changed(ChangeEvent { deferred: true, ..changed })
     }
 }
 

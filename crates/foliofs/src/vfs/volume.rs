@@ -219,13 +219,32 @@ impl Volume {
         }
         let device = Device::open(path, &options.dev_options())
             .context(|| format!("open {}", path.display()))?;
-        Self::format(&Arc::new(device), mkfs)
+        // A file was sized above; a block device keeps its size, and the
+        // volume takes the part of it asked for.
+        let volume_bytes = size_bytes.unwrap_or(device.size_bytes());
+        if volume_bytes > device.size_bytes() {
+            return Err(Error::invalid(format!(
+                "{}: a volume of {volume_bytes} bytes does not fit on its {} bytes",
+                path.display(),
+                device.size_bytes()
+            )));
+        }
+        Self::format_sized(&Arc::new(device), volume_bytes, mkfs)
     }
 
     /// Formats `device`: checkpoint with an empty root first, superblocks last,
     /// so an interrupted mkfs leaves no volume that looks valid.
     pub fn format(device: &Arc<Device>, mkfs: &MkfsOptions) -> Result<Superblock> {
-        let superblock = layout::plan(device, mkfs.block_bytes, mkfs.journal_bytes)?;
+        Self::format_sized(device, device.size_bytes(), mkfs)
+    }
+
+    fn format_sized(
+        device: &Arc<Device>,
+        volume_bytes: u64,
+        mkfs: &MkfsOptions,
+    ) -> Result<Superblock> {
+        let superblock =
+            layout::plan_sized(device, volume_bytes, mkfs.block_bytes, mkfs.journal_bytes)?;
         let now = Timestamp::now();
         let root = InodeAttrs {
             kind: InodeKind::Dir,
