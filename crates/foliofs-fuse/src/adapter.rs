@@ -464,6 +464,13 @@ impl Filesystem for FolioFs {
         Ok(())
     }
 
+    fn before_wait(&self) {
+        // Direct I/O this ring thread submitted that ended meanwhile: its
+        // replies go out with the ring's coming wait, not through the
+        // sweeper thread and a wake-up of this one.
+        foliofs::completion::run_ready_completions();
+    }
+
     fn destroy(&mut self) {
         // Ends the invalidation thread; nothing is mounted to invalidate.
         self.volume.set_change_observer(None);
