@@ -25,6 +25,7 @@ use fuser::{
 use crate::attr::{errno, file_attr, file_type, timestamp};
 use crate::direct_payload::DirectIoCounters;
 use crate::file_flags::{self, FlagsRequest};
+use crate::fitrim;
 use crate::going_down;
 use crate::handles::{DirListing, Handle, Handles};
 use crate::in_flight;
@@ -151,6 +152,22 @@ impl FolioFs {
         match self.volume.shutdown(ShutdownMode::Sync) {
             Ok(()) => reply.ioctl(0, &[]),
             Err(error) => reply.error(self.failed("shutdown", &error)),
+        }
+    }
+
+    /// FITRIM (`fstrim`): CAP_SYS_ADMIN only, as ext4 and XFS ask; the
+    /// reply's range says how many bytes were discarded.
+    fn trim(&self, req: &Request, in_data: &[u8], reply: fuser::ReplyIoctl) {
+        if !CallerStatus::of(req).has_capability(CAP_SYS_ADMIN) {
+            return reply.error(Errno::EPERM);
+        }
+        let range = match fitrim::decode(in_data) {
+            Ok(range) => range,
+            Err(errno) => return reply.error(Errno::from_i32(errno)),
+        };
+        match self.volume.trim(range) {
+            Ok(trimmed_bytes) => reply.ioctl(0, &fitrim::encode(range, trimmed_bytes)),
+            Err(error) => reply.error(self.failed("trim", &error)),
         }
     }
 
@@ -1061,9 +1078,9 @@ impl Filesystem for FolioFs {
     }
 
     /// chattr / lsattr (FS_IOC_GETFLAGS, SETFLAGS and their fsxattr forms,
-    /// which the kernel sends on a handle of its own) and FS_IOC_SHUTDOWN
-    /// (`going_down`); any other ioctl is ENOTTY, as the kernel answers for
-    /// a file system without it.
+    /// which the kernel sends on a handle of its own), FS_IOC_SHUTDOWN
+    /// (`going_down`) and FITRIM (`fitrim`); any other ioctl is ENOTTY, as
+    /// the kernel answers for a file system without it.
     fn ioctl(
         &self,
         req: &Request,
@@ -1078,6 +1095,9 @@ impl Filesystem for FolioFs {
     ) {
         if cmd == going_down::FS_IOC_SHUTDOWN {
             return self.shut_down(req, arg, reply);
+        }
+        if cmd == fitrim::FITRIM {
+            return self.trim(req, in_data, reply);
         }
         let request = match file_flags::decode(cmd, in_data) {
             Ok(request) => request,

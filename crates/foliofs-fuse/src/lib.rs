@@ -22,6 +22,7 @@ mod attr;
 mod bdi;
 mod direct_payload;
 mod file_flags;
+mod fitrim;
 mod going_down;
 mod handles;
 mod in_flight;
