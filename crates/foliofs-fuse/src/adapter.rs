@@ -25,9 +25,11 @@ use fuser::{
 use crate::attr::{errno, file_attr, file_type, timestamp};
 use crate::direct_payload::DirectIoCounters;
 use crate::file_flags::{self, FlagsRequest};
+use crate::fitrim;
 use crate::going_down;
 use crate::handles::{DirListing, Handle, Handles};
 use crate::in_flight;
+use crate::inode_files::{self, InodeFiles};
 use crate::invalidate::{self, Invalidator};
 use crate::mount_options::{MountOptions, PageCacheUse};
 
@@ -87,6 +89,35 @@ pub struct FolioFs {
     /// them only with default_permissions).
     allow_idmap: bool,
     direct_io: Arc<DirectIoCounters>,
+    /// FUSE no-open: OPEN is answered ENOSYS, and I/O is served by inode
+    /// through `inode_files` (see that module).
+    zero_message_opens: bool,
+    inode_files: InodeFiles,
+    opens: Arc<OpenCounters>,
+}
+
+/// How many OPEN and RELEASE requests reached the daemon: with zero-message
+/// opens, one OPEN (answered ENOSYS) for the life of the mount.
+#[derive(Debug, Default)]
+pub struct OpenCounters {
+    opens: std::sync::atomic::AtomicU64,
+    releases: std::sync::atomic::AtomicU64,
+}
+
+impl OpenCounters {
+    /// OPEN requests received.
+    pub fn opens(&self) -> u64 {
+        self.opens.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// RELEASE requests received.
+    pub fn releases(&self) -> u64 {
+        self.releases.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn count(counter: &std::sync::atomic::AtomicU64) {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl FolioFs {
@@ -97,6 +128,11 @@ impl FolioFs {
         // writes it sends: only a library user's changes need telling.
         let served_changes = options.page_cache != PageCacheUse::Engine;
         let invalidator = Invalidator::start(Arc::clone(&notifier), served_changes);
+        // Per-open FOPEN flags are what page_cache=engine is made of.
+        let zero_message_opens = options.zero_message_opens && served_changes;
+        if zero_message_opens {
+            invalidator.assume_every_inode_cached();
+        }
         volume.set_change_observer(Some(invalidator.observer()));
         volume.set_namespace_observer(Some(invalidator.namespace_observer()));
         Self {
@@ -111,7 +147,15 @@ impl FolioFs {
             allow_idmap: options.default_permissions,
             kills_privileges: false,
             direct_io: Arc::default(),
+            zero_message_opens,
+            inode_files: InodeFiles::new(),
+            opens: Arc::default(),
         }
+    }
+
+    /// Where OPEN and RELEASE requests are counted.
+    pub(crate) fn open_counters(&self) -> Arc<OpenCounters> {
+        Arc::clone(&self.opens)
     }
 
     /// Where the payloads of direct writes are counted.
@@ -127,8 +171,20 @@ impl FolioFs {
     /// Replies to an `operation` that makes a node with its entry or errno.
     fn reply_entry(&self, operation: &str, reply: ReplyEntry, result: foliofs::Result<Attr>) {
         match result {
-            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), Generation(0)),
+            Ok(attr) => {
+                self.handed_to_kernel(attr.ino);
+                reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
+            }
             Err(error) => reply.error(self.failed(operation, &error)),
+        }
+    }
+
+    /// A reply is about to hand the kernel an entry of `ino`, which it
+    /// counts until FORGET (with zero-message opens, the inode's files stay
+    /// open until then).
+    fn handed_to_kernel(&self, ino: u64) {
+        if self.zero_message_opens {
+            self.inode_files.looked_up(ino);
         }
     }
 
@@ -154,8 +210,59 @@ impl FolioFs {
         }
     }
 
+    /// FITRIM (`fstrim`): CAP_SYS_ADMIN only, as ext4 and XFS ask; the
+    /// reply's range says how many bytes were discarded.
+    fn trim(&self, req: &Request, in_data: &[u8], reply: fuser::ReplyIoctl) {
+        if !CallerStatus::of(req).has_capability(CAP_SYS_ADMIN) {
+            return reply.error(Errno::EPERM);
+        }
+        let range = match fitrim::decode(in_data) {
+            Ok(range) => range,
+            Err(errno) => return reply.error(Errno::from_i32(errno)),
+        };
+        match self.volume.trim(range) {
+            Ok(trimmed_bytes) => reply.ioctl(0, &fitrim::encode(range, trimmed_bytes)),
+            Err(error) => reply.error(self.failed("trim", &error)),
+        }
+    }
+
     fn file(&self, fh: FileHandle) -> Result<Arc<File>, Errno> {
         self.handles.file(fh.0).ok_or(Errno::EBADF)
+    }
+
+    /// The file a request on `ino` is served through: its handle's, or
+    /// with zero-message opens (handle 0) the inode's file for `access`.
+    fn served_file(
+        &self,
+        operation: &str,
+        ino: INodeNo,
+        fh: FileHandle,
+        access: Option<inode_files::Access>,
+    ) -> Result<Arc<File>, Errno> {
+        if fh.0 != 0 || !self.zero_message_opens {
+            return self.file(fh);
+        }
+        let drop_behind = self.page_cache != PageCacheUse::Engine;
+        let file = match access {
+            Some(access) => self.inode_files.file(&self.volume, ino.0, access, drop_behind),
+            None => self.inode_files.any(&self.volume, ino.0, drop_behind),
+        };
+        file.map_err(|error| self.failed(operation, &error))
+    }
+
+    /// With zero-message opens, before an unlink or a rename over an
+    /// existing name: if that takes a regular file's last name, the
+    /// kernel may still hold it open, and tells nothing at its last close.
+    fn keep_if_last_name(&self, parent: INodeNo, name: &OsStr) {
+        if !self.zero_message_opens {
+            return;
+        }
+        let Ok(attr) = self.volume.lookup(parent.0, name_bytes(name)) else { return };
+        if attr.kind == foliofs::InodeKind::File && attr.nlink <= 1 {
+            if let Err(error) = self.inode_files.keep_while_known(&self.volume, attr.ino) {
+                tracing::debug!("keeping inode {} for the kernel: {error}", attr.ino);
+            }
+        }
     }
 
     fn open_flags(&self, flags: i32) -> OpenFlags {
@@ -269,6 +376,17 @@ impl FolioFs {
             .entries(offset)
             .and_then(|entries| Ok((entries, listing.dir.parent()?)))
             .map_err(|error| self.failed(operation, &error))
+    }
+
+    /// The handle a create replies with: with zero-message opens none (the
+    /// kernel will not release it once it knows), the file served by inode.
+    fn create_handle(&self, ino: u64, flags: i32) -> foliofs::Result<(u64, FopenFlags)> {
+        if !self.zero_message_opens {
+            return self.open_handle(ino, flags);
+        }
+        let write = self.open_flags(flags).write;
+        self.volume.check_append_only_open(ino, write, flags & libc::O_APPEND != 0)?;
+        Ok((0, FopenFlags::FOPEN_KEEP_CACHE))
     }
 
     fn open_handle(&self, ino: u64, flags: i32) -> foliofs::Result<(u64, FopenFlags)> {
@@ -464,6 +582,13 @@ impl Filesystem for FolioFs {
         Ok(())
     }
 
+    fn before_wait(&self) {
+        // Direct I/O this ring thread submitted that ended meanwhile: its
+        // replies go out with the ring's coming wait, not through the
+        // sweeper thread and a wake-up of this one.
+        foliofs::completion::run_ready_completions();
+    }
+
     fn destroy(&mut self) {
         // Ends the invalidation thread; nothing is mounted to invalidate.
         self.volume.set_change_observer(None);
@@ -471,6 +596,7 @@ impl Filesystem for FolioFs {
         // After a forced unmount the kernel may not have released every
         // handle; close them so unlinked files are freed before the volume
         // closes.
+        self.inode_files.drain();
         for handle in self.handles.drain() {
             if let Handle::File(file) = handle {
                 if let Ok(file) = Arc::try_unwrap(file) {
@@ -484,10 +610,18 @@ impl Filesystem for FolioFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.volume.lookup(parent.0, name_bytes(name)) {
-            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), Generation(0)),
+            Ok(attr) => {
+                self.handed_to_kernel(attr.ino);
+                reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
+            }
             // Not logged even at debug: misses are most lookups of a build.
             Err(error) => reply.error(errno(&error)),
         }
+    }
+
+    /// (BATCH_FORGET comes here too, one inode at a time.)
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.inode_files.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -594,6 +728,7 @@ impl Filesystem for FolioFs {
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         // The kernel makes this change itself: no notification for it.
         invalidate::mark_serving();
+        self.keep_if_last_name(parent, name);
         match self.volume.unlink(parent.0, name_bytes(name)) {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("unlink", &error)),
@@ -648,6 +783,9 @@ impl Filesystem for FolioFs {
             no_replace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
         };
+        if !flags.no_replace && !flags.exchange {
+            self.keep_if_last_name(newparent, newname);
+        }
         let result =
             self.volume.rename(parent.0, name_bytes(name), newparent.0, name_bytes(newname), flags);
         match result {
@@ -671,6 +809,12 @@ impl Filesystem for FolioFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: fuser::OpenFlags, reply: ReplyOpen) {
+        OpenCounters::count(&self.opens.opens);
+        if self.zero_message_opens {
+            // The kernel opens without asking from now on, and releases
+            // without telling: FOPEN_KEEP_CACHE is its default then.
+            return reply.error(Errno::ENOSYS);
+        }
         match self.open_handle(ino.0, flags.0) {
             Ok((fh, fopen)) => reply.opened(FileHandle(fh), fopen),
             Err(error) => reply.error(self.failed("open", &error)),
@@ -680,15 +824,16 @@ impl Filesystem for FolioFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: fuser::OpenFlags,
+        flags: fuser::OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let file = match self.file(fh) {
+        let access = inode_files::Access::from_flags(flags.0, false, false);
+        let file = match self.served_file("read", ino, fh, Some(access)) {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
         };
@@ -730,19 +875,20 @@ impl Filesystem for FolioFs {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: fuser::OpenFlags,
+        flags: fuser::OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         invalidate::mark_serving();
-        let file = match self.file(fh) {
+        let page_cache_writeback = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        let access = inode_files::Access::from_flags(flags.0, true, page_cache_writeback);
+        let file = match self.served_file("write", ino, fh, Some(access)) {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
         };
         if let Err(errno) = self.remove_privileges("write", req, ino, write_flags) {
             return reply.error(errno);
         }
-        let page_cache_writeback = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         if page_cache_writeback && file.flags().direct {
             // The kernel writing back its page cache (a shared mapping of an
             // O_DIRECT file) through whichever handle is writable: its pages,
@@ -813,6 +959,12 @@ impl Filesystem for FolioFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        OpenCounters::count(&self.opens.releases);
+        if fh.0 == 0 && self.zero_message_opens {
+            // A file created before the kernel learned of zero-message
+            // opens: it is served by inode, with nothing to release.
+            return reply.ok();
+        }
         let Some(Handle::File(file)) = self.handles.remove(fh.0) else {
             return reply.error(Errno::EBADF);
         };
@@ -832,7 +984,7 @@ impl Filesystem for FolioFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let file = match self.file(fh) {
+        let file = match self.served_file("fsync", _ino, fh, None) {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
         };
@@ -918,6 +1070,10 @@ impl Filesystem for FolioFs {
                 Generation(0),
             ) {
                 break;
+            }
+            // The kernel counts a lookup for each entry but the dots.
+            if index >= 2 {
+                self.handed_to_kernel(entry_ino);
             }
         }
         reply.ok();
@@ -1056,9 +1212,10 @@ impl Filesystem for FolioFs {
         // O_CREAT is implied: the kernel sends create only for it.
         let options = OpenOptions::from_posix_flags(flags | libc::O_CREAT);
         let created = self.volume.create_or_open(parent.0, name, mode, owner(req), &options);
-        let opened = created.and_then(|attr| Ok((attr, self.open_handle(attr.ino, flags)?)));
+        let opened = created.and_then(|attr| Ok((attr, self.create_handle(attr.ino, flags)?)));
         match opened {
             Ok((attr, (fh, fopen))) => {
+                self.handed_to_kernel(attr.ino);
                 reply.created(&self.ttl, &file_attr(&attr), Generation(0), FileHandle(fh), fopen)
             }
             Err(error) => reply.error(self.failed("create", &error)),
@@ -1066,9 +1223,9 @@ impl Filesystem for FolioFs {
     }
 
     /// chattr / lsattr (FS_IOC_GETFLAGS, SETFLAGS and their fsxattr forms,
-    /// which the kernel sends on a handle of its own) and FS_IOC_SHUTDOWN
-    /// (`going_down`); any other ioctl is ENOTTY, as the kernel answers for
-    /// a file system without it.
+    /// which the kernel sends on a handle of its own), FS_IOC_SHUTDOWN
+    /// (`going_down`) and FITRIM (`fitrim`); any other ioctl is ENOTTY, as
+    /// the kernel answers for a file system without it.
     fn ioctl(
         &self,
         req: &Request,
@@ -1083,6 +1240,9 @@ impl Filesystem for FolioFs {
     ) {
         if cmd == going_down::FS_IOC_SHUTDOWN {
             return self.shut_down(req, arg, reply);
+        }
+        if cmd == fitrim::FITRIM {
+            return self.trim(req, in_data, reply);
         }
         let request = match file_flags::decode(cmd, in_data) {
             Ok(request) => request,
@@ -1130,6 +1290,14 @@ impl Filesystem for FolioFs {
             .create_unnamed(parent.0, mode, owner(req), open, linkable)
             .and_then(|file| Ok((self.volume.getattr(file.ino())?, file)));
         match opened {
+            Ok((attr, file)) if self.zero_message_opens => {
+                // Unnamed: kept until the kernel forgets it (FORGET), since
+                // it will not release it.
+                self.inode_files.adopt(file);
+                self.handed_to_kernel(attr.ino);
+                let fopen = FopenFlags::FOPEN_KEEP_CACHE;
+                reply.created(&self.ttl, &file_attr(&attr), Generation(0), FileHandle(0), fopen)
+            }
             Ok((attr, file)) => {
                 let fh = self.handles.insert(Handle::File(Arc::new(file)));
                 self.invalidator.page_cached(attr.ino);
@@ -1151,7 +1319,8 @@ impl Filesystem for FolioFs {
         reply: ReplyEmpty,
     ) {
         invalidate::mark_serving();
-        let file = match self.file(fh) {
+        let writable = inode_files::Access { write: true, direct: false, dsync: false };
+        let file = match self.served_file("fallocate", ino, fh, Some(writable)) {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
         };
@@ -1172,13 +1341,13 @@ impl Filesystem for FolioFs {
     fn lseek(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: i64,
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let file = match self.file(fh) {
+        let file = match self.served_file("lseek", ino, fh, None) {
             Ok(file) => file,
             Err(errno) => return reply.error(errno),
         };

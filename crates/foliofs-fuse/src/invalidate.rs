@@ -95,6 +95,9 @@ pub(crate) struct Invalidator {
     page_cached: Mutex<HashSet<u64>>,
     /// Whether changes made while serving a request are sent.
     served_changes: bool,
+    /// Every inode counts as cached: with zero-message opens the daemon
+    /// does not see the opens that would put a file in `page_cached`.
+    every_inode_cached: std::sync::atomic::AtomicBool,
     queue: mpsc::Sender<Queued>,
 }
 
@@ -122,7 +125,13 @@ impl Invalidator {
         if let Err(error) = spawned {
             tracing::warn!("no thread for page cache invalidations: {error}");
         }
-        Arc::new(Self { notifier, page_cached: Mutex::default(), served_changes, queue })
+        Arc::new(Self {
+            notifier,
+            page_cached: Mutex::default(),
+            served_changes,
+            every_inode_cached: Default::default(),
+            queue,
+        })
     }
 
     /// Runs `reply` once the invalidations queued so far are sent: a direct
@@ -148,6 +157,12 @@ impl Invalidator {
     pub(crate) fn page_cached(&self, ino: u64) {
         let mut cached = self.page_cached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         cached.insert(ino);
+    }
+
+    /// From now on the kernel may cache pages of any inode without the
+    /// daemon seeing an open of it (zero-message opens).
+    pub(crate) fn assume_every_inode_cached(&self) {
+        self.every_inode_cached.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub(crate) fn observer(self: &Arc<Self>) -> ChangeObserver {
@@ -187,7 +202,8 @@ impl Invalidator {
             return;
         }
         let cached = self.page_cached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if !cached.contains(&event.ino) {
+        let every = self.every_inode_cached.load(std::sync::atomic::Ordering::Relaxed);
+        if !every && !cached.contains(&event.ino) {
             drop(cached);
             // No pages to drop, but the kernel may hold its size and times
             // from a lookup: a library user's change is told now (dropping

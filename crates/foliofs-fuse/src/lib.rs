@@ -22,15 +22,17 @@ mod attr;
 mod bdi;
 mod direct_payload;
 mod file_flags;
+mod fitrim;
 mod going_down;
 mod handles;
 mod in_flight;
+mod inode_files;
 mod invalidate;
 mod mount_options;
 mod mounting;
 pub mod transport;
 
-pub use adapter::FolioFs;
+pub use adapter::{FolioFs, OpenCounters};
 pub use direct_payload::{DirectIoCounters, DirectIoStats};
 pub use mount_options::{MountOptions, PageCacheUse, Transport, MOUNT_OPTION_KEYS};
 pub use mounting::{bind_if_mounted, remount, RemountWatcher, Unmounter};
@@ -48,6 +50,7 @@ pub struct Mount {
     watcher: Option<RemountWatcher>,
     transport: transport::LiveTransport,
     direct_io: Arc<DirectIoCounters>,
+    opens: Arc<OpenCounters>,
 }
 
 impl Mount {
@@ -59,6 +62,7 @@ impl Mount {
         let fs = FolioFs::new(Arc::clone(&volume), options);
         let notifier = fs.notifier_slot();
         let direct_io = fs.direct_io_counters();
+        let opens = fs.open_counters();
         let config = options.fuse_config(image);
         let failed =
             |error| foliofs::Error::io(format!("mount on {}", mountpoint.display()), error);
@@ -96,7 +100,7 @@ impl Mount {
             bdi::relax_dirty_limits(mountpoint);
         }
         let watcher = RemountWatcher::start(mountpoint, Arc::downgrade(&volume));
-        Ok(Self { session, volume, unmounter, watcher, transport, direct_io })
+        Ok(Self { session, volume, unmounter, watcher, transport, direct_io, opens })
     }
 
     /// The transport INIT settled on (io_uring, or /dev/fuse and why).
@@ -116,6 +120,11 @@ impl Mount {
         Arc::clone(&self.direct_io)
     }
 
+    /// How many OPEN and RELEASE requests the kernel sent.
+    pub fn open_counters(&self) -> Arc<OpenCounters> {
+        Arc::clone(&self.opens)
+    }
+
     /// Something that unmounts from another thread (a signal handler), which
     /// makes [`Mount::run`] return.
     pub fn unmounter(&mut self) -> Unmounter {
@@ -125,7 +134,8 @@ impl Mount {
     /// Serves requests until the file system is unmounted, then writes back
     /// and closes the volume, reporting what that finds.
     pub fn run(self) -> foliofs::Result<()> {
-        let Self { session, volume, unmounter, watcher, transport: _, direct_io: _ } = self;
+        let Self { session, volume, unmounter, watcher, transport: _, direct_io: _, opens: _ } =
+            self;
         let served = session.run();
         unmounter.session_ended();
         drop(watcher);

@@ -20,6 +20,13 @@ pub const MOUNT_OPTION_KEYS: &[(&str, &str)] = &[
          absorbs buffered writes and writes them back later) (default engine)",
     ),
     (
+        "opens",
+        "kernel (with page_cache=kernel or writeback, open and close stay in the kernel: \
+         FUSE no-open; reads and writes are served by inode) | daemon (each open reaches the \
+         daemon: a file that is immutable or append-only refuses a writable open there) \
+         (default kernel; page_cache=engine always uses daemon)",
+    ),
+    (
         "transport",
         "uring (FUSE over io_uring: per-CPU queues, one system call per request) | dev \
          (read/write on /dev/fuse) (default uring where the kernel offers it, else dev)",
@@ -140,6 +147,10 @@ pub enum PageCacheUse {
 pub struct MountOptions {
     pub volume: VolumeOptions,
     pub page_cache: PageCacheUse,
+    /// Opens and closes stay in the kernel (FUSE no-open) where the
+    /// kernel's page cache serves the data (`page_cache` kernel or
+    /// writeback); `opens=daemon` turns it off.
+    pub zero_message_opens: bool,
     pub transport: Transport,
     pub uring_depth: u16,
     pub fuse_threads: usize,
@@ -166,6 +177,7 @@ impl Default for MountOptions {
         Self {
             volume: VolumeOptions::default(),
             page_cache: PageCacheUse::Engine,
+            zero_message_opens: true,
             transport: Transport::Uring,
             uring_depth: DEFAULT_URING_DEPTH,
             // A thread waits out each request's device I/O, so the threads,
@@ -254,6 +266,13 @@ impl MountOptions {
                     Some("kernel") => PageCacheUse::Kernel,
                     Some("writeback") => PageCacheUse::Writeback,
                     _ => return Err(bad("expected engine, kernel or writeback")),
+                }
+            }
+            "opens" => {
+                self.zero_message_opens = match value {
+                    Some("kernel") => true,
+                    Some("daemon") => false,
+                    _ => return Err(bad("expected kernel or daemon")),
                 }
             }
             "transport" => {

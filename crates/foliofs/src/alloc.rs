@@ -214,6 +214,18 @@ impl Allocator {
         self.free_blocks -= count;
     }
 
+    /// The free extents that end after `block`, in block order (the first
+    /// may hold `block`).
+    pub fn free_runs_from(&self, block: u64) -> impl Iterator<Item = BlockRun> + '_ {
+        let first = self
+            .by_start
+            .range(..=block)
+            .next_back()
+            .filter(|(&start, &count)| start + count > block)
+            .map_or(block, |(&start, _)| start);
+        self.by_start.range(first..).map(|(&start, &count)| BlockRun { start, count })
+    }
+
     /// The free extents in block order (for fsck and tests).
     pub fn free_runs(&self) -> impl Iterator<Item = BlockRun> + '_ {
         self.by_start.iter().map(|(&start, &count)| BlockRun { start, count })

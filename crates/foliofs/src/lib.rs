@@ -82,6 +82,8 @@ pub mod options;
 mod passthru;
 #[doc(hidden)]
 pub mod space;
+#[doc(hidden)]
+pub mod trim;
 pub mod vfs;
 #[doc(hidden)]
 pub mod writeback;
@@ -94,6 +96,7 @@ pub use error::{Error, Result};
 pub use format::{InodeKind, Timestamp, ROOT_INO};
 pub use options::VolumeOptions;
 pub use space::FallocateMode;
+pub use trim::TrimRange;
 pub use vfs::{
     Access, Credentials, DirEntry, File, FileType, Metadata, MkfsOptions, OpenOptions, Permissions,
     ReadDir, ShutdownMode, Volume,

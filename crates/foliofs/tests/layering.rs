@@ -54,6 +54,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "writeback",
         ],
     ),
+    ("trim", &["alloc", "dev", "error", "format", "meta"]),
     // vfs holds the Device only to hand out statistics; it does no I/O.
     (
         "vfs",
@@ -72,6 +73,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "meta",
             "options",
             "space",
+            "trim",
             "writeback",
         ],
     ),

@@ -416,6 +416,12 @@ pub trait Filesystem: Send + Sync + 'static {
     /// Called on filesystem exit.
     fn destroy(&mut self) {}
 
+    /// Called on an io_uring ring thread before it waits for the kernel:
+    /// asynchronous work that finished meanwhile may send its replies now,
+    /// from this thread, so they go out with the coming wait instead of
+    /// through a wake-up of the ring thread (foliofs).
+    fn before_wait(&self) {}
+
     /// Look up a directory entry by name and get its attributes.
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         warn!("[Not Implemented] lookup(parent: {parent:#x?}, name {name:?})");

@@ -778,6 +778,9 @@ impl RingThread {
                 debug!("io_uring queue {}: every entry ended", self.shared.qid);
                 return Ok(());
             }
+            if let Some(filesystem) = &event_loop.filesystem.fs {
+                filesystem.before_wait();
+            }
             // Swapped with a spare list, so neither side allocates again.
             std::mem::swap(&mut *self.shared.commits.lock(), &mut self.commit_batch);
             let mut commits = std::mem::take(&mut self.commit_batch);

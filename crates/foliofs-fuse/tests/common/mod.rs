@@ -65,6 +65,8 @@ pub struct InProcessMount {
     pub volume: Arc<Volume>,
     /// How direct I/O data moved between requests and the engine.
     pub direct_io: Arc<foliofs_fuse::DirectIoCounters>,
+    /// How many OPEN and RELEASE requests reached the daemon.
+    pub opens: Arc<foliofs_fuse::OpenCounters>,
     unmounter: foliofs_fuse::Unmounter,
     server: Option<JoinHandle<foliofs::Result<()>>>,
 }
@@ -86,6 +88,7 @@ impl InProcessMount {
         assert_eq!(uring, transport() == "uring", "live transport: {:?}", mount.transport());
         let volume = Arc::clone(mount.volume());
         let direct_io = mount.direct_io_counters();
+        let opens = mount.open_counters();
         let unmounter = mount.unmounter();
         let server = std::thread::spawn(move || mount.run());
         let started = Instant::now();
@@ -93,7 +96,16 @@ impl InProcessMount {
             assert!(started.elapsed() < Duration::from_secs(20), "mount did not appear");
             std::thread::sleep(Duration::from_millis(10));
         }
-        Self { dir: Some(dir), image, point, volume, direct_io, unmounter, server: Some(server) }
+        Self {
+            dir: Some(dir),
+            image,
+            point,
+            volume,
+            direct_io,
+            opens,
+            unmounter,
+            server: Some(server),
+        }
     }
 
     /// Unmounts (retrying while a file just closed is still busy) and checks

@@ -18,6 +18,7 @@ mod paths;
 mod shutdown;
 mod special;
 mod tmpfile;
+mod trim;
 mod volume;
 mod xattr;
 
