@@ -80,6 +80,16 @@ _scratch_mkfs() {
 	fi
 	_foliofs_upstream_scratch_mkfs "$@"
 }
+# umount returns before the daemon has closed the volume: wait for its lock
+# (held until the image or device closes), so the next opener (mkswap,
+# another mkfs, a mount) finds the device free, as after a kernel umount.
+eval "_foliofs_upstream$(declare -f _scratch_unmount)"
+_scratch_unmount() {
+	_foliofs_upstream_scratch_unmount "$@"
+	local status=$?
+	findmnt -rn -S "$SCRATCH_DEV" >/dev/null || flock -w 10 "$SCRATCH_DEV" true
+	return $status
+}
 # A test's own device (a loop device over a file, say): upstream does nothing
 # for FSTYP=fuse, which leaves the device without a volume to mount.
 _try_mkfs_dev() {
