@@ -67,14 +67,28 @@ _scratch_mkfs_blocksized() {
 	_foliofs_mkfs $(_foliofs_full_size) --block-size "$1" \
 		|| _notrun "foliofs mkfs --block-size $1 failed"
 }
+# A real mkfs (upstream only empties the mounted volume for FSTYP=fuse): a
+# fresh volume at the run's size, whatever a test left on the device (a
+# sized volume, a swap area, another file system's mkfs). Upstream's way
+# where the scratch volume is mounted (the image is locked then).
 eval "_foliofs_upstream$(declare -f _scratch_mkfs)"
 _scratch_mkfs() {
-	if [ -e "$FOLIOFS_XFSTESTS_SIZED_MARK" ]; then
-		rm -f "$FOLIOFS_XFSTESTS_SIZED_MARK"
-		"$FOLIOFS_XFSTESTS_MKFS" mkfs "$SCRATCH_DEV" $(_foliofs_full_size) >/dev/null
-		return
+	rm -f "$FOLIOFS_XFSTESTS_SIZED_MARK"
+	if ! findmnt -rn -S "$SCRATCH_DEV" >/dev/null \
+		&& "$FOLIOFS_XFSTESTS_MKFS" mkfs "$SCRATCH_DEV" $(_foliofs_full_size) >/dev/null; then
+		return 0
 	fi
 	_foliofs_upstream_scratch_mkfs "$@"
+}
+# umount returns before the daemon has closed the volume: wait for its lock
+# (held until the image or device closes), so the next opener (mkswap,
+# another mkfs, a mount) finds the device free, as after a kernel umount.
+eval "_foliofs_upstream$(declare -f _scratch_unmount)"
+_scratch_unmount() {
+	_foliofs_upstream_scratch_unmount "$@"
+	local status=$?
+	findmnt -rn -S "$SCRATCH_DEV" >/dev/null || flock -w 10 "$SCRATCH_DEV" true
+	return $status
 }
 # A test's own device (a loop device over a file, say): upstream does nothing
 # for FSTYP=fuse, which leaves the device without a volume to mount.
@@ -83,14 +97,21 @@ _try_mkfs_dev() {
 }
 # Tests mount with `-t $FSTYP`, which for FUSE names the generic helper
 # (mount.fuse runs the source as the file system's program): name ours, as
-# _scratch_mount and _test_mount do with $FUSE_SUBTYP.
+# _scratch_mount and _test_mount do with $FUSE_SUBTYP. Without -t, mount(8)
+# asks blkid, which knows no foliofs: a file or block device given as the
+# source (not a bind, move or remount) is the file system under test.
 _mount() {
-	local arg previous= args=()
+	local arg previous= args=() typed= device=
 	for arg in $*; do
 		[ "$previous" = -t ] && [ "$arg" = fuse ] && arg=fuse$FUSE_SUBTYP
+		case "$arg" in
+		-t | --types | --bind | -B | --rbind | -R | --move | -M | *remount*) typed=1 ;;
+		esac
+		{ [ -f "$arg" ] || [ -b "$arg" ]; } && device=1
 		args+=("$arg")
 		previous=$arg
 	done
+	[ -z "$typed" ] && [ -n "$device" ] && args=(-t "fuse$FUSE_SUBTYP" "${args[@]}")
 	$MOUNT_PROG "${args[@]}"
 }
 fi

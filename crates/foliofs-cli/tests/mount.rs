@@ -1159,6 +1159,40 @@ fn mounting_a_mounted_image_again_binds_the_live_mount() {
     assert!(report.contains("clean"), "{report}");
 }
 
+/// The second mount of an image is a mount of its own, as a block device
+/// mounted again is, not a peer of the first: a mount made later under one
+/// does not appear under the other, even when the first is shared
+/// (xfstests generic/409 and 411 count the mounts).
+#[test]
+fn mounting_a_mounted_image_again_joins_no_peer_group() {
+    if skip_requested() {
+        return;
+    }
+    require(&[]);
+    let mounted = Background::new("64M");
+    mounted.mount("");
+    ok("mount", &["--make-shared", mounted.point_str()]);
+    let second = mounted.dir.path().join("second");
+    fs::create_dir(&second).unwrap();
+    ok(FOLIOFS, &["mount", mounted.image_str(), second.to_str().unwrap()]);
+    fs::create_dir(mounted.point.join("sub")).unwrap();
+    let on_second = second.join("sub");
+    ok("mount", &["-t", "tmpfs", "none", on_second.to_str().unwrap()]);
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let points: Vec<&str> = mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|point| Path::new(point).starts_with(mounted.dir.path()))
+        .collect();
+    let on_first = mounted.point.join("sub");
+    let propagated = points.iter().any(|point| Path::new(point) == on_first);
+    // Unmounting it unmounts its propagated copy, if any, too.
+    ok("umount", &[on_second.to_str().unwrap()]);
+    ok("umount", &[second.to_str().unwrap()]);
+    assert!(!propagated, "a mount under the second view appeared under the first: {points:?}");
+    mounted.unmount();
+}
+
 /// xfstests' fsx -Z (generic/263): a file opened O_DIRECT and also mapped
 /// shared. The kernel writes the mapped pages back through that O_DIRECT
 /// handle, the last one partial at end of file; those writes come from its

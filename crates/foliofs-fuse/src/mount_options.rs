@@ -51,6 +51,11 @@ pub const MOUNT_OPTION_KEYS: &[(&str, &str)] = &[
     ("subtype", "the type suffix shown in /proc/mounts (default foliofs)"),
     ("log", "a file the daemon appends its log to (default syslog, or stderr with -f)"),
     (
+        "norecovery",
+        "with ro only, as XFS: the device is not written; the journal is read in memory, as \
+         every read-only mount does",
+    ),
+    (
         "dev, nodev, suid, nosuid, exec, noexec, sync, async, dirsync, atime, noatime, diratime, \
          nodiratime, relatime, norelatime, strictatime, nostrictatime, lazytime, nolazytime, \
          iversion, noiversion, symfollow, nosymfollow",
@@ -222,12 +227,24 @@ impl MountOptions {
     /// that names it (and, when unknown, lists every accepted key).
     pub fn parse(list: &str) -> Result<Self> {
         let mut options = Self::default();
+        let mut norecovery = false;
         for item in list.split(',').map(str::trim).filter(|item| !item.is_empty()) {
             let (key, value) = match item.split_once('=') {
                 Some((key, value)) => (key.trim(), Some(value.trim())),
                 None => (item, None),
             };
+            if (key, value) == ("norecovery", None) {
+                norecovery = true;
+                continue;
+            }
             options.set(key, value)?;
+        }
+        // A read-only mount never writes the device (its journal replay
+        // stays in memory): that is what norecovery asks, with ro, on XFS.
+        if norecovery && !options.volume.read_only {
+            return Err(Error::invalid(
+                "mount option norecovery needs ro (the journal of a writable mount is replayed)",
+            ));
         }
         Ok(options)
     }
@@ -434,6 +451,15 @@ mod tests {
         let bad = MountOptions::parse("transport=tcp").unwrap_err().to_string();
         assert!(bad.contains("transport=tcp") && bad.contains("uring or dev"), "{bad}");
         assert!(MountOptions::parse("uring_depth=0").is_err());
+    }
+
+    #[test]
+    fn norecovery_is_accepted_with_ro_only() {
+        assert!(MountOptions::parse("ro,norecovery").unwrap().volume.read_only);
+        assert!(MountOptions::parse("norecovery,ro").unwrap().volume.read_only);
+        let refused = MountOptions::parse("norecovery").unwrap_err().to_string();
+        assert!(refused.contains("norecovery needs ro"), "{refused}");
+        assert!(MountOptions::parse("ro,norecovery=1").is_err());
     }
 
     #[test]

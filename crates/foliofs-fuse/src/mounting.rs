@@ -221,6 +221,90 @@ pub fn bind_if_mounted(image: &Path, mountpoint: &Path) -> foliofs::Result<bool>
     };
     let source = c_path(&existing).map_err(|error| Error::io("mount source", error))?;
     let target = c_path(mountpoint).map_err(|error| Error::io("mount point", error))?;
+    attach_private_clone(&source, &target).map_err(|error| {
+        Error::io(
+            format!(
+                "{} is mounted on {}; binding that mount on {}",
+                image.display(),
+                existing.display(),
+                mountpoint.display()
+            ),
+            error,
+        )
+    })?;
+    Ok(true)
+}
+
+/// Attaches a clone of the mount at `source` on `target` as the kernel
+/// attaches a block device mounted again: a new mount in no peer group,
+/// which is shared (in a group of its own) only under a shared parent. A
+/// plain MS_BIND of a shared mount would join the existing mount's peer
+/// group, so mounts made later under either would appear under both
+/// (xfstests generic/409 and 411 count them). open_tree(OPEN_TREE_CLONE)
+/// gives a detached clone, mount_setattr makes it private, move_mount
+/// attaches it; kernels before 5.12 get the plain bind.
+fn attach_private_clone(source: &CString, target: &CString) -> io::Result<()> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    // SAFETY: open_tree reads the NUL-terminated path, alive across the
+    // call, and returns a new descriptor or -1.
+    let tree = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            source.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+        )
+    };
+    if tree < 0 {
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() == Some(libc::ENOSYS) {
+            return plain_bind(source, target);
+        }
+        return Err(error);
+    }
+    // SAFETY: open_tree returned a descriptor nothing else owns.
+    let tree = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(tree as i32) };
+    let attr =
+        libc::mount_attr { attr_set: 0, attr_clr: 0, propagation: libc::MS_PRIVATE, userns_fd: 0 };
+    // SAFETY: the kernel reads `size_of::<mount_attr>()` bytes of `attr`
+    // and the empty NUL-terminated path; both live for the call.
+    let set = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if set != 0 {
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() == Some(libc::ENOSYS) {
+            return plain_bind(source, target);
+        }
+        return Err(error);
+    }
+    // SAFETY: the empty path and `target` are NUL-terminated and live for
+    // the call; the descriptor is open.
+    let moved = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if moved != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn plain_bind(source: &CString, target: &CString) -> io::Result<()> {
     // SAFETY: both pointers are NUL-terminated paths alive across the call; a
     // bind mount reads no type or data.
     let result = unsafe {
@@ -233,18 +317,9 @@ pub fn bind_if_mounted(image: &Path, mountpoint: &Path) -> foliofs::Result<bool>
         )
     };
     if result != 0 {
-        let error = io::Error::last_os_error();
-        return Err(Error::io(
-            format!(
-                "{} is mounted on {}; binding that mount on {}",
-                image.display(),
-                existing.display(),
-                mountpoint.display()
-            ),
-            error,
-        ));
+        return Err(io::Error::last_os_error());
     }
-    Ok(true)
+    Ok(())
 }
 
 /// The first foliofs mount whose source is `image`.
