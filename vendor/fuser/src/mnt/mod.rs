@@ -186,7 +186,10 @@ fn libc_umount(mnt: &CStr) -> nix::Result<()> {
         target_os = "netbsd"
     )))]
     {
-        nix::mount::umount(mnt)
+        // Lazily, as libfuse's fuse_kern_unmount does: a process blocked in
+        // a request (or `df` statting every mount) must not leave the mount
+        // behind once its daemon is gone. (foliofs)
+        nix::mount::umount2(mnt, nix::mount::MntFlags::MNT_DETACH)
     }
 }
 
