@@ -84,7 +84,7 @@ pub const TXN_LOG_BYTES_UNRESERVED: u64 = 1024;
 ///
 /// Its size is bounded here, where it can still be refused: a transaction
 /// must fit one journal group (replay applies whole groups), so a closure
-/// whose records can grow past [`TXN_LOG_BYTES_UNRESERVED`] reserves their
+/// whose records can grow past `TXN_LOG_BYTES_UNRESERVED` reserves their
 /// room with [`Txn::ensure_metadata_room`] before its first `apply`, which
 /// fails with ENOSPC when the group cannot hold them. `apply` asserts that
 /// the records stay within what was reserved, so an estimate that falls
