@@ -741,8 +741,14 @@ pub fn planned_rows(options: &SeedOptions) -> usize {
     rows.iter().filter(|(id, _)| selected(id)).map(|(_, count)| count * options.reps.max(1)).sum()
 }
 
-/// Runs the selected seeds; `progress` hears of every row started.
-pub fn run(options: &SeedOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Vec<SeedResult>> {
+/// Runs the selected seeds; `progress` hears of every row started, and
+/// `finished` gets each seed's result as soon as it is measured, so a long
+/// run that is stopped keeps what it already has.
+pub fn run(
+    options: &SeedOptions,
+    progress: &dyn Fn(&str),
+    finished: &mut dyn FnMut(&SeedResult) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<SeedResult>> {
     let scale = if options.quick { &QUICK } else { &FULL };
     let plan: Vec<_> = seeds(scale)?
         .into_iter()
@@ -763,7 +769,9 @@ pub fn run(options: &SeedOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Vec
     let lab = Lab { options, image, peers, progress };
     let mut results = Vec::new();
     for (_, seed, _) in plan {
-        results.push(seed(&lab, scale)?);
+        let result = seed(&lab, scale)?;
+        finished(&result)?;
+        results.push(result);
     }
     Ok(results)
 }

@@ -80,20 +80,28 @@ pub fn run(
     };
     let bar = ProgressBar::new(seeds::planned_rows(&seed_options) as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} rows, {elapsed} {msg}")?);
-    let results = seeds::run(&seed_options, &|label| {
-        bar.inc(1);
-        bar.set_message(label.to_string());
-    });
-    bar.finish_and_clear();
-    let results = results?;
+    // Each seed's table and files as soon as it ends: a full run takes
+    // most of an hour on a small machine, and one stopped near the end
+    // keeps the seeds it finished.
     let mut missed = 0;
-    for result in &results {
-        print!("{}", seeds::to_markdown(result));
+    let mut report = |result: &seeds::SeedResult| -> anyhow::Result<()> {
+        bar.suspend(|| print!("{}", seeds::to_markdown(result)));
         let written = seeds::write_outputs(&args.out, result)?;
         let names: Vec<String> = written.iter().map(|path| path.display().to_string()).collect();
-        eprintln!("wrote {}", names.join(", "));
+        bar.suspend(|| eprintln!("wrote {}", names.join(", ")));
         missed += result.goals.iter().filter(|goal| !goal.met).count();
-    }
+        Ok(())
+    };
+    let results = seeds::run(
+        &seed_options,
+        &|label| {
+            bar.inc(1);
+            bar.set_message(label.to_string());
+        },
+        &mut report,
+    );
+    bar.finish_and_clear();
+    let results = results?;
     let goals: usize = results.iter().map(|result| result.goals.len()).sum();
     println!(
         "{} of {goals} goals met{}",
