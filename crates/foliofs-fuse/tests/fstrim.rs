@@ -60,20 +60,8 @@ fn fstrim_discards_the_free_space_of_the_mount() {
     mount.unmount();
 }
 
-/// FITRIM from a process whose bounding set lacks CAP_SYS_ADMIN.
+/// FITRIM (struct fstrim_range: start, len, minlen) from a process whose
+/// bounding set lacks CAP_SYS_ADMIN.
 fn errno_without_sys_admin(point: &Path) -> i32 {
-    let script = "import fcntl, os, struct, sys\n\
-        try:\n    fcntl.ioctl(os.open(sys.argv[1], os.O_RDONLY), 0xc0185879, \
-        struct.pack('QQQ', 0, 2**64 - 1, 0))\n\
-        except OSError as error:\n    print(error.errno)\n";
-    let output = Command::new("setpriv")
-        .args(["--bounding-set=-sys_admin", "--inh-caps=-sys_admin", "python3", "-c", script])
-        .arg(point)
-        .output()
-        .expect("setpriv and python3");
-    let printed = String::from_utf8_lossy(&output.stdout);
-    printed
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("the ioctl did not fail: {printed:?} {output:?}"))
+    common::ioctl_errno_without_sys_admin(point, 0xc0185879, "struct.pack('QQQ', 0, 2**64 - 1, 0)")
 }

@@ -75,21 +75,8 @@ fn read(volume: &Volume, path: &str) -> Vec<u8> {
     content
 }
 
-/// The errno of the ioctl issued by a process whose bounding set lacks
-/// CAP_SYS_ADMIN (root otherwise, as xfstests runs): python's fcntl.ioctl
-/// passes its buffer's address, as `godown` does.
+/// FS_IOC_SHUTDOWN (flag 2, NOLOGFLUSH) from a process whose bounding set
+/// lacks CAP_SYS_ADMIN.
 fn errno_without_sys_admin(point: &std::path::Path) -> i32 {
-    let script = "import fcntl, os, struct, sys\n\
-        try:\n    fcntl.ioctl(os.open(sys.argv[1], os.O_RDONLY), 0x8004587d, struct.pack('I', 2))\n\
-        except OSError as error:\n    print(error.errno)\n";
-    let output = std::process::Command::new("setpriv")
-        .args(["--bounding-set=-sys_admin", "--inh-caps=-sys_admin", "python3", "-c", script])
-        .arg(point)
-        .output()
-        .expect("setpriv and python3");
-    let printed = String::from_utf8_lossy(&output.stdout);
-    printed
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("the ioctl did not fail: {printed:?} {output:?}"))
+    common::ioctl_errno_without_sys_admin(point, 0x8004587d, "struct.pack('I', 2)")
 }

@@ -169,3 +169,26 @@ impl Drop for InProcessMount {
         }
     }
 }
+
+/// The errno of `ioctl(open(point), request, arg)` issued by a process
+/// whose bounding set lacks CAP_SYS_ADMIN (root otherwise, as xfstests
+/// runs). `arg_python` is a Python expression for the argument buffer
+/// (`struct.pack(...)`); python's fcntl.ioctl passes its address, as
+/// `godown` and `fstrim` do. Panics if the ioctl succeeds.
+pub fn ioctl_errno_without_sys_admin(point: &Path, request: u32, arg_python: &str) -> i32 {
+    let script = format!(
+        "import fcntl, os, struct, sys\n\
+         try:\n    fcntl.ioctl(os.open(sys.argv[1], os.O_RDONLY), {request:#x}, {arg_python})\n\
+         except OSError as error:\n    print(error.errno)\n"
+    );
+    let output = std::process::Command::new("setpriv")
+        .args(["--bounding-set=-sys_admin", "--inh-caps=-sys_admin", "python3", "-c", &script])
+        .arg(point)
+        .output()
+        .expect("setpriv and python3");
+    let printed = String::from_utf8_lossy(&output.stdout);
+    printed
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("the ioctl did not fail: {printed:?} {output:?}"))
+}
