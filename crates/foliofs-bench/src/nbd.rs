@@ -2,6 +2,7 @@
 //! engine (and the raw limit) on an NBD export of the same disk: the cost
 //! of the network hop, over a unix socket.
 
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -52,7 +53,7 @@ impl QemuNbd {
             .context("start qemu-nbd")?;
         let mut server = Self { child, socket };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !server.socket.exists() {
+        while UnixStream::connect(&server.socket).is_err() {
             if let Some(status) = server.child.try_wait()? {
                 bail!("qemu-nbd on {} exited: {status}", image.display());
             }

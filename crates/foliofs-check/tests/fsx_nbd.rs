@@ -6,6 +6,7 @@
 //! requests that cross a crash. Bounded for CI (`FOLIOFS_NBD_FSX_OPS` for longer runs);
 //! skipped, with the reason printed, where the servers are missing.
 
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -59,12 +60,13 @@ impl Drop for Server {
     }
 }
 
-/// Starts `program` and waits until its socket exists.
+/// Starts `program` and waits until its socket accepts a connection (the
+/// socket file exists from bind(), a moment before listen()).
 fn spawn(program: &str, args: &[String], socket: &Path) -> std::io::Result<Child> {
     let _ = std::fs::remove_file(socket);
     let mut child = Command::new(program).args(args).stderr(Stdio::null()).spawn()?;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !socket.exists() {
+    while UnixStream::connect(socket).is_err() {
         if let Some(status) = child.try_wait()? {
             panic!("{program} {args:?} exited: {status}");
         }

@@ -5,6 +5,7 @@
 //! volatile cache killed mid-workload. Skipped, with the reason printed,
 //! when nbdkit is missing (`.ci/run` installs it).
 
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -38,7 +39,9 @@ impl Nbdkit {
         };
         let mut server = Self { child, socket };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !server.socket.exists() {
+        // The socket file exists from bind(), a moment before listen(): a
+        // connection made in between is refused, so wait for one to go through.
+        while UnixStream::connect(&server.socket).is_err() {
             if let Some(status) = server.child.try_wait().unwrap() {
                 panic!("nbdkit {args:?} exited: {status}");
             }
@@ -424,7 +427,7 @@ fn qemu_nbd_serving(dir: &Path, image: &[&str]) -> Option<(Child, PathBuf)> {
         }
     };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !socket.exists() {
+    while UnixStream::connect(&socket).is_err() {
         assert!(Instant::now() < deadline, "qemu-nbd never listened");
         std::thread::sleep(Duration::from_millis(10));
     }
