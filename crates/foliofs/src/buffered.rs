@@ -203,12 +203,10 @@ fn fill_blocks(
     let start = folio.pos() + (first * block) as u64;
     let report =
         iomap::report_range(&engine.meta, ino, start, (count * block) as u64, engine.block_bytes)?;
-    let range_end = start + (count * block) as u64;
     let mut filled: Vec<(usize, usize)> = Vec::new();
-    for mapping in &report.mappings {
-        let map_start = mapping.offset.max(start);
-        let map_end = mapping.end().min(range_end);
-        let (map_first, map_count) = folio.blocks_of(map_start, map_end);
+    for range in &report.ranges {
+        let mapping = &range.mapping;
+        let (map_first, map_count) = folio.blocks_of(start + range.start, start + range.end);
         if mapping.kind != MapKind::Hole {
             state.mapped.set_range(map_first, map_count);
         }

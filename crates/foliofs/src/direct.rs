@@ -24,7 +24,7 @@ use crate::completion::{self, Completer, IoFuture};
 use crate::dev::{AlignedBuf, DevCallback, DevRequest, DevResponse};
 use crate::engine::Engine;
 use crate::error::{Error, IoContext, Result};
-use crate::iomap::{self, Intent, MapKind, Mapping};
+use crate::iomap::{self, Intent, MapKind, MappedRange, Mapping};
 use crate::options::DioUnaligned;
 use crate::passthru::DataPath;
 use crate::writeback;
@@ -120,26 +120,9 @@ pub fn check_alignment(engine: &Engine, address: usize, length: usize, pos: u64)
     }
 }
 
-/// One contiguous piece of a request on the device.
-#[derive(Debug, Clone, Copy)]
-struct Piece {
-    mapping: Mapping,
-    /// Byte range of the request this piece carries.
-    start: usize,
-    end: usize,
-    dev_offset: u64,
-}
-
 /// A request's pieces: nearly always one, kept inline (no allocation per
 /// request).
-type Pieces = SmallVec<[Piece; 2]>;
-
-fn piece_of(mapping: Mapping, pos: u64, done: u64, length: u64) -> Piece {
-    let at = pos + done;
-    let piece_end = (pos + length).min(mapping.end());
-    let dev_offset = mapping.dev_offset + (at - mapping.offset);
-    Piece { mapping, start: done as usize, end: (piece_end - pos) as usize, dev_offset }
-}
+type Pieces = SmallVec<[MappedRange; 2]>;
 
 /// A direct write counted in flight on its inode from before it invalidates
 /// the cache until its data is on the device. Counting first is what keeps
@@ -199,41 +182,10 @@ fn plan_write(engine: &Engine, ino: u64, pos: u64, length: u64) -> Result<WriteP
     let inside_eof = end <= report.size;
     let aligned = pos.is_multiple_of(engine.block_bytes) && end.is_multiple_of(engine.block_bytes);
     let pure_overwrite =
-        inside_eof && report.mappings.iter().all(|mapping| mapping.kind == MapKind::Written);
-    let pieces = if pure_overwrite {
-        let mut done = 0;
-        let mut pieces = Pieces::new();
-        for mapping in report.mappings {
-            let piece = piece_of(mapping, pos, done, length);
-            done = piece.end as u64;
-            pieces.push(piece);
-        }
-        pieces
-    } else {
-        Pieces::new()
-    };
+        inside_eof && report.ranges.iter().all(|range| range.mapping.kind == MapKind::Written);
+    // A pure overwrite's pieces are the report's: no allocation to wait for.
+    let pieces = if pure_overwrite { report.ranges } else { Pieces::new() };
     Ok(WritePlan { pure_overwrite, aligned_inside_eof: aligned && inside_eof, pieces })
-}
-
-/// The pieces of a write that may allocate: holes in `[pos, pos + length)`
-/// become Unwritten space.
-fn allocate_pieces(
-    engine: &Engine,
-    ino: u64,
-    pos: u64,
-    length: u64,
-    intent: Intent,
-) -> Result<Pieces> {
-    let mut pieces = Pieces::new();
-    let mut done = 0u64;
-    while done < length {
-        let mapping =
-            iomap::begin(&engine.meta, ino, pos + done, length - done, intent, engine.block_bytes)?;
-        let piece = piece_of(mapping, pos, done, length);
-        done = piece.end as u64;
-        pieces.push(piece);
-    }
-    Ok(pieces)
 }
 
 /// The pieces a write runs with: those the plan found, or freshly mapped.
@@ -247,7 +199,8 @@ fn pieces_for(
     if plan.pure_overwrite {
         return Ok(std::mem::take(&mut plan.pieces));
     }
-    allocate_pieces(engine, ino, pos, length, Intent::Write)
+    // Holes become Unwritten space as the walk reaches them.
+    iomap::walk(&engine.meta, ino, pos, length, Intent::Write, engine.block_bytes).collect()
 }
 
 /// After the device completed (or failed) the pieces of a write under the
@@ -259,56 +212,57 @@ fn finish_write(
     engine: &Engine,
     inode: &InodeCache,
     ino: u64,
-    pieces: &[Piece],
+    pieces: &[MappedRange],
     written: bool,
     dsync: bool,
     fua_sent: bool,
 ) -> Result<()> {
-    let mut lsn = None;
-    for piece in pieces.iter().filter(|piece| piece.mapping.kind == MapKind::Unwritten) {
-        // Only whole-block writes reach Unwritten space here, so a piece
-        // starts at its mapping and covers whole blocks.
-        let piece_bytes = (piece.end - piece.start) as u64;
-        let completed =
-            if written { engine.align_up(piece_bytes).min(piece.mapping.length) } else { 0 };
-        let mapping = &piece.mapping;
-        lsn = Some(iomap::end_write(
-            &engine.meta,
-            ino,
-            mapping,
-            completed,
-            engine.block_bytes,
-            |_| {},
-        )?);
-    }
+    // Only whole-block writes reach Unwritten space here, so such a piece
+    // starts at its mapping and covers whole blocks.
+    let completions: SmallVec<[(Mapping, u64); 2]> = pieces
+        .iter()
+        .filter(|piece| piece.mapping.kind == MapKind::Unwritten)
+        .map(|piece| {
+            let completed =
+                if written { engine.align_up(piece.len()).min(piece.mapping.length) } else { 0 };
+            (piece.mapping, completed)
+        })
+        .collect();
+    // The file bytes written (pieces are never holes: their device offsets
+    // place them in the file).
+    let file_range = pieces.first().zip(pieces.last()).map(|(first, last)| {
+        let start = first.mapping.offset + (first.dev_offset - first.mapping.dev_offset);
+        (start, start + (last.end - first.start))
+    });
+    // A write inside the size callers see but past the on-disk size (a
+    // buffered write further on not yet written back) must move the
+    // on-disk size to its end, as ext4 moves i_disksize: else its data
+    // sits past the size on disk, lost to a crash even after O_DSYNC
+    // returned (found by `foliofs crashtest`). Everything below it was
+    // written back first (`sync_for_direct`).
+    let grows_disk_size = written
+        && file_range.is_some_and(|(_, end)| {
+            let state = engine.meta.read();
+            state.inode(ino).is_some_and(|found| found.attrs.size < end.min(found.size))
+        });
+    // The conversions and the size in one transaction.
+    let lsn = if completions.is_empty() && !grows_disk_size {
+        None
+    } else {
+        Some(iomap::end_write(&engine.meta, ino, &completions, engine.block_bytes, |txn| {
+            if let (true, Some((_, end))) = (grows_disk_size, file_range) {
+                writeback::advance_disk_size(txn, ino, end);
+            }
+        })?)
+    };
     if !written {
         return Ok(());
     }
     inode.note_direct_write();
-    if let (Some(first), Some(last)) = (pieces.first(), pieces.last()) {
-        let start = first.mapping.offset + (first.dev_offset - first.mapping.dev_offset);
-        let end = start + (last.end - first.start) as u64;
+    if let Some((start, end)) = file_range {
         if inode.has_folios() {
             // A buffered read racing with this write may have cached old bytes.
             inode.remove_clean_range(start, end);
-        }
-        // A write inside the size callers see but past the on-disk size (a
-        // buffered write further on not yet written back) must move the
-        // on-disk size to its end, as ext4 moves i_disksize: else its data
-        // sits past the size on disk, lost to a crash even after O_DSYNC
-        // returned (found by `foliofs crashtest`). Everything below it was
-        // written back first (`sync_for_direct`).
-        let behind = engine
-            .meta
-            .read()
-            .inode(ino)
-            .is_some_and(|found| found.attrs.size < end.min(found.size));
-        if behind {
-            let (_, size_lsn) = engine.meta.transact(|txn| {
-                writeback::advance_disk_size(txn, ino, end);
-                Ok(())
-            })?;
-            lsn = Some(size_lsn);
         }
     }
     if inode.io.times_due() {
@@ -405,7 +359,7 @@ fn write_mapped(
     let pieces = pieces_for(engine, ino, pos, data.len() as u64, plan)?;
     let fua = dsync && plan.pure_overwrite;
     for (index, piece) in pieces.iter().enumerate() {
-        let result = engine.device.write(piece.dev_offset, &data[piece.start..piece.end], fua);
+        let result = engine.device.write(piece.dev_offset, &data[piece.bytes()], fua);
         if let Err(error) = result {
             finish_write(engine, inode, ino, &pieces[..index], true, false, false)?;
             finish_write(engine, inode, ino, &pieces[index..], false, false, false)?;
@@ -433,7 +387,7 @@ pub fn read(
     writeback::sync_for_direct(engine, inode, pos, buffer.len() as u64, false)?;
     let Some((count, pieces)) = read_pieces(engine, ino, buffer.len(), pos)? else { return Ok(0) };
     for piece in pieces {
-        let out = &mut buffer[piece.start..piece.end];
+        let out = &mut buffer[piece.bytes()];
         if piece.mapping.reads_as_zeros() {
             out.fill(0);
         } else {
@@ -465,16 +419,13 @@ fn read_pieces(
     let count = (length as u64).min(report.size - pos);
     let align = u64::from(engine.device.logical_block_bytes());
     let io_length = count.div_ceil(align) * align;
-    let mut pieces = Pieces::new();
-    let mut done = 0;
-    for mapping in report.mappings {
-        if done >= io_length {
-            break;
-        }
-        let piece = piece_of(mapping, pos, done, io_length);
-        done = piece.end as u64;
-        pieces.push(piece);
-    }
+    // The transfer ends at the sector holding the last byte before EOF.
+    let pieces = report
+        .ranges
+        .into_iter()
+        .take_while(|range| range.start < io_length)
+        .map(|range| MappedRange { end: range.end.min(io_length), ..range })
+        .collect();
     Ok(Some((count as usize, pieces)))
 }
 
@@ -611,7 +562,7 @@ fn submit_write(
             .iter()
             .map(|piece| DevRequest::Write {
                 offset: piece.dev_offset,
-                buffer: AlignedBuf::from_slice(&buffer[piece.start..piece.end]),
+                buffer: AlignedBuf::from_slice(&buffer[piece.bytes()]),
                 fua,
             })
             .collect();
@@ -656,13 +607,12 @@ pub fn read_async(
     };
     inode.io.dio_started();
     for piece in pieces.iter().filter(|piece| piece.mapping.reads_as_zeros()) {
-        buffer[piece.start..piece.end].fill(0);
+        buffer[piece.bytes()].fill(0);
     }
     let on_disk: Pieces =
         pieces.into_iter().filter(|piece| !piece.mapping.reads_as_zeros()).collect();
     // The caller's buffer goes to the device when one piece fills all of it.
-    let whole =
-        matches!(on_disk.as_slice(), [piece] if piece.start == 0 && piece.end == buffer.len());
+    let whole = matches!(on_disk.as_slice(), [piece] if piece.bytes() == (0..buffer.len()));
     let (requests, kept) = if whole {
         (smallvec![DevRequest::Read { offset: on_disk[0].dev_offset, buffer }], None)
     } else {
@@ -670,7 +620,7 @@ pub fn read_async(
             .iter()
             .map(|piece| DevRequest::Read {
                 offset: piece.dev_offset,
-                buffer: AlignedBuf::zeroed(piece.end - piece.start),
+                buffer: AlignedBuf::zeroed(piece.len() as usize),
             })
             .collect();
         (reads, Some(buffer))
@@ -692,7 +642,8 @@ fn read_finish(
             Some(mut buffer) => {
                 for (piece, read) in on_disk.iter().zip(&returned) {
                     if let Some(read) = read {
-                        buffer[piece.start..piece.start + read.len()].copy_from_slice(read);
+                        buffer[piece.bytes().start..piece.bytes().start + read.len()]
+                            .copy_from_slice(read);
                     }
                 }
                 buffer

@@ -1,6 +1,9 @@
 //! The mapping contract every I/O path uses, after the kernel's iomap:
-//! `begin` tells where a file range lives (allocating when asked to write
-//! into a hole), `end_write` records what the I/O completed.
+//! [`walk`] goes over a file range mapping by mapping, as the kernel's
+//! `iomap_iter` does (each step is [`begin`]: where the next piece lives,
+//! allocating when asked to write into a hole), and [`end_write`] records
+//! what the I/O completed, for all of a request's pieces at once.
+//! [`report_range`] is the walk that never allocates, taken under one lock.
 //!
 //! Writes into new space go through Unwritten extents: `begin` allocates them
 //! Unwritten, the data is written, and `end_write` converts exactly the
@@ -65,9 +68,105 @@ impl Mapping {
     }
 }
 
+/// One step of a walk over a request's range: a mapping, and the part of
+/// the request it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MappedRange {
+    pub mapping: Mapping,
+    /// The request's bytes `[start, end)` that lie in `mapping` (offsets
+    /// from the request's first byte).
+    pub start: u64,
+    pub end: u64,
+    /// Device byte offset of the request's byte `start` (meaningless for
+    /// holes and delayed allocations, which have no device address).
+    pub dev_offset: u64,
+}
+
+impl MappedRange {
+    /// The part of `mapping` that a request of `length` bytes at `pos`
+    /// carries from its byte `done` on.
+    fn clip(mapping: Mapping, pos: u64, done: u64, length: u64) -> Self {
+        let at = pos + done;
+        debug_assert!(mapping.offset <= at && at < mapping.end());
+        let end = (pos + length).min(mapping.end()) - pos;
+        let dev_offset = match mapping.kind {
+            MapKind::Hole | MapKind::Delalloc => 0,
+            MapKind::Unwritten | MapKind::Written => mapping.dev_offset + (at - mapping.offset),
+        };
+        Self { mapping, start: done, end, dev_offset }
+    }
+
+    /// Bytes of the request in this range.
+    pub fn len(&self) -> u64 {
+        self.end - self.start
+    }
+
+    /// Never true: a walk yields no empty range.
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+
+    /// The request's bytes in this range, as indexes into its buffer.
+    pub fn bytes(&self) -> std::ops::Range<usize> {
+        self.start as usize..self.end as usize
+    }
+}
+
+/// Walks `[pos, pos + length)` of file `ino` mapping by mapping: each item
+/// is the next [`begin`] clipped to the range, so the ranges are contiguous
+/// and cover the request exactly. With `Intent::Write` holes and delayed
+/// allocations are allocated as the walk reaches them. After an error the
+/// walk ends: the caller gives back what it mapped (see [`end_write`]).
+pub fn walk(
+    meta: &MetaStore,
+    ino: u64,
+    pos: u64,
+    length: u64,
+    intent: Intent,
+    block_bytes: u64,
+) -> Walk<'_> {
+    Walk { meta, ino, pos, length, intent, block_bytes, done: 0, failed: false }
+}
+
+/// The iterator [`walk`] returns.
+pub struct Walk<'a> {
+    meta: &'a MetaStore,
+    ino: u64,
+    pos: u64,
+    length: u64,
+    intent: Intent,
+    block_bytes: u64,
+    /// Bytes of the range the ranges yielded so far cover.
+    done: u64,
+    failed: bool,
+}
+
+impl Iterator for Walk<'_> {
+    type Item = Result<MappedRange>;
+
+    fn next(&mut self) -> Option<Result<MappedRange>> {
+        if self.failed || self.done >= self.length {
+            return None;
+        }
+        let at = self.pos + self.done;
+        let left = self.length - self.done;
+        match begin(self.meta, self.ino, at, left, self.intent, self.block_bytes) {
+            Ok(mapping) => {
+                let range = MappedRange::clip(mapping, self.pos, self.done, self.length);
+                self.done = range.end;
+                Some(Ok(range))
+            }
+            Err(error) => {
+                self.failed = true;
+                Some(Err(error))
+            }
+        }
+    }
+}
+
 /// Maps the block containing `pos` and as many following blocks, up to the
 /// block containing `pos + length - 1`, as share its state.
-pub fn begin(
+fn begin(
     meta: &MetaStore,
     ino: u64,
     pos: u64,
@@ -314,53 +413,95 @@ fn allocation_goal(txn: &Txn<'_>, ino: u64, file_block: u64) -> Result<(u64, u64
     Ok((goal, hole_blocks))
 }
 
-/// Records that the first `completed_bytes` of `mapping` were written:
-/// Unwritten blocks among them become Written. `also` adds records (size,
-/// times) to the same transaction. Returns the transaction's lsn.
+/// How many mappings one transaction of [`end_write`] records: each takes
+/// at most an ExtentMap and an ExtentUnmap (59 bytes), and the caller's
+/// `also` a size and times record, which must all fit the allowance every
+/// transaction has without reserving (`TXN_LOG_BYTES_UNRESERVED`, 1 KiB),
+/// so recording completed I/O never fails for want of journal room.
+const END_WRITES_PER_TXN: usize = 12;
+
+/// Records what a request's I/O completed, as the kernel's `iomap_end` and
+/// a direct write's `end_io` do: for each `(mapping, completed_bytes)`,
+/// Unwritten blocks among the first `completed_bytes` become Written, and
+/// space the request allocated (`new`) but did not write goes back. `also`
+/// adds records (size, times) to the last transaction. One transaction for
+/// a request of up to `END_WRITES_PER_TXN` mappings (nearly all); more go
+/// in several, in order, the last one holding `also`. Returns the last
+/// transaction's lsn.
 pub fn end_write(
     meta: &MetaStore,
+    ino: u64,
+    completions: &[(Mapping, u64)],
+    block_bytes: u64,
+    also: impl FnOnce(&mut Txn<'_>),
+) -> Result<u64> {
+    for (mapping, completed_bytes) in completions {
+        assert!(
+            *completed_bytes <= mapping.length && completed_bytes.is_multiple_of(block_bytes),
+            "inode {ino}: {completed_bytes} bytes completed of {mapping:?}"
+        );
+    }
+    let mut chunks = completions.chunks(END_WRITES_PER_TXN).peekable();
+    let mut also = Some(also);
+    loop {
+        // At least one transaction, for `also`.
+        let chunk = chunks.next().unwrap_or(&[]);
+        let last = chunks.peek().is_none();
+        let (_, lsn) = meta.transact(|txn| {
+            for (mapping, completed_bytes) in chunk {
+                record_completion(txn, ino, mapping, *completed_bytes, block_bytes);
+            }
+            if let Some(also) = also.take().filter(|_| last) {
+                also(txn);
+            }
+            Ok(())
+        })?;
+        if last {
+            return Ok(lsn);
+        }
+    }
+}
+
+fn record_completion(
+    txn: &mut Txn<'_>,
     ino: u64,
     mapping: &Mapping,
     completed_bytes: u64,
     block_bytes: u64,
-    also: impl FnOnce(&mut Txn<'_>),
-) -> Result<u64> {
-    assert!(completed_bytes <= mapping.length && completed_bytes.is_multiple_of(block_bytes));
-    let (_, lsn) = meta.transact(|txn| {
-        if mapping.kind == MapKind::Unwritten && completed_bytes > 0 {
-            txn.apply(Record::ExtentMap {
-                ino,
-                file_block: mapping.offset / block_bytes,
-                dev_block: mapping.dev_offset / block_bytes,
-                block_count: completed_bytes / block_bytes,
-                state: ExtentState::Written,
-            });
-        }
-        if mapping.new && completed_bytes < mapping.length {
-            // Space allocated for a write that did not complete: give it back.
-            let done_blocks = completed_bytes / block_bytes;
-            txn.apply(Record::ExtentUnmap {
-                ino,
-                file_block: mapping.offset / block_bytes + done_blocks,
-                block_count: (mapping.length - completed_bytes) / block_bytes,
-            });
-        }
-        also(txn);
-        Ok(())
-    })?;
-    Ok(lsn)
+) {
+    if mapping.kind == MapKind::Unwritten && completed_bytes > 0 {
+        txn.apply(Record::ExtentMap {
+            ino,
+            file_block: mapping.offset / block_bytes,
+            dev_block: mapping.dev_offset / block_bytes,
+            block_count: completed_bytes / block_bytes,
+            state: ExtentState::Written,
+        });
+    }
+    if mapping.new && completed_bytes < mapping.length {
+        // Space allocated for a write that did not complete: give it back.
+        let done_blocks = completed_bytes / block_bytes;
+        txn.apply(Record::ExtentUnmap {
+            ino,
+            file_block: mapping.offset / block_bytes + done_blocks,
+            block_count: (mapping.length - completed_bytes) / block_bytes,
+        });
+    }
 }
 
 /// A file's size and the mappings of a byte range, read under one lock and
-/// never allocating: what a direct write needs to decide how it may run.
+/// never allocating: what a direct request needs to decide how it may run.
 pub struct RangeReport {
     pub size: u64,
+    /// The range's pieces, holes included, clipped to it as [`walk`]'s are.
     /// Inline up to two: a direct request's range is nearly always one
     /// mapping, and it asks for a report per request.
-    pub mappings: SmallVec<[Mapping; 2]>,
+    pub ranges: SmallVec<[MappedRange; 2]>,
 }
 
-/// Reports `[pos, pos + length)` as mappings (holes included), in one pass.
+/// Reports `[pos, pos + length)` as mapped ranges (holes included), in one
+/// pass under one lock: [`walk`] with `Intent::Report`, without taking the
+/// lock once per step.
 pub fn report_range(
     meta: &MetaStore,
     ino: u64,
@@ -372,9 +513,10 @@ pub fn report_range(
     let inode = state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
     let extents = file_extents(&state, ino)?;
     let end_block = (pos + length).div_ceil(block_bytes);
-    let mut block = pos / block_bytes;
-    let mut mappings = SmallVec::new();
-    while block < end_block {
+    let mut done = 0;
+    let mut ranges = SmallVec::new();
+    while done < length {
+        let block = (pos + done) / block_bytes;
         let wanted_blocks = end_block - block;
         let mapping = match extents.lookup(block) {
             Lookup::Mapped(extent) => mapped(extent, wanted_blocks, block_bytes),
@@ -386,8 +528,9 @@ pub fn report_range(
                 new: false,
             },
         };
-        block = mapping.end() / block_bytes;
-        mappings.push(mapping);
+        let range = MappedRange::clip(mapping, pos, done, length);
+        done = range.end;
+        ranges.push(range);
     }
-    Ok(RangeReport { size: inode.size, mappings })
+    Ok(RangeReport { size: inode.size, ranges })
 }

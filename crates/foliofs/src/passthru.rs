@@ -42,60 +42,70 @@ impl<'a> DataPath<'a> {
         let total = data.len() as u64;
         pos.checked_add(total).ok_or_else(|| Error::FileTooLarge(format!("inode {ino}")))?;
         let mut done = 0u64;
+        // Chunks bound the bounce buffer; each is walked mapping by mapping,
+        // every piece written and recorded before the next is mapped.
         while done < total {
-            let piece_pos = pos + done;
-            let piece_len = (total - done).min(PIECE_BYTES_MAX);
-            let piece = &data[done as usize..(done + piece_len) as usize];
-            match self.write_piece(ino, piece, piece_pos) {
-                Ok(written) => done += written,
-                Err(error) if done == 0 => return Err(error),
-                Err(error) => {
-                    tracing::debug!("short write on inode {ino} after {done} bytes: {error}");
-                    break;
+            let chunk_pos = pos + done;
+            let chunk = &data[done as usize..(done + (total - done).min(PIECE_BYTES_MAX)) as usize];
+            let block_bytes = self.engine.block_bytes;
+            let walk = iomap::walk(
+                &self.engine.meta,
+                ino,
+                chunk_pos,
+                chunk.len() as u64,
+                Intent::Write,
+                block_bytes,
+            );
+            for range in walk {
+                let written = range.and_then(|range| {
+                    self.write_range(
+                        ino,
+                        &chunk[range.bytes()],
+                        chunk_pos + range.start,
+                        &range.mapping,
+                    )
+                });
+                match written {
+                    Ok(()) => {}
+                    Err(error) if done == 0 => return Err(error),
+                    Err(error) => {
+                        tracing::debug!("short write on inode {ino} after {done} bytes: {error}");
+                        return Ok(done as usize);
+                    }
                 }
             }
+            done += chunk.len() as u64;
         }
         Ok(done as usize)
     }
 
-    /// Writes as much of `piece` as the first mapping at `pos` covers.
-    fn write_piece(&self, ino: u64, piece: &[u8], pos: u64) -> Result<u64> {
-        let mapping = iomap::begin(
-            &self.engine.meta,
-            ino,
-            pos,
-            piece.len() as u64,
-            Intent::Write,
-            self.engine.block_bytes,
-        )?;
+    /// Writes `piece`, which lies in `mapping`, at `pos`, and records it.
+    fn write_range(&self, ino: u64, piece: &[u8], pos: u64, mapping: &Mapping) -> Result<()> {
         assert!(matches!(mapping.kind, MapKind::Written | MapKind::Unwritten));
-        let data_end = (pos + piece.len() as u64).min(mapping.end());
+        let data_end = pos + piece.len() as u64;
+        debug_assert!(data_end <= mapping.end());
         let io_start = self.align_down(pos);
         let io_end = self.align_up(data_end);
+        // `begin` maps from the block holding the position it was asked for.
         debug_assert_eq!(io_start, mapping.offset);
         let mut bounce = AlignedBuf::zeroed((io_end - io_start) as usize);
         if mapping.kind == MapKind::Written {
-            self.fill_partial_blocks(&mapping, &mut bounce, pos, data_end)?;
+            self.fill_partial_blocks(mapping, &mut bounce, pos, data_end)?;
         }
         let head = (pos - io_start) as usize;
-        let written = (data_end - pos) as usize;
-        bounce[head..head + written].copy_from_slice(&piece[..written]);
+        bounce[head..head + piece.len()].copy_from_slice(piece);
         let dev_offset = mapping.dev_offset;
+        let block_bytes = self.engine.block_bytes;
         let result = self.engine.device.write(dev_offset, &bounce, false);
         if let Err(error) = result {
-            iomap::end_write(&self.engine.meta, ino, &mapping, 0, self.engine.block_bytes, |_| {})?;
+            iomap::end_write(&self.engine.meta, ino, &[(*mapping, 0)], block_bytes, |_| {})?;
             return Err(Error::io(format!("write at device offset {dev_offset}"), error));
         }
         let completed = io_end - io_start;
-        iomap::end_write(
-            &self.engine.meta,
-            ino,
-            &mapping,
-            completed,
-            self.engine.block_bytes,
-            |txn| note_write(txn, ino, data_end),
-        )?;
-        Ok(written as u64)
+        iomap::end_write(&self.engine.meta, ino, &[(*mapping, completed)], block_bytes, |txn| {
+            note_write(txn, ino, data_end)
+        })?;
+        Ok(())
     }
 
     /// Reads the first and last block of `[io_start, io_end)` when the write
@@ -145,12 +155,14 @@ impl<'a> DataPath<'a> {
         if from >= to || (from == block_start && to == block_start + self.engine.block_bytes) {
             return Ok(());
         }
-        let mapping =
-            iomap::begin(&self.engine.meta, ino, from, 1, Intent::Read, self.engine.block_bytes)?;
-        if mapping.kind != MapKind::Written {
+        let report =
+            iomap::report_range(&self.engine.meta, ino, block_start, 1, self.engine.block_bytes)?;
+        let Some(range) =
+            report.ranges.first().filter(|range| range.mapping.kind == MapKind::Written)
+        else {
             return Ok(());
-        }
-        let dev_offset = mapping.dev_offset + (block_start - mapping.offset);
+        };
+        let dev_offset = range.dev_offset;
         let mut block = AlignedBuf::zeroed(self.engine.block_bytes as usize);
         self.engine
             .device

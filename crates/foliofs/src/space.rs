@@ -390,7 +390,8 @@ pub fn seek(engine: &Engine, inode: &InodeCache, pos: u64, whence: Whence) -> Re
     let _serial = inode.writeback_lock.lock();
     let want_data = whence == Whence::Data;
     let report = iomap::report_range(&engine.meta, ino, pos, size - pos, engine.block_bytes)?;
-    for mapping in &report.mappings {
+    for range in &report.ranges {
+        let mapping = &range.mapping;
         let start = mapping.offset.max(engine.align_down(pos));
         let found = match mapping.kind {
             MapKind::Written | MapKind::Delalloc => want_data.then_some(start),

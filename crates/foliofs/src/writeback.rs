@@ -234,21 +234,25 @@ struct Request {
 fn map_runs(engine: &Engine, ino: u64, runs: &[Run], failures: &mut Failures) -> Vec<Piece> {
     let mut pieces = Vec::new();
     for (index, run) in runs.iter().enumerate() {
-        let mut done = 0u64;
-        while done < run.bytes {
-            let pos = run.pos + done;
-            let length = run.bytes - done;
-            match iomap::begin(&engine.meta, ino, pos, length, Intent::Write, engine.block_bytes) {
-                Ok(mapping) => {
-                    debug_assert_eq!(mapping.offset, pos);
-                    let bytes = mapping.end().min(run.pos + run.bytes) - pos;
-                    pieces.push(Piece { run: index, skip: done, bytes, mapping });
-                    done += bytes;
+        let walk =
+            iomap::walk(&engine.meta, ino, run.pos, run.bytes, Intent::Write, engine.block_bytes);
+        let mut mapped_bytes = 0;
+        for range in walk {
+            match range {
+                Ok(range) => {
+                    // Runs are whole blocks, so each piece starts its mapping.
+                    debug_assert_eq!(range.mapping.offset, run.pos + range.start);
+                    let mapping = range.mapping;
+                    pieces.push(Piece {
+                        run: index,
+                        skip: range.start,
+                        bytes: range.len(),
+                        mapping,
+                    });
+                    mapped_bytes = range.end;
                 }
-                Err(error) => {
-                    failures.add(pos, run.pos + run.bytes, error);
-                    break;
-                }
+                // The walk ends at its first error.
+                Err(error) => failures.add(run.pos + mapped_bytes, run.pos + run.bytes, error),
             }
         }
     }
@@ -341,8 +345,7 @@ fn finish_pieces(
                 let _ = iomap::end_write(
                     &engine.meta,
                     ino,
-                    &piece.mapping,
-                    0,
+                    &[(piece.mapping, 0)],
                     engine.block_bytes,
                     |_| {},
                 );
@@ -428,7 +431,7 @@ fn finish_piece(
     if mapping.kind != MapKind::Unwritten && !grows {
         return Ok(());
     }
-    iomap::end_write(&engine.meta, ino, mapping, piece_bytes, engine.block_bytes, |txn| {
+    iomap::end_write(&engine.meta, ino, &[(*mapping, piece_bytes)], engine.block_bytes, |txn| {
         if grows {
             advance_disk_size(txn, ino, piece_end);
         }

@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use foliofs::completion::block_on;
 use foliofs::dev::AlignedBuf;
+use foliofs::iomap::MapKind;
 use foliofs::options::DioUnaligned;
 use foliofs::vfs::MkfsOptions;
-use foliofs::{OpenFlags, Volume, VolumeOptions};
+use foliofs::{FallocateMode, OpenFlags, Volume, VolumeOptions};
 
 use common::{direct_unit, new_volume, open_image, owner, pattern, ROOT};
 
@@ -529,4 +530,50 @@ fn buffered_read_after_a_direct_write_sees_it_despite_racing_readers(block_bytes
             }
         });
     }
+}
+
+/// Free space cut into single blocks, then one O_DSYNC direct write of 64
+/// blocks into a hole inside EOF (the concurrent path, which maps the whole
+/// request before it writes): 64 pieces, more than one transaction records
+/// (`end_write` takes a request's pieces 12 at a time). Every piece is converted, the data
+/// reads back, and a crash right after the write keeps all of it.
+#[test]
+fn dsync_direct_write_over_fragmented_free_space_converts_every_piece() {
+    const BLOCK: u64 = 4096;
+    const PIECES: u64 = 64;
+    let (device, volume) = new_volume(16 << 20, BLOCK as u32);
+    // A comb: 2 x 200 blocks, then every other block punched out.
+    let comb = volume.create(ROOT, b"comb", 0o644, owner()).unwrap();
+    let comb_file = volume.open_file(comb.ino, OpenFlags::READ_WRITE).unwrap();
+    comb_file.fallocate(FallocateMode::Allocate { keep_size: false }, 0, 400 * BLOCK).unwrap();
+    // The rest of the free space taken, so the comb's holes are all that is left.
+    let filler = volume.create(ROOT, b"filler", 0o644, owner()).unwrap();
+    let filler_file = volume.open_file(filler.ino, OpenFlags::READ_WRITE).unwrap();
+    let free_blocks = volume.statfs().free_blocks;
+    filler_file
+        .fallocate(FallocateMode::Allocate { keep_size: false }, 0, free_blocks * BLOCK)
+        .unwrap();
+    for block in 0..200 {
+        comb_file.fallocate(FallocateMode::PunchHole, 2 * block * BLOCK, BLOCK).unwrap();
+    }
+    volume.sync().unwrap();
+
+    let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
+    volume.sync().unwrap();
+    let file = volume.open_file(attr.ino, DIRECT_RW.with_dsync()).unwrap();
+    file.set_len(PIECES * BLOCK).unwrap();
+    let data = pattern(7, (PIECES * BLOCK) as usize);
+    assert_eq!(file.write_at(&aligned(&data), 0).unwrap(), data.len());
+
+    let extents = volume.fiemap(attr.ino).unwrap();
+    assert!(extents.len() as u64 > 12, "the write took {} pieces, not > 12", extents.len());
+    assert!(extents.iter().all(|extent| extent.kind == MapKind::Written), "{extents:?}");
+    assert_eq!(extents.iter().map(|extent| extent.length).sum::<u64>(), PIECES * BLOCK);
+    assert_eq!(read_all(&volume, attr.ino), data);
+
+    let image = device.crash_image(device.log_len(), &|_| foliofs::dev::fault::Keep::Nothing);
+    let (_, recovered) = open_image(image).unwrap();
+    assert_eq!(read_all(&recovered, attr.ino), data, "the O_DSYNC write survives a crash");
+    let report = foliofs::fsck::check(recovered.device().clone());
+    assert!(report.is_clean(), "{:?}", report.problems);
 }

@@ -411,11 +411,16 @@ impl Volume {
             extents.end_block()
         };
         let mut out = Vec::new();
-        let mut pos = 0;
-        while pos < end_block * block_bytes {
-            let length = end_block * block_bytes - pos;
-            let mapping =
-                iomap::begin(&self.shared.meta, ino, pos, length, Intent::Report, block_bytes)?;
+        let walk = iomap::walk(
+            &self.shared.meta,
+            ino,
+            0,
+            end_block * block_bytes,
+            Intent::Report,
+            block_bytes,
+        );
+        for range in walk {
+            let mapping = range?.mapping;
             if mapping.kind != MapKind::Hole {
                 out.push(FiemapExtent {
                     logical: mapping.offset,
@@ -425,7 +430,6 @@ impl Volume {
                     last: false,
                 });
             }
-            pos = mapping.end();
         }
         if let Some(last) = out.last_mut() {
             last.last = true;
