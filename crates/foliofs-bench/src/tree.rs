@@ -384,6 +384,29 @@ pub struct TreeOptions {
     pub mount_program: Option<PathBuf>,
     /// `page_cache` modes measured through the mount.
     pub page_cache_modes: Vec<String>,
+    /// `opens` settings measured with each mode that uses the kernel's page
+    /// cache (`engine` always opens through the daemon); empty: the mount's
+    /// default only.
+    pub opens_modes: Vec<String>,
+}
+
+/// The mounts measured: a label and the options that make it, one per
+/// page_cache mode and, where it applies, per `opens` setting.
+fn mount_variants(options: &TreeOptions) -> Vec<(String, String)> {
+    let mut variants = Vec::new();
+    for mode in &options.page_cache_modes {
+        let label = format!("fuse page_cache={mode}");
+        let page_cache = format!("page_cache={mode}");
+        if mode == "engine" || options.opens_modes.is_empty() {
+            variants.push((label, page_cache));
+            continue;
+        }
+        for opens in &options.opens_modes {
+            variants
+                .push((format!("{label} opens={opens}"), format!("{page_cache},opens={opens}")));
+        }
+    }
+    variants
 }
 
 /// Bytes of image the tree needs: the data twice over and the metadata
@@ -431,17 +454,15 @@ pub fn run(
         if let Some(program) = &options.mount_program {
             let mount_point =
                 options.work_dir.join(format!("foliofs-tree-mnt-{}", std::process::id()));
-            for mode in &options.page_cache_modes {
-                let label = format!("fuse page_cache={mode}");
+            for (label, variant_options) in mount_variants(options) {
                 progress(&label);
                 Volume::mkfs_path(image, None, &mkfs, &options.volume_options)?;
-                let mount_options =
-                    [options.volume_options_text.as_str(), &format!("page_cache={mode}")]
-                        .iter()
-                        .filter(|part| !part.is_empty())
-                        .copied()
-                        .collect::<Vec<_>>()
-                        .join(",");
+                let mount_options = [options.volume_options_text.as_str(), &variant_options]
+                    .iter()
+                    .filter(|part| !part.is_empty())
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(",");
                 let mounted = FuseMount::start(program, image, &mount_point, &mount_options)?;
                 let mut tree = PathTree { root: mounted.mount.clone(), shape, renamed: false };
                 let rates = run_phases(&mut tree, &shape).with_context(|| label.clone());

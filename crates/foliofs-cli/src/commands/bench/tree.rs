@@ -36,6 +36,10 @@ pub struct TreeArgs {
     /// page_cache modes measured through the mount.
     #[arg(long, value_delimiter = ',', default_value = "engine,kernel")]
     page_cache: Vec<String>,
+    /// `opens` settings (kernel, daemon) measured with each page_cache mode
+    /// that uses the kernel's page cache; default: the mount's own default.
+    #[arg(long, value_delimiter = ',')]
+    opens: Vec<String>,
     /// Also write the result as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -51,6 +55,11 @@ pub fn run(
     let files = args.files.unwrap_or(if args.quick { 5_000 } else { 100_000 });
     if files == 0 || args.files_per_dir == 0 || args.dirs_per_branch == 0 {
         bail!("--files, --files-per-dir and --dirs-per-branch must be at least 1");
+    }
+    if let Some(bad) =
+        args.opens.iter().find(|opens| !["kernel", "daemon"].contains(&opens.as_str()))
+    {
+        bail!("--opens takes kernel and daemon, not {bad:?}");
     }
     let file_bytes = usize::try_from(parse_size(&args.file_size)?)?;
     let shape = tree::TreeShape {
@@ -76,6 +85,7 @@ pub fn run(
         volume_options_text: options_text.to_string(),
         mount_program: std::env::current_exe().ok(),
         page_cache_modes: args.page_cache.clone(),
+        opens_modes: args.opens.clone(),
     };
     let result = tree::run(&tree_options, image.path(), &|label| eprintln!("running: {label}"))?;
     print!("{}", tree::to_markdown(&result));
