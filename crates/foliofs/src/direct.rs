@@ -200,7 +200,26 @@ fn pieces_for(
         return Ok(std::mem::take(&mut plan.pieces));
     }
     // Holes become Unwritten space as the walk reaches them.
-    iomap::walk(&engine.meta, ino, pos, length, Intent::Write, engine.block_bytes).collect()
+    let mut pieces = Pieces::new();
+    for range in iomap::walk(&engine.meta, ino, pos, length, Intent::Write, engine.block_bytes) {
+        match range {
+            Ok(range) => pieces.push(range),
+            Err(error) => {
+                // What the walk allocated before it failed (ENOSPC part way)
+                // goes back, as a write that did not complete gives it back.
+                let allocated: SmallVec<[(Mapping, u64); 2]> = pieces
+                    .iter()
+                    .filter(|piece| piece.mapping.new)
+                    .map(|piece| (piece.mapping, 0))
+                    .collect();
+                if !allocated.is_empty() {
+                    iomap::end_write(&engine.meta, ino, &allocated, engine.block_bytes, |_| {})?;
+                }
+                return Err(error);
+            }
+        }
+    }
+    Ok(pieces)
 }
 
 /// After the device completed (or failed) the pieces of a write under the

@@ -577,3 +577,32 @@ fn dsync_direct_write_over_fragmented_free_space_converts_every_piece() {
     let report = foliofs::fsck::check(recovered.device().clone());
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// A direct write into a hole inside EOF larger than the free space: the
+/// walk maps what space there is, then fails; ENOSPC, and the space it had
+/// mapped goes back (none left mapped to the file, free space as before).
+#[test]
+fn direct_write_larger_than_free_space_is_enospc_and_keeps_nothing() {
+    const BLOCK: u64 = 4096;
+    let (_, volume) = new_volume(16 << 20, BLOCK as u32);
+    let filler = volume.create(ROOT, b"filler", 0o644, owner()).unwrap();
+    let filler_file = volume.open_file(filler.ino, OpenFlags::READ_WRITE).unwrap();
+    let free_blocks = volume.statfs().free_blocks;
+    filler_file
+        .fallocate(FallocateMode::Allocate { keep_size: false }, 0, (free_blocks - 8) * BLOCK)
+        .unwrap();
+    let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
+    let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+    file.set_len(64 * BLOCK).unwrap();
+    volume.sync().unwrap();
+    let free_before = volume.statfs().free_blocks;
+    assert!(free_before < 64, "{free_before} blocks free");
+
+    let error = file.write_at(&aligned(&pattern(3, 64 * BLOCK as usize)), 0).unwrap_err();
+    assert_eq!(error.errno(), libc::ENOSPC, "{error}");
+    assert_eq!(volume.fiemap(attr.ino).unwrap(), vec![], "nothing left mapped");
+    volume.sync().unwrap();
+    assert_eq!(volume.statfs().free_blocks, free_before, "the space went back");
+    let report = foliofs::fsck::check(volume.device().clone());
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
