@@ -17,6 +17,7 @@
 pub mod crashtest;
 pub mod fsx;
 pub mod model;
+pub mod nbd_loop;
 pub mod workload;
 
 use std::sync::Arc;
@@ -74,6 +75,28 @@ pub fn new_volume(
     Volume::format(&device, &mkfs)?;
     let volume = Volume::open_device(device, options)?;
     Ok((raw, volume))
+}
+
+/// As [`new_volume`], with the volume reaching the in-memory device
+/// through the engine's NBD client and [`nbd_loop`]'s server.
+pub fn new_volume_over_nbd(
+    size_bytes: u64,
+    block_bytes: u32,
+    journal_bytes: Option<u64>,
+    options: &VolumeOptions,
+    seed: u64,
+) -> foliofs::Result<(Arc<FaultDev>, Volume, nbd_loop::NbdLoop)> {
+    let raw = Arc::new(FaultDev::from_image(vec![GARBAGE_BYTE; size_bytes as usize], SECTOR_BYTES));
+    let server = nbd_loop::start(Arc::clone(&raw), seed)
+        .map_err(|error| foliofs::Error::io("starting the crash checker's NBD server", error))?;
+    let dev_options = options.dev_options();
+    let client = foliofs::dev::nbd::NbdDev::open(&server.uri, &dev_options)
+        .map_err(|error| foliofs::Error::io(format!("connecting to {}", server.uri), error))?;
+    let device = Arc::new(Device::new(Arc::new(client), options.fua));
+    let mkfs = MkfsOptions { block_bytes, journal_bytes, root_owner: owner() };
+    Volume::format(&device, &mkfs)?;
+    let volume = Volume::open_device(device, options)?;
+    Ok((raw, volume, server))
 }
 
 /// Opens a volume over `image`.

@@ -40,11 +40,15 @@ pub struct WorkloadConfig {
     /// Volume options over [`crate::quiet_options`], as `-o` takes them
     /// (`dirty=folio,fua=emulate,dirty_bytes=64k`); "" for none.
     pub options: &'static str,
+    /// The volume reaches its device through the engine's NBD client and
+    /// an in-process server that reorders what the protocol lets it
+    /// ([`crate::nbd_loop`]); crash images are cut from what the server did.
+    pub over_nbd: bool,
 }
 
 impl WorkloadConfig {
     pub fn new(seed: u64, block_bytes: u32, threads: usize, ops: usize) -> Self {
-        Self { seed, block_bytes, threads, ops, options: "" }
+        Self { seed, block_bytes, threads, ops, options: "", over_nbd: false }
     }
 
     /// The volume options this workload (and every mount of its images) uses.
@@ -439,6 +443,8 @@ pub struct Workload {
     pub ballast: (String, u64, Vec<u8>),
     /// A failure while running (the failing thread stopped there).
     pub failure: Option<LiveFailure>,
+    /// The NBD server the volume runs over, if any (`over_nbd`).
+    _nbd: Option<crate::nbd_loop::NbdLoop>,
 }
 
 /// What one thread leaves behind.
@@ -462,13 +468,26 @@ impl Workload {
 
     fn run(config: WorkloadConfig, replay: Option<&[Vec<Op>]>) -> Self {
         let geometry = Geometry::of(config.block_bytes);
-        let (device, volume) = crate::new_volume(
-            geometry.volume_bytes,
-            config.block_bytes,
-            Some(geometry.journal_bytes),
-            &config.volume_options(),
-        )
-        .expect("mkfs on the in-memory device");
+        let (device, volume, nbd) = if config.over_nbd {
+            let (device, volume, nbd) = crate::new_volume_over_nbd(
+                geometry.volume_bytes,
+                config.block_bytes,
+                Some(geometry.journal_bytes),
+                &config.volume_options(),
+                config.seed,
+            )
+            .expect("mkfs over NBD on the in-memory device");
+            (device, volume, Some(nbd))
+        } else {
+            let (device, volume) = crate::new_volume(
+                geometry.volume_bytes,
+                config.block_bytes,
+                Some(geometry.journal_bytes),
+                &config.volume_options(),
+            )
+            .expect("mkfs on the in-memory device");
+            (device, volume, None)
+        };
         let ballast = write_ballast(&volume, config.seed, geometry.ballast_bytes);
         let mut threads: Vec<ThreadModel> =
             (0..config.threads).map(|index| ThreadModel::setup(&volume, index, config)).collect();
@@ -496,7 +515,7 @@ impl Workload {
             failure = failure.or(run.failure);
         }
         spans.sort_by_key(|span| (span.log_start, span.log_end, span.thread));
-        Self { config, geometry, device, volume, threads, ops, spans, ballast, failure }
+        Self { config, geometry, device, volume, threads, ops, spans, ballast, failure, _nbd: nbd }
     }
 
     /// The model of `ino`, whichever thread made it.

@@ -40,6 +40,11 @@ pub struct CrashtestArgs {
     /// Report a failure without shrinking its op list.
     #[arg(long)]
     no_shrink: bool,
+    /// Reach the in-memory device through the engine's NBD client and an
+    /// in-process server that reorders requests as far as the protocol
+    /// allows; crash images are cut from what the server carried out.
+    #[arg(long)]
+    over_nbd: bool,
 }
 
 pub fn parse_block_sizes(list: &str) -> anyhow::Result<Vec<u32>> {
@@ -130,6 +135,7 @@ pub fn run(args: &CrashtestArgs, options: &str) -> anyhow::Result<ExitCode> {
                     }
                     let config = WorkloadConfig {
                         options: options_list,
+                        over_nbd: args.over_nbd,
                         ..WorkloadConfig::new(
                             seed.wrapping_add(index),
                             block_bytes,
