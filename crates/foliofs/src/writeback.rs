@@ -168,7 +168,8 @@ fn write_batch(
     let outcomes = issue_requests(engine, &requests, &runs, &held);
     finish_pieces(
         engine,
-        inode.ino,
+        inode,
+        &held,
         &runs,
         &pieces,
         &requests,
@@ -320,7 +321,8 @@ fn issue_requests(
 #[allow(clippy::too_many_arguments)]
 fn finish_pieces(
     engine: &Engine,
-    ino: u64,
+    inode: &InodeCache,
+    held: &[Held<'_>],
     runs: &[Run],
     pieces: &[Piece],
     requests: &[Request],
@@ -328,6 +330,7 @@ fn finish_pieces(
     size_may_grow: &mut bool,
     failures: &mut Failures,
 ) {
+    let ino = inode.ino;
     let mut piece_errors: Vec<Option<std::io::Error>> = (0..pieces.len()).map(|_| None).collect();
     for (request, outcome) in requests.iter().zip(outcomes) {
         if let Err(error) = outcome {
@@ -356,7 +359,8 @@ fn finish_pieces(
             continue;
         }
         let grow = *size_may_grow && end == run.pos + run.bytes;
-        if let Err(error) = finish_piece(engine, ino, &piece.mapping, piece.bytes, grow) {
+        let grow_to = if grow { size_growth_end(engine, inode, held, end) } else { None };
+        if let Err(error) = finish_piece(engine, ino, &piece.mapping, piece.bytes, grow_to) {
             *size_may_grow = false;
             failures.add(start, end, error);
         }
@@ -410,30 +414,70 @@ fn slices_of<'a>(run: &Run, held: &'a [Held<'a>], skip: u64, bytes: u64) -> Vec<
     slices
 }
 
-/// After a piece's write completed: Unwritten blocks become Written and the
-/// on-disk size moves up to the end of the piece (never past the size callers
-/// see), in one transaction. A pure overwrite below the on-disk size needs
-/// none.
+/// How far the on-disk size may move with a run that ends at `run_end`:
+/// to the run's end, the size callers see, or the first block below them
+/// still dirty in a folio outside this batch, whichever comes first; None
+/// if not past the on-disk size. A block written back earlier and written
+/// again since (an append into the partial last block while this writeback
+/// ran) holds its new bytes only in memory: a size moved over it would,
+/// after a crash, cover the old bytes where the new ones belong (found by
+/// `foliofs crashtest --over-nbd`, whose slow device widened the window:
+/// an append-only log showed a hole before its last fsynced append). Ext4
+/// keeps this by writing such blocks (its ordered data) before the commit
+/// that moves i_disksize; here the size waits for the next writeback.
+fn size_growth_end(
+    engine: &Engine,
+    inode: &InodeCache,
+    held: &[Held<'_>],
+    run_end: u64,
+) -> Option<u64> {
+    let (size, disk_size) = {
+        let state = engine.meta.read();
+        let found = state.inode(inode.ino)?;
+        (found.size, found.attrs.size)
+    };
+    // Writers mark blocks dirty before they grow the size, so every block
+    // below `size` that a writer changed is dirty by the time it is read
+    // here (or was taken by this batch, whose blocks are all written).
+    let mut end = run_end.min(size);
+    let block_bytes = engine.block_bytes;
+    let floor = engine.align_down(disk_size);
+    for folio in inode.folios_in(floor, end) {
+        // This batch's folios: read-locked by it, their dirty bits taken.
+        if held.iter().any(|held| std::ptr::eq(held.folio, &*folio)) {
+            continue;
+        }
+        let state = folio.read();
+        let mut at = folio.pos().max(floor);
+        while at < folio.end().min(end) {
+            let (index, _) = folio.blocks_of(at, at + 1);
+            if state.dirty.get(index) {
+                end = at;
+                break;
+            }
+            at += block_bytes;
+        }
+    }
+    (end > disk_size).then_some(end)
+}
+
+/// After a piece's write completed: Unwritten blocks become Written and,
+/// with `grow_to`, the on-disk size moves up to it (never past the size
+/// callers see), in one transaction. A pure overwrite below the on-disk
+/// size needs none.
 fn finish_piece(
     engine: &Engine,
     ino: u64,
     mapping: &Mapping,
     piece_bytes: u64,
-    size_may_grow: bool,
+    grow_to: Option<u64>,
 ) -> Result<()> {
-    let piece_end = mapping.offset + piece_bytes;
-    let grows = size_may_grow
-        && engine
-            .meta
-            .read()
-            .inode(ino)
-            .is_some_and(|inode| inode.size.min(piece_end) > inode.attrs.size);
-    if mapping.kind != MapKind::Unwritten && !grows {
+    if mapping.kind != MapKind::Unwritten && grow_to.is_none() {
         return Ok(());
     }
     iomap::end_write(&engine.meta, ino, &[(*mapping, piece_bytes)], engine.block_bytes, |txn| {
-        if grows {
-            advance_disk_size(txn, ino, piece_end);
+        if let Some(end) = grow_to {
+            advance_disk_size(txn, ino, end);
         }
     })?;
     Ok(())
