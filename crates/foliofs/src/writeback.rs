@@ -440,11 +440,18 @@ fn size_growth_end(
     // below `size` that a writer changed is dirty by the time it is read
     // here (or was taken by this batch, whose blocks are all written).
     let mut end = run_end.min(size);
+    if end <= disk_size {
+        return None;
+    }
     let block_bytes = engine.block_bytes;
     let floor = engine.align_down(disk_size);
     for folio in inode.folios_in(floor, end) {
-        // This batch's folios: read-locked by it, their dirty bits taken.
-        if held.iter().any(|held| std::ptr::eq(held.folio, &*folio)) {
+        // This batch's folios (in file order): read-locked by it, their
+        // dirty bits taken.
+        let in_batch = held
+            .binary_search_by_key(&folio.pos(), |held| held.folio.pos())
+            .is_ok_and(|index| std::ptr::eq(held[index].folio, &*folio));
+        if in_batch {
             continue;
         }
         let state = folio.read();
