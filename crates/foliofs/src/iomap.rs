@@ -1,6 +1,6 @@
 //! The mapping contract every I/O path uses, after the kernel's iomap:
 //! [`walk`] goes over a file range mapping by mapping, as the kernel's
-//! `iomap_iter` does (each step is [`begin`]: where the next piece lives,
+//! `iomap_iter` does (each step is `begin`: where the next piece lives,
 //! allocating when asked to write into a hole), and [`end_write`] records
 //! what the I/O completed, for all of a request's pieces at once.
 //! [`report_range`] is the walk that never allocates, taken under one lock.
@@ -113,7 +113,7 @@ impl MappedRange {
 }
 
 /// Walks `[pos, pos + length)` of file `ino` mapping by mapping: each item
-/// is the next [`begin`] clipped to the range, so the ranges are contiguous
+/// is the next `begin` step clipped to the range, so the ranges are contiguous
 /// and cover the request exactly. With `Intent::Write` holes and delayed
 /// allocations are allocated as the walk reaches them. After an error the
 /// walk ends: the caller gives back what it mapped (see [`end_write`]).
