@@ -90,6 +90,24 @@ _scratch_unmount() {
 	findmnt -rn -S "$SCRATCH_DEV" >/dev/null || flock -w 10 "$SCRATCH_DEV" true
 	return $status
 }
+# The same for any foliofs mount a test unmounts itself (generic/361: a
+# volume on a loop device over a file in the scratch mount). Its daemon
+# writes back its dirty cache after umount returns (FUSE, unlike fuseblk,
+# does not wait for the daemon), holding the loop device, so losetup -d
+# only marks it autoclear and the loop keeps the file, and the scratch
+# mount, busy: "umount: target is busy" in this test and the next.
+eval "_foliofs_upstream$(declare -f _unmount)"
+_unmount() {
+	local sources source
+	sources=$(findmnt -rn -t fuse.foliofs -o SOURCE)
+	_foliofs_upstream_unmount "$@"
+	local status=$?
+	for source in $sources; do
+		{ [ -f "$source" ] || [ -b "$source" ]; } || continue
+		findmnt -rn -S "$source" >/dev/null || flock -w 60 "$source" true
+	done
+	return $status
+}
 # A test's own device (a loop device over a file, say): upstream does nothing
 # for FSTYP=fuse, which leaves the device without a volume to mount.
 _try_mkfs_dev() {

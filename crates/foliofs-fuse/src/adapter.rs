@@ -765,7 +765,7 @@ impl Filesystem for FolioFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -775,13 +775,13 @@ impl Filesystem for FolioFs {
     ) {
         // The kernel makes this change itself: no notification for it.
         invalidate::mark_serving();
-        if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
-            reply.error(Errno::EINVAL);
-            return;
-        }
+        // The kernel has checked CAP_MKNOD for a whiteout; the whiteout is
+        // the caller's, as a node it made itself.
+        let whiteout = flags.contains(fuser::RenameFlags::RENAME_WHITEOUT).then(|| owner(req));
         let flags = RenameFlags {
             no_replace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
+            whiteout,
         };
         if !flags.no_replace && !flags.exchange {
             self.keep_if_last_name(newparent, newname);

@@ -22,6 +22,7 @@ block_size_tests!(
     truncate_down_then_up_exposes_zeros_not_old_bytes,
     namespace_errors_are_the_posix_ones,
     rename_replaces_exchanges_and_keeps_link_counts,
+    rename_whiteout_leaves_a_whiteout_device_that_survives_reopen,
     unlinked_open_file_lives_until_closed_and_orphans_are_freed_at_mount,
     hard_links_share_data_and_count,
     setattr_changes_mode_owner_and_times,
@@ -161,6 +162,48 @@ fn rename_replaces_exchanges_and_keeps_link_counts(block_bytes: u32) {
     assert_eq!(volume.getattr(a.ino).unwrap().nlink, 3);
     assert_eq!(volume.getattr(b.ino).unwrap().nlink, 2);
     assert_eq!(volume.resolve("/a/f3/..").unwrap(), a.ino);
+    let report = foliofs::fsck::check(volume.device().clone());
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
+/// RENAME_WHITEOUT (overlayfs' upper layer; xfstests generic/078, 626,
+/// 700): the source name is left holding a character device 0:0 with mode
+/// 0, made in the rename's own transaction.
+fn rename_whiteout_leaves_a_whiteout_device_that_survives_reopen(block_bytes: u32) {
+    let (device, volume) = new_volume(32 << 20, block_bytes);
+    let dir = volume.mkdir(ROOT, b"d", 0o755, owner()).unwrap();
+    let moved = volume.create(dir.ino, b"src", 0o644, owner()).unwrap();
+    let replaced = volume.create(ROOT, b"dst", 0o644, owner()).unwrap();
+    let caller = foliofs::Owner { uid: 0, gid: 0 };
+    let whiteout = RenameFlags { whiteout: Some(caller), ..RenameFlags::default() };
+    let exchange_too = RenameFlags { exchange: true, ..whiteout };
+    assert_eq!(
+        volume.rename(dir.ino, b"src", ROOT, b"dst", exchange_too).unwrap_err().errno(),
+        libc::EINVAL
+    );
+    volume.rename(dir.ino, b"src", ROOT, b"dst", whiteout).unwrap();
+    assert_eq!(volume.lookup(ROOT, b"dst").unwrap().ino, moved.ino);
+    assert!(volume.getattr(replaced.ino).is_err(), "the replaced file is freed");
+    let left = volume.lookup(dir.ino, b"src").unwrap();
+    assert_eq!((left.kind, left.mode & 0o7777, left.rdev), (InodeKind::CharDevice, 0, 0));
+    assert_eq!((left.uid, left.gid, left.nlink), (0, 0, 1));
+    let no_replace = RenameFlags { no_replace: true, ..whiteout };
+    volume.create(ROOT, b"taken", 0o644, owner()).unwrap();
+    assert_eq!(
+        volume.rename(ROOT, b"dst", ROOT, b"taken", no_replace).unwrap_err().errno(),
+        libc::EEXIST
+    );
+    assert_eq!(
+        volume.lookup(ROOT, b"dst").unwrap().ino,
+        moved.ino,
+        "a refused rename changes nothing"
+    );
+    volume.sync().unwrap();
+    let image = device.image();
+    drop(volume);
+    let (_, volume) = open_image(image).unwrap();
+    let dir = volume.lookup(ROOT, b"d").unwrap();
+    assert_eq!(volume.lookup(dir.ino, b"src").unwrap().kind, InodeKind::CharDevice);
     let report = foliofs::fsck::check(volume.device().clone());
     assert!(report.is_clean(), "{:?}", report.problems);
 }

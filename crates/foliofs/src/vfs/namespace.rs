@@ -48,6 +48,10 @@ pub struct RenameFlags {
     pub no_replace: bool,
     /// Atomically swap source and target, which must both exist.
     pub exchange: bool,
+    /// RENAME_WHITEOUT: leave a whiteout (a character device 0:0, mode 0,
+    /// owned by this owner) at the source name, in the same transaction,
+    /// as overlayfs asks of its upper file system.
+    pub whiteout: Option<Owner>,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -468,6 +472,9 @@ impl Volume {
         if flags.exchange && flags.no_replace {
             return Err(Error::invalid("RENAME_EXCHANGE and RENAME_NOREPLACE together"));
         }
+        if flags.exchange && flags.whiteout.is_some() {
+            return Err(Error::invalid("RENAME_EXCHANGE and RENAME_WHITEOUT together"));
+        }
         let moved = entry_of(&self.shared.meta.read(), parent, name).ok();
         let mut replaced = None;
         self.with_quiesced_victim(new_parent, new_name, |victim| {
@@ -506,8 +513,12 @@ impl Volume {
             if plan.is_noop {
                 return Ok(true);
             }
-            txn.ensure_metadata_room(300 + new_name.len() as u64)?;
+            let whiteout_bytes = flags.whiteout.map_or(0, |_| 200 + name.len() as u64);
+            txn.ensure_metadata_room(300 + new_name.len() as u64 + whiteout_bytes)?;
             apply_rename(txn, &plan, parent, name, new_parent, new_name, flags.exchange);
+            if let Some(owner) = flags.whiteout {
+                apply_whiteout(txn, parent, name, owner, whiteout_bytes)?;
+            }
             Ok(true)
         })?;
         Ok(done)
@@ -713,6 +724,28 @@ fn plan_rename(
         }
     }
     Ok(RenamePlan { ino, ino_is_dir, victim, is_noop: false })
+}
+
+/// Puts a whiteout at `parent`/`name`, which the rename just emptied: the
+/// character device 0:0 with mode 0 that overlayfs reads as "deleted below".
+fn apply_whiteout(
+    txn: &mut Txn<'_>,
+    parent: u64,
+    name: &[u8],
+    owner: Owner,
+    extra: u64,
+) -> Result<()> {
+    let ino = txn.state().next_ino;
+    if txn.state().inode(ino).is_some() {
+        return Err(Error::NoSpace("no inode numbers left".into()));
+    }
+    let now = Timestamp::now();
+    let kind = InodeKind::CharDevice;
+    let new = NewInode { ino, kind, mode: 0, owner, nlink: 1, size: 0, now };
+    apply_new_inode(txn, parent, new, extra)?;
+    txn.apply(Record::DirAdd { dir: parent, name: name.to_vec(), ino });
+    touch_dir(txn, parent, 0, now);
+    Ok(())
 }
 
 fn apply_rename(
