@@ -36,14 +36,18 @@ pub(crate) fn time_from_system_time(system_time: &SystemTime) -> (i64, u32) {
 
 /// Converts a tuple of (seconds, nanoseconds) since the Unix epoch to a `SystemTime`.
 ///
-/// This handles negative seconds (times before the Unix epoch).
+/// This handles negative seconds (times before the Unix epoch): the time is
+/// `secs` plus `nsecs` nanoseconds, as in a `timespec`. A time the platform
+/// cannot represent saturates instead of panicking: a SETATTR of i64::MIN
+/// seconds (xfstests generic/402) panicked the serving thread here, and the
+/// request was never answered.
 pub(crate) fn system_time_from_time(secs: i64, nsecs: u32) -> SystemTime {
-    if secs >= 0 {
-        SystemTime::UNIX_EPOCH + Duration::new(secs as u64, nsecs)
-    } else {
-        // TODO: overflow
-        // TODO: 1_000_000_000 - nsec
-        SystemTime::UNIX_EPOCH - Duration::new((-secs) as u64, nsecs)
+    let whole = Duration::from_secs(secs.unsigned_abs());
+    let fraction = Duration::from_nanos(u64::from(nsecs.min(999_999_999)));
+    let base = if secs >= 0 { UNIX_EPOCH.checked_add(whole) } else { UNIX_EPOCH.checked_sub(whole) };
+    match base {
+        Some(base) => base.checked_add(fraction).unwrap_or(base),
+        None => UNIX_EPOCH,
     }
 }
 
@@ -52,7 +56,20 @@ mod test {
     use std::time::Duration;
     use std::time::UNIX_EPOCH;
 
+    use crate::time::system_time_from_time;
     use crate::time::time_from_system_time;
+
+    #[test]
+    fn test_system_time_from_time_round_trips_and_never_panics() {
+        for (secs, nsecs) in [(0, 0), (1, 5), (-1, 500_000_000), (-2, 0), (-1_000_000, 999_999_999)] {
+            let time = system_time_from_time(secs, nsecs);
+            assert_eq!(time_from_system_time(&time), (secs, nsecs), "{secs} s {nsecs} ns");
+        }
+        // The extremes of a timespec: no panic (on Linux both are representable).
+        assert_eq!(time_from_system_time(&system_time_from_time(i64::MIN, 0)), (i64::MIN, 0));
+        let max = system_time_from_time(i64::MAX, 999_999_999);
+        assert_eq!(time_from_system_time(&max).0, i64::MAX);
+    }
 
     #[test]
     fn test_time_from_system_time_negative() {
