@@ -17,12 +17,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
-use foliofs::dev::FaultDev;
+use foliofs::dev::{FaultDev, RawDev};
 use foliofs::space::FallocateMode;
 use foliofs::{InodeKind, OpenFlags, Volume, VolumeOptions};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use crate::mirror::MirrorDev;
 use crate::model::{ByteHistory, Tree};
 use crate::{mix, owner, pattern, ROOT};
 
@@ -439,6 +440,8 @@ pub struct Workload {
     pub ballast: (String, u64, Vec<u8>),
     /// A failure while running (the failing thread stopped there).
     pub failure: Option<LiveFailure>,
+    /// The real device the workload ran on, when not only in memory.
+    pub mirror: Option<Arc<MirrorDev>>,
 }
 
 /// What one thread leaves behind.
@@ -452,23 +455,50 @@ struct ThreadRun {
 impl Workload {
     /// Generates and runs a random workload.
     pub fn generate(config: WorkloadConfig) -> Self {
-        Self::run(config, None)
+        Self::run(config, None, None)
     }
 
     /// Runs the given op lists (one per thread) instead of generating them.
     pub fn replay(config: WorkloadConfig, ops: &[Vec<Op>]) -> Self {
-        Self::run(config, Some(ops))
+        Self::run(config, Some(ops), None)
     }
 
-    fn run(config: WorkloadConfig, replay: Option<&[Vec<Op>]>) -> Self {
+    /// Generates a random workload and runs it on `real` (an NBD export,
+    /// say) through a [`MirrorDev`], whose in-memory log the crash points
+    /// are cut from.
+    pub fn generate_on(config: WorkloadConfig, real: Arc<dyn RawDev>) -> Self {
+        Self::run(config, None, Some(real))
+    }
+
+    fn run(
+        config: WorkloadConfig,
+        replay: Option<&[Vec<Op>]>,
+        real: Option<Arc<dyn RawDev>>,
+    ) -> Self {
         let geometry = Geometry::of(config.block_bytes);
-        let (device, volume) = crate::new_volume(
-            geometry.volume_bytes,
-            config.block_bytes,
-            Some(geometry.journal_bytes),
-            &config.volume_options(),
-        )
-        .expect("mkfs on the in-memory device");
+        let (device, volume, mirror) = match real {
+            None => {
+                let (device, volume) = crate::new_volume(
+                    geometry.volume_bytes,
+                    config.block_bytes,
+                    Some(geometry.journal_bytes),
+                    &config.volume_options(),
+                )
+                .expect("mkfs on the in-memory device");
+                (device, volume, None)
+            }
+            Some(real) => {
+                let (device, volume, mirror) = crate::new_mirrored_volume(
+                    real,
+                    geometry.volume_bytes,
+                    config.block_bytes,
+                    Some(geometry.journal_bytes),
+                    &config.volume_options(),
+                )
+                .expect("mkfs on the mirrored device");
+                (device, volume, Some(mirror))
+            }
+        };
         let ballast = write_ballast(&volume, config.seed, geometry.ballast_bytes);
         let mut threads: Vec<ThreadModel> =
             (0..config.threads).map(|index| ThreadModel::setup(&volume, index, config)).collect();
@@ -496,7 +526,7 @@ impl Workload {
             failure = failure.or(run.failure);
         }
         spans.sort_by_key(|span| (span.log_start, span.log_end, span.thread));
-        Self { config, geometry, device, volume, threads, ops, spans, ballast, failure }
+        Self { config, geometry, device, volume, threads, ops, spans, ballast, failure, mirror }
     }
 
     /// The model of `ino`, whichever thread made it.
