@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use foliofs::dev::fault::{CowImage, Keep, LogEntry, TEAR_SECTOR_BYTES};
-use foliofs::dev::{Device, FaultDev, FuaMode};
+use foliofs::dev::{Device, FaultDev, FuaMode, RawDev};
 use foliofs::{InodeKind, VolumeOptions};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -155,6 +155,50 @@ pub fn run_one(
     let (ops, violation) =
         if options.shrink { shrink(config, ops, violation, options) } else { (ops, violation) };
     Err(Box::new(CrashFailure { config, violation, ops, original_ops }))
+}
+
+/// [`run_one`] with the workload on `real` (an NBD export, say) through a
+/// [`crate::mirror::MirrorDev`]; after the run the real device must hold
+/// exactly what the log says was written. Not shrunk: the shrinker replays
+/// on the in-memory device, where the reproduce line points too.
+pub fn run_one_on(
+    config: WorkloadConfig,
+    real: Arc<dyn RawDev>,
+    options: &CrashOptions,
+    stats: &mut Stats,
+) -> Result<(), Box<CrashFailure>> {
+    stats.workloads += 1;
+    let workload = Workload::generate_on(config, real);
+    stats.ops += workload.op_count() as u64;
+    let violation = match &workload.failure {
+        Some(live) => Some(live_violation(&workload, live)),
+        None => mirror_violation(&workload)
+            .or_else(|| check_workload(&workload, options.variants, stats).err()),
+    };
+    let Some(violation) = violation else { return Ok(()) };
+    stats.violations += 1;
+    let ops = match &workload.failure {
+        Some(live) => truncated(&workload.ops, live),
+        None => workload.ops.clone(),
+    };
+    let original_ops = ops.iter().map(Vec::len).sum();
+    Err(Box::new(CrashFailure { config, violation, ops, original_ops }))
+}
+
+/// The real device under a mirrored workload differs from the log's image.
+fn mirror_violation(workload: &Workload) -> Option<Violation> {
+    let mirror = workload.mirror.as_ref()?;
+    // A trim leaves the real device's bytes to the server; the log fills
+    // them with a marker, so the images are compared only without trims.
+    if workload.device.discard_requests() > 0 {
+        return None;
+    }
+    let message = match mirror.first_difference() {
+        Ok(None) => return None,
+        Ok(Some(offset)) => format!("the real device differs from the write log at byte {offset}"),
+        Err(error) => format!("reading the real device back: {error}"),
+    };
+    Some(Violation { cut: None, log_len: workload.device.log_len(), message })
 }
 
 fn truncated(ops: &[Vec<Op>], live: &LiveFailure) -> Vec<Vec<Op>> {

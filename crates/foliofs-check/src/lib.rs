@@ -16,6 +16,7 @@
 
 pub mod crashtest;
 pub mod fsx;
+pub mod mirror;
 pub mod model;
 pub mod nbd_loop;
 pub mod workload;
@@ -97,6 +98,24 @@ pub fn new_volume_over_nbd(
     Volume::format(&device, &mkfs)?;
     let volume = Volume::open_device(device, options)?;
     Ok((raw, volume, server))
+}
+
+/// [`new_volume`] on a real device through a [`mirror::MirrorDev`]: the
+/// in-memory device records what the real one was asked and answered.
+pub fn new_mirrored_volume(
+    real: Arc<dyn foliofs::dev::RawDev>,
+    size_bytes: u64,
+    block_bytes: u32,
+    journal_bytes: Option<u64>,
+    options: &VolumeOptions,
+) -> foliofs::Result<(Arc<FaultDev>, Volume, Arc<mirror::MirrorDev>)> {
+    let log = Arc::new(FaultDev::from_image(vec![GARBAGE_BYTE; size_bytes as usize], SECTOR_BYTES));
+    let mirror = Arc::new(mirror::MirrorDev::new(real, log.clone())?);
+    let device = Arc::new(Device::new(mirror.clone(), FuaMode::Native));
+    let mkfs = MkfsOptions { block_bytes, journal_bytes, root_owner: owner() };
+    Volume::format(&device, &mkfs)?;
+    let volume = Volume::open_device(device, options)?;
+    Ok((log, volume, mirror))
 }
 
 /// Opens a volume over `image`.

@@ -17,12 +17,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
-use foliofs::dev::FaultDev;
+use foliofs::dev::{FaultDev, RawDev};
 use foliofs::space::FallocateMode;
 use foliofs::{InodeKind, OpenFlags, Volume, VolumeOptions};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use crate::mirror::MirrorDev;
 use crate::model::{ByteHistory, Tree};
 use crate::{mix, owner, pattern, ROOT};
 
@@ -445,6 +446,8 @@ pub struct Workload {
     pub failure: Option<LiveFailure>,
     /// The NBD server the volume runs over, if any (`over_nbd`).
     _nbd: Option<crate::nbd_loop::NbdLoop>,
+    /// The real device the workload ran on, when not only in memory.
+    pub mirror: Option<Arc<MirrorDev>>,
 }
 
 /// What one thread leaves behind.
@@ -458,35 +461,60 @@ struct ThreadRun {
 impl Workload {
     /// Generates and runs a random workload.
     pub fn generate(config: WorkloadConfig) -> Self {
-        Self::run(config, None)
+        Self::run(config, None, None)
     }
 
     /// Runs the given op lists (one per thread) instead of generating them.
     pub fn replay(config: WorkloadConfig, ops: &[Vec<Op>]) -> Self {
-        Self::run(config, Some(ops))
+        Self::run(config, Some(ops), None)
     }
 
-    fn run(config: WorkloadConfig, replay: Option<&[Vec<Op>]>) -> Self {
+    /// Generates a random workload and runs it on `real` (an NBD export,
+    /// say) through a [`MirrorDev`], whose in-memory log the crash points
+    /// are cut from.
+    pub fn generate_on(config: WorkloadConfig, real: Arc<dyn RawDev>) -> Self {
+        Self::run(config, None, Some(real))
+    }
+
+    fn run(
+        config: WorkloadConfig,
+        replay: Option<&[Vec<Op>]>,
+        real: Option<Arc<dyn RawDev>>,
+    ) -> Self {
         let geometry = Geometry::of(config.block_bytes);
-        let (device, volume, nbd) = if config.over_nbd {
-            let (device, volume, nbd) = crate::new_volume_over_nbd(
-                geometry.volume_bytes,
-                config.block_bytes,
-                Some(geometry.journal_bytes),
-                &config.volume_options(),
-                config.seed,
-            )
-            .expect("mkfs over NBD on the in-memory device");
-            (device, volume, Some(nbd))
-        } else {
-            let (device, volume) = crate::new_volume(
-                geometry.volume_bytes,
-                config.block_bytes,
-                Some(geometry.journal_bytes),
-                &config.volume_options(),
-            )
-            .expect("mkfs on the in-memory device");
-            (device, volume, None)
+        let (device, volume, mirror, nbd) = match real {
+            None if config.over_nbd => {
+                let (device, volume, nbd) = crate::new_volume_over_nbd(
+                    geometry.volume_bytes,
+                    config.block_bytes,
+                    Some(geometry.journal_bytes),
+                    &config.volume_options(),
+                    config.seed,
+                )
+                .expect("mkfs over NBD on the in-memory device");
+                (device, volume, None, Some(nbd))
+            }
+            None => {
+                let (device, volume) = crate::new_volume(
+                    geometry.volume_bytes,
+                    config.block_bytes,
+                    Some(geometry.journal_bytes),
+                    &config.volume_options(),
+                )
+                .expect("mkfs on the in-memory device");
+                (device, volume, None, None)
+            }
+            Some(real) => {
+                let (device, volume, mirror) = crate::new_mirrored_volume(
+                    real,
+                    geometry.volume_bytes,
+                    config.block_bytes,
+                    Some(geometry.journal_bytes),
+                    &config.volume_options(),
+                )
+                .expect("mkfs on the mirrored device");
+                (device, volume, Some(mirror), None)
+            }
         };
         let ballast = write_ballast(&volume, config.seed, geometry.ballast_bytes);
         let mut threads: Vec<ThreadModel> =
@@ -515,7 +543,19 @@ impl Workload {
             failure = failure.or(run.failure);
         }
         spans.sort_by_key(|span| (span.log_start, span.log_end, span.thread));
-        Self { config, geometry, device, volume, threads, ops, spans, ballast, failure, _nbd: nbd }
+        Self {
+            config,
+            geometry,
+            device,
+            volume,
+            threads,
+            ops,
+            spans,
+            ballast,
+            failure,
+            mirror,
+            _nbd: nbd,
+        }
     }
 
     /// The model of `ino`, whichever thread made it.
