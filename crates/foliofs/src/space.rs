@@ -396,9 +396,13 @@ pub fn seek(engine: &Engine, inode: &InodeCache, pos: u64, whence: Whence) -> Re
         let found = match mapping.kind {
             MapKind::Written | MapKind::Delalloc => want_data.then_some(start),
             MapKind::Hole => (!want_data).then_some(start),
-            MapKind::Unwritten => {
-                first_block_with_dirty(inode, start, mapping.end(), engine.block_bytes, want_data)
-            }
+            MapKind::Unwritten => inode.first_block_with_dirty(
+                start,
+                mapping.end(),
+                engine.block_bytes,
+                want_data,
+                |_| false,
+            ),
         };
         if let Some(at) = found {
             return Ok(at.max(pos).min(size));
@@ -408,34 +412,4 @@ pub fn seek(engine: &Engine, inode: &InodeCache, pos: u64, whence: Whence) -> Re
         Whence::Hole => Ok(size),
         Whence::Data => Err(Error::PastEnd(format!("no data after {pos} in inode {ino}"))),
     }
-}
-
-/// The first block in `[start, end)` (block-aligned) whose cached dirty bit
-/// is `dirty` (blocks with no folio are clean), going folio by folio.
-fn first_block_with_dirty(
-    inode: &InodeCache,
-    start: u64,
-    end: u64,
-    block: u64,
-    dirty: bool,
-) -> Option<u64> {
-    let mut at = start;
-    for folio in inode.folios_in(start, end) {
-        if folio.pos() > at {
-            // A gap with no folio: clean blocks.
-            if !dirty {
-                return Some(at);
-            }
-            at = folio.pos();
-        }
-        let state = folio.read();
-        while at < folio.end().min(end) {
-            let (index, _) = folio.blocks_of(at, at + 1);
-            if state.dirty.get(index) == dirty {
-                return Some(at);
-            }
-            at += block;
-        }
-    }
-    (at < end && !dirty).then_some(at)
 }

@@ -439,32 +439,20 @@ fn size_growth_end(
     // Writers mark blocks dirty before they grow the size, so every block
     // below `size` that a writer changed is dirty by the time it is read
     // here (or was taken by this batch, whose blocks are all written).
-    let mut end = run_end.min(size);
+    let end = run_end.min(size);
     if end <= disk_size {
         return None;
     }
-    let block_bytes = engine.block_bytes;
+    // This batch's folios (in file order) are read-locked by it, their
+    // dirty bits taken: skipped, not locked again.
+    let in_batch = |folio: &Folio| {
+        held.binary_search_by_key(&folio.pos(), |held| held.folio.pos())
+            .is_ok_and(|index| std::ptr::eq(held[index].folio, folio))
+    };
     let floor = engine.align_down(disk_size);
-    for folio in inode.folios_in(floor, end) {
-        // This batch's folios (in file order): read-locked by it, their
-        // dirty bits taken.
-        let in_batch = held
-            .binary_search_by_key(&folio.pos(), |held| held.folio.pos())
-            .is_ok_and(|index| std::ptr::eq(held[index].folio, &*folio));
-        if in_batch {
-            continue;
-        }
-        let state = folio.read();
-        let mut at = folio.pos().max(floor);
-        while at < folio.end().min(end) {
-            let (index, _) = folio.blocks_of(at, at + 1);
-            if state.dirty.get(index) {
-                end = at;
-                break;
-            }
-            at += block_bytes;
-        }
-    }
+    let end = inode
+        .first_block_with_dirty(floor, end, engine.block_bytes, true, in_batch)
+        .map_or(end, |dirty| dirty.min(end));
     (end > disk_size).then_some(end)
 }
 

@@ -186,6 +186,46 @@ impl InodeCache {
         (folio.end() > pos).then(|| Arc::clone(folio))
     }
 
+    /// The first block in `[start, end)` (`start` block-aligned) whose
+    /// cached dirty bit is `dirty`, going folio by folio. Blocks with no
+    /// folio, and those of folios `skip` names (folios the caller holds
+    /// locked), count as clean.
+    pub fn first_block_with_dirty(
+        &self,
+        start: u64,
+        end: u64,
+        block_bytes: u64,
+        dirty: bool,
+        skip: impl Fn(&Folio) -> bool,
+    ) -> Option<u64> {
+        let mut at = start;
+        for folio in self.folios_in(start, end) {
+            if folio.pos() > at {
+                // A gap with no folio: clean blocks.
+                if !dirty {
+                    return Some(at);
+                }
+                at = folio.pos();
+            }
+            if skip(&folio) {
+                if !dirty {
+                    return Some(at);
+                }
+                at = folio.end();
+                continue;
+            }
+            let state = folio.read();
+            while at < folio.end().min(end) {
+                let (index, _) = folio.blocks_of(at, at + 1);
+                if state.dirty.get(index) == dirty {
+                    return Some(at);
+                }
+                at += block_bytes;
+            }
+        }
+        (at < end && !dirty).then_some(at)
+    }
+
     /// The folios overlapping `[start, end)`, in order.
     pub fn folios_in(&self, start: u64, end: u64) -> Vec<Arc<Folio>> {
         if start >= end {
