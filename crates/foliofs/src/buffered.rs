@@ -312,11 +312,11 @@ fn write_into_folio(
     state.data[start..start + length as usize].copy_from_slice(&piece[..length as usize]);
     state.uptodate.set_range(first, count);
     match engine.cache.policy().dirty_mode {
-        DirtyMode::Block => inode.mark_dirty(&mut state, first, count),
+        DirtyMode::Block => inode.mark_dirty(folio, &mut state, first, count),
         DirtyMode::Folio => {
             let mut whole = state.uptodate.clone();
             whole.intersect_with(&state.mapped);
-            inode.redirty(&mut state, &whole);
+            inode.redirty(folio, &mut state, &whole);
         }
     }
     // The size grows before the folio unlocks: writeback (which locks it)

@@ -147,9 +147,10 @@ fn write_batch(
     for folio in folios {
         let mut state = folio.write();
         if state.dirty.is_empty() {
+            inode.note_clean(folio, &state);
             continue;
         }
-        let dirty = inode.take_dirty(&mut state);
+        let dirty = inode.take_dirty(folio, &mut state);
         let state = RwLockWriteGuard::downgrade(state);
         held.push(Held { folio, state, dirty });
     }
@@ -189,7 +190,7 @@ fn write_batch(
         }
         retry.intersect_with(&dirty);
         if !retry.is_empty() {
-            inode.redirty(&mut folio.write(), &retry);
+            inode.redirty(folio, &mut folio.write(), &retry);
         }
     }
     inode.record_error(error.to_string());
