@@ -27,7 +27,7 @@ use crate::direct_payload::DirectIoCounters;
 use crate::file_flags::{self, FlagsRequest};
 use crate::fitrim;
 use crate::going_down;
-use crate::handles::{DirListing, Handle, Handles};
+use crate::handles::{walk_offset, DirListing, DirSnapshots, Handle, Handles};
 use crate::in_flight;
 use crate::inode_files::{self, InodeFiles};
 use crate::invalidate::{self, Invalidator};
@@ -93,6 +93,8 @@ pub struct FolioFs {
     /// through `inode_files` (see that module).
     zero_message_opens: bool,
     inode_files: InodeFiles,
+    /// Directory walks without a handle (zero-message opens).
+    dir_snapshots: DirSnapshots,
     opens: Arc<OpenCounters>,
 }
 
@@ -102,6 +104,7 @@ pub struct FolioFs {
 pub struct OpenCounters {
     opens: std::sync::atomic::AtomicU64,
     releases: std::sync::atomic::AtomicU64,
+    opendirs: std::sync::atomic::AtomicU64,
 }
 
 impl OpenCounters {
@@ -113,6 +116,11 @@ impl OpenCounters {
     /// RELEASE requests received.
     pub fn releases(&self) -> u64 {
         self.releases.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// OPENDIR requests received.
+    pub fn opendirs(&self) -> u64 {
+        self.opendirs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn count(counter: &std::sync::atomic::AtomicU64) {
@@ -149,6 +157,7 @@ impl FolioFs {
             direct_io: Arc::default(),
             zero_message_opens,
             inode_files: InodeFiles::new(),
+            dir_snapshots: DirSnapshots::new(),
             opens: Arc::default(),
         }
     }
@@ -258,7 +267,11 @@ impl FolioFs {
             return;
         }
         let Ok(attr) = self.volume.lookup(parent.0, name_bytes(name)) else { return };
-        if attr.kind == foliofs::InodeKind::File && attr.nlink <= 1 {
+        if attr.kind == foliofs::InodeKind::Dir {
+            if let Err(error) = self.inode_files.keep_dir_while_known(&self.volume, attr.ino) {
+                tracing::debug!("keeping directory {} for the kernel: {error}", attr.ino);
+            }
+        } else if attr.kind == foliofs::InodeKind::File && attr.nlink <= 1 {
             if let Err(error) = self.inode_files.keep_while_known(&self.volume, attr.ino) {
                 tracing::debug!("keeping inode {} for the kernel: {error}", attr.ino);
             }
@@ -365,17 +378,35 @@ impl FolioFs {
     /// A directory handle's entries from `offset` on (a fresh snapshot at
     /// 0) and its parent: what readdir and readdirplus list after "." and
     /// "..".
+    /// The entries a READDIR at `offset` lists, the directory's parent, and
+    /// where the listing's offsets start: with a handle its snapshot, and
+    /// with zero-message opens (handle 0) a walk's (see [`DirSnapshots`]).
     fn listing(
         &self,
         operation: &str,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
-    ) -> Result<(Arc<Vec<foliofs::DirEntry>>, u64), Errno> {
+    ) -> Result<DirPage, Errno> {
+        let failed = |error: Error| self.failed(operation, &error);
+        if fh.0 == 0 && self.zero_message_opens {
+            let dir = self.volume.open_dir(ino.0).map_err(failed)?;
+            let listed =
+                self.dir_snapshots.entries(&dir, offset).and_then(|(walk, entries, position)| {
+                    Ok(DirPage { entries, parent: dir.parent()?, walk, position })
+                });
+            let closed = dir.close();
+            let page = listed.map_err(failed)?;
+            closed.map_err(failed)?;
+            return Ok(page);
+        }
         let listing = self.handles.dir(fh.0).ok_or(Errno::EBADF)?;
         listing
             .entries(offset)
-            .and_then(|entries| Ok((entries, listing.dir.parent()?)))
-            .map_err(|error| self.failed(operation, &error))
+            .and_then(|entries| {
+                Ok(DirPage { entries, parent: listing.dir.parent()?, walk: 0, position: offset })
+            })
+            .map_err(failed)
     }
 
     /// The handle a create replies with: with zero-message opens none (the
@@ -398,6 +429,15 @@ impl FolioFs {
         self.invalidator.page_cached(ino);
         Ok((fh, self.fopen_flags(open)))
     }
+}
+
+/// What a READDIR lists from: `entries` from `position` on (the dots
+/// first), with offsets in walk `walk` ([`walk_offset`]).
+struct DirPage {
+    entries: Arc<Vec<foliofs::DirEntry>>,
+    parent: u64,
+    walk: u32,
+    position: u64,
 }
 
 /// The errno for `error`; faults of the volume (not of the caller's request)
@@ -738,6 +778,7 @@ impl Filesystem for FolioFs {
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         // The kernel makes this change itself: no notification for it.
         invalidate::mark_serving();
+        self.keep_if_last_name(parent, name);
         match self.volume.rmdir(parent.0, name_bytes(name)) {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("rmdir", &error)),
@@ -997,6 +1038,12 @@ impl Filesystem for FolioFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
+        OpenCounters::count(&self.opens.opendirs);
+        if self.zero_message_opens {
+            // FUSE no-opendir: the kernel lists by inode from now on (handle
+            // 0) and sends no RELEASEDIR; see `listing`.
+            return reply.error(Errno::ENOSYS);
+        }
         match self.volume.open_dir(ino.0) {
             Ok(dir) => {
                 let fh = self.handles.insert(Handle::Dir(Arc::new(DirListing::new(dir))));
@@ -1014,19 +1061,21 @@ impl Filesystem for FolioFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let (entries, parent) = match self.listing("readdir", fh, offset) {
-            Ok(listed) => listed,
-            Err(errno) => return reply.error(errno),
-        };
+        let DirPage { entries, parent, walk, position } =
+            match self.listing("readdir", ino, fh, offset) {
+                Ok(page) => page,
+                Err(errno) => return reply.error(errno),
+            };
         // Offsets: 1 after ".", 2 after "..", 2 + i + 1 after entry i.
         let dots = [(ino.0, b".".as_slice()), (parent, b"..".as_slice())];
         let dot_entries = dots.iter().map(|&(ino, name)| (ino, fuser::FileType::Directory, name));
         let entries =
             entries.iter().map(|entry| (entry.ino, file_type(entry.kind), entry.name.as_slice()));
         for (index, (entry_ino, kind, name)) in
-            dot_entries.chain(entries).enumerate().skip(offset as usize)
+            dot_entries.chain(entries).enumerate().skip(position as usize)
         {
-            if reply.add(INodeNo(entry_ino), index as u64 + 1, kind, OsStr::from_bytes(name)) {
+            let offset = walk_offset(walk, index as u64 + 1);
+            if reply.add(INodeNo(entry_ino), offset, kind, OsStr::from_bytes(name)) {
                 break;
             }
         }
@@ -1041,17 +1090,18 @@ impl Filesystem for FolioFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let (entries, parent) = match self.listing("readdirplus", fh, offset) {
-            Ok(listed) => listed,
-            Err(errno) => return reply.error(errno),
-        };
+        let DirPage { entries, parent, walk, position } =
+            match self.listing("readdirplus", ino, fh, offset) {
+                Ok(page) => page,
+                Err(errno) => return reply.error(errno),
+            };
         // Offsets as readdir's.
         let dots = [(ino.0, b".".as_slice()), (parent, b"..".as_slice())];
         let names = dots
             .into_iter()
             .chain(entries.iter().map(|entry| (entry.ino, entry.name.as_slice())))
             .enumerate()
-            .skip(offset as usize);
+            .skip(position as usize);
         for (index, (entry_ino, name)) in names {
             let attr = match self.volume.getattr(entry_ino) {
                 Ok(attr) => attr,
@@ -1060,7 +1110,7 @@ impl Filesystem for FolioFs {
                 Err(error) => return reply.error(self.failed("readdirplus", &error)),
             };
             let name = OsStr::from_bytes(name);
-            let offset = index as u64 + 1;
+            let offset = walk_offset(walk, index as u64 + 1);
             if reply.add(
                 INodeNo(entry_ino),
                 offset,

@@ -1,7 +1,7 @@
 //! The table of open handles: the `fh` the kernel quotes back in every
 //! request names an open [`File`] or a directory listing.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -29,6 +29,77 @@ impl DirListing {
             *snapshot = Arc::new(self.dir.entries()?);
         }
         Ok(Arc::clone(&snapshot))
+    }
+}
+
+/// Directory walks without a handle (FUSE no-opendir: every READDIR quotes
+/// handle 0). A walk's snapshot is taken at offset 0, as [`DirListing`]'s,
+/// and named in the offsets handed out: the snapshot's number in the high 32
+/// bits, the position in it in the low 32, so a walk finds its snapshot
+/// again and entries added or removed mid-walk neither repeat nor vanish.
+/// The kernel never says when a walk ends, so the oldest snapshots are
+/// dropped beyond a bound; a walk whose snapshot is gone goes on from its
+/// position in a fresh listing (as an index-offset file system would).
+pub(crate) struct DirSnapshots {
+    inner: Mutex<SnapshotTable>,
+}
+
+#[derive(Default)]
+struct SnapshotTable {
+    next_id: u32,
+    by_id: HashMap<u32, (u64, Arc<Vec<DirEntry>>)>,
+    oldest_first: VecDeque<u32>,
+    entries_held: usize,
+}
+
+/// Walks remembered at once, and the entries their snapshots may hold.
+const SNAPSHOTS_MAX: usize = 256;
+const SNAPSHOT_ENTRIES_MAX: usize = 1 << 18;
+
+/// The offset of the entry after position `position` of snapshot `id`.
+pub(crate) fn walk_offset(id: u32, position: u64) -> u64 {
+    (u64::from(id) << 32) | position
+}
+
+impl DirSnapshots {
+    pub(crate) fn new() -> Self {
+        Self { inner: Mutex::new(SnapshotTable::default()) }
+    }
+
+    /// The snapshot of directory `dir` a READDIR at `offset` continues, with
+    /// its number and the position to list from: a fresh one at offset 0.
+    pub(crate) fn entries(
+        &self,
+        dir: &Dir,
+        offset: u64,
+    ) -> foliofs::Result<(u32, Arc<Vec<DirEntry>>, u64)> {
+        let (id, position) = ((offset >> 32) as u32, offset & u64::from(u32::MAX));
+        if offset != 0 {
+            let table = self.inner.lock();
+            if let Some((ino, entries)) = table.by_id.get(&id) {
+                if *ino == dir.ino() {
+                    return Ok((id, Arc::clone(entries), position));
+                }
+            }
+        }
+        let entries = Arc::new(dir.entries()?);
+        let mut table = self.inner.lock();
+        let table = &mut *table;
+        // Never 0, so offset 0 always means a fresh walk.
+        table.next_id = table.next_id.checked_add(1).unwrap_or(1);
+        let id = table.next_id;
+        table.entries_held += entries.len();
+        table.by_id.insert(id, (dir.ino(), Arc::clone(&entries)));
+        table.oldest_first.push_back(id);
+        while table.oldest_first.len() > SNAPSHOTS_MAX
+            || (table.entries_held > SNAPSHOT_ENTRIES_MAX && table.oldest_first.len() > 1)
+        {
+            let Some(oldest) = table.oldest_first.pop_front() else { break };
+            if let Some((_, dropped)) = table.by_id.remove(&oldest) {
+                table.entries_held -= dropped.len();
+            }
+        }
+        Ok((id, entries, position))
     }
 }
 

@@ -15,12 +15,16 @@
 //! closed, so an unlink or rename that takes a file's last name first puts
 //! a file of it here ([`InodeFiles::keep_while_known`]): the volume frees an
 //! unlinked inode when its last engine file closes, which is then at the
-//! FORGET that follows the kernel's last close.
+//! FORGET that follows the kernel's last close. Directories likewise
+//! (FUSE no-opendir): an rmdir or a rename over a directory first keeps a
+//! [`Dir`] of it here, so a directory removed while open lists nothing, as
+//! on ext4, until the kernel forgets it, and its number is not reused
+//! meanwhile.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use foliofs::{File, OpenFlags, Volume};
+use foliofs::{Dir, File, OpenFlags, Volume};
 use parking_lot::Mutex;
 
 /// What a request needs of the file it is served through.
@@ -56,6 +60,8 @@ struct Known {
     /// Entries handed to the kernel and not yet forgotten.
     lookups: u64,
     files: Vec<Arc<File>>,
+    /// A directory kept open for the kernel (see [`InodeFiles::keep_dir_while_known`]).
+    dir: Option<Dir>,
 }
 
 type Shard = Mutex<HashMap<u64, Known>>;
@@ -129,6 +135,17 @@ impl InodeFiles {
         self.any(volume, ino, true).map(drop)
     }
 
+    /// Before a change that may remove directory `ino`: an open directory of
+    /// it, so the volume keeps it (listing nothing) until FORGET.
+    pub(crate) fn keep_dir_while_known(&self, volume: &Volume, ino: u64) -> foliofs::Result<()> {
+        let mut shard = self.shard(ino).lock();
+        let known = shard.entry(ino).or_default();
+        if known.dir.is_none() {
+            known.dir = Some(volume.open_dir(ino)?);
+        }
+        Ok(())
+    }
+
     /// A reply handed the kernel an entry of `ino` (a lookup, a create, a
     /// readdirplus entry): one more lookup it will forget.
     pub(crate) fn looked_up(&self, ino: u64) {
@@ -144,16 +161,20 @@ impl InodeFiles {
         if known.lookups > 0 {
             return;
         }
-        let files = shard.remove(&ino).map(|known| known.files).unwrap_or_default();
+        let Some(known) = shard.remove(&ino) else { return };
         drop(shard);
-        close_all(files);
+        close_all(known.files);
+        close_dir(known.dir);
     }
 
     /// At unmount: whatever the kernel did not forget.
     pub(crate) fn drain(&self) {
         for shard in &self.shards {
-            let files: Vec<_> = shard.lock().drain().flat_map(|(_, known)| known.files).collect();
-            close_all(files);
+            let known: Vec<_> = shard.lock().drain().map(|(_, known)| known).collect();
+            for known in known {
+                close_all(known.files);
+                close_dir(known.dir);
+            }
         }
     }
 }
@@ -167,5 +188,12 @@ fn close_all(files: Vec<Arc<File>>) {
                 tracing::warn!("closing a file the kernel forgot: {error}");
             }
         }
+    }
+}
+
+/// Closes a directory kept for the kernel (freeing it if it was removed).
+fn close_dir(dir: Option<Dir>) {
+    if let Some(Err(error)) = dir.map(Dir::close) {
+        tracing::warn!("closing a directory the kernel forgot: {error}");
     }
 }

@@ -184,16 +184,25 @@ impl Invalidator {
         let Some(notifier) = self.notifier.get() else { return };
         let sent = match event {
             NamespaceEvent::Entry { parent, name } => {
-                notifier.inval_entry(INodeNo(*parent), std::ffi::OsStr::from_bytes(name))
+                let entry =
+                    notifier.inval_entry(INodeNo(*parent), std::ffi::OsStr::from_bytes(name));
+                // Under FUSE no-opendir the kernel also caches the parent's
+                // listing (in its page cache), which an entry notification
+                // drops only for a name it had looked up: a name added
+                // here would stay unlisted. Dropping the directory's pages
+                // makes the next listing ask again.
+                let listing = if self.every_inode_cached.load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    notifier.inval_inode(INodeNo(*parent), 0, 0)
+                } else {
+                    Ok(())
+                };
+                report_unsent(event, entry);
+                listing
             }
             NamespaceEvent::Attributes { ino } => notifier.inval_inode(INodeNo(*ino), -1, 0),
         };
-        match sent {
-            Ok(()) => {}
-            // Not cached by the kernel: nothing to drop.
-            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(error) => tracing::debug!("invalidating {event:?}: {error}"),
-        }
+        report_unsent(event, sent);
     }
 
     fn changed(&self, event: ChangeEvent) {
@@ -222,6 +231,17 @@ impl Invalidator {
         } else {
             send(&self.notifier, event);
         }
+    }
+}
+
+/// Logs a namespace notification the kernel refused for a reason other
+/// than not caching what it names.
+fn report_unsent(event: &NamespaceEvent, sent: std::io::Result<()>) {
+    match sent {
+        Ok(()) => {}
+        // Not cached by the kernel: nothing to drop.
+        Err(error) if error.raw_os_error() == Some(libc::ENOENT) => {}
+        Err(error) => tracing::debug!("invalidating {event:?}: {error}"),
     }
 }
 

@@ -135,3 +135,128 @@ fn o_direct_and_o_dsync_come_from_each_request() {
 struct Page([u8; 4096]);
 
 struct AlignedBlock(Box<Page>);
+
+/// FUSE no-opendir: listing a directory reaches the daemon as READDIRs
+/// only, after the first OPENDIR (answered ENOSYS).
+#[test]
+fn directory_opens_stay_in_the_kernel_with_its_page_cache() {
+    for page_cache in ["page_cache=kernel", "page_cache=writeback"] {
+        let Some(mount) = mount(page_cache) else { return };
+        let dir = mount.point.join("d");
+        std::fs::create_dir(&dir).unwrap();
+        for index in 0..5 {
+            std::fs::write(dir.join(format!("f{index}")), b"x").unwrap();
+        }
+        for round in 0..OPENS {
+            let names = sorted_names(&dir);
+            assert_eq!(names, ["f0", "f1", "f2", "f3", "f4"], "{page_cache}, round {round}");
+        }
+        let opendirs = mount.opens.opendirs();
+        mount.unmount();
+        assert!(opendirs <= 1, "{page_cache}: {opendirs} OPENDIR requests for {OPENS} listings");
+    }
+}
+
+#[test]
+fn each_directory_open_reaches_the_daemon_with_opens_daemon() {
+    let Some(mount) = mount("page_cache=kernel,opens=daemon") else { return };
+    for _ in 0..OPENS {
+        sorted_names(&mount.point);
+    }
+    let opendirs = mount.opens.opendirs();
+    mount.unmount();
+    assert!(opendirs >= OPENS, "{opendirs} OPENDIR requests for {OPENS} listings");
+}
+
+/// Without a handle a walk still keeps readdir's promise (POSIX): an entry
+/// neither removed nor added meanwhile is listed exactly once, and no name is
+/// listed twice. Entries removed or added mid-walk may show or not.
+#[test]
+fn a_walk_without_a_handle_lists_its_snapshot() {
+    const FILES: usize = 2000;
+    let Some(mount) = mount("page_cache=kernel") else { return };
+    let dir = mount.point.join("walked");
+    std::fs::create_dir(&dir).unwrap();
+    let name = |index: usize| format!("entry-with-a-long-name-{index:05}");
+    for index in 0..FILES {
+        File::create(dir.join(name(index))).unwrap();
+    }
+    // One listing first, so the kernel already lists without opening.
+    sorted_names(&dir);
+    let mut walk = std::fs::read_dir(&dir).unwrap();
+    let mut seen: Vec<String> = walk
+        .by_ref()
+        .take(10)
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    // Remove the first half (behind and ahead of the walk) and add as many.
+    for index in 0..FILES / 2 {
+        std::fs::remove_file(dir.join(name(index))).unwrap();
+        File::create(dir.join(format!("added-{index:05}"))).unwrap();
+    }
+    seen.extend(walk.map(|entry| entry.unwrap().file_name().into_string().unwrap()));
+    mount.unmount();
+    let mut counts = std::collections::HashMap::new();
+    for listed in &seen {
+        *counts.entry(listed.as_str()).or_insert(0) += 1;
+    }
+    let repeated: Vec<_> = counts.iter().filter(|(_, &count)| count > 1).collect();
+    assert!(repeated.is_empty(), "listed more than once: {repeated:?}");
+    let kept_missing: Vec<String> =
+        (FILES / 2..FILES).map(name).filter(|kept| !counts.contains_key(kept.as_str())).collect();
+    assert!(kept_missing.is_empty(), "{} kept entries not listed", kept_missing.len());
+    let known = |listed: &&str| {
+        listed.starts_with("added-") || (0..FILES).any(|index| name(index) == *listed)
+    };
+    let unknown: Vec<_> = counts.keys().filter(|listed| !known(listed)).collect();
+    assert!(unknown.is_empty(), "names never created: {unknown:?}");
+}
+
+/// A directory removed while open lists nothing (as on ext4), not ENOENT.
+#[test]
+fn a_directory_removed_while_open_lists_nothing() {
+    let Some(mount) = mount("page_cache=kernel") else { return };
+    sorted_names(&mount.point);
+    let dir = mount.point.join("removed");
+    std::fs::create_dir(&dir).unwrap();
+    let open = std::fs::read_dir(&dir).unwrap();
+    std::fs::remove_dir(&dir).unwrap();
+    // A new directory, which may not take the removed one's number.
+    std::fs::create_dir(mount.point.join("new")).unwrap();
+    std::fs::write(mount.point.join("new/file"), b"x").unwrap();
+    let listed: Vec<_> = open.map(|entry| entry.map(|entry| entry.file_name())).collect();
+    mount.unmount();
+    assert!(listed.is_empty(), "{listed:?}");
+}
+
+fn sorted_names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The kernel caches listings it made without opening (FOPEN_CACHE_DIR is
+/// its default then): names a library user adds or removes still show at
+/// the next listing.
+#[test]
+fn a_cached_listing_sees_library_changes() {
+    use std::os::unix::fs::MetadataExt;
+    let Some(mount) = mount("page_cache=kernel") else { return };
+    let dir = mount.point.join("shared");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("a"), b"x").unwrap();
+    assert_eq!(sorted_names(&dir), ["a"]);
+    assert_eq!(sorted_names(&dir), ["a"]);
+    let parent = std::fs::metadata(&dir).unwrap().ino();
+    let owner = foliofs::Owner { uid: 0, gid: 0 };
+    mount.volume.create(parent, b"b", 0o644, owner).unwrap();
+    let added = sorted_names(&dir);
+    mount.volume.unlink(parent, b"a").unwrap();
+    let removed = sorted_names(&dir);
+    mount.unmount();
+    assert_eq!(added, ["a", "b"], "a name a library user added");
+    assert_eq!(removed, ["b"], "a name a library user removed");
+}
