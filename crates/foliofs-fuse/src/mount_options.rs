@@ -21,8 +21,9 @@ pub const MOUNT_OPTION_KEYS: &[(&str, &str)] = &[
     ),
     (
         "opens",
-        "kernel (with page_cache=kernel or writeback, open and close stay in the kernel: \
-         FUSE no-open; reads and writes are served by inode) | daemon (each open reaches the \
+        "kernel (with page_cache=kernel or writeback, opening and closing files and directories \
+         stay in the kernel: FUSE no-open and no-opendir; reads, writes and listings are served \
+         by inode) | daemon (each open reaches the \
          daemon: a file that is immutable or append-only refuses a writable open there) \
          (default kernel; page_cache=engine always uses daemon)",
     ),
