@@ -1379,6 +1379,12 @@ fn xattrs_through_the_mount_with_setfattr_and_getfattr() {
     assert!(!names.iter().any(|name| name.starts_with(b"trusted.")), "{names:?}");
     let refused = as_user(&["setfattr", "-n", "trusted.x", "-v", "1", file_str]);
     assert!(!refused.status.success());
+    // The kernel checks CAP_SYS_ADMIN for trusted values (the daemon trusts
+    // that check: overlayfs writes them with its mounter's credentials).
+    let refused = as_user(&["getfattr", "-n", "trusted.overlay.opaque", file_str]);
+    assert!(!refused.status.success(), "{refused:?}");
+    let refused = as_user(&["setfattr", "-x", "trusted.overlay.opaque", file_str]);
+    assert!(!refused.status.success(), "{refused:?}");
     // Removal, then a remount and cp -a, which carries user attributes.
     ok("setfattr", &["-x", "user.big", file_str]);
     assert_eq!(get_xattr(&file, "user.big", 10), Err(libc::ENODATA));
