@@ -375,10 +375,8 @@ impl FolioFs {
         Ok((cleared != 0).then_some((mode, cleared)))
     }
 
-    /// A directory handle's entries from `offset` on (a fresh snapshot at
-    /// 0) and its parent: what readdir and readdirplus list after "." and
-    /// "..".
-    /// The entries a READDIR at `offset` lists, the directory's parent, and
+    /// What readdir and readdirplus list after "." and "..": the entries a
+    /// READDIR at `offset` lists (a fresh snapshot at 0), the directory's parent, and
     /// where the listing's offsets start: with a handle its snapshot, and
     /// with zero-message opens (handle 0) a walk's (see [`DirSnapshots`]).
     fn listing(

@@ -81,8 +81,10 @@ pub struct InodeCache {
     /// dirty-block scans visit only those: an fdatasync of one dirty block
     /// in a large cached file used to test every folio's lock (a third of
     /// seed 001's CPU at 4,096 folios per file). Changed only under the
-    /// folio's write lock, with its dirty bits: a key is here exactly while
-    /// its folio has dirty blocks. Lock order: a folio's lock, then this.
+    /// folio's write lock, with its dirty bits: every folio with dirty
+    /// blocks has its key here. A key may outlive its folio (`remove_range`
+    /// leaves it) until writeback drops it. Lock order: a folio's lock,
+    /// then this.
     dirty_keys: Mutex<BTreeSet<u64>>,
     folio_count: AtomicUsize,
     dirty_bytes: AtomicU64,
@@ -280,9 +282,9 @@ impl InodeCache {
         batch
     }
 
-    /// Writeback found `folio` (in the map: writeback holds
-    /// `writeback_lock`) clean under its write lock: a key left by a folio
-    /// removed dirty before it goes.
+    /// Writeback found `folio` clean under its write lock: drops its key if
+    /// one is left (by a folio removed dirty at the same place). The folio is
+    /// in the map, since writeback holds `writeback_lock`.
     pub fn note_clean(&self, folio: &Folio, state: &FolioState) {
         if state.dirty.is_empty() {
             self.note_dirty_state(folio, state);
