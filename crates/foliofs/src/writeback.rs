@@ -14,7 +14,8 @@
 //! never dropped) and advances the file's error sequence, which the next
 //! fsync of every handle reports once.
 //!
-//! Folios under writeback are read-locked: readers go on, writers wait. A
+//! Folios under writeback are read-locked: readers go on, writers wait, so
+//! the flusher leaves alone the folio a writer is half-way through. A
 //! file's writebacks are serialised by its `writeback_lock`, which truncate
 //! and invalidation also take before dropping folios.
 
@@ -45,6 +46,9 @@ const WRITEBACK_THREADS: usize = 8;
 /// How long a throttled writer waits for the flusher at most, in steps.
 const THROTTLE_WAIT_STEP: Duration = Duration::from_millis(10);
 const THROTTLE_WAIT_STEPS_MAX: u32 = 100;
+/// How long background writeback leaves a folio being filled alone at most
+/// (see [`InodeCache::folio_being_filled`]).
+const SPARE_FILLING_MAX: Duration = Duration::from_secs(1);
 
 /// A folio held for writeback: read-locked, with the dirty bits it had.
 struct Held<'a> {
@@ -72,6 +76,18 @@ struct Run {
 /// and waits for it. On a write failure the blocks stay dirty, the file's
 /// error sequence advances, and the first error is returned.
 pub fn write_back(engine: &Engine, inode: &InodeCache, start: u64, end: u64) -> Result<()> {
+    write_back_sparing(engine, inode, start, end, Duration::ZERO)
+}
+
+/// [`write_back`], leaving out the folio a writer is filling for up to
+/// `spare_filling_max` (zero: nothing is left out).
+fn write_back_sparing(
+    engine: &Engine,
+    inode: &InodeCache,
+    start: u64,
+    end: u64,
+    spare_filling_max: Duration,
+) -> Result<()> {
     // Under the lock: a writeback in progress has already taken the dirty
     // bits of what it is writing, and returning before it ends would let an
     // fsync or a direct read overtake data not yet on disk.
@@ -100,10 +116,17 @@ pub fn write_back(engine: &Engine, inode: &InodeCache, start: u64, end: u64) -> 
     // Batch by batch, holding only the batch's folios: the rest stay
     // evictable while this writeback runs.
     while cursor < end {
-        let batch = inode.dirty_folios_from(cursor, end, BATCH_BYTES_MAX);
+        let mut batch = inode.dirty_folios_from(cursor, end, BATCH_BYTES_MAX);
         let (Some(first), Some(last)) = (batch.first(), batch.last()) else { break };
         let batch_start = first.pos();
         cursor = last.end();
+        // Asked again for every batch: the writer moves on while one is
+        // written.
+        if !spare_filling_max.is_zero() {
+            if let Some(filling) = inode.folio_being_filled(spare_filling_max) {
+                batch.retain(|folio| folio.pos() != filling);
+            }
+        }
         let written = write_batch(engine, inode, &batch, &mut size_may_grow);
         drop(batch);
         if written.is_ok() && inode.drops_behind() {
@@ -123,11 +146,26 @@ pub fn write_back(engine: &Engine, inode: &InodeCache, start: u64, end: u64) -> 
     result
 }
 
-/// Writes back every file with dirty data (syncfs, close, the flusher).
+/// Writes back every file with dirty data (syncfs, close).
 pub fn write_back_all(engine: &Engine) -> Result<()> {
     let mut result = Ok(());
     for inode in engine.cache.dirty_inodes() {
         let written = write_back(engine, &inode, 0, u64::MAX);
+        if result.is_ok() {
+            result = written;
+        }
+    }
+    result
+}
+
+/// The flusher's pass: every file with dirty data, less the folio a
+/// writer is filling (see [`InodeCache::folio_being_filled`]). A folio left
+/// out stays dirty, so the on-disk size stops below it, and integrity
+/// writeback (fsync, syncfs, close) never leaves anything out.
+pub fn write_back_background(engine: &Engine) -> Result<()> {
+    let mut result = Ok(());
+    for inode in engine.cache.dirty_inodes() {
+        let written = write_back_sparing(engine, &inode, 0, u64::MAX, SPARE_FILLING_MAX);
         if result.is_ok() {
             result = written;
         }
@@ -558,7 +596,7 @@ pub fn balance_dirty(engine: &Engine, inode: &InodeCache) {
 
 /// The background flusher: every `interval_ms` (0: only when woken), or when
 /// dirty data passes the background threshold or memory runs short, writes
-/// back every dirty file.
+/// back every dirty file ([`write_back_background`]).
 pub fn spawn_flusher(engine: Weak<Engine>, interval_ms: u64) -> std::io::Result<JoinHandle<()>> {
     let interval = (interval_ms > 0).then(|| Duration::from_millis(interval_ms));
     std::thread::Builder::new().name("foliofs-flush".into()).spawn(move || loop {
@@ -566,9 +604,79 @@ pub fn spawn_flusher(engine: Weak<Engine>, interval_ms: u64) -> std::io::Result<
         if !engine.cache.flusher_wait(interval) {
             return;
         }
-        if let Err(error) = write_back_all(&engine) {
+        if let Err(error) = write_back_background(&engine) {
             tracing::error!("background writeback: {error}");
         }
         engine.cache.note_progress();
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::dev::{Device, FaultDev, FuaMode};
+    use crate::vfs::{MkfsOptions, OpenFlags, Owner, Volume};
+    use crate::VolumeOptions;
+
+    /// The flusher's pass leaves the folio the last write ended inside dirty
+    /// (and unlocked) and writes the rest; a later pass past the spare time,
+    /// and any integrity writeback, take it too.
+    #[test]
+    fn background_writeback_leaves_the_folio_being_filled_for_a_while() {
+        const MIB: u64 = 1 << 20;
+        let raw = Arc::new(FaultDev::from_image(vec![0; 64 << 20], 512));
+        let device = Arc::new(Device::new(raw, FuaMode::Native));
+        let owner = Owner { uid: 0, gid: 0 };
+        Volume::format(
+            &device,
+            &MkfsOptions { block_bytes: 4096, journal_bytes: None, root_owner: owner },
+        )
+        .unwrap();
+        let mut options = VolumeOptions::default();
+        options.apply_list("folio_max=2M,writeback_interval_ms=0,commit_interval_ms=0").unwrap();
+        let volume = Volume::open_device(device, &options).unwrap();
+        let ino = volume.create(crate::ROOT_INO, b"stream", 0o644, owner).unwrap().ino;
+        let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+        // Folios of 1, 1 and 2 MiB (a sequential stream's grow); the last
+        // write ends half-way through the third.
+        for index in 0..3 {
+            file.write_at(&vec![index as u8 + 1; MIB as usize], index * MIB).unwrap();
+        }
+        let engine = &volume.shared.engine;
+        let inode = volume.shared.inode_cache(ino);
+        let dirty_folios = || -> Vec<u64> {
+            inode
+                .dirty_folios_from(0, u64::MAX, usize::MAX)
+                .iter()
+                .map(|folio| folio.pos())
+                .collect()
+        };
+        assert_eq!(dirty_folios(), [0, MIB, 2 * MIB]);
+        write_back_sparing(engine, &inode, 0, u64::MAX, Duration::from_secs(3600)).unwrap();
+        assert_eq!(dirty_folios(), [2 * MIB], "the folio being filled stays dirty");
+        assert_eq!(inode.dirty_bytes(), MIB);
+        // The on-disk size stops below the dirty folio.
+        assert_eq!(engine.meta.read().inode(ino).unwrap().attrs.size, 2 * MIB);
+        // The writer finishes the folio: nothing is being filled.
+        file.write_at(&vec![9; MIB as usize], 3 * MIB).unwrap();
+        write_back_sparing(engine, &inode, 0, u64::MAX, Duration::from_secs(3600)).unwrap();
+        assert_eq!(dirty_folios(), Vec::<u64>::new());
+        // A writer that stops half-way: spared once, then written.
+        file.write_at(&vec![7; MIB as usize], 4 * MIB).unwrap();
+        let spare = Duration::from_millis(1);
+        write_back_sparing(engine, &inode, 0, u64::MAX, spare).unwrap();
+        assert_eq!(dirty_folios(), [4 * MIB]);
+        std::thread::sleep(spare * 2);
+        write_back_sparing(engine, &inode, 0, u64::MAX, spare).unwrap();
+        assert_eq!(dirty_folios(), Vec::<u64>::new(), "spared for a while only");
+        // Integrity writeback leaves nothing out.
+        file.write_at(&vec![8; MIB as usize], 5 * MIB).unwrap();
+        write_back(engine, &inode, 0, u64::MAX).unwrap();
+        assert_eq!(dirty_folios(), Vec::<u64>::new());
+        assert_eq!(engine.meta.read().inode(ino).unwrap().attrs.size, 6 * MIB);
+        drop(file);
+        volume.close().unwrap();
+    }
 }
