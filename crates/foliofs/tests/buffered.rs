@@ -138,6 +138,7 @@ block_size_tests!(
     writeback_errors_reach_every_handle_once_and_data_is_retried,
     writes_larger_than_the_cache_survive_remount,
     a_long_stream_recycles_its_folios_behind_it,
+    a_stream_that_comes_round_again_recycles_the_last_pass_tail,
     a_small_write_into_a_new_file_makes_a_small_folio,
     sequential_writes_grow_folios_up_to_folio_max,
     many_small_files_stay_within_twice_their_data,
@@ -472,6 +473,45 @@ fn a_long_stream_recycles_its_folios_behind_it(block_bytes: u32) {
     drop(file);
     assert!(read_all(&volume, ino) == data);
     assert!(read_all(&volume, small) == small_data);
+    volume.close().unwrap();
+    let (_, volume) = open_image_with(device.image(), &options).unwrap();
+    assert!(read_all(&volume, ino) == data);
+}
+
+/// A long stream that starts over from the file's start (fio's time-based
+/// jobs, a ring buffer) recycles the last pass's cached tail, far ahead of
+/// it, before its own folios need memory, instead of keeping both.
+fn a_stream_that_comes_round_again_recycles_the_last_pass_tail(block_bytes: u32) {
+    const MIB: u64 = 1 << 20;
+    let options =
+        options_with("cache_bytes=64M,dirty_bytes=4M,folio_max=1M,writeback_interval_ms=0");
+    let (device, volume) = new_volume_with_options(128 << 20, block_bytes, None, &options);
+    let ino = create(&volume, "ring");
+    let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    let mut data = pattern(7, 32 << 20);
+    let write_pass = |data: &[u8], bytes: u64| {
+        for index in 0..bytes / MIB {
+            let at = index * MIB;
+            file.write_at(&data[at as usize..(at + MIB) as usize], at).unwrap();
+            if index % 2 == 1 {
+                file.fsync().unwrap();
+            }
+        }
+    };
+    write_pass(&data, 32 * MIB);
+    let tail_start = volume.cached_folios(ino)[0].0;
+    assert!(tail_start >= 20 * MIB, "the first pass keeps its tail cached, from {tail_start}");
+    data[..8 << 20].copy_from_slice(&pattern(8, 8 << 20));
+    write_pass(&data, 8 * MIB);
+    let cached = volume.cached_folios(ino);
+    let (last_cached, _) = *cached.last().unwrap();
+    assert!(
+        last_cached < 16 * MIB,
+        "the last pass's tail is recycled: cached folios {:?}",
+        cached.iter().map(|&(pos, _)| pos / MIB).collect::<Vec<_>>()
+    );
+    drop(file);
+    assert!(read_all(&volume, ino) == data);
     volume.close().unwrap();
     let (_, volume) = open_image_with(device.image(), &options).unwrap();
     assert!(read_all(&volume, ino) == data);

@@ -25,6 +25,10 @@ pub use bits::BlockBits;
 pub use folio::{Folio, FolioState};
 pub use pool::{BufferPool, FolioMemory};
 
+/// Folios far ahead of a long stream that one write examines for
+/// recycling (`PageCache::recycle_behind_stream`).
+const AHEAD_FOLIOS_EXAMINED_MAX: usize = 16;
+
 use crate::io_lock::InodeIo;
 use crate::options::{DirtyMode, VolumeOptions};
 
@@ -104,6 +108,9 @@ pub struct InodeCache {
     /// it folios have been recycled (`PageCache::recycle_behind_stream`).
     stream_start_pos: AtomicU64,
     stream_recycled_pos: AtomicU64,
+    /// The stream has passed the dirty limit, or came round to the file's
+    /// start from one that had (`PageCache::recycle_behind_stream`).
+    stream_long: AtomicBool,
     /// The folio being filled that background writeback last left alone,
     /// and since when (`Self::folio_being_filled`).
     spared_filling: Mutex<Option<(u64, Instant)>>,
@@ -177,6 +184,10 @@ impl InodeCache {
         if !sequential {
             self.stream_start_pos.store(pos, Ordering::Relaxed);
             self.stream_recycled_pos.store(pos, Ordering::Relaxed);
+            // A long stream that starts over from the file's start (a file
+            // rewritten pass after pass) stays long.
+            let came_round = pos == 0 && self.stream_long.load(Ordering::Relaxed);
+            self.stream_long.store(came_round, Ordering::Relaxed);
         }
         self.write_folio_bytes.store(wanted, Ordering::Relaxed);
         self.write_next_pos.store(pos.saturating_add(length), Ordering::Relaxed);
@@ -572,6 +583,7 @@ impl PageCache {
                 stream_start_pos: AtomicU64::new(0),
                 spared_filling: Mutex::new(None),
                 stream_recycled_pos: AtomicU64::new(0),
+                stream_long: AtomicBool::new(false),
                 drop_behind: AtomicBool::new(false),
                 accounting: Arc::clone(&self.accounting),
                 block_bytes: self.policy.block_bytes,
@@ -680,7 +692,14 @@ impl PageCache {
     /// than `dirty_limit` behind it, oldest first, so their memory (through
     /// the pool) becomes its next folios instead of fresh memory. One for
     /// one, so freed memory never piles up in the pool (past its limit it
-    /// would be freed, and faulted in fresh again).
+    /// would be freed, and faulted in fresh again). As many again come from
+    /// the file's clean folios more than `dirty_limit` ahead of it, from the
+    /// far end: a stream that came round again (a file rewritten from its
+    /// start, as fio's time-based jobs do) finds the last pass's tail cached
+    /// there, the file's oldest data, which otherwise stayed until the cache
+    /// was full while every new folio took fresh memory (on the bench VM the
+    /// writeback job faulted in its whole 1 GiB cache that way). Such a
+    /// stream stays long from its first write, so the tail goes first.
     ///
     /// A stream larger than the dirty limit is throttled to the device
     /// anyway; growing the cache with it first-touches fresh memory for
@@ -692,29 +711,54 @@ impl PageCache {
     pub fn recycle_behind_stream(&self, inode: &InodeCache, pos: u64, bytes: u64) {
         let keep_bytes = self.policy.dirty_limit_bytes;
         let start = inode.stream_start_pos.load(Ordering::Relaxed);
-        let Some(end) = pos.checked_sub(keep_bytes).filter(|&end| end > start) else { return };
+        // Behind it: from where the last write stopped, to `dirty_limit`
+        // behind it (nothing while the stream is shorter than that).
         let from = inode.stream_recycled_pos.load(Ordering::Relaxed);
-        if from >= end {
+        let end = pos.saturating_sub(keep_bytes).max(start);
+        if end > start {
+            inode.stream_long.store(true, Ordering::Relaxed);
+        } else if !inode.stream_long.load(Ordering::Relaxed) {
             return;
         }
+        let ahead_from = pos.saturating_add(bytes).saturating_add(keep_bytes);
+        if from >= end && inode.folios.read().range(ahead_from..).next().is_none() {
+            return;
+        }
+        let idle_and_clean = |folio: &Arc<Folio>| {
+            Arc::strong_count(folio) == 1
+                && folio.try_read().is_some_and(|state| state.dirty.is_empty())
+        };
         let mut recycled = Vec::new();
-        let mut recycled_bytes = 0;
         let mut folios = inode.folios.write();
+        let mut behind_bytes = 0;
         let mut reached = from;
         for key in keys_overlapping(&folios, from, end) {
             let folio = &folios[&key];
             // Stops at the first folio still dirty, under writeback or in
             // use: the next write resumes there.
-            let idle_and_clean = folio.end() <= end
-                && Arc::strong_count(folio) == 1
-                && folio.try_read().is_some_and(|state| state.dirty.is_empty());
-            if recycled_bytes >= bytes || !idle_and_clean {
+            if behind_bytes >= bytes || folio.end() > end || !idle_and_clean(folio) {
                 reached = key.max(from);
                 break;
             }
             reached = folio.end();
-            recycled_bytes += folio.bytes() as u64;
+            behind_bytes += folio.bytes() as u64;
             recycled.extend(folios.remove(&key));
+        }
+        let mut ahead_bytes = 0;
+        let ahead: Vec<u64> = folios
+            .range(ahead_from..)
+            .rev()
+            .take(AHEAD_FOLIOS_EXAMINED_MAX)
+            .filter(|(_, folio)| idle_and_clean(folio))
+            .map(|(&key, _)| key)
+            .collect();
+        for key in ahead {
+            if ahead_bytes >= bytes {
+                break;
+            }
+            let folio = folios.remove(&key).expect("listed under the map's lock");
+            ahead_bytes += folio.bytes() as u64;
+            recycled.push(folio);
         }
         drop(folios);
         inode.folio_count.fetch_sub(recycled.len(), Ordering::AcqRel);
