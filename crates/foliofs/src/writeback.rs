@@ -123,10 +123,7 @@ pub(crate) fn write_back_sparing(
         let mut next_cursor = batch_end;
         // Asked again for every batch: the writer moves on while one is
         // written.
-        if let Some(filling) = (!spare_filling_max.is_zero())
-            .then(|| inode.folio_being_filled(spare_filling_max))
-            .flatten()
-        {
+        if let Some(filling) = inode.folio_being_filled(spare_filling_max) {
             let count = batch.len();
             batch.retain(|folio| folio.pos() != filling);
             if batch.is_empty() {
@@ -163,14 +160,7 @@ pub(crate) fn write_back_sparing(
 
 /// Writes back every file with dirty data (syncfs, close).
 pub fn write_back_all(engine: &Engine) -> Result<()> {
-    let mut result = Ok(());
-    for inode in engine.cache.dirty_inodes() {
-        let written = write_back(engine, &inode, 0, u64::MAX);
-        if result.is_ok() {
-            result = written;
-        }
-    }
-    result
+    write_back_every_file(engine, Duration::ZERO)
 }
 
 /// The flusher's pass: every file with dirty data, less the folio a
@@ -178,9 +168,14 @@ pub fn write_back_all(engine: &Engine) -> Result<()> {
 /// out stays dirty, so the on-disk size stops below it, and integrity
 /// writeback (fsync, syncfs, close) never leaves anything out.
 pub fn write_back_background(engine: &Engine) -> Result<()> {
+    write_back_every_file(engine, SPARE_FILLING_MAX)
+}
+
+/// Every dirty file, whole; the first error is returned.
+fn write_back_every_file(engine: &Engine, spare_filling_max: Duration) -> Result<()> {
     let mut result = Ok(());
     for inode in engine.cache.dirty_inodes() {
-        let written = write_back_sparing(engine, &inode, 0, u64::MAX, SPARE_FILLING_MAX);
+        let written = write_back_sparing(engine, &inode, 0, u64::MAX, spare_filling_max);
         if result.is_ok() {
             result = written;
         }

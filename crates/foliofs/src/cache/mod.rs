@@ -25,12 +25,12 @@ pub use bits::BlockBits;
 pub use folio::{Folio, FolioState};
 pub use pool::{BufferPool, FolioMemory};
 
+use crate::io_lock::InodeIo;
+use crate::options::{DirtyMode, VolumeOptions};
+
 /// Folios far ahead of a long stream that one write examines for
 /// recycling (`PageCache::recycle_behind_stream`).
 const AHEAD_FOLIOS_EXAMINED_MAX: usize = 16;
-
-use crate::io_lock::InodeIo;
-use crate::options::{DirtyMode, VolumeOptions};
 
 /// Volume-wide counters every folio and inode reports to.
 pub struct Accounting {
@@ -201,8 +201,12 @@ impl InodeCache {
     /// 80-100 ms each time, 1.4 s of a 6 s stream; with nothing dirtied
     /// meanwhile, the flusher then slept while the device idled). One folio
     /// is left alone for at most `spare_max` from the first time it was, so
-    /// a slow appender's tail still reaches the disk.
+    /// a slow appender's tail still reaches the disk; with `spare_max` zero,
+    /// none is.
     pub fn folio_being_filled(&self, spare_max: Duration) -> Option<u64> {
+        if spare_max.is_zero() {
+            return None;
+        }
         let next = self.write_next_pos.load(Ordering::Relaxed);
         let filling = {
             let folios = self.folios.read();
@@ -581,9 +585,9 @@ impl PageCache {
                 write_next_pos: AtomicU64::new(u64::MAX),
                 write_folio_bytes: AtomicU64::new(0),
                 stream_start_pos: AtomicU64::new(0),
-                spared_filling: Mutex::new(None),
                 stream_recycled_pos: AtomicU64::new(0),
                 stream_long: AtomicBool::new(false),
+                spared_filling: Mutex::new(None),
                 drop_behind: AtomicBool::new(false),
                 accounting: Arc::clone(&self.accounting),
                 block_bytes: self.policy.block_bytes,
