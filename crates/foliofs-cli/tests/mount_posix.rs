@@ -1,8 +1,8 @@
 //! POSIX rules through a real FUSE mount, where the kernel leaves them to the
 //! file system (each test names the xfstests case it mirrors): set-ID bits
 //! dropped by unprivileged writes and fallocate, set-group-ID directories,
-//! rewinddir, fstat of a replaced open directory, freed space reused at
-//! once, access times.
+//! rewinddir, fstat of a replaced open directory, a removed working
+//! directory, freed space reused at once, access times.
 //!
 //! Needs root (to mount and to act as another user), /dev/fuse, dd and
 //! fallocate; FOLIOFS_SKIP_MOUNT_TESTS=1 skips these explicitly.
@@ -273,6 +273,35 @@ fn rewinddir_and_fstat_of_a_replaced_directory() {
     assert_eq!(fs::read_dir(&replaced).unwrap().count(), 100);
     mounted.unmount();
     run(FOLIOFS, &["fsck", mounted.dir.path().join("vol.img").to_str().unwrap()]);
+}
+
+/// generic/011 (dirstress): a process whose working directory is removed
+/// can still stat it (nlink 0), list it (nothing), not create in it, and
+/// walk out of it with chdir(".."), as on ext4, whether or not the kernel
+/// opens directories through the daemon.
+#[test]
+fn a_removed_working_directory_stays_usable_until_left() {
+    if skip_requested() {
+        return;
+    }
+    // A full stat asks for the birth time, which the kernel does not
+    // cache: it reaches the daemon.
+    let script = "set -e; rmdir ../gone; stat . >/dev/null; stat -c 'nlink %h' .; ls -A .; \
+                  if touch x 2>/dev/null; then echo created; else echo refused; fi; \
+                  cd -P ..; echo left";
+    for options in ["", "page_cache=kernel"] {
+        let mut mounted = Mounted::new(options);
+        let gone = mounted.path("gone");
+        fs::create_dir(&gone).unwrap();
+        let output = Command::new("sh").args(["-c", script]).current_dir(&gone).output();
+        let printed = checked(output.expect("spawn sh"), &format!("{script} ({options:?})"));
+        assert_eq!(printed, "nlink 0\nrefused\nleft\n", "options {options:?}");
+        // The number of the directory the kernel still knew is not reused.
+        fs::create_dir(mounted.path("new")).unwrap();
+        fs::write(mounted.path("new/file"), b"x").unwrap();
+        mounted.unmount();
+        run(FOLIOFS, &["fsck", mounted.dir.path().join("vol.img").to_str().unwrap()]);
+    }
 }
 
 /// generic/213: the space of a removed preallocated file is usable at once,

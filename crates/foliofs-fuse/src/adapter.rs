@@ -181,19 +181,21 @@ impl FolioFs {
     fn reply_entry(&self, operation: &str, reply: ReplyEntry, result: foliofs::Result<Attr>) {
         match result {
             Ok(attr) => {
-                self.handed_to_kernel(attr.ino);
+                self.handed_to_kernel(&attr);
                 reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
             }
             Err(error) => reply.error(self.failed(operation, &error)),
         }
     }
 
-    /// A reply is about to hand the kernel an entry of `ino`, which it
-    /// counts until FORGET (with zero-message opens, the inode's files stay
-    /// open until then).
-    fn handed_to_kernel(&self, ino: u64) {
-        if self.zero_message_opens {
-            self.inode_files.looked_up(ino);
+    /// A reply is about to hand the kernel an entry of `attr`'s inode,
+    /// which it counts until FORGET: a removed directory (and, with
+    /// zero-message opens, an inode's files) stays open until then. Other
+    /// inodes are not counted, so the table stays the size of the
+    /// directories the kernel knows.
+    fn handed_to_kernel(&self, attr: &Attr) {
+        if self.zero_message_opens || attr.kind == foliofs::InodeKind::Dir {
+            self.inode_files.looked_up(attr.ino);
         }
     }
 
@@ -259,19 +261,22 @@ impl FolioFs {
         file.map_err(|error| self.failed(operation, &error))
     }
 
-    /// With zero-message opens, before an unlink or a rename over an
-    /// existing name: if that takes a regular file's last name, the
-    /// kernel may still hold it open, and tells nothing at its last close.
+    /// Before an unlink, an rmdir or a rename over an existing name. A
+    /// directory may be a process's working directory, which the kernel
+    /// holds without an open (and, with zero-message opens, a regular
+    /// file may be held open with its last name gone): the kernel tells
+    /// nothing until it forgets the inode, and stat or a path walk from it
+    /// must find it there meanwhile (nlink 0, as on ext4).
     fn keep_if_last_name(&self, parent: INodeNo, name: &OsStr) {
-        if !self.zero_message_opens {
-            return;
-        }
         let Ok(attr) = self.volume.lookup(parent.0, name_bytes(name)) else { return };
         if attr.kind == foliofs::InodeKind::Dir {
             if let Err(error) = self.inode_files.keep_dir_while_known(&self.volume, attr.ino) {
                 tracing::debug!("keeping directory {} for the kernel: {error}", attr.ino);
             }
-        } else if attr.kind == foliofs::InodeKind::File && attr.nlink <= 1 {
+        } else if self.zero_message_opens
+            && attr.kind == foliofs::InodeKind::File
+            && attr.nlink <= 1
+        {
             if let Err(error) = self.inode_files.keep_while_known(&self.volume, attr.ino) {
                 tracing::debug!("keeping inode {} for the kernel: {error}", attr.ino);
             }
@@ -649,7 +654,7 @@ impl Filesystem for FolioFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.volume.lookup(parent.0, name_bytes(name)) {
             Ok(attr) => {
-                self.handed_to_kernel(attr.ino);
+                self.handed_to_kernel(&attr);
                 reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
             }
             // Not logged even at debug: misses are most lookups of a build.
@@ -1121,7 +1126,7 @@ impl Filesystem for FolioFs {
             }
             // The kernel counts a lookup for each entry but the dots.
             if index >= 2 {
-                self.handed_to_kernel(entry_ino);
+                self.handed_to_kernel(&attr);
             }
         }
         reply.ok();
@@ -1263,7 +1268,7 @@ impl Filesystem for FolioFs {
         let opened = created.and_then(|attr| Ok((attr, self.create_handle(attr.ino, flags)?)));
         match opened {
             Ok((attr, (fh, fopen))) => {
-                self.handed_to_kernel(attr.ino);
+                self.handed_to_kernel(&attr);
                 reply.created(&self.ttl, &file_attr(&attr), Generation(0), FileHandle(fh), fopen)
             }
             Err(error) => reply.error(self.failed("create", &error)),
@@ -1342,13 +1347,14 @@ impl Filesystem for FolioFs {
                 // Unnamed: kept until the kernel forgets it (FORGET), since
                 // it will not release it.
                 self.inode_files.adopt(file);
-                self.handed_to_kernel(attr.ino);
+                self.handed_to_kernel(&attr);
                 let fopen = FopenFlags::FOPEN_KEEP_CACHE;
                 reply.created(&self.ttl, &file_attr(&attr), Generation(0), FileHandle(0), fopen)
             }
             Ok((attr, file)) => {
                 let fh = self.handles.insert(Handle::File(Arc::new(file)));
                 self.invalidator.page_cached(attr.ino);
+                self.handed_to_kernel(&attr);
                 let fopen = self.fopen_flags(open);
                 reply.created(&self.ttl, &file_attr(&attr), Generation(0), FileHandle(fh), fopen)
             }

@@ -15,11 +15,14 @@
 //! closed, so an unlink or rename that takes a file's last name first puts
 //! a file of it here ([`InodeFiles::keep_while_known`]): the volume frees an
 //! unlinked inode when its last engine file closes, which is then at the
-//! FORGET that follows the kernel's last close. Directories likewise
-//! (FUSE no-opendir): an rmdir or a rename over a directory first keeps a
-//! [`Dir`] of it here, so a directory removed while open lists nothing, as
-//! on ext4, until the kernel forgets it, and its number is not reused
-//! meanwhile.
+//! FORGET that follows the kernel's last close. Directories likewise, in
+//! every mode: the kernel holds a process's working directory without an
+//! open (and, with FUSE no-opendir, open directories too), so an rmdir or
+//! a rename over a directory first keeps a [`Dir`] of it here. A removed
+//! directory then stats with nlink 0, lists nothing and lets a path walk
+//! start from it, as on ext4, until the kernel forgets it, and its number
+//! is not reused meanwhile. Outside zero-message opens only directories'
+//! lookups are counted.
 
 use std::collections::HashMap;
 use std::sync::Arc;
