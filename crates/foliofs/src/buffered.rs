@@ -3,7 +3,11 @@
 //! - read: cached, uptodate blocks are copied out; a miss reads ahead a
 //!   window that doubles while the handle reads sequentially, into the
 //!   largest folios that fit. Holes, delayed and Unwritten blocks are zeros
-//!   without device I/O.
+//!   without device I/O. The reader waits only for the folios its request
+//!   needs: the rest of the window, and while it reads sequentially the
+//!   next window, are filled by the engine's background workers (the
+//!   kernel's async readahead), so the device reads ahead while the reader
+//!   copies.
 //! - write (iomap's write_begin / copy / write_end): a missing folio is
 //!   sized from the access (the write's length; twice the last size for a
 //!   write that continues the previous one), so small files get small
@@ -21,7 +25,7 @@
 //! truncate.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use crate::cache::{Folio, FolioState, InodeCache};
 use crate::engine::{Engine, FILE_BYTES_MAX};
@@ -36,30 +40,62 @@ const READAHEAD_MIN_BYTES: u64 = 128 << 10;
 const READAHEAD_MAX_BYTES: u64 = 4 << 20;
 
 /// A handle's readahead state (the kernel's file_ra_state): where the next
-/// sequential read would start and the current window.
+/// sequential read would start, the current window, and where the folios
+/// readahead made end (the next window starts there).
 #[derive(Debug, Default)]
 pub struct Readahead {
     next_pos: AtomicU64,
     window_bytes: AtomicU64,
+    ahead_end: AtomicU64,
 }
 
 impl Readahead {
-    /// The window for a miss at `pos`: doubled when the handle is reading
-    /// sequentially, the minimum otherwise.
-    fn window_for(&self, pos: u64) -> u64 {
+    /// Whether a read at `pos` continues the previous one (or starts the
+    /// file), as a sequential reader's do.
+    fn is_sequential(&self, pos: u64) -> bool {
+        pos == 0 || pos == self.next_pos.load(Ordering::Relaxed)
+    }
+
+    /// The window for a miss of a read of `request_bytes`: doubled when the
+    /// handle reads sequentially, else sized from the request (as the
+    /// kernel's get_init_ra_size: four times a small request, twice a
+    /// medium one), between the least and the most.
+    fn window_for(&self, sequential: bool, request_bytes: u64) -> u64 {
         let previous = self.window_bytes.load(Ordering::Relaxed);
-        let window = if pos == self.next_pos.load(Ordering::Relaxed) && previous > 0 {
+        let window = if sequential && previous > 0 {
             (previous * 2).min(READAHEAD_MAX_BYTES)
         } else {
-            READAHEAD_MIN_BYTES
+            let request = request_bytes.max(1).next_power_of_two();
+            let scaled = if request <= READAHEAD_MAX_BYTES / 32 {
+                request * 4
+            } else if request <= READAHEAD_MAX_BYTES / 4 {
+                request * 2
+            } else {
+                READAHEAD_MAX_BYTES
+            };
+            scaled.clamp(READAHEAD_MIN_BYTES, READAHEAD_MAX_BYTES)
         };
         self.window_bytes.store(window, Ordering::Relaxed);
         window
     }
 
+    /// A read ending at `end` is done. A plain store, not a swap: cached
+    /// reads pass here millions of times a second, and a race between
+    /// threads of one handle only misjudges a window.
     fn note_read(&self, end: u64) {
         self.next_pos.store(end, Ordering::Relaxed);
     }
+}
+
+/// Where a readahead window of `window` bytes from `start` ends: at a
+/// multiple of the window (at most `folio_max`), so that windows tile the
+/// file in aligned folios of their size (a boundary off that alignment
+/// splits the large folios of every window after it, and their reads),
+/// and never past the block holding the end of file.
+fn window_end(engine: &Engine, start: u64, window: u64, size: u64) -> u64 {
+    let alignment = window.min(engine.cache.policy().folio_max_bytes).max(engine.block_bytes);
+    let end = start.saturating_add(window).div_ceil(alignment).saturating_mul(alignment);
+    engine.align_up(end.min(size))
 }
 
 /// Reads into `buffer` from `pos`; returns the bytes read (short at EOF).
@@ -76,11 +112,12 @@ pub fn read(
     }
     let total = (buffer.len() as u64).min(size - pos);
     let end = pos + total;
+    let sequential = readahead.is_sequential(pos);
     let mut at = pos;
     while at < end {
         let folio = match inode.folio_at(at) {
             Some(folio) => folio,
-            None => read_ahead(engine, inode, readahead, at, end, size)?,
+            None => read_ahead(engine, inode, readahead, sequential, at, end, size)?,
         };
         let piece_end = end.min(folio.end());
         let out = &mut buffer[(at - pos) as usize..(piece_end - pos) as usize];
@@ -88,6 +125,9 @@ pub fn read(
         at = piece_end;
     }
     readahead.note_read(end);
+    if sequential {
+        read_ahead_async(engine, inode, readahead, end, size);
+    }
     Ok(total as usize)
 }
 
@@ -98,7 +138,7 @@ pub fn read(
 /// not called. The folio stays read-locked while `consume` runs.
 pub fn read_in_place<R>(
     engine: &Engine,
-    inode: &InodeCache,
+    inode: &Arc<InodeCache>,
     readahead: &Readahead,
     pos: u64,
     length: usize,
@@ -122,12 +162,18 @@ pub fn read_in_place<R>(
     let bytes = (end - pos) as usize;
     let consumed = consume(&state.data[start..start + bytes]);
     drop(state);
+    let sequential = readahead.is_sequential(pos);
     readahead.note_read(end);
+    if sequential {
+        read_ahead_async(engine, inode, readahead, end, size);
+    }
     Ok(Some((consumed, bytes)))
 }
 
 /// Copies `out.len()` bytes at `pos` out of `folio`, first filling any of
-/// the blocks involved that are not uptodate.
+/// the blocks involved that are not uptodate: all of the folio's if none is
+/// (a folio readahead made and a background worker has not filled yet, so
+/// it is read whole, in one request, as readahead would have).
 fn copy_out(
     engine: &Engine,
     inode: &InodeCache,
@@ -146,38 +192,135 @@ fn copy_out(
         }
     }
     let mut state = folio.write();
-    fill_blocks(engine, inode, folio, &mut state, first, count, size)?;
+    if state.uptodate.is_empty() {
+        fill_blocks(engine, inode, folio, &mut state, 0, folio.block_count(), size)?;
+    } else {
+        fill_blocks(engine, inode, folio, &mut state, first, count, size)?;
+    }
     out.copy_from_slice(&state.data[start..start + out.len()]);
     Ok(())
 }
 
 /// Creates folios for the readahead window from `pos` (at least up to
-/// `request_end`, never past the block holding the end of file), fills them,
-/// and returns the one containing `pos`.
+/// `request_end`, never past the block holding the end of file), fills
+/// those the request needs, has the rest filled in the background (here if
+/// that is refused), and returns the one containing `pos`.
 fn read_ahead(
     engine: &Engine,
     inode: &Arc<InodeCache>,
     readahead: &Readahead,
+    sequential: bool,
     pos: u64,
     request_end: u64,
     size: u64,
 ) -> Result<Arc<Folio>> {
-    let window = readahead.window_for(pos);
-    let end = engine.align_up(request_end.max(pos + window)).min(engine.align_up(size));
-    let mut folios: Vec<Arc<Folio>> = Vec::new();
-    let mut at = engine.align_down(pos);
+    let window = readahead.window_for(sequential, request_end - pos);
+    let end = window_end(engine, pos, window, size).max(engine.align_up(request_end));
+    let folios = folios_for_range(engine, inode, engine.align_down(pos), end);
+    readahead.ahead_end.store(end, Ordering::Relaxed);
+    for folio in &folios {
+        // The caller holds the I/O lock: a refused job is not run here (its
+        // worker would take the lock again) but done as it was before.
+        if folio.pos() >= request_end && fill_in_background(engine, inode, folio) {
+            continue;
+        }
+        let mut state = folio.write();
+        fill_blocks(engine, inode, folio, &mut state, 0, folio.block_count(), size)?;
+    }
+    let first = folios.into_iter().next().expect("a window holds the block at pos");
+    debug_assert!(first.pos() <= pos && pos < first.end());
+    Ok(first)
+}
+
+/// The folios covering `[start, end)` (block-aligned), made where none are.
+fn folios_for_range(
+    engine: &Engine,
+    inode: &Arc<InodeCache>,
+    start: u64,
+    end: u64,
+) -> Vec<Arc<Folio>> {
+    let mut folios = Vec::new();
+    let mut at = start;
     while at < end {
         let folio = engine.cache.folio_for(inode, at, end - at, end);
         at = folio.end();
         folios.push(folio);
     }
-    for folio in &folios {
-        let mut state = folio.write();
-        fill_blocks(engine, inode, folio, &mut state, 0, folio.block_count(), size)?;
+    folios
+}
+
+/// After a sequential read that ended at `end`: once what readahead made
+/// ahead of the reader is down to one window or less, the next window (twice
+/// as large, up to the most) is made and filled by the background workers,
+/// so the device reads it while the reader copies what came before (the
+/// kernel's async readahead, started at a PG_readahead folio). A reader that
+/// catches up with a folio still being filled waits for it; one that finds
+/// a folio not yet started fills it itself. Reads that never missed (a file
+/// cached whole) have no readahead ahead of them, and this does nothing.
+fn read_ahead_async(
+    engine: &Engine,
+    inode: &Arc<InodeCache>,
+    readahead: &Readahead,
+    end: u64,
+    size: u64,
+) {
+    let ahead_end = readahead.ahead_end.load(Ordering::Relaxed);
+    let window = readahead.window_bytes.load(Ordering::Relaxed);
+    if ahead_end < end || ahead_end >= size || ahead_end - end > window {
+        return;
     }
-    let first = folios.swap_remove(0);
-    debug_assert!(first.pos() <= pos && pos < first.end());
-    Ok(first)
+    let next_window = (window * 2).min(READAHEAD_MAX_BYTES);
+    let next_end = window_end(engine, ahead_end, next_window, size);
+    // One reader of a handle shared by threads starts a given window.
+    let claimed = readahead.ahead_end.compare_exchange(
+        ahead_end,
+        next_end,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    if claimed.is_err() {
+        return;
+    }
+    readahead.window_bytes.store(next_window, Ordering::Relaxed);
+    for folio in folios_for_range(engine, inode, ahead_end, next_end) {
+        // Refused (no workers, a full queue): the reader fills it when it
+        // gets there.
+        fill_in_background(engine, inode, &folio);
+    }
+}
+
+/// Queues the filling of `folio` for a background worker; false if that
+/// was refused (the job is dropped unrun), and always for a file another
+/// cache holds (drop-behind: that cache reads ahead itself, and a folio a
+/// job held could not be dropped by the read that finished it).
+fn fill_in_background(engine: &Engine, inode: &Arc<InodeCache>, folio: &Arc<Folio>) -> bool {
+    if inode.drops_behind() {
+        return false;
+    }
+    let inode = Arc::clone(inode);
+    // Weakly: a queued folio stays evictable.
+    let folio = Arc::downgrade(folio);
+    let job = Box::new(move |engine: &Engine| fill_ahead(engine, &inode, &folio));
+    engine.background.submit(job).is_ok()
+}
+
+/// A background worker's readahead of one folio, filled as a reader would
+/// fill it (under the file's shared I/O lock, so no writer or truncate runs
+/// meanwhile) unless it has left the cache since. Errors are left to the
+/// reader: the blocks stay not uptodate, and its own read meets the error.
+fn fill_ahead(engine: &Engine, inode: &InodeCache, folio: &Weak<Folio>) {
+    let _shared = inode.io.shared();
+    let Some(folio) = folio.upgrade() else { return };
+    let cached = inode.folio_at(folio.pos()).is_some_and(|cached| Arc::ptr_eq(&cached, &folio));
+    if !cached {
+        return;
+    }
+    let Ok(size) = engine.size_of(inode.ino) else { return };
+    let mut state = folio.write();
+    if let Err(error) = fill_blocks(engine, inode, &folio, &mut state, 0, folio.block_count(), size)
+    {
+        tracing::debug!("readahead of inode {} at {}: {error}", inode.ino, folio.pos());
+    }
 }
 
 /// Makes blocks `[first, first + count)` of a locked folio uptodate: Written

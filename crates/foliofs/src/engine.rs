@@ -1,9 +1,14 @@
 //! What the data paths share: the device, the metadata store, the folio
-//! cache, the block size and the policies. Held in an `Arc` so asynchronous
-//! completions and the flusher can finish their work (conversions, size
-//! updates) after the caller has moved on.
+//! cache, the block size, the policies and a queue of background work. Held
+//! in an `Arc` so asynchronous completions, the flusher and the background
+//! workers can finish their work (conversions, size updates, readahead)
+//! after the caller has moved on.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
 
 use crate::cache::PageCache;
 use crate::dev::Device;
@@ -22,6 +27,16 @@ pub struct Engine {
     pub cache: PageCache,
     pub block_bytes: u64,
     pub options: VolumeOptions,
+    /// Shared with the background workers, which hold the engine weakly.
+    pub background: Arc<BackgroundQueue>,
+}
+
+impl Drop for Engine {
+    /// Ends the background workers of an engine no volume closed (one whose
+    /// open failed after they started).
+    fn drop(&mut self) {
+        self.background.stop();
+    }
 }
 
 impl Engine {
@@ -55,4 +70,90 @@ impl Engine {
     pub fn align_up(&self, value: u64) -> u64 {
         value.div_ceil(self.block_bytes) * self.block_bytes
     }
+}
+
+/// Work done off the callers' threads (readahead beyond what a reader
+/// waits for), by the workers [`spawn_background_workers`] starts.
+pub type BackgroundJob = Box<dyn FnOnce(&Engine) + Send>;
+
+/// Jobs queued beyond this are refused: background work is best effort.
+const BACKGROUND_JOBS_QUEUED_MAX: usize = 1024;
+
+/// The engine's queue of [`BackgroundJob`]s. Best effort: a job is refused
+/// (handed back) when no worker serves the queue, when it is full or
+/// stopped, and jobs still queued at the stop are dropped unrun, so a job
+/// may only do work that its caller's later steps do themselves if it did
+/// not happen.
+#[derive(Default)]
+pub struct BackgroundQueue {
+    state: Mutex<QueueState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct QueueState {
+    jobs: VecDeque<BackgroundJob>,
+    workers: usize,
+    stopped: bool,
+}
+
+impl BackgroundQueue {
+    /// Queues `job`, or hands it back if it will not run.
+    pub fn submit(&self, job: BackgroundJob) -> std::result::Result<(), BackgroundJob> {
+        let mut state = self.state.lock();
+        if state.workers == 0 || state.stopped || state.jobs.len() >= BACKGROUND_JOBS_QUEUED_MAX {
+            return Err(job);
+        }
+        state.jobs.push_back(job);
+        drop(state);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// Drops the jobs queued and ends the workers after their current job.
+    pub fn stop(&self) {
+        let mut state = self.state.lock();
+        state.stopped = true;
+        let dropped = std::mem::take(&mut state.jobs);
+        drop(state);
+        self.ready.notify_all();
+        drop(dropped);
+    }
+
+    /// The next job, or None once stopped.
+    fn next(&self) -> Option<BackgroundJob> {
+        let mut state = self.state.lock();
+        loop {
+            if state.stopped {
+                return None;
+            }
+            if let Some(job) = state.jobs.pop_front() {
+                return Some(job);
+            }
+            self.ready.wait(&mut state);
+        }
+    }
+}
+
+/// Starts `count` threads running `engine`'s background jobs until its
+/// queue is stopped ([`BackgroundQueue::stop`]).
+pub fn spawn_background_workers(
+    engine: &Arc<Engine>,
+    count: usize,
+) -> std::io::Result<Vec<JoinHandle<()>>> {
+    let mut workers = Vec::with_capacity(count);
+    for index in 0..count {
+        let queue = Arc::clone(&engine.background);
+        let weak: Weak<Engine> = Arc::downgrade(engine);
+        let worker =
+            std::thread::Builder::new().name(format!("foliofs-bg{index}")).spawn(move || {
+                while let Some(job) = queue.next() {
+                    let Some(engine) = weak.upgrade() else { return };
+                    job(&engine);
+                }
+            })?;
+        workers.push(worker);
+        engine.background.state.lock().workers += 1;
+    }
+    Ok(workers)
 }

@@ -131,6 +131,7 @@ block_size_tests!(
     dirty_blocks_alone_are_written_back,
     a_partial_block_write_reads_only_that_block,
     sequential_reads_grow_the_readahead_window,
+    a_sequential_reader_is_read_ahead_in_the_background,
     buffered_and_direct_see_each_other,
     truncation_drops_cached_bytes_past_the_end,
     seed_001_sequence_leaves_no_delalloc,
@@ -263,6 +264,36 @@ fn sequential_reads_grow_the_readahead_window(block_bytes: u32) {
         "{} requests for 8 MiB read 4 KiB at a time",
         delta.read_requests
     );
+}
+
+/// The device reads a sequential reader's next window while the reader is
+/// still in the first: after one 64 KiB read (a 128 KiB first window), the
+/// next 256 KiB arrive without another read asking, and reading them then
+/// costs no device read.
+fn a_sequential_reader_is_read_ahead_in_the_background(block_bytes: u32) {
+    let (_device, volume, ino) = written_file("", block_bytes, 8 << 20);
+    let file = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let before = volume.device().stats();
+    let mut buffer = vec![0; 64 << 10];
+    assert_eq!(file.read_at(&mut buffer, 0).unwrap(), buffer.len());
+    let expected = pattern(5, 8 << 20);
+    assert!(buffer[..] == expected[..64 << 10]);
+    let ahead_bytes = 384 << 10;
+    let waited = std::time::Instant::now();
+    while volume.device().stats().since(&before).bytes_read < ahead_bytes {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(20),
+            "only {} bytes read after a 64 KiB read",
+            volume.device().stats().since(&before).bytes_read
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let read_ahead = volume.device().stats();
+    // Not where the last read ended: no further readahead starts.
+    let mut ahead = vec![0; (ahead_bytes - (128 << 10)) as usize];
+    assert_eq!(file.read_at(&mut ahead, 128 << 10).unwrap(), ahead.len());
+    assert!(ahead[..] == expected[128 << 10..ahead_bytes as usize]);
+    assert_eq!(volume.device().stats().since(&read_ahead).bytes_read, 0);
 }
 
 /// Cached, then overwritten directly by 4 KiB: four blocks on 1 KiB blocks,

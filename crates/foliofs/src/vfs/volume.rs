@@ -86,11 +86,13 @@ impl Shared {
         orphaned
     }
 
-    /// Tells the background committer and the flusher to end.
+    /// Tells the background committer, the flusher and the background
+    /// workers to end.
     pub(crate) fn stop_background(&self) {
         *self.stop.lock() = true;
         self.stop_signal.notify_all();
         self.cache.stop_flusher();
+        self.engine.background.stop();
     }
 
     /// The I/O lock, folios and error sequence of `ino`, shared by every
@@ -181,12 +183,18 @@ impl Shared {
     }
 }
 
+/// Threads running the engine's background jobs: enough to keep a few
+/// readahead reads in flight per reader (each fills one folio).
+const BACKGROUND_WORKERS: usize = 4;
+
 /// An open volume. Dropping it commits and checkpoints (errors are logged);
 /// call [`Volume::close`] to see them.
 pub struct Volume {
     pub(crate) shared: Arc<Shared>,
     background: Option<JoinHandle<()>>,
     flusher: Option<JoinHandle<()>>,
+    /// The engine's background workers (readahead ahead of readers).
+    workers: Vec<JoinHandle<()>>,
     closed: bool,
 }
 
@@ -294,7 +302,9 @@ impl Volume {
             meta.enable_discard(block_bytes);
         }
         let cache = crate::cache::PageCache::new(CachePolicy::new(options, block_bytes));
-        let engine = Engine { device, meta, cache, block_bytes, options: options.clone() };
+        let background = Default::default();
+        let engine =
+            Engine { device, meta, cache, block_bytes, options: options.clone(), background };
         let shared = Arc::new(Shared {
             engine: Arc::new(engine),
             superblock,
@@ -319,7 +329,9 @@ impl Volume {
             })
             .transpose()
             .map_err(|error| Error::io("starting the writeback thread", error))?;
-        Ok(Self { shared, background, flusher, closed: false })
+        let workers = crate::engine::spawn_background_workers(&shared.engine, BACKGROUND_WORKERS)
+            .map_err(|error| Error::io("starting the background workers", error))?;
+        Ok(Self { shared, background, flusher, workers, closed: false })
     }
 
     /// The volume's superblock.
@@ -452,6 +464,9 @@ impl Volume {
         }
         if let Some(flusher) = self.flusher.take() {
             let _ = flusher.join();
+        }
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
         }
         // What a shutdown left in memory is lost on purpose.
         if self.shared.device.is_shut_down() {
