@@ -33,7 +33,15 @@ pub const OPTION_KEYS: &[(&str, &str)] = &[
         "dirty_bytes",
         "dirty cache above which writers write back themselves (default cache_bytes / 5)",
     ),
-    ("writeback_interval_ms", "background writeback interval, 0 = only on demand (default 5000)"),
+    (
+        "writeback_interval_ms",
+        "how often the flusher writes back files dirty for dirty_expire_ms, 0 = only on demand \
+         (default 1000)",
+    ),
+    (
+        "dirty_expire_ms",
+        "how long data may stay dirty before the flusher writes its file back (default 5000)",
+    ),
     (
         "atime",
         "when reads update the access time: relatime (when older than mtime or ctime, or a day \
@@ -140,6 +148,9 @@ pub struct VolumeOptions {
     /// None: a fifth of `cache_bytes`.
     pub dirty_bytes: Option<u64>,
     pub writeback_interval_ms: u64,
+    /// Age of a file's dirty data at which the flusher's interval pass
+    /// writes the file back (0: at every pass).
+    pub dirty_expire_ms: u64,
     pub atime: AtimePolicy,
     /// Directories' access times are never updated (on top of `atime`).
     pub nodiratime: bool,
@@ -162,7 +173,8 @@ impl Default for VolumeOptions {
             cache_bytes: default_cache_bytes(),
             dirty_background_bytes: None,
             dirty_bytes: None,
-            writeback_interval_ms: 5000,
+            writeback_interval_ms: 1000,
+            dirty_expire_ms: 5000,
             atime: AtimePolicy::Relatime,
             nodiratime: false,
             discard: false,
@@ -238,6 +250,9 @@ impl VolumeOptions {
             "writeback_interval_ms" => {
                 self.writeback_interval_ms =
                     value.parse().map_err(|_| bad("not a number".into()))?
+            }
+            "dirty_expire_ms" => {
+                self.dirty_expire_ms = value.parse().map_err(|_| bad("not a number".into()))?
             }
             "atime" => self.atime = value.parse().map_err(bad)?,
             "nodiratime" => self.nodiratime = parse_switch(value).map_err(bad)?,

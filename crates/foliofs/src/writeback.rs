@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::cache::{BlockBits, Folio, FolioState, InodeCache};
+use crate::cache::{BlockBits, FlusherRound, Folio, FolioState, InodeCache};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::Record;
@@ -160,21 +160,36 @@ pub(crate) fn write_back_sparing(
 
 /// Writes back every file with dirty data (syncfs, close).
 pub fn write_back_all(engine: &Engine) -> Result<()> {
-    write_back_every_file(engine, Duration::ZERO)
+    write_back_files(engine, engine.cache.dirty_inodes(), Duration::ZERO)
 }
 
-/// The flusher's pass: every file with dirty data, less the folio a
+/// The flusher's pass when woken (dirty data above the background
+/// threshold, memory short): every file with dirty data, less the folio a
 /// writer is filling (see [`InodeCache::folio_being_filled`]). A folio left
 /// out stays dirty, so the on-disk size stops below it, and integrity
 /// writeback (fsync, syncfs, close) never leaves anything out.
 pub fn write_back_background(engine: &Engine) -> Result<()> {
-    write_back_every_file(engine, SPARE_FILLING_MAX)
+    write_back_files(engine, engine.cache.dirty_inodes(), SPARE_FILLING_MAX)
 }
 
-/// Every dirty file, whole; the first error is returned.
-fn write_back_every_file(engine: &Engine, spare_filling_max: Duration) -> Result<()> {
+/// The flusher's pass at its interval: the files whose data has been dirty
+/// for `dirty_expire_ms` or longer, as the kernel's periodic writeback, so
+/// a file rewritten or removed within that time costs no write, and one
+/// just dirtied is not cut into small writebacks. A file's age counts from
+/// when it went from clean to dirty, so one written to all the time still
+/// goes out every `dirty_expire_ms` or so.
+pub fn write_back_expired(engine: &Engine) -> Result<()> {
+    write_back_files(engine, engine.cache.expired_dirty_inodes(), SPARE_FILLING_MAX)
+}
+
+/// `inodes` whole; the first error is returned.
+fn write_back_files(
+    engine: &Engine,
+    inodes: Vec<Arc<InodeCache>>,
+    spare_filling_max: Duration,
+) -> Result<()> {
     let mut result = Ok(());
-    for inode in engine.cache.dirty_inodes() {
+    for inode in inodes {
         let written = write_back_sparing(engine, &inode, 0, u64::MAX, spare_filling_max);
         if result.is_ok() {
             result = written;
@@ -604,17 +619,20 @@ pub fn balance_dirty(engine: &Engine, inode: &InodeCache) {
     }
 }
 
-/// The background flusher: every `interval_ms` (0: only when woken), or when
-/// dirty data passes the background threshold or memory runs short, writes
-/// back every dirty file ([`write_back_background`]).
+/// The background flusher: when dirty data passes the background threshold
+/// or memory runs short, writes back every dirty file
+/// ([`write_back_background`]); every `interval_ms` (0: only when woken),
+/// the files dirty for `dirty_expire_ms` ([`write_back_expired`]).
 pub fn spawn_flusher(engine: Weak<Engine>, interval_ms: u64) -> std::io::Result<JoinHandle<()>> {
     let interval = (interval_ms > 0).then(|| Duration::from_millis(interval_ms));
     std::thread::Builder::new().name("foliofs-flush".into()).spawn(move || loop {
         let Some(engine) = engine.upgrade() else { return };
-        if !engine.cache.flusher_wait(interval) {
-            return;
-        }
-        if let Err(error) = write_back_background(&engine) {
+        let written = match engine.cache.flusher_wait(interval) {
+            None => return,
+            Some(FlusherRound::Woken) => write_back_background(&engine),
+            Some(FlusherRound::Interval) => write_back_expired(&engine),
+        };
+        if let Err(error) = written {
             tracing::error!("background writeback: {error}");
         }
         engine.cache.note_progress();

@@ -172,7 +172,8 @@ fn random_ops_match_a_model_under_memory_pressure(block_bytes: u32) {
         random_ops_match_a_model_with(
             seed,
             block_bytes,
-            "cache_bytes=1M,dirty_bytes=256k,dirty_background_bytes=64k,writeback_interval_ms=5",
+            "cache_bytes=1M,dirty_bytes=256k,dirty_background_bytes=64k,writeback_interval_ms=5,\
+             dirty_expire_ms=0",
         );
     }
 }

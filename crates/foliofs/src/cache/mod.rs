@@ -39,6 +39,15 @@ pub struct Accounting {
     pub(crate) live_folios: AtomicUsize,
     dirty_bytes: AtomicU64,
     pub(crate) pool: BufferPool,
+    /// What files' dirty ages count from.
+    epoch: Instant,
+}
+
+impl Accounting {
+    /// Milliseconds since the cache began, from 1 (0 is never a time).
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
 }
 
 /// The cache's policies, from the volume options and the block size.
@@ -50,6 +59,9 @@ pub struct CachePolicy {
     pub cache_bytes: u64,
     pub dirty_background_bytes: u64,
     pub dirty_limit_bytes: u64,
+    /// How long data may stay dirty before the flusher's interval pass
+    /// writes its file back (the kernel's dirty_expire_centisecs).
+    pub dirty_expire: Duration,
 }
 
 impl CachePolicy {
@@ -62,6 +74,7 @@ impl CachePolicy {
             cache_bytes: options.cache_bytes,
             dirty_background_bytes: options.dirty_background_limit_bytes(),
             dirty_limit_bytes: options.dirty_limit_bytes(),
+            dirty_expire: Duration::from_millis(options.dirty_expire_ms),
         }
     }
 }
@@ -92,6 +105,13 @@ pub struct InodeCache {
     dirty_keys: Mutex<BTreeSet<u64>>,
     folio_count: AtomicUsize,
     dirty_bytes: AtomicU64,
+    /// When the file last went from clean to dirty (`Accounting::now_ms`),
+    /// as the kernel's `dirtied_when`: later writes do not move it, so a
+    /// file written to all the time still expires. Never reset to 0 when
+    /// the file comes clean (a reset could overtake the next dirtying and
+    /// leave a dirty file with no age): the age counts only while
+    /// `dirty_bytes` is above 0, and each clean-to-dirty step sets it anew.
+    dirtied_at_ms: AtomicU64,
     /// Held by writeback of this file and by everything that drops its
     /// folios (truncate, invalidation), so folios under writeback stay put.
     pub writeback_lock: Mutex<()>,
@@ -235,6 +255,16 @@ impl InodeCache {
 
     pub fn dirty_bytes(&self) -> u64 {
         self.dirty_bytes.load(Ordering::Relaxed)
+    }
+
+    /// How long the file has had dirty data (since it last went from clean
+    /// to dirty); None while it is clean.
+    pub fn dirty_age(&self) -> Option<Duration> {
+        if self.dirty_bytes.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let since_ms = self.dirtied_at_ms.load(Ordering::Acquire);
+        Some(Duration::from_millis(self.accounting.now_ms().saturating_sub(since_ms)))
     }
 
     /// The folio containing file offset `pos`, if cached.
@@ -399,10 +429,12 @@ impl InodeCache {
         }
         let bytes = blocks.unsigned_abs() * self.block_bytes;
         if blocks > 0 {
-            self.dirty_bytes.fetch_add(bytes, Ordering::Relaxed);
+            if self.dirty_bytes.fetch_add(bytes, Ordering::AcqRel) == 0 {
+                self.dirtied_at_ms.store(self.accounting.now_ms(), Ordering::Release);
+            }
             self.accounting.dirty_bytes.fetch_add(bytes, Ordering::Relaxed);
         } else {
-            self.dirty_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            self.dirty_bytes.fetch_sub(bytes, Ordering::AcqRel);
             self.accounting.dirty_bytes.fetch_sub(bytes, Ordering::Relaxed);
         }
     }
@@ -506,6 +538,16 @@ struct FlusherState {
     stop: bool,
 }
 
+/// Why the flusher runs a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlusherRound {
+    /// Dirty data passed the background threshold, or memory ran short:
+    /// every dirty file is written back.
+    Woken,
+    /// The interval passed: the files dirty for `dirty_expire` are.
+    Interval,
+}
+
 pub struct PageCache {
     policy: CachePolicy,
     inodes: Mutex<HashMap<u64, Arc<InodeCache>>>,
@@ -526,6 +568,7 @@ impl PageCache {
             live_folios: AtomicUsize::new(0),
             dirty_bytes: AtomicU64::new(0),
             pool: BufferPool::new(policy.cache_bytes),
+            epoch: Instant::now(),
         });
         Self {
             policy,
@@ -578,6 +621,7 @@ impl PageCache {
                 dirty_keys: Mutex::new(BTreeSet::new()),
                 folio_count: AtomicUsize::new(0),
                 dirty_bytes: AtomicU64::new(0),
+                dirtied_at_ms: AtomicU64::new(0),
                 writeback_lock: Mutex::new(()),
                 errors: Mutex::new(ErrSeq::default()),
                 direct_writes: AtomicU64::new(0),
@@ -835,8 +879,9 @@ impl PageCache {
     }
 
     /// What the flusher does between rounds: waits for a wake-up or the
-    /// interval (None: only wake-ups). Returns false when it should stop.
-    pub fn flusher_wait(&self, interval: Option<Duration>) -> bool {
+    /// interval (None: only wake-ups). Returns why it should run, or None
+    /// when it should stop.
+    pub fn flusher_wait(&self, interval: Option<Duration>) -> Option<FlusherRound> {
         let mut flusher = self.flusher.lock();
         if !flusher.wake && !flusher.stop {
             match interval {
@@ -846,8 +891,23 @@ impl PageCache {
                 None => self.flusher_wake.wait(&mut flusher),
             }
         }
-        flusher.wake = false;
-        !flusher.stop
+        if flusher.stop {
+            return None;
+        }
+        let woken = std::mem::take(&mut flusher.wake);
+        Some(if woken { FlusherRound::Woken } else { FlusherRound::Interval })
+    }
+
+    /// The files with data dirty for at least `dirty_expire` (the
+    /// flusher's interval pass writes back only these).
+    pub fn expired_dirty_inodes(&self) -> Vec<Arc<InodeCache>> {
+        let expire = self.policy.dirty_expire;
+        self.inodes
+            .lock()
+            .values()
+            .filter(|entry| entry.dirty_age().is_some_and(|age| age >= expire))
+            .cloned()
+            .collect()
     }
 
     pub fn stop_flusher(&self) {

@@ -599,9 +599,73 @@ mod writeback_tests {
     use crate::format::ROOT_INO;
     use crate::options::VolumeOptions;
     use crate::vfs::{MkfsOptions, OpenFlags, Owner, Volume};
-    use crate::writeback::{write_back, write_back_sparing};
+    use crate::writeback::{write_back, write_back_expired, write_back_sparing};
 
     // Here rather than in writeback.rs, which may not build a volume.
+
+    /// A volume of 4 KiB blocks on a fresh in-memory device, no background
+    /// threads acting on their own, with `options` on top.
+    fn quiet_volume(options: &str) -> Volume {
+        let raw = Arc::new(FaultDev::from_image(vec![0; 64 << 20], 512));
+        let device = Arc::new(Device::new(raw, FuaMode::Native));
+        let owner = Owner { uid: 0, gid: 0 };
+        Volume::format(
+            &device,
+            &MkfsOptions { block_bytes: 4096, journal_bytes: None, root_owner: owner },
+        )
+        .unwrap();
+        let mut volume_options = VolumeOptions::default();
+        volume_options.apply_list("writeback_interval_ms=0,commit_interval_ms=0").unwrap();
+        volume_options.apply_list(options).unwrap();
+        Volume::open_device(device, &volume_options).unwrap()
+    }
+
+    /// The flusher's interval pass writes back only the files dirty for
+    /// `dirty_expire_ms`; a file's age runs from when it went from clean to
+    /// dirty, not from its last write, and starts over once it is clean.
+    #[test]
+    fn the_interval_pass_writes_back_only_files_dirty_long_enough() {
+        let owner = Owner { uid: 0, gid: 0 };
+        let expire = Duration::from_millis(300);
+        // Whole blocks, each into a folio of its own that it fills: the
+        // pass leaves out a folio a write ended inside (a writer filling
+        // it), which is not what this test is about.
+        let volume = quiet_volume(&format!("dirty_expire_ms={}", expire.as_millis()));
+        let engine = &volume.shared.engine;
+        let old_ino = volume.create(ROOT_INO, b"old", 0o644, owner).unwrap().ino;
+        let old = volume.open_file(old_ino, OpenFlags::WRITE).unwrap();
+        old.write_at(&[1; 4096], 0).unwrap();
+        let first_write = std::time::Instant::now();
+        let old_inode = volume.shared.inode_cache(old_ino);
+        while first_write.elapsed() < expire {
+            // Later writes do not make the file younger.
+            old.write_at(&[2; 4096], 4096).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let new_ino = volume.create(ROOT_INO, b"new", 0o644, owner).unwrap().ino;
+        let new = volume.open_file(new_ino, OpenFlags::WRITE).unwrap();
+        new.write_at(b"just now", 0).unwrap();
+        let new_inode = volume.shared.inode_cache(new_ino);
+        assert!(old_inode.dirty_age().unwrap() >= expire);
+        write_back_expired(engine).unwrap();
+        assert_eq!(old_inode.dirty_bytes(), 0, "dirty for the expiry time: written back");
+        assert_eq!(old_inode.dirty_age(), None);
+        // Unless this thread slept the whole expiry time since its write.
+        if new_inode.dirty_age().unwrap() < expire {
+            assert!(new_inode.dirty_bytes() > 0, "dirtied just now: left for later");
+        }
+        // Clean, then dirty again: young again.
+        let before_rewrite = std::time::Instant::now();
+        old.write_at(&[3; 4096], 8192).unwrap();
+        let age = old_inode.dirty_age().unwrap();
+        // Ages count whole milliseconds.
+        assert!(age <= before_rewrite.elapsed() + Duration::from_millis(1), "{age:?}");
+        // Integrity writeback takes every file whatever its age.
+        volume.sync().unwrap();
+        assert_eq!((old_inode.dirty_bytes(), new_inode.dirty_bytes()), (0, 0));
+        drop((old, new));
+        volume.close().unwrap();
+    }
 
     /// The flusher's pass leaves the folio the last write ended inside dirty
     /// (and unlocked) and writes the rest; a later pass past the spare time,
