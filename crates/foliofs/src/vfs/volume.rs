@@ -673,17 +673,8 @@ mod writeback_tests {
     #[test]
     fn background_writeback_leaves_the_folio_being_filled_for_a_while() {
         const MIB: u64 = 1 << 20;
-        let raw = Arc::new(FaultDev::from_image(vec![0; 64 << 20], 512));
-        let device = Arc::new(Device::new(raw, FuaMode::Native));
         let owner = Owner { uid: 0, gid: 0 };
-        Volume::format(
-            &device,
-            &MkfsOptions { block_bytes: 4096, journal_bytes: None, root_owner: owner },
-        )
-        .unwrap();
-        let mut options = VolumeOptions::default();
-        options.apply_list("folio_max=2M,writeback_interval_ms=0,commit_interval_ms=0").unwrap();
-        let volume = Volume::open_device(device, &options).unwrap();
+        let volume = quiet_volume("folio_max=2M");
         let ino = volume.create(ROOT_INO, b"stream", 0o644, owner).unwrap().ino;
         let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
         // Folios of 1, 1 and 2 MiB (a sequential stream's grow); the last
