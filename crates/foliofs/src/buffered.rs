@@ -264,6 +264,10 @@ fn read_ahead_async(
     end: u64,
     size: u64,
 ) {
+    // Another cache reads ahead of the reader (see `fill_in_background`).
+    if inode.drops_behind() {
+        return;
+    }
     let ahead_end = readahead.ahead_end.load(Ordering::Relaxed);
     let window = readahead.window_bytes.load(Ordering::Relaxed);
     if ahead_end < end || ahead_end >= size || ahead_end - end > window {

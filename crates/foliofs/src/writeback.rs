@@ -176,8 +176,9 @@ pub fn write_back_background(engine: &Engine) -> Result<()> {
 /// for `dirty_expire_ms` or longer, as the kernel's periodic writeback, so
 /// a file rewritten or removed within that time costs no write, and one
 /// just dirtied is not cut into small writebacks. A file's age counts from
-/// when it went from clean to dirty, so one written to all the time still
-/// goes out every `dirty_expire_ms` or so.
+/// when it went from clean to dirty, not from its last write, so one
+/// written to all the time still goes out (at every pass once it is old
+/// enough, for as long as it never comes clean).
 pub fn write_back_expired(engine: &Engine) -> Result<()> {
     write_back_files(engine, engine.cache.expired_dirty_inodes(), SPARE_FILLING_MAX)
 }

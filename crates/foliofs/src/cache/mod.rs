@@ -902,12 +902,9 @@ impl PageCache {
     /// flusher's interval pass writes back only these).
     pub fn expired_dirty_inodes(&self) -> Vec<Arc<InodeCache>> {
         let expire = self.policy.dirty_expire;
-        self.inodes
-            .lock()
-            .values()
-            .filter(|entry| entry.dirty_age().is_some_and(|age| age >= expire))
-            .cloned()
-            .collect()
+        let mut inodes = self.dirty_inodes();
+        inodes.retain(|entry| entry.dirty_age().is_some_and(|age| age >= expire));
+        inodes
     }
 
     pub fn stop_flusher(&self) {
