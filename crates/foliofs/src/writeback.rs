@@ -230,7 +230,16 @@ fn write_batch(
         *size_may_grow = false;
     }
     let requests = split_requests(&pieces, &runs, &held);
+    let throttle = engine.cache.throttle();
+    throttle.writeback_started();
     let outcomes = issue_requests(engine, &requests, &runs, &held);
+    let written_bytes: u64 = requests
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, outcome)| outcome.is_ok())
+        .map(|(request, _)| request.bytes)
+        .sum();
+    throttle.writeback_finished(written_bytes);
     finish_pieces(
         engine,
         inode,
@@ -599,14 +608,23 @@ pub fn sync_for_direct(
     Ok(())
 }
 
-/// After a buffered write: wake the flusher above the background threshold;
-/// above the dirty limit wait for it to bring dirty data back under (as
-/// balance_dirty_pages sleeps while the flusher works, so copying and
-/// writeback overlap), and write this file back alone only if it does not.
-pub fn balance_dirty(engine: &Engine, inode: &InodeCache) {
+/// After a buffered write that dirtied `bytes`: wake the flusher above the
+/// background threshold; above the freerun ceiling sleep as long as the
+/// bytes take at the paced share of the measured write bandwidth (see
+/// [`crate::cache::DirtyThrottle`]), so writers slow down smoothly before
+/// the limit; above the dirty limit wait for the flusher to bring dirty
+/// data back under (as balance_dirty_pages sleeps while the flusher works,
+/// so copying and writeback overlap), and write this file back alone only
+/// if it does not.
+pub fn balance_dirty(engine: &Engine, inode: &InodeCache, bytes: u64) {
     let cache = &engine.cache;
     if cache.over_background_threshold() {
         cache.wake_flusher();
+    }
+    let pause = cache.throttle_pause(bytes);
+    if !pause.is_zero() {
+        std::thread::sleep(pause);
+        cache.throttle().note_pause(pause);
     }
     for _ in 0..THROTTLE_WAIT_STEPS_MAX {
         if !cache.over_dirty_limit() {

@@ -13,6 +13,7 @@ mod bits;
 mod folio;
 #[allow(unsafe_code)]
 mod pool;
+mod throttle;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -24,6 +25,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 pub use bits::BlockBits;
 pub use folio::{Folio, FolioState};
 pub use pool::{BufferPool, FolioMemory};
+pub use throttle::{DirtyLimits, DirtyThrottle, PAUSE_MAX};
 
 use crate::io_lock::InodeIo;
 use crate::options::{DirtyMode, VolumeOptions};
@@ -75,6 +77,16 @@ impl CachePolicy {
             dirty_background_bytes: options.dirty_background_limit_bytes(),
             dirty_limit_bytes: options.dirty_limit_bytes(),
             dirty_expire: Duration::from_millis(options.dirty_expire_ms),
+        }
+    }
+}
+
+impl CachePolicy {
+    /// Where pacing of writers starts and stops.
+    pub fn dirty_limits(&self) -> DirtyLimits {
+        DirtyLimits {
+            background_bytes: self.dirty_background_bytes,
+            limit_bytes: self.dirty_limit_bytes,
         }
     }
 }
@@ -559,6 +571,8 @@ pub struct PageCache {
     flusher_wake: Condvar,
     /// Signalled when writeback made progress (throttled writers wait on it).
     progress: Condvar,
+    /// Writers' pacing by the measured writeback bandwidth.
+    throttle: DirtyThrottle,
 }
 
 impl PageCache {
@@ -578,6 +592,7 @@ impl PageCache {
             flusher: Mutex::new(FlusherState { wake: false, stop: false }),
             flusher_wake: Condvar::new(),
             progress: Condvar::new(),
+            throttle: DirtyThrottle::new(policy.dirty_limits()),
         }
     }
 
@@ -919,6 +934,22 @@ impl PageCache {
 
     pub fn over_dirty_limit(&self) -> bool {
         self.dirty_bytes() > self.policy.dirty_limit_bytes
+    }
+
+    /// Writeback's bandwidth estimate and the writers' pacing clock.
+    pub fn throttle(&self) -> &DirtyThrottle {
+        &self.throttle
+    }
+
+    /// How long a writer that just dirtied `bytes` sleeps now (see
+    /// [`DirtyThrottle::pause_for`]).
+    pub fn throttle_pause(&self, bytes: u64) -> Duration {
+        self.throttle.pause_for(
+            self.policy.dirty_limits(),
+            self.dirty_bytes(),
+            bytes,
+            Instant::now(),
+        )
     }
 
     /// Writeback finished a round: wake throttled writers.

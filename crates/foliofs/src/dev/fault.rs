@@ -16,6 +16,7 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -178,6 +179,11 @@ struct State {
     /// Plain writes lost that way.
     writes_dropped: u64,
     discard_requests: u64,
+    /// Writes take at least their bytes at this rate, one after another
+    /// (see [`FaultDev::limit_write_bandwidth`]).
+    write_bytes_per_s: Option<u64>,
+    /// When the writes reserved so far are done at that rate.
+    writes_busy_until: Option<Instant>,
 }
 
 pub struct FaultDev {
@@ -210,6 +216,8 @@ impl FaultDev {
             drop_cache_on_failed_flush: false,
             writes_dropped: 0,
             discard_requests: 0,
+            write_bytes_per_s: None,
+            writes_busy_until: None,
         };
         Self { state: Mutex::new(state), logical_block_bytes }
     }
@@ -234,6 +242,16 @@ impl FaultDev {
     /// durable.
     pub fn drop_cache_on_failed_flush(&self, enabled: bool) {
         self.state.lock().drop_cache_on_failed_flush = enabled;
+    }
+
+    /// From now on writes complete no faster than `bytes_per_s` together
+    /// (None: at memory speed), as a disk of that bandwidth: each write
+    /// reserves its bytes' time after the writes before it, however many
+    /// are in flight, and returns when that time is over.
+    pub fn limit_write_bandwidth(&self, bytes_per_s: Option<u64>) {
+        let mut state = self.state.lock();
+        state.write_bytes_per_s = bytes_per_s.filter(|&rate| rate > 0);
+        state.writes_busy_until = None;
     }
 
     /// Plain writes lost by failed flushes.
@@ -350,6 +368,16 @@ impl FaultDev {
     }
 }
 
+/// Under a bandwidth limit: when a write of `bytes` issued now completes.
+fn reserve_write_time(state: &mut State, bytes: usize) -> Option<Instant> {
+    let rate = state.write_bytes_per_s?;
+    let now = Instant::now();
+    let start = state.writes_busy_until.filter(|&until| until > now).unwrap_or(now);
+    let done_at = start + Duration::from_secs_f64(bytes as f64 / rate as f64);
+    state.writes_busy_until = Some(done_at);
+    Some(done_at)
+}
+
 /// Forgets the plain writes since the last flush: the image is rebuilt from
 /// the base with the durable ones only.
 fn drop_volatile_writes(state: &mut State) {
@@ -410,8 +438,13 @@ impl RawDev for FaultDev {
         if offset as usize + data.len() > state.current.len() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "write past the end"));
         }
+        let done_at = reserve_write_time(&mut state, data.len());
         apply_write(&mut state.current, offset, &data, &Keep::All);
         state.log.push(LogEntry::Write { offset, data: data.into(), fua });
+        drop(state);
+        if let Some(done_at) = done_at {
+            std::thread::sleep(done_at.saturating_duration_since(Instant::now()));
+        }
         Ok(())
     }
 

@@ -241,7 +241,7 @@ impl File {
             (pos, buffered::write(engine, &self.inode, data, pos)?)
         };
         self.shared.changed(ChangeEvent::range(self.ino, pos, written as u64));
-        writeback::balance_dirty(engine, &self.inode);
+        writeback::balance_dirty(engine, &self.inode, written as u64);
         if self.flags.dsync {
             self.sync_range(pos, pos + written as u64, true)?;
         }

@@ -367,6 +367,8 @@ impl Volume {
     /// What the folio cache holds now.
     pub fn cache_stats(&self) -> CacheStats {
         let (folios_reused, folios_allocated) = self.shared.cache.buffers_handed_out();
+        let throttle = self.shared.cache.throttle();
+        let (throttle_pauses, throttle_pause_ns_total) = throttle.pauses();
         CacheStats {
             cached_bytes: self.shared.cache.cached_bytes(),
             dirty_bytes: self.shared.cache.dirty_bytes(),
@@ -374,6 +376,9 @@ impl Volume {
             memory_bytes: self.shared.cache.memory_bytes(),
             folios_reused,
             folios_allocated,
+            write_bandwidth_bytes_per_s: throttle.write_bytes_per_s(),
+            throttle_pauses,
+            throttle_pause_ns_total,
         }
     }
 
@@ -507,6 +512,14 @@ pub struct CacheStats {
     pub folios_reused: u64,
     /// Folios allocated since the volume opened.
     pub folios_allocated: u64,
+    /// Writeback's measured bandwidth, smoothed (None until it has written
+    /// a batch of 1 MiB or more): what paced writers share.
+    pub write_bandwidth_bytes_per_s: Option<u64>,
+    /// Times a buffered writer slept to keep to the paced rate (above the
+    /// freerun ceiling, below the dirty limit).
+    pub throttle_pauses: u64,
+    /// Those sleeps' total time.
+    pub throttle_pause_ns_total: u64,
 }
 
 /// One extent as `fiemap` reports it.

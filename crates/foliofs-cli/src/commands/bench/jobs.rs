@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use foliofs::dev::{DevStats, Device};
+use foliofs::vfs::CacheStats;
 use foliofs::{Volume, VolumeOptions};
 use foliofs_bench::jobfile::{self, JobSpec};
 use foliofs_bench::runner::Target;
@@ -74,11 +75,13 @@ pub fn run(
         .sum();
     let image_bytes = data_bytes + data_bytes / 8 + (256 << 20);
     let progress = Progress::start(&specs);
+    let mut pacing = None;
     let report = match args.target {
         TargetKind::Engine => {
             let image = BenchImage::create(&args.image, image_bytes, options)?;
             let volume = Volume::open(image.path(), options)?;
             let report = runner::run(&volume, &specs)?;
+            pacing = pacing_line(&volume.cache_stats());
             volume.close()?;
             report
         }
@@ -110,12 +113,29 @@ pub fn run(
     };
     drop(progress);
     match output_format {
-        OutputFormat::Normal => print!("{}", report::to_text(&report)),
+        OutputFormat::Normal => {
+            print!("{}", report::to_text(&report));
+            if let Some(pacing) = pacing {
+                println!("{pacing}");
+            }
+        }
         OutputFormat::Json => {
             println!("{}", serde_json::to_string_pretty(&report::to_json(&report, options_text))?)
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What dirty throttling did while the engine ran (ramp included), when it
+/// measured writeback at all.
+fn pacing_line(cache: &CacheStats) -> Option<String> {
+    let bandwidth = cache.write_bandwidth_bytes_per_s?;
+    Some(format!(
+        "Cache: writeback measured at {} MiB/s; buffered writers paced {} times, {} ms in all",
+        bandwidth >> 20,
+        cache.throttle_pauses,
+        cache.throttle_pause_ns_total / 1_000_000
+    ))
 }
 
 /// A progress bar on a terminal (indicatif draws nothing otherwise): the
