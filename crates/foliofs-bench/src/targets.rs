@@ -114,11 +114,22 @@ pub struct MemoryRegion {
     bytes: Mutex<AlignedBuf>,
 }
 
+/// One region per instance, every byte written before the run as a laid
+/// out file's are: memory never written reads from the kernel's shared zero
+/// page, which stays in the CPU's cache, so copies from it would run at
+/// cache speed rather than memory speed.
 pub fn memory_regions(spec: &JobSpec) -> Vec<MemoryRegion> {
     (0..spec.numjobs)
-        .map(|_| MemoryRegion { bytes: Mutex::new(AlignedBuf::zeroed(spec.size_bytes as usize)) })
+        .map(|_| {
+            let mut bytes = AlignedBuf::zeroed(spec.size_bytes as usize);
+            bytes.fill(LAID_OUT_BYTE);
+            MemoryRegion { bytes: Mutex::new(bytes) }
+        })
         .collect()
 }
+
+/// What a memory region holds before the run (any byte but zero).
+const LAID_OUT_BYTE: u8 = 0xA5;
 
 impl Target for MemoryRegion {
     fn read_at(&self, buffer: &mut [u8], offset: u64) -> foliofs::Result<usize> {
