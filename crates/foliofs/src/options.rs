@@ -31,7 +31,9 @@ pub const OPTION_KEYS: &[(&str, &str)] = &[
     ),
     (
         "dirty_bytes",
-        "dirty cache above which writers write back themselves (default cache_bytes / 5)",
+        "dirty cache above which writers wait for writeback; from halfway between it and \
+         dirty_background_bytes writers are paced to the measured writeback bandwidth \
+         (default cache_bytes / 5)",
     ),
     (
         "writeback_interval_ms",
@@ -274,7 +276,8 @@ impl VolumeOptions {
         self.dirty_background_bytes.unwrap_or(self.cache_bytes / 10)
     }
 
-    /// Dirty cache above which writers write back before returning.
+    /// Dirty cache above which writers wait for writeback before returning
+    /// (and below which, from the freerun ceiling, they are paced).
     pub fn dirty_limit_bytes(&self) -> u64 {
         self.dirty_bytes.unwrap_or(self.cache_bytes / 5)
     }
