@@ -17,7 +17,7 @@ mod uring;
 
 pub use aligned::{AlignedBuf, LentBytes, BUFFER_ALIGN_BYTES};
 pub use fault::FaultDev;
-pub(crate) use sys::{effective_ids, physical_memory_bytes};
+pub(crate) use sys::{effective_ids, physical_memory_bytes, realtime_coarse_secs};
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::path::Path;

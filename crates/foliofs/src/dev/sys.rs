@@ -446,6 +446,18 @@ pub(crate) fn effective_ids() -> (u32, u32) {
     unsafe { (libc::geteuid(), libc::getegid()) }
 }
 
+/// Seconds since the epoch by the kernel's coarse clock (the time as of the
+/// last timer tick: no clock read, a few nanoseconds, as precise as the
+/// kernel's own file timestamps): for checks at the scale of seconds on
+/// hot paths, where a full clock read costs more than the rest of the work.
+pub(crate) fn realtime_coarse_secs() -> i64 {
+    let mut time = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `time` is a valid timespec to write; CLOCK_REALTIME_COARSE
+    // exists on every Linux this runs on, and on failure `time` stays zero.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut time) };
+    time.tv_sec
+}
+
 /// Physical memory in bytes (0 if the system does not say).
 pub(crate) fn physical_memory_bytes() -> u64 {
     // SAFETY: sysconf only reads system configuration.

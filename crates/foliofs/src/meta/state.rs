@@ -10,7 +10,9 @@
 //! attribute about 100 B plus its name and value. A million files of one
 //! extent each need roughly 370 MB.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 
 use crate::alloc::{Allocator, BlockRun};
 use crate::extent::{Extent, ExtentKind, ExtentMap, Lookup};
@@ -121,7 +123,9 @@ fn fail<T>(message: String) -> Result<T, ApplyError> {
 }
 
 pub struct MetaState {
-    inodes: HashMap<u64, Inode>,
+    /// By inode number, hashed with FxHash: looked up on every operation
+    /// (two per cached read), and the numbers are ours, not an attacker's.
+    inodes: FxHashMap<u64, Inode>,
     pub next_ino: u64,
     data_region: Region,
     /// Free space; rebuilt from the extent maps at mount, never persisted.
@@ -141,7 +145,7 @@ pub struct MetaState {
 impl MetaState {
     pub fn new(data_region: Region) -> Self {
         Self {
-            inodes: HashMap::new(),
+            inodes: FxHashMap::default(),
             next_ino: ROOT_INO + 1,
             data_region,
             alloc: Allocator::new(data_region),
