@@ -1,0 +1,32 @@
+#!/bin/bash
+# Multi-thread scaling of the engine in process: the seed 000, 001 and 004
+# shapes with 1 to 16 jobs, engine and raw-device rows only (no fio needed),
+# on a temporary image in /tmp. Usage: scripts/scaling.sh [path/to/foliofs]
+# (default target/release/foliofs). docs/BENCHMARKS.md, "Scaling to 16
+# cores", has a run.
+set -u
+B=$(realpath "${1:-target/release/foliofs}")
+cd /tmp
+echo "== machine: $(nproc) CPUs, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -r)"
+df -h /tmp | tail -1
+run() { # label, options, extra fio args
+  local label=$1 opts=$2; shift 2
+  local out; out=$($B bench ${opts:+-o $opts} "$@" 2>&1)
+  local line; line=$(echo "$out" | grep -E "^\s+(read|write):" | head -1 | sed 's/^ *//')
+  echo "$label | $line"
+  echo "$out" | grep -E "error|Error" | head -2
+}
+S000="--name=seed000 --ioengine=libaio --direct=1 --group_reporting --overwrite=1 --thread --size=1G --filename=/fio --readwrite=write --ramp_time=1s --runtime=3s --time_based --blocksize=2k --iodepth=256"
+for j in 1 2 4 8 16; do
+  run "000 overwrite j=$j" dio_unaligned=overwrite $S000 --numjobs=$j
+  run "000 exclusive j=$j" dio_unaligned=exclusive $S000 --numjobs=$j
+  run "000 raw j=$j" "" --target raw $S000 --numjobs=$j
+done
+S001="--name=seed001 --ioengine=psync --rw=randwrite --overwrite=1 --pre_read=1 --direct=0 --bs=4k --size=256M --fdatasync=1 --runtime=3s --time_based --group_reporting"
+for j in 1 4 8 16; do
+  run "001 dirty=block j=$j" dirty=block,folio_max=64k $S001 --numjobs=$j
+done
+S004="--name=seed004 --ioengine=psync --direct=0 --rw=read --bs=4k --size=512M --runtime=3s --time_based --overwrite=1 --pre_read=1 --group_reporting"
+for j in 1 4 8 16; do
+  run "004 cached read 4k j=$j" cache_bytes=16G,dirty_background_bytes=64G,dirty_bytes=64G,writeback_interval_ms=0 $S004 --numjobs=$j
+done
