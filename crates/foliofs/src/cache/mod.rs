@@ -25,7 +25,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 pub use bits::BlockBits;
 pub use folio::{Folio, FolioState};
 pub use pool::{BufferPool, FolioMemory};
-pub use throttle::{DirtyLimits, DirtyThrottle, PAUSE_MAX};
+pub use throttle::{DirtyLimits, DirtyThrottle};
 
 use crate::io_lock::InodeIo;
 use crate::options::{DirtyMode, VolumeOptions};
@@ -79,9 +79,7 @@ impl CachePolicy {
             dirty_expire: Duration::from_millis(options.dirty_expire_ms),
         }
     }
-}
 
-impl CachePolicy {
     /// Where pacing of writers starts and stops.
     pub fn dirty_limits(&self) -> DirtyLimits {
         DirtyLimits {

@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 
 /// The longest one write is paused (the kernel's MAX_PAUSE): debt beyond
 /// it is forgiven, so a writer never sleeps long on a stale estimate.
-pub const PAUSE_MAX: Duration = Duration::from_millis(200);
+pub(crate) const PAUSE_MAX: Duration = Duration::from_millis(200);
 
 /// Pauses shorter than this are not slept but left owing: the next write
 /// sleeps for both (a sleep costs tens of microseconds of its own).

@@ -520,8 +520,9 @@ pub struct CacheStats {
     pub folios_reused: u64,
     /// Folios allocated since the volume opened.
     pub folios_allocated: u64,
-    /// Writeback's measured bandwidth, smoothed (None until it has written
-    /// a batch of 1 MiB or more): what paced writers share.
+    /// Writeback's measured bandwidth, smoothed: what paced writers share.
+    /// None until writeback has written a dirty limit's worth (1 to 64 MiB)
+    /// and come to rest with no batch in flight.
     pub write_bandwidth_bytes_per_s: Option<u64>,
     /// Times a buffered writer slept to keep to the paced rate (above the
     /// freerun ceiling, below the dirty limit).
