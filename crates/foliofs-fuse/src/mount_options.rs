@@ -34,6 +34,12 @@ pub const MOUNT_OPTION_KEYS: &[(&str, &str)] = &[
     ),
     ("uring_depth", "io_uring entries (requests in flight) per CPU queue (default 64)"),
     (
+        "ring_sched",
+        "idle (io_uring ring threads submit their replies at SCHED_IDLE, so a caller is woken \
+         on the CPU that answered it, not on an idle one; they wait for requests at \
+         SCHED_OTHER) | other (default idle, where a thread may return from SCHED_IDLE: root)",
+    ),
+    (
         "fuse_threads",
         "threads serving kernel requests (default 16; with io_uring split over the CPU queues)",
     ),
@@ -159,6 +165,9 @@ pub struct MountOptions {
     pub zero_message_opens: bool,
     pub transport: Transport,
     pub uring_depth: u16,
+    /// The io_uring ring threads submit their replies at SCHED_IDLE:
+    /// `ring_sched`.
+    pub ring_sched_idle: bool,
     pub fuse_threads: usize,
     pub attr_timeout: Duration,
     pub max_write_bytes: u32,
@@ -186,6 +195,11 @@ impl Default for MountOptions {
             zero_message_opens: true,
             transport: Transport::Uring,
             uring_depth: DEFAULT_URING_DEPTH,
+            // A round trip is one switch on one CPU instead of a cross-CPU
+            // wake-up: 4 KiB cached psync reads through the mount took 35-40
+            // us with SCHED_OTHER commits and 6-7 us with SCHED_IDLE ones on
+            // the 2-vCPU VM (docs/BENCHMARKS.md, "One CPU per round trip").
+            ring_sched_idle: true,
             // A thread waits out each request's device I/O, so the threads,
             // not the CPUs, bound the queue depth the device sees: on 2 CPUs,
             // 4k random direct writes at iodepth 64 ran 12.1k IOPS with 2
@@ -307,6 +321,13 @@ impl MountOptions {
                     return Err(bad("must be between 1 and 1024"));
                 }
                 self.uring_depth = depth;
+            }
+            "ring_sched" => {
+                self.ring_sched_idle = match value {
+                    Some("idle") => true,
+                    Some("other") => false,
+                    _ => return Err(bad("expected idle or other")),
+                }
             }
             "fuse_threads" => {
                 let threads: usize =
@@ -430,6 +451,7 @@ impl MountOptions {
             // handler that waits (a buffered read missing the cache) holds
             // only its own thread's entries.
             config.io_uring_queue_depth = Some(self.uring_depth);
+            config.io_uring_sched_idle = self.ring_sched_idle;
         }
         config
     }
@@ -452,6 +474,11 @@ mod tests {
         let bad = MountOptions::parse("transport=tcp").unwrap_err().to_string();
         assert!(bad.contains("transport=tcp") && bad.contains("uring or dev"), "{bad}");
         assert!(MountOptions::parse("uring_depth=0").is_err());
+        assert!(config.io_uring_sched_idle, "SCHED_IDLE ring threads are the default");
+        let options = MountOptions::parse("ring_sched=other").unwrap();
+        assert!(!options.fuse_config(Path::new("/img")).io_uring_sched_idle);
+        let bad = MountOptions::parse("ring_sched=fifo").unwrap_err().to_string();
+        assert!(bad.contains("ring_sched=fifo") && bad.contains("idle or other"), "{bad}");
     }
 
     #[test]

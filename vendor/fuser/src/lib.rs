@@ -107,6 +107,8 @@ mod request_param;
 mod session;
 mod time;
 #[cfg(target_os = "linux")]
+mod idle_commit;
+#[cfg(target_os = "linux")]
 mod uring;
 
 /// We generally support async reads

@@ -575,8 +575,13 @@ impl<FS: Filesystem> Session<FS> {
             .max(usize::from(config.max_pages()) * page_bytes)
             .max(32 * page_bytes);
         let threads = self.config.n_threads.unwrap_or(1);
-        match crate::uring::build_rings(&self.ch, usize::from(queue_depth), threads, payload_bytes)
-        {
+        match crate::uring::build_rings(
+            &self.ch,
+            usize::from(queue_depth),
+            threads,
+            payload_bytes,
+            self.config.io_uring_sched_idle,
+        ) {
             Ok(rings) => {
                 config.requested |= InitFlags::FUSE_OVER_IO_URING;
                 Some(rings)

@@ -42,6 +42,8 @@ use io_uring::opcode;
 use io_uring::squeue;
 use io_uring::types;
 use log::debug;
+
+use crate::idle_commit::IdleCommit;
 use log::error;
 use log::warn;
 use parking_lot::Mutex;
@@ -549,6 +551,10 @@ pub(crate) struct RingThread {
     /// The commits being submitted, swapped with the shared list.
     commit_batch: Vec<(u16, u64)>,
     live_entries: usize,
+    /// Whether the thread serves at SCHED_IDLE (`Config::io_uring_sched_idle`).
+    sched_idle: bool,
+    /// Its SCHED_IDLE switch for commits, once the thread runs with one.
+    idle_commit: Option<IdleCommit>,
 }
 
 // SAFETY: the iovecs point into the entries' memory, which `shared` owns;
@@ -577,6 +583,7 @@ pub(crate) fn build_rings(
     queue_depth: usize,
     threads: usize,
     payload_bytes: usize,
+    sched_idle: bool,
 ) -> io::Result<RingPlan> {
     let queues = possible_cpus();
     let threads_per_queue = threads.div_ceil(queues).clamp(1, queue_depth.max(1));
@@ -591,6 +598,7 @@ pub(crate) fn build_rings(
                 qid,
                 entries_per_thread,
                 payload_bytes,
+                sched_idle,
             )?);
         }
     }
@@ -607,7 +615,13 @@ pub(crate) fn build_rings(
 pub(crate) type Registered = Result<(), String>;
 
 impl RingThread {
-    fn new(channel: &Channel, qid: u16, entries: usize, payload_bytes: usize) -> io::Result<Self> {
+    fn new(
+        channel: &Channel,
+        qid: u16,
+        entries: usize,
+        payload_bytes: usize,
+        sched_idle: bool,
+    ) -> io::Result<Self> {
         // One SQE per entry plus the eventfd read; the same for completions.
         let slots = u32::try_from(entries + 1).map_err(|_| io::Error::other("queue depth"))?;
         let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
@@ -643,6 +657,8 @@ impl RingThread {
             scratch: Vec::new(),
             commit_batch: Vec::with_capacity(entries),
             live_entries: entries,
+            sched_idle,
+            idle_commit: None,
         })
     }
 
@@ -719,6 +735,10 @@ impl RingThread {
     ) -> io::Result<()> {
         RING_THREAD.with(|ring| ring.set(Arc::as_ptr(&self.shared)));
         pin_to_cpu(usize::from(self.shared.qid));
+        if self.sched_idle {
+            let name = thread::current().name().unwrap_or("fuser-ring").to_string();
+            self.idle_commit = IdleCommit::new(&name);
+        }
         let result = self
             .register(&registered)
             .and_then(|arrived| match start.recv() {
@@ -784,6 +804,7 @@ impl RingThread {
             // Swapped with a spare list, so neither side allocates again.
             std::mem::swap(&mut *self.shared.commits.lock(), &mut self.commit_batch);
             let mut commits = std::mem::take(&mut self.commit_batch);
+            let committing = !commits.is_empty();
             for (index, unique) in commits.drain(..) {
                 let commit = self.command(
                     usize::from(index),
@@ -793,6 +814,18 @@ impl RingThread {
                 self.push(&commit)?;
             }
             self.commit_batch = commits;
+            if let (true, Some(idle_commit)) = (committing, &mut self.idle_commit) {
+                // The commits wake their callers on this CPU (see
+                // idle_commit); the wait below is at SCHED_OTHER again.
+                idle_commit.enter();
+                let submitted = self.ring.submit();
+                idle_commit.leave();
+                match submitted {
+                    Ok(_) => {}
+                    Err(error) if is_transient(&error) => {}
+                    Err(error) => return Err(error),
+                }
+            }
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(error) if is_transient(&error) => {}
