@@ -35,7 +35,7 @@ pub const MOUNT_OPTION_KEYS: &[(&str, &str)] = &[
     ("uring_depth", "io_uring entries (requests in flight) per CPU queue (default 64)"),
     (
         "ring_sched",
-        "idle (io_uring ring threads submit their replies at SCHED_IDLE, so a caller is woken \
+        "idle (an io_uring ring thread submits a single reply at SCHED_IDLE, so its caller is woken \
          on the CPU that answered it, not on an idle one; they wait for requests at \
          SCHED_OTHER) | other (default idle, where a thread may return from SCHED_IDLE: root)",
     ),
@@ -165,7 +165,7 @@ pub struct MountOptions {
     pub zero_message_opens: bool,
     pub transport: Transport,
     pub uring_depth: u16,
-    /// The io_uring ring threads submit their replies at SCHED_IDLE:
+    /// An io_uring ring thread submits a single reply at SCHED_IDLE:
     /// `ring_sched`.
     pub ring_sched_idle: bool,
     pub fuse_threads: usize,

@@ -10,10 +10,13 @@
 //! without halt polling that is a VM exit and tens of microseconds (35-40 us
 //! against 6 us per round trip on the 2-vCPU VM of docs/BENCHMARKS.md). A CPU
 //! whose runnable threads are all SCHED_IDLE counts as idle for that choice
-//! (`sched_idle_cpu`, Linux 5.4+), so a ring thread switches to SCHED_IDLE
-//! just for the system call that submits its commits: the caller is woken
-//! where it was, preempts the ring thread at once, and the ring thread goes
-//! back to SCHED_OTHER when it next runs, before it waits for requests.
+//! (`sched_idle_cpu`, Linux 5.4+), so a ring thread with one reply to commit
+//! switches to SCHED_IDLE just for the system call that submits it: the
+//! caller is woken where it was, preempts the ring thread at once, and the
+//! ring thread goes back to SCHED_OTHER when it next runs, before it waits
+//! for requests. (A batch of replies is asynchronous I/O at depth: its
+//! submitter waits on no single reply, and the first caller woken would
+//! preempt the rest of the batch, so batches are committed at SCHED_OTHER.)
 //!
 //! A SCHED_IDLE thread may wait long for a CPU where normal threads keep it
 //! busy (its weight is 3 against 1024), and requests delivered to it wait

@@ -804,7 +804,11 @@ impl RingThread {
             // Swapped with a spare list, so neither side allocates again.
             std::mem::swap(&mut *self.shared.commits.lock(), &mut self.commit_batch);
             let mut commits = std::mem::take(&mut self.commit_batch);
-            let committing = !commits.is_empty();
+            // One reply is the synchronous hand-off SCHED_IDLE is for (a
+            // caller blocked on it); a batch is mostly asynchronous I/O at
+            // depth, whose submitter waits on no single reply, and a caller
+            // woken by its first commit would preempt the rest of the batch.
+            let one_reply = commits.len() == 1;
             for (index, unique) in commits.drain(..) {
                 let commit = self.command(
                     usize::from(index),
@@ -814,7 +818,7 @@ impl RingThread {
                 self.push(&commit)?;
             }
             self.commit_batch = commits;
-            if let (true, Some(idle_commit)) = (committing, &mut self.idle_commit) {
+            if let (true, Some(idle_commit)) = (one_reply, &mut self.idle_commit) {
                 // The commits wake their callers on this CPU (see
                 // idle_commit); the wait below is at SCHED_OTHER again.
                 idle_commit.enter();

@@ -25,7 +25,7 @@ pub struct Config {
     /// threads are then spread over the queues (one per possible CPU), and
     /// one more reads /dev/fuse.
     pub io_uring_queue_depth: Option<u16>,
-    /// Ring threads submit their commits (the replies) at SCHED_IDLE, so that
+    /// A ring thread submits a single reply's commit at SCHED_IDLE, so that
     /// the kernel wakes each caller on the CPU that answered it instead of
     /// on an idle one: a round trip is one local switch instead of a
     /// cross-CPU wake-up. They wait for requests at SCHED_OTHER, and commit
