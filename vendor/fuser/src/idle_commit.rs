@@ -94,6 +94,13 @@ impl IdleCommit {
             debug!("{name}: commits at SCHED_OTHER: {why}");
             return None;
         }
+        // SAFETY: pid 0 is the calling thread.
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        if policy != libc::SCHED_OTHER {
+            // A policy the user chose (chrt) is left as it is.
+            debug!("{name}: scheduling policy {policy} kept, SCHED_IDLE not used");
+            return None;
+        }
         Some(Self {
             name: name.to_string(),
             idle_since: None,
@@ -160,6 +167,22 @@ mod tests {
     fn policy() -> libc::c_int {
         // SAFETY: pid 0 is the calling thread.
         unsafe { libc::sched_getscheduler(0) }
+    }
+
+    #[test]
+    fn a_policy_other_than_sched_other_is_left_alone() {
+        std::thread::spawn(|| {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: pid 0 is this thread; `param` outlives the call.
+            assert_eq!(
+                unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) },
+                0
+            );
+            assert!(IdleCommit::new("batch").is_none());
+            assert_eq!(policy(), libc::SCHED_BATCH);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
