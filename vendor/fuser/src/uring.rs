@@ -42,8 +42,6 @@ use io_uring::opcode;
 use io_uring::squeue;
 use io_uring::types;
 use log::debug;
-
-use crate::idle_commit::IdleCommit;
 use log::error;
 use log::warn;
 use parking_lot::Mutex;
@@ -52,6 +50,7 @@ use crate::Filesystem;
 use crate::ReplyEmpty;
 use crate::channel::Channel;
 use crate::channel::ChannelSender;
+use crate::idle_commit::IdleCommit;
 use crate::ll::Operation;
 use crate::request::ReplyTo;
 use crate::request::RequestWithSender;
@@ -551,7 +550,8 @@ pub(crate) struct RingThread {
     /// The commits being submitted, swapped with the shared list.
     commit_batch: Vec<(u16, u64)>,
     live_entries: usize,
-    /// Whether the thread serves at SCHED_IDLE (`Config::io_uring_sched_idle`).
+    /// Whether the thread commits single replies at SCHED_IDLE
+    /// (`Config::io_uring_sched_idle`).
     sched_idle: bool,
     /// Its SCHED_IDLE switch for commits, once the thread runs with one.
     idle_commit: Option<IdleCommit>,
@@ -819,8 +819,8 @@ impl RingThread {
             }
             self.commit_batch = commits;
             if let (true, Some(idle_commit)) = (one_reply, &mut self.idle_commit) {
-                // The commits wake their callers on this CPU (see
-                // idle_commit); the wait below is at SCHED_OTHER again.
+                // The commit wakes its caller on this CPU (see idle_commit);
+                // the wait below is at SCHED_OTHER again.
                 idle_commit.enter();
                 let submitted = self.ring.submit();
                 idle_commit.leave();
