@@ -21,10 +21,13 @@
 //! A SCHED_IDLE thread may wait long for a CPU where normal threads keep it
 //! busy (its weight is 3 against 1024), and requests delivered to it wait
 //! too. So the time from the switch to SCHED_IDLE to the return to SCHED_OTHER
-//! is watched: when it exceeds a millisecond, the thread commits at
-//! SCHED_OTHER for a second, then twice as long each time that repeats (up to
-//! a minute), before it tries again. It never waits for requests at
-//! SCHED_IDLE, so a wake-up for a new request is never delayed by it.
+//! is watched: when it exceeds a millisecond and requests arrived meanwhile
+//! (they wait in its ring), the thread commits at SCHED_OTHER for a second,
+//! then twice as long each time that repeats (up to a minute), before it
+//! tries again. A long stay with nothing waiting is the woken caller busy
+//! with its own work, which costs nobody anything. The thread never waits for
+//! requests at SCHED_IDLE, so a wake-up for a new request is never delayed
+//! by it.
 
 use std::io;
 use std::sync::OnceLock;
@@ -123,8 +126,9 @@ impl IdleCommit {
     }
 
     /// Back to SCHED_OTHER once the commits are submitted (and the thread
-    /// runs again); a long stay at SCHED_IDLE starts a back-off.
-    pub(crate) fn leave(&mut self) {
+    /// runs again); a long stay at SCHED_IDLE while `work_waited` (requests
+    /// or replies arrived for the thread meanwhile) starts a back-off.
+    pub(crate) fn leave(&mut self, work_waited: bool) {
         let Some(since) = self.idle_since.take() else {
             return;
         };
@@ -133,13 +137,13 @@ impl IdleCommit {
             panic!("{}: cannot return to SCHED_OTHER: {error}", self.name);
         }
         let span = since.elapsed();
-        if span > IDLE_SPAN_MAX {
+        if span > IDLE_SPAN_MAX && work_waited {
             self.demotions = self.demotions.saturating_add(1);
             let pause = backoff(self.demotions);
             self.retry_at = Some(Instant::now() + pause);
             let message = format!(
-                "{}: waited {} us for a CPU after committing at SCHED_IDLE: commits at \
-                 SCHED_OTHER for {} s",
+                "{}: waited {} us for a CPU after committing at SCHED_IDLE, with work \
+                 waiting: commits at SCHED_OTHER for {} s",
                 self.name,
                 span.as_micros(),
                 pause.as_secs()
@@ -195,7 +199,7 @@ mod tests {
     }
 
     #[test]
-    fn a_thread_is_idle_only_between_enter_and_leave_and_backs_off_after_a_long_span() {
+    fn a_thread_is_idle_only_between_enter_and_leave_and_backs_off_when_work_waited_long() {
         if let Some(why) = unavailable() {
             eprintln!("SCHED_IDLE unavailable here ({why}): only the refusal is checked");
             assert!(
@@ -210,13 +214,20 @@ mod tests {
             assert_eq!(policy(), libc::SCHED_OTHER);
             commit.enter();
             assert_eq!(policy(), libc::SCHED_IDLE);
-            commit.leave();
+            commit.leave(false);
             assert_eq!(policy(), libc::SCHED_OTHER);
             assert!(!commit.backing_off());
-            // A span past the limit (slept here; a starved thread waits).
+            // A span past the limit with nothing waiting: the woken caller
+            // was busy, nobody starved.
             commit.enter();
             std::thread::sleep(IDLE_SPAN_MAX * 2);
-            commit.leave();
+            commit.leave(false);
+            assert!(!commit.backing_off());
+            // The same with requests waiting (slept here; a starved thread
+            // waits).
+            commit.enter();
+            std::thread::sleep(IDLE_SPAN_MAX * 2);
+            commit.leave(true);
             assert_eq!(policy(), libc::SCHED_OTHER);
             assert!(commit.backing_off());
             commit.enter();
@@ -225,12 +236,12 @@ mod tests {
                 libc::SCHED_OTHER,
                 "no SCHED_IDLE while backing off"
             );
-            commit.leave();
+            commit.leave(false);
             // Once the back-off has passed, SCHED_IDLE again.
             commit.retry_at = Some(Instant::now());
             commit.enter();
             assert_eq!(policy(), libc::SCHED_IDLE);
-            commit.leave();
+            commit.leave(false);
             assert_eq!(policy(), libc::SCHED_OTHER);
         })
         .join()

@@ -808,7 +808,9 @@ impl RingThread {
             // caller blocked on it); a batch is mostly asynchronous I/O at
             // depth, whose submitter waits on no single reply, and a caller
             // woken by its first commit would preempt the rest of the batch.
-            let one_reply = commits.len() == 1;
+            // And only when nothing else waits for this thread: with more
+            // work queued, the caller preempting it would delay that work.
+            let one_reply = commits.len() == 1 && self.ring.completion().is_empty();
             for (index, unique) in commits.drain(..) {
                 let commit = self.command(
                     usize::from(index),
@@ -823,7 +825,9 @@ impl RingThread {
                 // the wait below is at SCHED_OTHER again.
                 idle_commit.enter();
                 let submitted = self.ring.submit();
-                idle_commit.leave();
+                // Whatever reached the ring meanwhile waited for this thread.
+                let work_waited = !self.ring.completion().is_empty();
+                idle_commit.leave(work_waited);
                 match submitted {
                     Ok(_) => {}
                     Err(error) if is_transient(&error) => {}
