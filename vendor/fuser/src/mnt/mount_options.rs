@@ -30,8 +30,9 @@ pub struct Config {
     /// on an idle one: a round trip is one local switch instead of a
     /// cross-CPU wake-up. They wait for requests at SCHED_OTHER, and commit
     /// at SCHED_OTHER for a while after a commit left one at SCHED_IDLE
-    /// longer than a millisecond. Ignored where a thread could not return to
-    /// SCHED_OTHER (unprivileged, RLIMIT_NICE 0).
+    /// longer than a millisecond while requests waited for it. Ignored
+    /// where a thread could not return to SCHED_OTHER (unprivileged,
+    /// RLIMIT_NICE 0).
     pub io_uring_sched_idle: bool,
 }
 
