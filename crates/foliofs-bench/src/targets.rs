@@ -1,15 +1,19 @@
-//! The limits a job is measured against, as runner targets: a region of the
-//! raw device (the image file or block device with no file system: the
-//! engine's limit for direct I/O) and a region of memory (plain copies: the
-//! limit for cached I/O).
+//! What a job runs against besides the engine, as runner targets: a region
+//! of the raw device (the image file or block device with no file system:
+//! the engine's limit for direct I/O), a region of memory (plain copies: the
+//! limit for cached I/O), and files on any mounted file system, reached
+//! through the OS as fio reaches them (a foliofs FUSE mount, ext4, XFS).
 
 use std::future::Future;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use foliofs::completion::{self, IoFuture};
-use foliofs::dev::{AlignedBuf, DevRequest, DevResponse, Device};
+use foliofs::dev::{AlignedBuf, DevOptions, DevRequest, DevResponse, Device, EngineKind};
 use foliofs::Error as FsError;
 use parking_lot::Mutex;
 
@@ -37,6 +41,107 @@ pub fn raw_regions(device: &Arc<Device>, spec: &JobSpec) -> Vec<RawRegion> {
         })
         .collect()
 }
+
+/// Files of a mounted file system, one per job instance as fio names them
+/// (`filename=`, or `name.index.0`), each inside the job's `directory=` when
+/// it has one (relative paths are the current directory's, as fio's are).
+/// Each file is laid out as the engine's are (written once when the job
+/// reads or overwrites, read through with `pre_read`) and opened as a
+/// device with the job's O_DIRECT choice: a synchronous job's requests are
+/// plain pread/pwrite calls, as fio's psync engine makes, and an
+/// asynchronous job's go through the volume's I/O backend (io_uring by
+/// default) at the job's depth. So the same jobs run on the mount that run
+/// in process, on a machine without fio.
+pub fn file_regions(spec: &JobSpec, options: &DevOptions) -> io::Result<Vec<RawRegion>> {
+    let engine = if spec.ioengine.asynchronous() { options.engine } else { EngineKind::Sync };
+    let options = DevOptions { direct: spec.direct, read_only: false, engine, ..options.clone() };
+    let mut opened: Vec<(PathBuf, Arc<Device>)> = Vec::new();
+    let mut regions = Vec::new();
+    for index in 0..spec.numjobs {
+        let path = file_path(spec, index);
+        let device = match opened.iter().find(|(known, _)| *known == path) {
+            Some((_, device)) => Arc::clone(device),
+            None => {
+                lay_out_file(spec, &path)?;
+                let device = Device::open(&path, &options).map_err(|error| {
+                    io::Error::new(error.kind(), format!("open {}: {error}", path.display()))
+                })?;
+                let device = Arc::new(device);
+                opened.push((path, Arc::clone(&device)));
+                device
+            }
+        };
+        regions.push(RawRegion {
+            device,
+            base: 0,
+            fua: spec.sync != crate::jobfile::SyncMode::None,
+        });
+    }
+    Ok(regions)
+}
+
+/// Where instance `index` of `spec` does its I/O: fio prefixes even an
+/// explicit `filename=` with `directory=`.
+fn file_path(spec: &JobSpec, index: u32) -> PathBuf {
+    match (&spec.directory, &spec.filename) {
+        (Some(directory), Some(filename)) => {
+            Path::new(directory).join(filename.trim_start_matches('/'))
+        }
+        _ => PathBuf::from(spec.file_of(index)),
+    }
+}
+
+/// Creates `path` (and its parents) at the job's size: written through with
+/// a pattern when the job reads or overwrites (so reads find data, not
+/// holes), else only sized; then read through when the job asks `pre_read`.
+fn lay_out_file(spec: &JobSpec, path: &Path) -> io::Result<()> {
+    let named =
+        |error: io::Error| io::Error::new(error.kind(), format!("{}: {error}", path.display()));
+    if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(named)?;
+    }
+    if !spec.allow_file_create && !path.exists() {
+        return Err(named(io::Error::new(
+            io::ErrorKind::NotFound,
+            "does not exist, and allow_file_create=0 forbids creating it",
+        )));
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(named)?;
+    let size_bytes = file.metadata().map_err(named)?.len();
+    if (spec.pattern.reads() || spec.overwrite) && size_bytes < spec.size_bytes {
+        let chunk = vec![LAID_OUT_FILE_BYTE; LAYOUT_CHUNK_BYTES];
+        let mut offset = size_bytes;
+        while offset < spec.size_bytes {
+            let length = (spec.size_bytes - offset).min(LAYOUT_CHUNK_BYTES as u64) as usize;
+            file.write_all_at(&chunk[..length], offset).map_err(named)?;
+            offset += length as u64;
+        }
+        file.sync_all().map_err(named)?;
+    } else if size_bytes < spec.size_bytes {
+        file.set_len(spec.size_bytes).map_err(named)?;
+    }
+    if spec.pre_read {
+        let mut buffer = vec![0u8; LAYOUT_CHUNK_BYTES];
+        let mut offset = 0;
+        while offset < spec.size_bytes {
+            match file.read_at(&mut buffer, offset).map_err(named)? {
+                0 => break,
+                read => offset += read as u64,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What a laid-out file holds (the engine target's layout byte).
+const LAID_OUT_FILE_BYTE: u8 = 0x5A;
+const LAYOUT_CHUNK_BYTES: usize = 1 << 20;
 
 fn io_error(what: &str, error: std::io::Error) -> FsError {
     FsError::io(format!("raw device {what}"), error)

@@ -281,6 +281,62 @@ fn fio_verifies_buffered_and_direct_io_through_the_mount() {
     mounted.fsck_clean();
 }
 
+/// `foliofs bench --target files` runs fio's jobs on the mount's files
+/// through the OS (the lent 16-core machine has no fio): asynchronous direct
+/// I/O at depth from two jobs and buffered I/O, every block verified, the
+/// files left where fio would leave them, at their size.
+#[test]
+fn bench_target_files_runs_verified_jobs_on_the_mount() {
+    if skip_requested() {
+        return;
+    }
+    let mut mounted = Mounted::new(4096, "256M", "");
+    let directory = format!("--directory={}", mounted.path_str("jobs"));
+    for (name, direct, ioengine) in
+        [("direct", "--direct=1", "io_uring"), ("buffered", "--direct=0", "psync")]
+    {
+        let output = ok(
+            FOLIOFS,
+            &[
+                "bench",
+                "--target",
+                "files",
+                "--output-format",
+                "json",
+                &directory,
+                &format!("--name={name}"),
+                "--rw=randrw",
+                "--bs=4k",
+                "--size=4M",
+                &format!("--ioengine={ioengine}"),
+                direct,
+                "--iodepth=16",
+                "--numjobs=2",
+                "--verify=crc32c",
+            ],
+        );
+        let json: serde_json::Value = serde_json::from_str(&output).expect("valid JSON");
+        for job in json["jobs"].as_array().unwrap() {
+            let bytes = job["read"]["io_bytes"].as_u64().unwrap()
+                + job["write"]["io_bytes"].as_u64().unwrap();
+            assert_eq!(bytes, 4 << 20, "{name}: {job}");
+            assert!(job["verified_blocks"].as_u64().unwrap() > 0, "{name}: {job}");
+        }
+        for index in 0..2 {
+            let file = mounted.path(&format!("jobs/{name}.{index}.0"));
+            assert_eq!(fs::metadata(&file).unwrap().len(), 4 << 20, "{}", file.display());
+        }
+    }
+    let error = run(
+        FOLIOFS,
+        &["bench", "--target", "files", "--image", "/tmp/x.img", "--name=x", "--size=1M"],
+    );
+    assert!(!error.status.success());
+    assert!(String::from_utf8_lossy(&error.stderr).contains("not on an image"));
+    mounted.unmount();
+    mounted.fsck_clean();
+}
+
 #[test]
 fn fio_verifies_buffered_io_with_the_kernel_page_cache() {
     fio_verifies_buffered_io_with("page_cache=kernel,dirty=folio");

@@ -2,7 +2,9 @@
 //! run in-process on a temporary image, reported as fio reports them (text,
 //! or fio's JSON shape with `--output-format json`): against the engine, or
 //! against its limits with `--target raw` (the same requests straight on the
-//! image, no file system) and `--target memory` (plain copies).
+//! image, no file system) and `--target memory` (plain copies); or against
+//! files of any mounted file system with `--target files` (a foliofs mount,
+//! ext4), through the OS as fio would, where fio is not installed.
 
 use std::process::ExitCode;
 
@@ -36,6 +38,10 @@ pub enum TargetKind {
     Raw,
     /// Memory: plain copies, the limit for cached I/O.
     Memory,
+    /// Files on a mounted file system, in the job's directory= (else the
+    /// current directory), reached through the OS as fio reaches them: the
+    /// same jobs through a foliofs mount or on ext4 where fio is missing.
+    Files,
 }
 
 #[derive(Args)]
@@ -108,6 +114,22 @@ pub fn run(
                     .map(|region| Box::new(region) as Box<dyn Target>)
                     .collect()
             });
+            runner::run_targets(&specs, targets, &DevStats::default)?
+        }
+        TargetKind::Files => {
+            if args.image.named() {
+                bail!("--target files runs on the job's files (directory=, filename=), not on an image");
+            }
+            let mut targets = Vec::new();
+            for (spec_index, spec) in specs.iter().enumerate() {
+                let regions = targets::file_regions(spec, &options.dev_options())
+                    .with_context(|| format!("job {:?}", spec.name))?;
+                targets.extend(regions.into_iter().enumerate().map(|(index, region)| {
+                    (spec_index, index as u32, Box::new(region) as Box<dyn Target>)
+                }));
+            }
+            // What reaches the file system's own device is not visible from
+            // here: no device counters.
             runner::run_targets(&specs, targets, &DevStats::default)?
         }
     };
