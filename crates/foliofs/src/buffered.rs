@@ -98,15 +98,17 @@ fn window_end(engine: &Engine, start: u64, window: u64, size: u64) -> u64 {
     engine.align_up(end.min(size))
 }
 
-/// Reads into `buffer` from `pos`; returns the bytes read (short at EOF).
+/// Reads into `buffer` from `pos` of a file of `size` bytes (as the
+/// caller's look at the metadata found it, with the file's I/O lock held
+/// shared); returns the bytes read (short at EOF).
 pub fn read(
     engine: &Engine,
     inode: &Arc<InodeCache>,
     readahead: &Readahead,
     buffer: &mut [u8],
     pos: u64,
+    size: u64,
 ) -> Result<usize> {
-    let size = engine.size_of(inode.ino)?;
     if pos >= size || buffer.is_empty() {
         return Ok(0);
     }
@@ -142,9 +144,9 @@ pub fn read_in_place<R>(
     readahead: &Readahead,
     pos: u64,
     length: usize,
+    size: u64,
     consume: impl FnOnce(&[u8]) -> R,
 ) -> Result<Option<(R, usize)>> {
-    let size = engine.size_of(inode.ino)?;
     if pos >= size || length == 0 {
         return Ok(None);
     }

@@ -29,6 +29,7 @@ block_size_tests!(
     full_volume_reports_enospc_and_keeps_earlier_files,
     many_files_force_checkpoints_and_reload,
     dot_and_dot_dot_find_an_inode_and_its_parent_by_number,
+    a_readers_size_follows_changes_made_through_other_paths,
 );
 
 fn data_and_namespace_survive_close_and_reopen(block_bytes: u32) {
@@ -350,4 +351,42 @@ fn dot_and_dot_dot_find_an_inode_and_its_parent_by_number(block_bytes: u32) {
     assert_eq!(volume.lookup(file.ino, b"..").unwrap_err().errno(), libc::ENOTDIR);
     volume.unlink(dir.ino, b"file").unwrap();
     assert_eq!(volume.lookup(file.ino, b".").unwrap_err().errno(), libc::ENOENT);
+}
+
+/// A handle's buffered reads keep a copy of the file's size and use it
+/// while the metadata is unchanged (`meta::view`): every size change made
+/// through another handle, setattr, fallocate or a direct write is still
+/// seen by the very next read of a handle that read before it.
+fn a_readers_size_follows_changes_made_through_other_paths(block_bytes: u32) {
+    use foliofs::FallocateMode;
+    let (_, volume) = new_volume(64 << 20, block_bytes);
+    let block = block_bytes as usize;
+    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let writer = volume.open_file(file, OpenFlags::READ_WRITE).unwrap();
+    let reader = volume.open_file(file, OpenFlags::READ).unwrap();
+    let mut buffer = vec![0u8; 8 * block];
+    let read = |buffer: &mut [u8]| reader.read_at(buffer, 0).unwrap();
+    assert_eq!(read(&mut buffer), 0);
+    writer.write_at(&pattern(1, 2 * block), 0).unwrap();
+    assert_eq!(read(&mut buffer), 2 * block, "a buffered write through another handle");
+    assert_eq!(buffer[..2 * block], pattern(1, 2 * block)[..]);
+    assert_eq!(read(&mut buffer), 2 * block, "the same again, from the copy");
+    volume.setattr(file, &SetAttr { size: Some(block as u64 + 5), ..SetAttr::default() }).unwrap();
+    assert_eq!(read(&mut buffer), block + 5, "a truncate");
+    writer.fallocate(FallocateMode::Allocate { keep_size: false }, 0, 3 * block as u64).unwrap();
+    assert_eq!(read(&mut buffer), 3 * block, "a fallocate that grows the file");
+    let direct =
+        volume.open_file(file, OpenFlags { direct: true, ..OpenFlags::READ_WRITE }).unwrap();
+    let data = foliofs::dev::AlignedBuf::from_slice(&pattern(2, block));
+    direct.write_at(&data, 4 * block as u64).unwrap();
+    assert_eq!(read(&mut buffer), 5 * block, "a direct write past the end");
+    assert_eq!(buffer[4 * block..5 * block], pattern(2, block)[..]);
+    let mut in_place = Vec::new();
+    let seen = reader.read_in_place(4 * block as u64, block, |bytes| in_place = bytes.to_vec());
+    if seen.unwrap().is_some() {
+        assert_eq!(in_place, pattern(2, block));
+    }
+    volume.setattr(file, &SetAttr { size: Some(0), ..SetAttr::default() }).unwrap();
+    assert_eq!(read(&mut buffer), 0, "a truncate to nothing");
+    assert_eq!(reader.read_in_place(0, block, |_| ()).unwrap(), None);
 }

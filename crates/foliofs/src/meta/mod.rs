@@ -3,6 +3,8 @@
 
 mod state;
 mod store;
+mod view;
 
 pub use state::{ApplyError, Inode, InodeBody, MetaState, Xattrs};
 pub use store::{LoadReport, MetaStore, Txn};
+pub use view::{InodeView, Viewed};

@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::alloc::BlockRun;
 use crate::dev::{Device, DiscardMode};
@@ -65,6 +65,11 @@ pub struct LoadReport {
 
 pub struct MetaStore {
     state: RwLock<MetaState>,
+    /// Bumped by every write lock of `state`, once it is held and before
+    /// anything changes: a copy of state taken under the read lock at
+    /// generation G is still true while the generation reads G
+    /// ([`super::view::InodeView`]).
+    generation: AtomicU64,
     journal: Journal,
     checkpoint_lock: Mutex<()>,
     read_only: bool,
@@ -232,6 +237,7 @@ impl MetaStore {
         let journal = Journal::new(device, geometry, loaded.position);
         let store = Self {
             state: RwLock::new(state),
+            generation: AtomicU64::new(1),
             journal,
             checkpoint_lock: Mutex::new(()),
             read_only,
@@ -253,11 +259,25 @@ impl MetaStore {
         self.state.read()
     }
 
+    /// How many times the state was locked for change (see `generation`);
+    /// stable while a read lock is held.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The write lock, the only way to change the state: counts the change
+    /// before the caller makes it.
+    fn write_state(&self) -> RwLockWriteGuard<'_, MetaState> {
+        let state = self.state.write();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        state
+    }
+
     /// Changes memory-only fields (open handle counts, in-memory sizes) under
     /// the write lock without logging; works on read-only volumes too. The
     /// closure must not change persistent state.
     pub fn update_memory<T>(&self, change: impl FnOnce(&mut MetaState) -> T) -> T {
-        change(&mut self.state.write())
+        change(&mut self.write_state())
     }
 
     pub fn journal(&self) -> &Journal {
@@ -284,7 +304,7 @@ impl MetaStore {
         let metadata_bytes_max = self.journal.geometry().slot_payload_bytes_max();
         let log_bytes_max = self.journal.geometry().group_payload_bytes_max();
         debug_assert!(TXN_LOG_BYTES_UNRESERVED <= log_bytes_max);
-        let mut state = self.state.write();
+        let mut state = self.write_state();
         state.release_pending_frees(self.journal.durable_lsn());
         let mut txn = Txn {
             state: &mut state,
@@ -330,7 +350,7 @@ impl MetaStore {
     /// device before they can be reused (`-o discard`, as ext4's).
     pub fn enable_discard(&self, block_bytes: u64) {
         self.discard_block_bytes.store(block_bytes, Ordering::Relaxed);
-        self.state.write().discard_freed = true;
+        self.write_state().discard_freed = true;
     }
 
     /// Discards the blocks freed by records now durable, then hands them to
@@ -353,7 +373,7 @@ impl MetaStore {
         if block_bytes == 0 {
             return;
         }
-        let runs = self.state.write().take_durable_frees(self.journal.durable_lsn());
+        let runs = self.write_state().take_durable_frees(self.journal.durable_lsn());
         if runs.is_empty() {
             return;
         }
@@ -373,7 +393,7 @@ impl MetaStore {
                 Err(error) => tracing::warn!("discard of {count} blocks at {start}: {error}"),
             }
         }
-        let mut state = self.state.write();
+        let mut state = self.write_state();
         state.finish_discards(&runs);
         if self.discard_block_bytes.load(Ordering::Relaxed) == 0 {
             state.discard_freed = false;

@@ -14,6 +14,7 @@ use crate::direct::{self, DirectFuture, WriteObserver};
 use crate::error::{Error, Result};
 use crate::format::record::{INODE_FLAG_APPEND, INODE_FLAG_IMMUTABLE};
 use crate::format::InodeKind;
+use crate::meta::InodeView;
 use crate::space::{self, FallocateMode, Whence};
 use crate::writeback;
 
@@ -88,6 +89,9 @@ pub struct File {
     inode: Arc<InodeCache>,
     flags: OpenFlags,
     readahead: Readahead,
+    /// The size and access-time outlook its reads last saw, for reads that
+    /// take no shared lock while nothing changed (`meta::view`).
+    view: InodeView,
     /// The file's writeback error sequence as this handle last saw it.
     errors_seen: AtomicU64,
     /// Where `std::io::Read`, `Write` and `Seek` go on (the positional
@@ -142,6 +146,7 @@ impl Volume {
             inode,
             flags,
             readahead: Readahead::default(),
+            view: InodeView::default(),
             cursor: Mutex::new(0),
             released: false,
         };
@@ -194,20 +199,33 @@ impl File {
     pub fn read_at(&self, buffer: &mut [u8], pos: u64) -> Result<usize> {
         self.check_readable()?;
         let engine = &self.shared.engine;
-        let read = if self.flags.direct {
-            direct::read(engine, &self.inode, self.ino, buffer, pos)
-        } else {
-            let _shared = self.inode.io.shared();
-            let read = buffered::read(engine, &self.inode, &self.readahead, buffer, pos);
-            if let (Ok(count), true) = (&read, self.flags.drop_behind) {
-                self.drop_consumed(pos, pos + *count as u64)?;
+        if self.flags.direct {
+            let read = direct::read(engine, &self.inode, self.ino, buffer, pos);
+            if read.is_ok() && !buffer.is_empty() {
+                self.shared.accessed(self.ino);
             }
-            read
-        };
-        if read.is_ok() && !buffer.is_empty() {
-            self.shared.accessed(self.ino);
+            return read;
         }
-        read
+        let (viewed, count) = {
+            let _shared = self.inode.io.shared();
+            let viewed = self.shared.read_view(self.ino, &self.view)?;
+            let count = buffered::read(
+                engine,
+                &self.inode,
+                &self.readahead,
+                buffer,
+                pos,
+                viewed.size_bytes,
+            )?;
+            if self.flags.drop_behind {
+                self.drop_consumed(pos, pos + count as u64)?;
+            }
+            (viewed, count)
+        };
+        if !buffer.is_empty() {
+            self.shared.accessed_viewed(self.ino, &viewed);
+        }
+        Ok(count)
     }
 
     /// Writes at `pos` (at the end of file with `append`); returns the bytes
@@ -279,13 +297,24 @@ impl File {
             return Ok(None);
         }
         let engine = &self.shared.engine;
-        let read = {
+        let (read, viewed) = {
             let _shared = self.inode.io.shared();
-            buffered::read_in_place(engine, &self.inode, &self.readahead, pos, length, consume)?
+            let viewed = self.shared.read_view(self.ino, &self.view)?;
+            let size = viewed.size_bytes;
+            let read = buffered::read_in_place(
+                engine,
+                &self.inode,
+                &self.readahead,
+                pos,
+                length,
+                size,
+                consume,
+            )?;
+            (read, viewed)
         };
         let Some((consumed, count)) = read else { return Ok(None) };
         if count > 0 {
-            self.shared.accessed(self.ino);
+            self.shared.accessed_viewed(self.ino, &viewed);
         }
         if self.flags.drop_behind {
             self.drop_consumed(pos, pos + count as u64)?;

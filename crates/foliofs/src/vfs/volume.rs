@@ -18,7 +18,7 @@ use crate::format::{
 use crate::iomap::{self, Intent, MapKind};
 use crate::journal::JournalGeometry;
 use crate::layout;
-use crate::meta::{LoadReport, MetaState, MetaStore};
+use crate::meta::{InodeView, LoadReport, MetaState, MetaStore, Viewed};
 use crate::options::{AtimePolicy, VolumeOptions};
 use crate::writeback;
 
@@ -105,6 +105,46 @@ impl Shared {
         self.check_running()?;
         let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
         Ok(Attr::of(ino, inode, self.superblock.block_bytes))
+    }
+
+    /// `ino`'s size and access-time outlook for a read, from `view` while
+    /// the metadata has not changed since it was taken, else under the read
+    /// lock (refreshing `view`): see `meta::view`. The caller holds the
+    /// inode's I/O lock shared, as for any read.
+    pub(crate) fn read_view(&self, ino: u64, view: &InodeView) -> Result<Viewed> {
+        if let Some(viewed) = view.get(self.meta.generation()) {
+            return Ok(viewed);
+        }
+        let state = self.meta.read();
+        let generation = self.meta.generation();
+        let inode =
+            state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+        let attrs = &inode.attrs;
+        let atime_quiet_until_secs = match self.options.atime {
+            _ if self.options.read_only || super::flags::skips_atime(&state, ino) => u64::MAX,
+            AtimePolicy::NoAtime => u64::MAX,
+            AtimePolicy::Strict => 0,
+            AtimePolicy::Relatime if attrs.mtime >= attrs.atime || attrs.ctime >= attrs.atime => 0,
+            AtimePolicy::Relatime => {
+                u64::try_from(attrs.atime.secs.saturating_add(RELATIME_AGE_SECS)).unwrap_or(0)
+            }
+        };
+        let viewed = Viewed { size_bytes: inode.size, atime_quiet_until_secs };
+        view.set(generation, viewed);
+        Ok(viewed)
+    }
+
+    /// [`Shared::accessed`] after a read that looked at `viewed`: nothing to
+    /// do, and no lock taken, while its access time is not due.
+    pub(crate) fn accessed_viewed(&self, ino: u64, viewed: &Viewed) {
+        let quiet = match viewed.atime_quiet_until_secs {
+            u64::MAX => true,
+            0 => false,
+            until => u64::try_from(crate::dev::realtime_coarse_secs()).is_ok_and(|now| now < until),
+        };
+        if !quiet {
+            self.accessed(ino);
+        }
     }
 
     /// A read of `ino` (its data, or a directory's listing) happened:
