@@ -79,6 +79,15 @@ impl Readahead {
         window
     }
 
+    /// The window for a miss that a cached run of `bytes` (history plus
+    /// the request) leads to: that many, to a power of two, at most the
+    /// most (the kernel's `ra->size = contig_count + req_count`).
+    fn window_from_history(&self, bytes: u64) -> u64 {
+        let window = bytes.next_power_of_two().min(READAHEAD_MAX_BYTES);
+        self.window_bytes.store(window, Ordering::Relaxed);
+        window
+    }
+
     /// A read ending at `end` is done. A plain store, not a swap: cached
     /// reads pass here millions of times a second, and a race between
     /// threads of one handle only misjudges a window.
@@ -207,6 +216,15 @@ fn copy_out(
 /// `request_end`, never past the block holding the end of file), fills
 /// those the request needs, has the rest filled in the background (here if
 /// that is refused), and returns the one containing `pos`.
+///
+/// A read that does not continue the handle's last one is judged by the
+/// cached blocks right before it, the trace a sequential stream of any
+/// handle would leave (the kernel's page_cache_sync_ra): no longer run of
+/// them than the request itself makes it a standalone random read, which
+/// reads just its own blocks and leaves the readahead state alone (a 4 KiB
+/// random read used to read a 128 KiB window, and a file larger than the
+/// cache read at a fifth of the rate it does now); a longer run sizes the
+/// window from that history, as the kernel does.
 fn read_ahead(
     engine: &Engine,
     inode: &Arc<InodeCache>,
@@ -216,7 +234,26 @@ fn read_ahead(
     request_end: u64,
     size: u64,
 ) -> Result<Arc<Folio>> {
-    let window = readahead.window_for(sequential, request_end - pos);
+    let block_start = engine.align_down(pos);
+    let request_bytes = engine.align_up(request_end) - block_start;
+    let history_bytes = if sequential || block_start == 0 {
+        None
+    } else {
+        Some(cached_run_before(inode, block_start, READAHEAD_MAX_BYTES))
+    };
+    if history_bytes.is_some_and(|history| history <= request_bytes) {
+        let end = engine.align_up(request_end.min(size));
+        let folios = folios_for_range(engine, inode, block_start, end);
+        for folio in &folios {
+            let mut state = folio.write();
+            fill_blocks(engine, inode, folio, &mut state, 0, folio.block_count(), size)?;
+        }
+        return Ok(folios.into_iter().next().expect("a request holds the block at pos"));
+    }
+    let window = match history_bytes {
+        Some(history) => readahead.window_from_history(history + request_bytes),
+        None => readahead.window_for(sequential, request_end - pos),
+    };
     let end = window_end(engine, pos, window, size).max(engine.align_up(request_end));
     let folios = folios_for_range(engine, inode, engine.align_down(pos), end);
     readahead.ahead_end.store(end, Ordering::Relaxed);
@@ -232,6 +269,20 @@ fn read_ahead(
     let first = folios.into_iter().next().expect("a window holds the block at pos");
     debug_assert!(first.pos() <= pos && pos < first.end());
     Ok(first)
+}
+
+/// How many bytes right before `pos` are in cached folios, one after
+/// another (counted up to `limit`).
+fn cached_run_before(inode: &InodeCache, pos: u64, limit: u64) -> u64 {
+    let start = pos.saturating_sub(limit);
+    let mut at = pos;
+    while at > start {
+        match inode.folio_at(at - 1) {
+            Some(folio) => at = folio.pos().max(start),
+            None => break,
+        }
+    }
+    pos - at
 }
 
 /// The folios covering `[start, end)` (block-aligned), made where none are.

@@ -132,6 +132,7 @@ block_size_tests!(
     a_partial_block_write_reads_only_that_block,
     sequential_reads_grow_the_readahead_window,
     a_sequential_reader_is_read_ahead_in_the_background,
+    random_reads_read_only_their_own_blocks,
     buffered_and_direct_see_each_other,
     truncation_drops_cached_bytes_past_the_end,
     seed_001_sequence_leaves_no_delalloc,
@@ -295,6 +296,41 @@ fn a_sequential_reader_is_read_ahead_in_the_background(block_bytes: u32) {
     assert_eq!(file.read_at(&mut ahead, 128 << 10).unwrap(), ahead.len());
     assert!(ahead[..] == expected[128 << 10..ahead_bytes as usize]);
     assert_eq!(volume.device().stats().since(&read_ahead).bytes_read, 0);
+}
+
+/// Reads that continue no stream (not where the handle's last read ended,
+/// nothing cached right before them) read only their own blocks, as the
+/// kernel's page_cache_sync_ra: a random 4 KiB read used to read a 128 KiB
+/// window. A read right after a cached run longer than itself (another
+/// handle's stream) reads ahead, sized from that run rather than a full
+/// window.
+fn random_reads_read_only_their_own_blocks(block_bytes: u32) {
+    let (_device, volume, ino) = written_file("", block_bytes, 8 << 20);
+    let file = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let expected = pattern(5, 8 << 20);
+    let unit = u64::from(block_bytes).max(4096);
+    let stride = 512u64 << 10;
+    let before = volume.device().stats();
+    let mut buffer = vec![0; unit as usize];
+    for index in (0..16u64).rev() {
+        let offset = index * stride + unit;
+        assert_eq!(file.read_at(&mut buffer, offset).unwrap(), buffer.len());
+        assert!(buffer[..] == expected[offset as usize..(offset + unit) as usize]);
+    }
+    let delta = volume.device().stats().since(&before);
+    assert_eq!(delta.bytes_read, 16 * unit, "16 random reads of {unit} bytes");
+    assert_eq!(delta.read_requests, 16);
+    // Another handle's stream left two units cached before this read.
+    let stream = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let start = 4 * stride;
+    let mut two = vec![0; 2 * unit as usize];
+    assert_eq!(stream.read_at(&mut two, start).unwrap(), two.len());
+    let before = volume.device().stats();
+    assert_eq!(file.read_at(&mut buffer, start + 2 * unit).unwrap(), buffer.len());
+    let ahead = volume.device().stats().since(&before).bytes_read;
+    assert!(ahead > unit && ahead <= 8 * unit, "{ahead} bytes after a cached run of two units");
+    let at = (start + 2 * unit) as usize;
+    assert!(buffer[..] == expected[at..at + unit as usize]);
 }
 
 /// Cached, then overwritten directly by 4 KiB: four blocks on 1 KiB blocks,
