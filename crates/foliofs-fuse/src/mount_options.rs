@@ -41,7 +41,7 @@ pub const MOUNT_OPTION_KEYS: &[(&str, &str)] = &[
     ),
     (
         "fuse_threads",
-        "threads serving kernel requests (default 16; with io_uring split over the CPU queues)",
+        "threads serving kernel requests (default 16 on /dev/fuse, two per CPU queue with io_uring; a number given is split over the CPU queues)",
     ),
     (
         "attr_timeout",
@@ -115,7 +115,13 @@ const STANDARD_FLAGS: &[StandardFlag] = &[
 /// fusermount3 and mount.fuse3 do).
 const DEFAULT_MOUNT_FLAGS: c_ulong = libc::MS_NODEV | libc::MS_NOSUID;
 
+/// Threads reading /dev/fuse unless `fuse_threads` says.
 const DEFAULT_FUSE_THREADS: usize = 16;
+/// Ring threads per CPU queue with io_uring unless `fuse_threads` says: at
+/// iodepth 64 through the mount, two per queue ran 4 KiB direct random
+/// reads 15% and writes 38% faster than eight (16 over 2 CPUs), seed 000
+/// 33% faster, while a cache-missing buffered reader at 8 jobs lost 11%.
+const DEFAULT_RING_THREADS_PER_QUEUE: usize = 2;
 const DEFAULT_ATTR_TIMEOUT_SECONDS: u64 = 3600;
 
 const DEFAULT_URING_DEPTH: u16 = 64;
@@ -168,7 +174,8 @@ pub struct MountOptions {
     /// An io_uring ring thread submits a single reply at SCHED_IDLE:
     /// `ring_sched`.
     pub ring_sched_idle: bool,
-    pub fuse_threads: usize,
+    /// Serving threads, as given; `None`: the defaults above.
+    pub fuse_threads: Option<usize>,
     pub attr_timeout: Duration,
     pub max_write_bytes: u32,
     pub default_permissions: bool,
@@ -204,7 +211,7 @@ impl Default for MountOptions {
             // not the CPUs, bound the queue depth the device sees: on 2 CPUs,
             // 4k random direct writes at iodepth 64 ran 12.1k IOPS with 2
             // threads, 43.3k with 16 and 29.7k with 64.
-            fuse_threads: DEFAULT_FUSE_THREADS,
+            fuse_threads: None,
             // Long: every change the kernel does not make itself is
             // invalidated (the invalidate module). It bounds only a change
             // the engine would make on its own, unasked; st_blocks is not
@@ -335,7 +342,7 @@ impl MountOptions {
                 if !(1..=256).contains(&threads) {
                     return Err(bad("must be between 1 and 256"));
                 }
-                self.fuse_threads = threads;
+                self.fuse_threads = Some(threads);
             }
             "attr_timeout" => {
                 let seconds: f64 = value
@@ -442,7 +449,7 @@ impl MountOptions {
         } else {
             SessionACL::Owner
         };
-        config.n_threads = Some(self.fuse_threads);
+        config.n_threads = Some(self.fuse_threads.unwrap_or(DEFAULT_FUSE_THREADS));
         // Each thread reads from its own clone of /dev/fuse, so the kernel
         // spreads requests over the threads instead of waking all of them.
         config.clone_fd = true;
@@ -452,6 +459,8 @@ impl MountOptions {
             // only its own thread's entries.
             config.io_uring_queue_depth = Some(self.uring_depth);
             config.io_uring_sched_idle = self.ring_sched_idle;
+            config.io_uring_threads_per_queue =
+                self.fuse_threads.is_none().then_some(DEFAULT_RING_THREADS_PER_QUEUE);
         }
         config
     }
@@ -471,6 +480,13 @@ mod tests {
         let config = options.fuse_config(Path::new("/img"));
         assert_eq!(config.io_uring_queue_depth, Some(16));
         assert_eq!(config.n_threads, Some(4));
+        assert_eq!(
+            config.io_uring_threads_per_queue, None,
+            "a number given is split over the queues"
+        );
+        let config = MountOptions::parse("").unwrap().fuse_config(Path::new("/img"));
+        assert_eq!(config.n_threads, Some(DEFAULT_FUSE_THREADS));
+        assert_eq!(config.io_uring_threads_per_queue, Some(DEFAULT_RING_THREADS_PER_QUEUE));
         let bad = MountOptions::parse("transport=tcp").unwrap_err().to_string();
         assert!(bad.contains("transport=tcp") && bad.contains("uring or dev"), "{bad}");
         assert!(MountOptions::parse("uring_depth=0").is_err());
@@ -503,7 +519,7 @@ mod tests {
         let writeback = MountOptions::parse("page_cache=writeback").unwrap();
         assert_eq!(writeback.page_cache, PageCacheUse::Writeback);
         assert_eq!(writeback.attr_timeout, Duration::from_secs(3600));
-        assert_eq!(options.fuse_threads, 3);
+        assert_eq!(options.fuse_threads, Some(3));
         assert!(options.allow_other);
         assert_eq!(options.standard_options, ["noatime"]);
         assert_eq!(options.mount_flags, libc::MS_NODEV | libc::MS_NOSUID | libc::MS_NOATIME);

@@ -574,7 +574,11 @@ impl<FS: Filesystem> Session<FS> {
         let payload_bytes = (config.max_write as usize)
             .max(usize::from(config.max_pages()) * page_bytes)
             .max(32 * page_bytes);
-        let threads = self.config.n_threads.unwrap_or(1);
+        let queues = crate::uring::possible_cpus();
+        let threads = match self.config.io_uring_threads_per_queue {
+            Some(per_queue) => per_queue.max(1) * queues,
+            None => self.config.n_threads.unwrap_or(1),
+        };
         match crate::uring::build_rings(
             &self.ch,
             usize::from(queue_depth),
