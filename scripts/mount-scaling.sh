@@ -10,6 +10,7 @@
 set -u
 RT_JOBS=${RT_JOBS:-1 2 4 8 16}  # job counts of the round-trip rows
 RR_JOBS=${RR_JOBS:-1 4 16}      # job counts of the random-read rows
+MOUNT_OPTS=${MOUNT_OPTS:-}      # more -o options for the mounts (fuse_threads=16)
 B=$(realpath "${1:-target/release/foliofs}")
 WORK=$(mktemp -d /tmp/mount-scaling.XXXXXX)
 IMG=$WORK/img
@@ -31,7 +32,7 @@ RR="--ioengine=io_uring --direct=1 --rw=randread --bs=4k --size=256M --iodepth=3
 for transport in uring dev; do
   truncate -s 8G "$IMG"
   "$B" mkfs "$IMG" >/dev/null
-  "$B" mount -f -o "transport=$transport" "$IMG" "$MNT" </dev/null >"$WORK/mount.log" 2>&1 &
+  "$B" mount -f -o "transport=$transport${MOUNT_OPTS:+,$MOUNT_OPTS}" "$IMG" "$MNT" </dev/null >"$WORK/mount.log" 2>&1 &
   daemon=$!
   for _ in $(seq 500); do mountpoint -q "$MNT" && break; sleep 0.02; done
   grep -E "travel|falls back|note" "$WORK/mount.log" | sed 's/^/   /'
