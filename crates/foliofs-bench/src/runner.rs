@@ -8,7 +8,7 @@
 //! With verify=crc32c every block written is remembered by its checksum and,
 //! with do_verify, read back and checked when the job ends.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Barrier};
@@ -309,6 +309,16 @@ impl Instance<'_> {
         block * self.spec.block_bytes
     }
 
+    /// `offset`, or the next block after it (wrapping) with no write in
+    /// flight; `None` when every block has one.
+    fn free_block_from(&self, offset: u64, writing: &HashSet<u64>) -> Option<u64> {
+        let block_bytes = self.spec.block_bytes;
+        let first = offset / block_bytes;
+        (0..self.blocks)
+            .map(|step| (first + step) % self.blocks * block_bytes)
+            .find(|candidate| !writing.contains(candidate))
+    }
+
     fn next_is_read(&mut self) -> bool {
         match (self.spec.pattern.reads(), self.spec.pattern.writes()) {
             (true, true) => self.rng.random_range(0..100) < self.spec.read_mix_percent,
@@ -474,9 +484,29 @@ fn run_async(
 ) -> anyhow::Result<()> {
     let block_bytes = instance.spec.block_bytes as usize;
     let mut in_flight: FuturesUnordered<Pending> = FuturesUnordered::new();
-    let submit = |instance: &mut Instance<'_>, mut buffer: AlignedBuf| -> Pending {
-        let offset = instance.next_offset();
-        let is_read = instance.next_is_read();
+    // Offsets with a write in flight. Two overlapping writes in flight at
+    // once may land in either order (on a device, and through FUSE, where
+    // two serving threads can pass them on together), so with verify a
+    // write never goes to a block that is still being written: fio's random
+    // map keeps its writes apart the same way.
+    let mut writing: HashSet<u64> = HashSet::new();
+    let submit = |instance: &mut Instance<'_>,
+                  writing: &mut HashSet<u64>,
+                  mut buffer: AlignedBuf|
+     -> Pending {
+        let mut offset = instance.next_offset();
+        let mut is_read = instance.next_is_read();
+        if !is_read && instance.spec.verify {
+            match instance.free_block_from(offset, writing) {
+                Some(free) => offset = free,
+                // Every block is being written (a file of fewer blocks
+                // than the depth): read instead.
+                None => is_read = true,
+            }
+        }
+        if !is_read {
+            writing.insert(offset);
+        }
         let started = Instant::now();
         if is_read {
             let future = file.read_async(buffer, offset);
@@ -500,13 +530,16 @@ fn run_async(
         }
         let mut buffer = AlignedBuf::zeroed(block_bytes);
         buffer.fill(0xA5);
-        in_flight.push(submit(instance, buffer));
+        in_flight.push(submit(instance, &mut writing, buffer));
         submitted_bytes += block_bytes as u64;
     }
     // Ends when the last request in flight completes; none is resubmitted
     // once the clock says done.
     foliofs::completion::block_on(async {
         while let Some((buffer, result, is_read, started, offset)) = in_flight.next().await {
+            if !is_read {
+                writing.remove(&offset);
+            }
             let transferred = result.with_context(|| {
                 format!("{} at offset {offset}", if is_read { "read" } else { "write" })
             })?;
@@ -514,7 +547,7 @@ fn run_async(
             let sides = (&mut *read, &mut *write);
             completed(instance, file, clock, sides, is_read, started, latency, transferred)?;
             if !clock.done(Instant::now(), submitted_bytes) {
-                in_flight.push(submit(instance, buffer));
+                in_flight.push(submit(instance, &mut writing, buffer));
                 submitted_bytes += block_bytes as u64;
             }
         }
