@@ -239,7 +239,11 @@ fn read_ahead(
     let history_bytes = if sequential || block_start == 0 {
         None
     } else {
-        Some(cached_run_before(inode, block_start, READAHEAD_MAX_BYTES))
+        // As far back as the kernel's page_cache_prev_miss looks (a first
+        // window), or past the request when it is larger: enough to tell a
+        // stream from a random read, at a few folio lookups.
+        let limit = READAHEAD_MIN_BYTES.max(2 * request_bytes).min(READAHEAD_MAX_BYTES);
+        Some(cached_run_before(inode, block_start, limit))
     };
     if history_bytes.is_some_and(|history| history <= request_bytes) {
         let end = engine.align_up(request_end.min(size));
