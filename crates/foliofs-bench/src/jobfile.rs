@@ -175,17 +175,18 @@ impl JobSpec {
     }
 
     /// The file job instance `index` (of `numjobs`) works on: `filename`, or
-    /// fio's `name.index.0` inside `directory`.
+    /// fio's `name.index.0`, inside `directory` when there is one (fio
+    /// prefixes an explicit `filename` with it too).
     pub fn file_of(&self, index: u32) -> String {
-        match &self.filename {
+        let file = match &self.filename {
             Some(filename) => filename.clone(),
-            None => {
-                let file = format!("{}.{index}.0", self.name);
-                match &self.directory {
-                    Some(directory) => format!("{}/{file}", directory.trim_end_matches('/')),
-                    None => file,
-                }
+            None => format!("{}.{index}.0", self.name),
+        };
+        match &self.directory {
+            Some(directory) => {
+                format!("{}/{}", directory.trim_end_matches('/'), file.trim_start_matches('/'))
             }
+            None => file,
         }
     }
 
@@ -586,6 +587,10 @@ group_reporting=1
         assert_eq!(job.ramp_time, Duration::from_secs(10));
         assert!(!job.allow_file_create && job.overwrite && job.group_reporting);
         assert_eq!(job.file_of(3), "/mnt/fio");
+        // fio puts an explicit filename inside directory= too.
+        let words = ["--name=d", "--size=1M", "--directory=/mnt/run/", "--filename=/f"];
+        let jobs = parse_command_line(&words).unwrap();
+        assert_eq!(jobs[0].file_of(0), "/mnt/run/f");
     }
 
     #[test]

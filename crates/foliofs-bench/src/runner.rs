@@ -245,28 +245,51 @@ fn prepare_file(volume: &Volume, spec: &JobSpec, path: &str) -> anyhow::Result<u
     let lay_out = spec.pattern.reads() || spec.overwrite;
     if lay_out && attr.size < spec.size_bytes {
         let file = volume.open_file(ino, OpenFlags::WRITE)?;
-        let chunk = vec![0x5Au8; LAYOUT_CHUNK_BYTES];
-        let mut offset = attr.size;
-        while offset < spec.size_bytes {
-            let length = (spec.size_bytes - offset).min(LAYOUT_CHUNK_BYTES as u64) as usize;
-            file.write_at(&chunk[..length], offset)?;
-            offset += length as u64;
-        }
+        lay_out_range(attr.size, spec.size_bytes, |chunk, offset| file.write_at(chunk, offset))?;
         file.fsync()?;
     }
     if spec.pre_read {
         let file = volume.open_file(ino, OpenFlags::READ)?;
-        let mut buffer = vec![0u8; LAYOUT_CHUNK_BYTES];
-        let mut offset = 0;
-        while offset < spec.size_bytes {
-            let read = file.read_at(&mut buffer, offset)?;
-            if read == 0 {
-                break;
-            }
-            offset += read as u64;
-        }
+        read_through(spec.size_bytes, |buffer, offset| file.read_at(buffer, offset))?;
     }
     Ok(ino)
+}
+
+/// What laid-out files hold (any byte but zero).
+const LAID_OUT_BYTE: u8 = 0x5A;
+
+/// Writes `[from, to)` of a file with the layout byte, chunk by chunk,
+/// through `write_at` (the engine's files and `--target files` alike).
+pub(crate) fn lay_out_range<T, E>(
+    from: u64,
+    to: u64,
+    mut write_at: impl FnMut(&[u8], u64) -> Result<T, E>,
+) -> Result<(), E> {
+    let chunk = vec![LAID_OUT_BYTE; LAYOUT_CHUNK_BYTES];
+    let mut offset = from;
+    while offset < to {
+        let length = (to - offset).min(LAYOUT_CHUNK_BYTES as u64) as usize;
+        write_at(&chunk[..length], offset)?;
+        offset += length as u64;
+    }
+    Ok(())
+}
+
+/// Reads a file's first `size` bytes (fewer at end of file) through
+/// `read_at`, so that they are cached (`pre_read`).
+pub(crate) fn read_through<E>(
+    size: u64,
+    mut read_at: impl FnMut(&mut [u8], u64) -> Result<usize, E>,
+) -> Result<(), E> {
+    let mut buffer = vec![0u8; LAYOUT_CHUNK_BYTES];
+    let mut offset = 0;
+    while offset < size {
+        match read_at(&mut buffer, offset)? {
+            0 => break,
+            read => offset += read as u64,
+        }
+    }
+    Ok(())
 }
 
 fn create_with_parents(volume: &Volume, path: &str) -> anyhow::Result<u64> {

@@ -18,7 +18,7 @@ use foliofs::Error as FsError;
 use parking_lot::Mutex;
 
 use crate::jobfile::JobSpec;
-use crate::runner::{Submitted, Target};
+use crate::runner::{lay_out_range, read_through, Submitted, Target};
 
 /// Bytes `[base, base + size)` of the raw device.
 pub struct RawRegion {
@@ -58,7 +58,7 @@ pub fn file_regions(spec: &JobSpec, options: &DevOptions) -> io::Result<Vec<RawR
     let mut opened: Vec<(PathBuf, Arc<Device>)> = Vec::new();
     let mut regions = Vec::new();
     for index in 0..spec.numjobs {
-        let path = file_path(spec, index);
+        let path = PathBuf::from(spec.file_of(index));
         let device = match opened.iter().find(|(known, _)| *known == path) {
             Some((_, device)) => Arc::clone(device),
             None => {
@@ -78,17 +78,6 @@ pub fn file_regions(spec: &JobSpec, options: &DevOptions) -> io::Result<Vec<RawR
         });
     }
     Ok(regions)
-}
-
-/// Where instance `index` of `spec` does its I/O: fio prefixes even an
-/// explicit `filename=` with `directory=`.
-fn file_path(spec: &JobSpec, index: u32) -> PathBuf {
-    match (&spec.directory, &spec.filename) {
-        (Some(directory), Some(filename)) => {
-            Path::new(directory).join(filename.trim_start_matches('/'))
-        }
-        _ => PathBuf::from(spec.file_of(index)),
-    }
 }
 
 /// Creates `path` (and its parents) at the job's size: written through with
@@ -115,33 +104,20 @@ fn lay_out_file(spec: &JobSpec, path: &Path) -> io::Result<()> {
         .map_err(named)?;
     let size_bytes = file.metadata().map_err(named)?.len();
     if (spec.pattern.reads() || spec.overwrite) && size_bytes < spec.size_bytes {
-        let chunk = vec![LAID_OUT_FILE_BYTE; LAYOUT_CHUNK_BYTES];
-        let mut offset = size_bytes;
-        while offset < spec.size_bytes {
-            let length = (spec.size_bytes - offset).min(LAYOUT_CHUNK_BYTES as u64) as usize;
-            file.write_all_at(&chunk[..length], offset).map_err(named)?;
-            offset += length as u64;
-        }
+        lay_out_range(size_bytes, spec.size_bytes, |chunk, offset| {
+            file.write_all_at(chunk, offset)
+        })
+        .map_err(named)?;
         file.sync_all().map_err(named)?;
     } else if size_bytes < spec.size_bytes {
         file.set_len(spec.size_bytes).map_err(named)?;
     }
     if spec.pre_read {
-        let mut buffer = vec![0u8; LAYOUT_CHUNK_BYTES];
-        let mut offset = 0;
-        while offset < spec.size_bytes {
-            match file.read_at(&mut buffer, offset).map_err(named)? {
-                0 => break,
-                read => offset += read as u64,
-            }
-        }
+        read_through(spec.size_bytes, |buffer, offset| file.read_at(buffer, offset))
+            .map_err(named)?;
     }
     Ok(())
 }
-
-/// What a laid-out file holds (the engine target's layout byte).
-const LAID_OUT_FILE_BYTE: u8 = 0x5A;
-const LAYOUT_CHUNK_BYTES: usize = 1 << 20;
 
 fn io_error(what: &str, error: std::io::Error) -> FsError {
     FsError::io(format!("raw device {what}"), error)
