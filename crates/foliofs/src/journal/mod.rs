@@ -16,6 +16,7 @@
 //! - a checkpoint follows the same flush-then-FUA rule and frees journal space
 //!   only after it is durable.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
@@ -125,6 +126,10 @@ pub struct Journal {
     device: Arc<Device>,
     geometry: JournalGeometry,
     inner: Mutex<Inner>,
+    /// Set once `Inner::failed` is: every change asks whether the journal
+    /// failed, and a flag read is cheaper than the lock, whose cache line
+    /// the rest of the change has usually pushed out by then.
+    has_failed: AtomicBool,
     commit_finished: Condvar,
 }
 
@@ -165,7 +170,13 @@ impl Journal {
             checkpoint_generation: position.checkpoint_generation,
             failed: None,
         };
-        Self { device, geometry, inner: Mutex::new(inner), commit_finished: Condvar::new() }
+        Self {
+            device,
+            geometry,
+            inner: Mutex::new(inner),
+            has_failed: AtomicBool::new(false),
+            commit_finished: Condvar::new(),
+        }
     }
 
     pub fn device(&self) -> &Device {
@@ -218,12 +229,22 @@ impl Journal {
     /// written any more, as if the machine had stopped here.
     pub fn shut_down(&self) {
         let mut inner = self.inner.lock();
-        inner.failed.get_or_insert_with(|| "the volume was shut down".into());
+        self.fail(&mut inner, "the volume was shut down".into());
         self.device.shut_down();
     }
 
     pub fn failure(&self) -> Option<String> {
+        if !self.has_failed.load(Ordering::Acquire) {
+            return None;
+        }
         self.inner.lock().failed.clone()
+    }
+
+    /// Records the first failure (later ones keep it) and returns it.
+    fn fail(&self, inner: &mut Inner, message: String) -> String {
+        let failure = inner.failed.get_or_insert(message).clone();
+        self.has_failed.store(true, Ordering::Release);
+        failure
     }
 
     /// Flushes plain data writes no flush covers yet: an fsync's last step
@@ -242,7 +263,7 @@ impl Journal {
         let message = format!("flush failed, the volume is now read-only: {error}");
         tracing::error!("{message}");
         inner = self.inner.lock();
-        Err(inner.failed.get_or_insert(message).clone())
+        Err(self.fail(&mut inner, message))
     }
 
     /// Fraction of the journal between tail and head (0.0 ..= 1.0).
@@ -328,7 +349,7 @@ impl Journal {
                 if !self.device.is_shut_down() {
                     tracing::error!("{message}");
                 }
-                Err(CommitError::Failed(inner.failed.get_or_insert(message).clone()))
+                Err(CommitError::Failed(self.fail(inner, message)))
             }
         }
     }
@@ -412,7 +433,7 @@ impl Journal {
             }
             let message = format!("checkpoint write failed, the volume is now read-only: {error}");
             tracing::error!("{message}");
-            self.inner.lock().failed = Some(message.clone());
+            self.fail(&mut self.inner.lock(), message.clone());
             return Err(Error::ReadOnly(message));
         }
         let mut inner = self.inner.lock();
