@@ -8,8 +8,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::alloc::BlockRun;
 use crate::dev::{Device, DiscardMode};
@@ -75,6 +76,19 @@ pub struct MetaStore {
     read_only: bool,
     /// Bytes of a block once `-o discard` is on; 0 while off.
     discard_block_bytes: AtomicU64,
+    /// Requests to the background committer, where the volume runs one.
+    committer: Mutex<CommitterMailbox>,
+    committer_wake: Condvar,
+}
+
+/// What a writer and the volume tell the background committer.
+#[derive(Default)]
+struct CommitterMailbox {
+    /// A thread waits in [`MetaStore::wait_for_commit_request`].
+    running: bool,
+    /// Commit now, without waiting for the interval.
+    commit_wanted: bool,
+    stopping: bool,
 }
 
 /// Journal bytes any transaction may use without reserving them: a few
@@ -242,6 +256,8 @@ impl MetaStore {
             checkpoint_lock: Mutex::new(()),
             read_only,
             discard_block_bytes: AtomicU64::new(0),
+            committer: Mutex::new(CommitterMailbox::default()),
+            committer_wake: Condvar::new(),
         };
         Ok((store, report))
     }
@@ -339,11 +355,55 @@ impl MetaStore {
             }
         }
         drop(state);
-        if self.journal.pending_bytes() as u64 > self.journal.geometry().group_bytes_max() / 2 {
-            // Bound the unwritten log: the writer that filled it writes it.
-            self.commit(lsn)?;
+        let pending_bytes = self.journal.pending_bytes() as u64;
+        let group_bytes_max = self.journal.geometry().group_bytes_max();
+        if pending_bytes > group_bytes_max / 2 {
+            // Bound the unwritten log. Half a group's worth is handed to the
+            // background committer, and the writer goes on (as jbd2 commits
+            // a transaction grown too large); a writer that outruns it by a
+            // whole group, or a volume without one, writes it itself.
+            if pending_bytes > group_bytes_max || !self.request_commit() {
+                self.commit(lsn)?;
+            }
         }
         Ok((value, lsn))
+    }
+
+    /// Asks the background committer to commit now; false when no
+    /// committer runs.
+    fn request_commit(&self) -> bool {
+        let mut mailbox = self.committer.lock();
+        if !mailbox.running || mailbox.stopping {
+            return false;
+        }
+        if !mailbox.commit_wanted {
+            mailbox.commit_wanted = true;
+            self.committer_wake.notify_one();
+        }
+        true
+    }
+
+    /// The background committer's wait: returns after `interval`, or
+    /// sooner when a writer asks for a commit (true: commit), or when the
+    /// volume stops it (false: end).
+    pub fn wait_for_commit_request(&self, interval: Duration) -> bool {
+        let mut mailbox = self.committer.lock();
+        mailbox.running = true;
+        if !mailbox.commit_wanted && !mailbox.stopping {
+            self.committer_wake.wait_for(&mut mailbox, interval);
+        }
+        mailbox.commit_wanted = false;
+        if mailbox.stopping {
+            mailbox.running = false;
+            return false;
+        }
+        true
+    }
+
+    /// Ends the background committer's waits, and refuses it requests.
+    pub fn stop_committer(&self) {
+        self.committer.lock().stopping = true;
+        self.committer_wake.notify_all();
     }
 
     /// From now on blocks freed by a durable record are discarded on the

@@ -6,8 +6,6 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
-
 use crate::cache::{CachePolicy, InodeCache};
 use crate::dev::Device;
 use crate::engine::Engine;
@@ -50,8 +48,6 @@ pub(crate) struct Shared {
     pub(crate) engine: Arc<Engine>,
     pub(crate) superblock: Superblock,
     pub(crate) load_report: LoadReport,
-    stop: Mutex<bool>,
-    stop_signal: Condvar,
     pub(crate) observers: super::observe::Observers,
 }
 
@@ -89,8 +85,7 @@ impl Shared {
     /// Tells the background committer, the flusher and the background
     /// workers to end.
     pub(crate) fn stop_background(&self) {
-        *self.stop.lock() = true;
-        self.stop_signal.notify_all();
+        self.meta.stop_committer();
         self.cache.stop_flusher();
         self.engine.background.stop();
     }
@@ -357,8 +352,6 @@ impl Volume {
             engine: Arc::new(engine),
             superblock,
             load_report,
-            stop: Mutex::new(false),
-            stop_signal: Condvar::new(),
             observers: Default::default(),
         });
         if !options.read_only {
@@ -629,20 +622,15 @@ fn free_orphans(shared: &Shared) -> Result<()> {
 /// batch fits the smallest journal's 16 KiB group with room to spare.
 const ORPHANS_FREED_PER_TXN: usize = 1024;
 
-/// Commits the journal every `interval_ms` and checkpoints when it fills.
+/// Commits the journal every `interval_ms`, and when a writer has logged
+/// half a group; checkpoints when the log fills.
 fn spawn_background(shared: Weak<Shared>, interval_ms: u64) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new().name("foliofs-commit".into()).spawn(move || loop {
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        {
-            let mut stop = shared.stop.lock();
-            if !*stop {
-                shared.stop_signal.wait_for(&mut stop, Duration::from_millis(interval_ms));
-            }
-            if *stop {
-                return;
-            }
+        if !shared.meta.wait_for_commit_request(Duration::from_millis(interval_ms)) {
+            return;
         }
         if let Err(error) =
             shared.meta.commit_all().and_then(|()| shared.meta.checkpoint_if_due().map(|_| ()))
@@ -777,6 +765,88 @@ mod writeback_tests {
         assert_eq!(dirty_folios(), Vec::<u64>::new());
         assert_eq!(engine.meta.read().inode(ino).unwrap().attrs.size, 6 * MIB);
         drop(file);
+        volume.close().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod committer_tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use crate::dev::{Device, FaultDev, FuaMode};
+    use crate::format::ROOT_INO;
+    use crate::options::VolumeOptions;
+    use crate::vfs::{MkfsOptions, Owner, Volume};
+
+    /// A 64 MiB volume (a 1 MiB journal: groups of 256 KiB) with `options`,
+    /// on a disk that writes 1 MiB/s once formatted: half a group takes
+    /// 125 ms to write, so whether a create waited for it shows.
+    fn volume_with(options: &str) -> Volume {
+        let raw = Arc::new(FaultDev::from_image(vec![0; 64 << 20], 512));
+        let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
+        let owner = Owner { uid: 0, gid: 0 };
+        Volume::format(
+            &device,
+            &MkfsOptions { block_bytes: 4096, journal_bytes: None, root_owner: owner },
+        )
+        .unwrap();
+        let mut volume_options = VolumeOptions::default();
+        volume_options.apply_list("writeback_interval_ms=0").unwrap();
+        volume_options.apply_list(options).unwrap();
+        let volume = Volume::open_device(device, &volume_options).unwrap();
+        raw.limit_write_bandwidth(Some(1 << 20));
+        volume
+    }
+
+    /// Creates files until the log holds more than half a group or a
+    /// commit happened; returns how many.
+    fn create_until_half_a_group(volume: &Volume, durable_before: u64) -> u64 {
+        let journal = volume.shared.meta.journal();
+        let half_group = journal.geometry().group_bytes_max() / 2;
+        let owner = Owner { uid: 0, gid: 0 };
+        for created in 1..=100_000 {
+            volume.create(ROOT_INO, format!("f{created}").as_bytes(), 0o644, owner).unwrap();
+            if journal.pending_bytes() as u64 > half_group || journal.durable_lsn() > durable_before
+            {
+                return created;
+            }
+        }
+        panic!("100,000 creates never filled half a journal group");
+    }
+
+    /// Half a group of log goes to the background committer: the writer
+    /// goes on without writing it (as jbd2 commits a transaction grown
+    /// large), and it is durable well before the commit interval.
+    #[test]
+    fn half_a_group_of_log_is_committed_by_the_background_committer() {
+        let volume = volume_with("commit_interval_ms=600000");
+        let journal = volume.shared.meta.journal();
+        let durable_before = journal.durable_lsn();
+        create_until_half_a_group(&volume, durable_before);
+        let logged = journal.last_lsn();
+        assert!(journal.durable_lsn() < logged, "the create returned before its log was written");
+        let started = Instant::now();
+        while journal.durable_lsn() < logged {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "half a group was not committed within 30 s (the interval is 10 minutes)"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        volume.close().unwrap();
+    }
+
+    /// Without a background committer the writer that fills half a group
+    /// writes it, before its create returns.
+    #[test]
+    fn without_a_committer_the_writer_commits_half_a_group_itself() {
+        let volume = volume_with("commit_interval_ms=0");
+        let journal = volume.shared.meta.journal();
+        let durable_before = journal.durable_lsn();
+        create_until_half_a_group(&volume, durable_before);
+        assert_eq!(journal.durable_lsn(), journal.last_lsn(), "committed within the create");
+        assert_eq!(journal.pending_bytes(), 0);
         volume.close().unwrap();
     }
 }
