@@ -15,12 +15,13 @@ mod folio;
 mod pool;
 mod throttle;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+use rustc_hash::FxHashMap;
 
 pub use bits::BlockBits;
 pub use folio::{Folio, FolioState};
@@ -560,7 +561,7 @@ pub enum FlusherRound {
 
 pub struct PageCache {
     policy: CachePolicy,
-    inodes: Mutex<HashMap<u64, Arc<InodeCache>>>,
+    inodes: Mutex<FxHashMap<u64, Arc<InodeCache>>>,
     accounting: Arc<Accounting>,
     /// Every inserted folio, in CLOCK order; entries of dropped folios are
     /// discarded as the hand meets them.
@@ -584,7 +585,7 @@ impl PageCache {
         });
         Self {
             policy,
-            inodes: Mutex::new(HashMap::new()),
+            inodes: Mutex::new(FxHashMap::default()),
             accounting,
             clock: Mutex::new(VecDeque::new()),
             flusher: Mutex::new(FlusherState { wake: false, stop: false }),
@@ -942,12 +943,12 @@ impl PageCache {
     /// How long a writer that just dirtied `bytes` sleeps now (see
     /// [`DirtyThrottle::pause_for`]).
     pub fn throttle_pause(&self, bytes: u64) -> Duration {
-        self.throttle.pause_for(
-            self.policy.dirty_limits(),
-            self.dirty_bytes(),
-            bytes,
-            Instant::now(),
-        )
+        let (limits, dirty) = (self.policy.dirty_limits(), self.dirty_bytes());
+        // Below the freerun ceiling (nearly every write) no clock is read.
+        if dirty <= limits.freerun_bytes() {
+            return Duration::ZERO;
+        }
+        self.throttle.pause_for(limits, dirty, bytes, Instant::now())
     }
 
     /// Writeback finished a round: wake throttled writers.
