@@ -207,6 +207,7 @@ impl TreeFs for PathTree {
 struct LibraryTree<'a> {
     volume: &'a Volume,
     root: u64,
+    owner: Owner,
     shape: TreeShape,
     branches: Vec<u64>,
     leaves: Vec<u64>,
@@ -216,7 +217,7 @@ struct LibraryTree<'a> {
 impl TreeFs for LibraryTree<'_> {
     fn mkdir_branch(&mut self, branch: u64) -> anyhow::Result<()> {
         let name = branch_name(branch);
-        let attr = self.volume.mkdir(self.root, name.as_bytes(), 0o755, Owner::current())?;
+        let attr = self.volume.mkdir(self.root, name.as_bytes(), 0o755, self.owner)?;
         self.branches.push(attr.ino);
         Ok(())
     }
@@ -224,14 +225,14 @@ impl TreeFs for LibraryTree<'_> {
     fn mkdir_leaf(&mut self, branch: u64, leaf: u64) -> anyhow::Result<()> {
         let name = leaf_name(leaf, false);
         let parent = self.branches[branch as usize];
-        let attr = self.volume.mkdir(parent, name.as_bytes(), 0o755, Owner::current())?;
+        let attr = self.volume.mkdir(parent, name.as_bytes(), 0o755, self.owner)?;
         self.leaves.push(attr.ino);
         Ok(())
     }
 
     fn create_file(&mut self, leaf: u64, file: u64, data: &[u8]) -> anyhow::Result<()> {
         let dir = self.leaves[leaf as usize];
-        let attr = self.volume.create(dir, file_name(file).as_bytes(), 0o644, Owner::current())?;
+        let attr = self.volume.create(dir, file_name(file).as_bytes(), 0o644, self.owner)?;
         let opened = self.volume.open_file(attr.ino, OpenFlags::WRITE)?;
         opened.write_at(data, 0)?;
         opened.close()?;
@@ -440,6 +441,9 @@ pub fn run(
         let mut tree = LibraryTree {
             volume: &volume,
             root: 1,
+            // Taken once, as a library user holds its credentials; the
+            // kernel peers read theirs from the task, at no cost.
+            owner: Owner::current(),
             shape,
             branches: Vec::new(),
             leaves: Vec::new(),
