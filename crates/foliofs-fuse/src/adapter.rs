@@ -625,11 +625,17 @@ impl Filesystem for FolioFs {
         Ok(())
     }
 
-    fn before_wait(&self) {
+    fn before_wait(&self) -> Option<std::os::fd::RawFd> {
         // Direct I/O this ring thread submitted that ended meanwhile: its
         // replies go out with the ring's coming wait, not through the
-        // sweeper thread and a wake-up of this one.
-        foliofs::completion::run_ready_completions();
+        // sweeper thread and a wake-up of this one. The I/O that ends while
+        // it sleeps wakes it through the descriptor returned, so the thread
+        // that sends the replies runs those completions too.
+        foliofs::completion::prepare_to_wait()
+    }
+
+    fn after_wait(&self) {
+        foliofs::completion::woke();
     }
 
     fn destroy(&mut self) {

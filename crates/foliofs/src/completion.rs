@@ -10,6 +10,7 @@
 
 use std::cell::RefCell;
 use std::future::Future;
+use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Wake, Waker};
@@ -97,6 +98,18 @@ pub trait Driver: Send + Sync {
     /// Runs the callbacks of the completions already available, without
     /// waiting; returns how many ran.
     fn reap_ready(&self) -> usize;
+    /// The owning thread is about to sleep in an event loop of its own that
+    /// also wakes when the returned descriptor is readable: runs what
+    /// completed, and leaves later completions to that thread until
+    /// [`Driver::end_owner_wait`] (the sweeper still runs them whenever the
+    /// thread is not asleep there). None: no such descriptor.
+    fn begin_owner_wait(&self) -> Option<RawFd> {
+        self.reap_ready();
+        None
+    }
+    /// The owning thread woke from the wait `begin_owner_wait` began: runs
+    /// what completed, and leaves later completions to the sweeper again.
+    fn end_owner_wait(&self) {}
 }
 
 thread_local! {
@@ -135,6 +148,41 @@ pub fn run_ready_completions() -> usize {
         }
     }
     ran
+}
+
+/// As [`run_ready_completions`], for a thread about to sleep in an event
+/// loop of its own (a FUSE ring thread): returns a descriptor that becomes
+/// readable when more of this thread's I/O completes, if it has one. Until
+/// [`woke`], those completions are left to this thread, which runs them
+/// when the descriptor wakes it (calling this again), so its replies go out
+/// with no hand-off through the sweeper thread. While it is not asleep
+/// there, the sweeper runs them as before.
+pub fn prepare_to_wait() -> Option<RawFd> {
+    let mut descriptor = None;
+    for index in 0.. {
+        match DRIVERS.with(|drivers| drivers.borrow().get(index).map(Weak::upgrade)) {
+            None => break,
+            // One descriptor to wait on: the first driver's; the others are
+            // left to the sweeper.
+            Some(Some(driver)) if descriptor.is_none() => descriptor = driver.begin_owner_wait(),
+            Some(Some(driver)) => drop(driver.reap_ready()),
+            Some(None) => {}
+        }
+    }
+    descriptor
+}
+
+/// The thread that called [`prepare_to_wait`] woke: runs what completed
+/// meanwhile, and the sweeper runs its completions again until it next
+/// sleeps. Call it before anything that may block.
+pub fn woke() {
+    for index in 0.. {
+        match DRIVERS.with(|drivers| drivers.borrow().get(index).map(Weak::upgrade)) {
+            None => break,
+            Some(Some(driver)) => driver.end_owner_wait(),
+            Some(None) => {}
+        }
+    }
 }
 
 /// Runs `future` to completion on the calling thread. While it waits, it

@@ -421,8 +421,17 @@ pub trait Filesystem: Send + Sync + 'static {
     /// Called on an io_uring ring thread before it waits for the kernel:
     /// asynchronous work that finished meanwhile may send its replies now,
     /// from this thread, so they go out with the coming wait instead of
-    /// through a wake-up of the ring thread (foliofs).
-    fn before_wait(&self) {}
+    /// through a wake-up of the ring thread (foliofs). A descriptor
+    /// returned also wakes the thread when it becomes readable (a poll, so
+    /// it is not read), and `before_wait` runs again: the file system's own
+    /// I/O completions can be run by the thread that sends their replies.
+    fn before_wait(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+
+    /// Called on an io_uring ring thread as soon as its wait returns,
+    /// before it handles what arrived (which may block).
+    fn after_wait(&self) {}
 
     /// Look up a directory entry by name and get its attributes.
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {

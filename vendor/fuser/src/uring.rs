@@ -68,6 +68,9 @@ const OUT_HEADER_BYTES: usize = 16;
 const OP_IN_BYTES: usize = 128;
 /// `user_data` of the eventfd read; entries use their index.
 const WAKE_TAG: u64 = u64::MAX;
+/// `user_data` of the poll on the file system's own descriptor
+/// (`Filesystem::before_wait`).
+const FS_WAIT_TAG: u64 = u64::MAX - 1;
 
 /// `struct fuse_uring_ent_in_out`.
 #[repr(C)]
@@ -555,6 +558,8 @@ pub(crate) struct RingThread {
     sched_idle: bool,
     /// Its SCHED_IDLE switch for commits, once the thread runs with one.
     idle_commit: Option<IdleCommit>,
+    /// A poll is armed on the descriptor `Filesystem::before_wait` gave.
+    fs_wait_armed: bool,
 }
 
 // SAFETY: the iovecs point into the entries' memory, which `shared` owns;
@@ -622,8 +627,9 @@ impl RingThread {
         payload_bytes: usize,
         sched_idle: bool,
     ) -> io::Result<Self> {
-        // One SQE per entry plus the eventfd read; the same for completions.
-        let slots = u32::try_from(entries + 1).map_err(|_| io::Error::other("queue depth"))?;
+        // One SQE per entry plus the eventfd read and the file system's
+        // poll; the same for completions.
+        let slots = u32::try_from(entries + 2).map_err(|_| io::Error::other("queue depth"))?;
         let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
             .setup_cqsize(2 * slots)
             .build(slots)?;
@@ -659,6 +665,7 @@ impl RingThread {
             live_entries: entries,
             sched_idle,
             idle_commit: None,
+            fs_wait_armed: false,
         })
     }
 
@@ -799,7 +806,15 @@ impl RingThread {
                 return Ok(());
             }
             if let Some(filesystem) = &event_loop.filesystem.fs {
-                filesystem.before_wait();
+                if let Some(fd) = filesystem.before_wait() {
+                    if !self.fs_wait_armed {
+                        let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+                            .build()
+                            .user_data(FS_WAIT_TAG);
+                        self.push(&poll.into())?;
+                        self.fs_wait_armed = true;
+                    }
+                }
             }
             // Swapped with a spare list, so neither side allocates again.
             std::mem::swap(&mut *self.shared.commits.lock(), &mut self.commit_batch);
@@ -834,7 +849,11 @@ impl RingThread {
                     Err(error) => return Err(error),
                 }
             }
-            match self.ring.submit_and_wait(1) {
+            let waited = self.ring.submit_and_wait(1);
+            if let Some(filesystem) = &event_loop.filesystem.fs {
+                filesystem.after_wait();
+            }
+            match waited {
                 Ok(_) => {}
                 Err(error) if is_transient(&error) => {}
                 Err(error) => return Err(error),
@@ -853,6 +872,12 @@ impl RingThread {
         tag: u64,
         result: i32,
     ) -> io::Result<()> {
+        if tag == FS_WAIT_TAG {
+            // Readable (or cancelled at teardown): the next `before_wait`
+            // runs what is ready and asks for a new poll.
+            self.fs_wait_armed = false;
+            return Ok(());
+        }
         if tag == WAKE_TAG {
             if result < 0 && result != -libc::EINTR && result != -libc::EAGAIN {
                 return Err(io::Error::from_raw_os_error(-result));

@@ -269,9 +269,17 @@ pub(crate) fn epoll() -> io::Result<std::os::fd::OwnedFd> {
     Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
 }
 
-/// Watches `fd` for readability, reporting `token` when it is.
-pub(crate) fn epoll_add(epoll: BorrowedFd<'_>, fd: BorrowedFd<'_>, token: u64) -> io::Result<()> {
-    let mut event = libc::epoll_event { events: libc::EPOLLIN as u32, u64: token };
+/// Watches `fd` for readability, reporting `token` when it is: while it
+/// stays readable, or (`edge_triggered`) each time it becomes readable again
+/// (for an eventfd, each write).
+pub(crate) fn epoll_add(
+    epoll: BorrowedFd<'_>,
+    fd: BorrowedFd<'_>,
+    token: u64,
+    edge_triggered: bool,
+) -> io::Result<()> {
+    let events = if edge_triggered { libc::EPOLLIN | libc::EPOLLET } else { libc::EPOLLIN };
+    let mut event = libc::epoll_event { events: events as u32, u64: token };
     // SAFETY: both descriptors are open; the event is a valid in-pointer.
     let result = unsafe {
         libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd(), &mut event)

@@ -9,7 +9,10 @@
 //! thread waits (in `completion::block_on`), it waits inside the ring and runs
 //! the completions itself: no hand-off between threads, as fio runs its
 //! queues. Completions nobody is waiting for wake the sweeper thread through
-//! the ring's eventfd, which the waiting owner turns off while it waits.
+//! the ring's eventfd, which the waiting owner turns off while it waits. An
+//! owner that sleeps in an event loop of its own (a FUSE ring thread) may
+//! poll that eventfd there instead (`completion::prepare_to_wait`): while it
+//! sleeps the sweeper leaves the ring to it, and takes it back when it wakes.
 //! `submit_plugged` holds entries until the submitter unplugs or waits, so a
 //! thread that queues many requests hands them to the kernel in one call.
 //!
@@ -21,7 +24,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -335,6 +338,10 @@ struct HomeRing {
     driver_thread: AtomicU64,
     /// Waits the owning thread drove itself (the no-hand-off path).
     owner_drives: AtomicUsize,
+    /// The owning thread sleeps in an event loop of its own that wakes on
+    /// this ring's eventfd ([`Driver::begin_owner_wait`]): the sweeper leaves
+    /// the completions (and the eventfd's count) to it.
+    owner_waits: AtomicBool,
 }
 
 #[derive(Default)]
@@ -364,6 +371,7 @@ impl HomeRing {
             eventfd,
             driver_thread: AtomicU64::new(0),
             owner_drives: AtomicUsize::new(0),
+            owner_waits: AtomicBool::new(false),
         })
     }
 
@@ -495,6 +503,25 @@ impl Driver for HomeRing {
         self.reap(false)
     }
 
+    /// Drains the eventfd before reaping: a completion posted after the
+    /// drain either is reaped now or leaves the eventfd readable, so the
+    /// owner's coming wait wakes at once; none is missed.
+    fn begin_owner_wait(&self) -> Option<RawFd> {
+        sys::eventfd_drain(self.eventfd.as_fd());
+        self.reap(false);
+        self.owner_waits.store(true, Ordering::SeqCst);
+        Some(self.eventfd.as_raw_fd())
+    }
+
+    /// Reaps after taking the completions back from the owner's loop: the
+    /// sweeper may have left some to it just before it woke (for another
+    /// reason), and it may block on something they would free before it
+    /// waits again.
+    fn end_owner_wait(&self) {
+        self.owner_waits.store(false, Ordering::SeqCst);
+        self.reap(false);
+    }
+
     /// Waits in the kernel for a completion with the eventfd off (so the
     /// sweeper stays asleep), then runs what completed.
     fn drive(&self) {
@@ -564,7 +591,7 @@ impl Sweeper {
     fn new() -> io::Result<Self> {
         let epoll = sys::epoll()?;
         let stop = sys::eventfd()?;
-        sys::epoll_add(epoll.as_fd(), stop.as_fd(), STOP_TOKEN)?;
+        sys::epoll_add(epoll.as_fd(), stop.as_fd(), STOP_TOKEN, false)?;
         Ok(Self {
             epoll,
             stop,
@@ -576,7 +603,10 @@ impl Sweeper {
 
     fn watch(&self, ring: &Arc<HomeRing>) -> io::Result<()> {
         let mut rings = self.rings.lock();
-        sys::epoll_add(self.epoll.as_fd(), ring.eventfd.as_fd(), rings.len() as u64)?;
+        // Edge-triggered: a ring left to its waiting owner keeps its count
+        // (the owner's wake-up), and must not wake the sweeper again and
+        // again meanwhile.
+        sys::epoll_add(self.epoll.as_fd(), ring.eventfd.as_fd(), rings.len() as u64, true)?;
         rings.push(Arc::clone(ring));
         Ok(())
     }
@@ -613,6 +643,12 @@ impl Sweeper {
                 }
                 let ring = self.rings.lock().get(token as usize).map(Arc::clone);
                 if let Some(ring) = ring {
+                    // Its owner sleeps where this eventfd wakes it: one
+                    // hand-off fewer. (Asleep there, it is blocked on
+                    // nothing the completions would free.)
+                    if ring.owner_waits.load(Ordering::SeqCst) {
+                        continue;
+                    }
                     sys::eventfd_drain(ring.eventfd.as_fd());
                     ring.reap(true);
                 }
@@ -837,6 +873,54 @@ mod tests {
         let (name, result) = receiver.recv_timeout(support::CALLBACK_TIMEOUT).unwrap();
         assert_eq!(name.as_deref(), Some("foliofs-uring-sweeper"));
         result.unwrap();
+    }
+
+    /// Waits (at most the callback timeout) for `fd` to become readable.
+    fn poll_readable(fd: RawFd) -> bool {
+        let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let timeout_ms = support::CALLBACK_TIMEOUT.as_millis() as libc::c_int;
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut poll, 1, timeout_ms) == 1 }
+    }
+
+    /// A thread that sleeps where its ring's eventfd wakes it
+    /// (`completion::prepare_to_wait`, a FUSE ring thread) runs its
+    /// completions itself: the sweeper leaves them, and the descriptor
+    /// wakes the thread. Once it woke (`completion::woke`) the sweeper runs
+    /// them again, so a thread blocked elsewhere never strands its I/O.
+    #[test]
+    fn an_owner_asleep_on_its_eventfd_runs_its_completions_itself() {
+        let image = Image::new();
+        let raw = open_raw(&image.path);
+        let read = |sender: mpsc::Sender<Option<String>>| {
+            let request = DevRequest::Read { offset: 0, buffer: AlignedBuf::zeroed(BLOCK_BYTES) };
+            raw.submit(
+                request,
+                Box::new(move |response| {
+                    response.result.unwrap();
+                    let _ = sender.send(thread::current().name().map(str::to_owned));
+                }),
+            );
+        };
+        // The ring exists (and is this thread's driver) after a first request.
+        let (sender, receiver) = mpsc::channel();
+        read(sender.clone());
+        receiver.recv_timeout(support::CALLBACK_TIMEOUT).unwrap();
+        let me = thread::current().name().map(str::to_owned);
+        for _ in 0..100 {
+            let fd = completion::prepare_to_wait().expect("a home ring's eventfd");
+            read(sender.clone());
+            assert!(poll_readable(fd), "the completion wakes the owner");
+            assert!(receiver.try_recv().is_err(), "the sweeper left the completion");
+            completion::woke();
+            assert_eq!(receiver.try_recv().ok(), Some(me.clone()), "run by the owner");
+        }
+        // Awake, the owner may block on anything: the sweeper runs its I/O.
+        completion::prepare_to_wait();
+        completion::woke();
+        read(sender);
+        let ran_on = receiver.recv_timeout(support::CALLBACK_TIMEOUT).unwrap();
+        assert_eq!(ran_on.as_deref(), Some("foliofs-uring-sweeper"));
     }
 
     /// The submitting thread waits in its own ring (block_on drives it) while
