@@ -84,7 +84,7 @@ pub struct MetaStore {
 /// What a writer and the volume tell the background committer.
 #[derive(Default)]
 struct CommitterMailbox {
-    /// A thread waits in [`MetaStore::wait_for_commit_request`].
+    /// A thread serves requests ([`MetaStore::committer_starting`]).
     running: bool,
     /// Commit now, without waiting for the interval.
     commit_wanted: bool,
@@ -388,7 +388,6 @@ impl MetaStore {
     /// volume stops it (false: end).
     pub fn wait_for_commit_request(&self, interval: Duration) -> bool {
         let mut mailbox = self.committer.lock();
-        mailbox.running = true;
         if !mailbox.commit_wanted && !mailbox.stopping {
             self.committer_wake.wait_for(&mut mailbox, interval);
         }
@@ -398,6 +397,12 @@ impl MetaStore {
             return false;
         }
         true
+    }
+
+    /// A background committer is about to start: from now on writers hand
+    /// it half-full groups (it picks up a request made before its first wait).
+    pub fn committer_starting(&self) {
+        self.committer.lock().running = true;
     }
 
     /// Ends the background committer's waits, and refuses it requests.

@@ -625,6 +625,9 @@ const ORPHANS_FREED_PER_TXN: usize = 1024;
 /// Commits the journal every `interval_ms`, and when a writer has logged
 /// half a group; checkpoints when the log fills.
 fn spawn_background(shared: Weak<Shared>, interval_ms: u64) -> std::io::Result<JoinHandle<()>> {
+    if let Some(shared) = shared.upgrade() {
+        shared.meta.committer_starting();
+    }
     std::thread::Builder::new().name("foliofs-commit".into()).spawn(move || loop {
         let Some(shared) = shared.upgrade() else {
             return;
@@ -640,15 +643,33 @@ fn spawn_background(shared: Weak<Shared>, interval_ms: u64) -> std::io::Result<J
     })
 }
 
+/// A volume of 4 KiB blocks on a fresh 64 MiB in-memory device, with
+/// `options` (`apply_list` syntax, `,`-separated; an empty one is skipped);
+/// the device too, for faults and limits.
+#[cfg(test)]
+fn test_volume(options: &str) -> (Volume, Arc<crate::dev::FaultDev>) {
+    use crate::dev::{FaultDev, FuaMode};
+    let raw = Arc::new(FaultDev::from_image(vec![0; 64 << 20], 512));
+    let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
+    let owner = Owner { uid: 0, gid: 0 };
+    Volume::format(
+        &device,
+        &MkfsOptions { block_bytes: 4096, journal_bytes: None, root_owner: owner },
+    )
+    .unwrap();
+    let mut volume_options = VolumeOptions::default();
+    for option in options.split(',').filter(|option| !option.is_empty()) {
+        volume_options.apply_list(option).unwrap();
+    }
+    (Volume::open_device(device, &volume_options).unwrap(), raw)
+}
+
 #[cfg(test)]
 mod writeback_tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
-    use crate::dev::{Device, FaultDev, FuaMode};
     use crate::format::ROOT_INO;
-    use crate::options::VolumeOptions;
-    use crate::vfs::{MkfsOptions, OpenFlags, Owner, Volume};
+    use crate::vfs::{OpenFlags, Owner, Volume};
     use crate::writeback::{write_back, write_back_expired, write_back_sparing};
 
     // Here rather than in writeback.rs, which may not build a volume.
@@ -656,18 +677,8 @@ mod writeback_tests {
     /// A volume of 4 KiB blocks on a fresh in-memory device, no background
     /// threads acting on their own, with `options` on top.
     fn quiet_volume(options: &str) -> Volume {
-        let raw = Arc::new(FaultDev::from_image(vec![0; 64 << 20], 512));
-        let device = Arc::new(Device::new(raw, FuaMode::Native));
-        let owner = Owner { uid: 0, gid: 0 };
-        Volume::format(
-            &device,
-            &MkfsOptions { block_bytes: 4096, journal_bytes: None, root_owner: owner },
-        )
-        .unwrap();
-        let mut volume_options = VolumeOptions::default();
-        volume_options.apply_list("writeback_interval_ms=0,commit_interval_ms=0").unwrap();
-        volume_options.apply_list(options).unwrap();
-        Volume::open_device(device, &volume_options).unwrap()
+        let options = format!("writeback_interval_ms=0,commit_interval_ms=0,{options}");
+        super::test_volume(&options).0
     }
 
     /// The flusher's interval pass writes back only the files dirty for
@@ -774,29 +785,14 @@ mod committer_tests {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use crate::dev::{Device, FaultDev, FuaMode};
+    use crate::dev::FaultDev;
     use crate::format::ROOT_INO;
-    use crate::options::VolumeOptions;
-    use crate::vfs::{MkfsOptions, Owner, Volume};
+    use crate::vfs::{Owner, Volume};
 
     /// A 64 MiB volume (a 1 MiB journal: groups of 256 KiB) with `options`,
-    /// on a disk that writes 1 MiB/s once formatted: half a group takes
-    /// 125 ms to write, so whether a create waited for it shows.
-    fn volume_with(options: &str) -> Volume {
-        let raw = Arc::new(FaultDev::from_image(vec![0; 64 << 20], 512));
-        let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
-        let owner = Owner { uid: 0, gid: 0 };
-        Volume::format(
-            &device,
-            &MkfsOptions { block_bytes: 4096, journal_bytes: None, root_owner: owner },
-        )
-        .unwrap();
-        let mut volume_options = VolumeOptions::default();
-        volume_options.apply_list("writeback_interval_ms=0").unwrap();
-        volume_options.apply_list(options).unwrap();
-        let volume = Volume::open_device(device, &volume_options).unwrap();
-        raw.limit_write_bandwidth(Some(1 << 20));
-        volume
+    /// and its device.
+    fn volume_with(options: &str) -> (Volume, Arc<FaultDev>) {
+        super::test_volume(&format!("writeback_interval_ms=0,{options}"))
     }
 
     /// Creates files until the log holds more than half a group or a
@@ -820,12 +816,16 @@ mod committer_tests {
     /// large), and it is durable well before the commit interval.
     #[test]
     fn half_a_group_of_log_is_committed_by_the_background_committer() {
-        let volume = volume_with("commit_interval_ms=600000");
+        let (volume, raw) = volume_with("commit_interval_ms=600000");
+        // Half a group (128 KiB) takes 2 s to write: a create that waited
+        // for it would return only with its log durable.
+        raw.limit_write_bandwidth(Some(64 << 10));
         let journal = volume.shared.meta.journal();
         let durable_before = journal.durable_lsn();
         create_until_half_a_group(&volume, durable_before);
         let logged = journal.last_lsn();
         assert!(journal.durable_lsn() < logged, "the create returned before its log was written");
+        raw.limit_write_bandwidth(None);
         let started = Instant::now();
         while journal.durable_lsn() < logged {
             assert!(
@@ -841,7 +841,7 @@ mod committer_tests {
     /// writes it, before its create returns.
     #[test]
     fn without_a_committer_the_writer_commits_half_a_group_itself() {
-        let volume = volume_with("commit_interval_ms=0");
+        let (volume, _) = volume_with("commit_interval_ms=0");
         let journal = volume.shared.meta.journal();
         let durable_before = journal.durable_lsn();
         create_until_half_a_group(&volume, durable_before);
