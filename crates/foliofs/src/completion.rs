@@ -138,16 +138,21 @@ fn busy_driver() -> Option<Arc<dyn Driver>> {
 /// sweeper thread doing it and waking this one to send the replies.
 pub fn run_ready_completions() -> usize {
     let mut ran = 0;
-    // One driver at a time, the list not borrowed while its callbacks run:
-    // they may submit, and so register a driver.
+    for_each_driver(|driver| ran += driver.reap_ready());
+    ran
+}
+
+/// Calls `visit` with each live driver of this thread, one at a time, the
+/// list not borrowed meanwhile: callbacks the visit runs may submit, and so
+/// register a driver.
+fn for_each_driver(mut visit: impl FnMut(Arc<dyn Driver>)) {
     for index in 0.. {
         match DRIVERS.with(|drivers| drivers.borrow().get(index).map(Weak::upgrade)) {
             None => break,
-            Some(Some(driver)) => ran += driver.reap_ready(),
+            Some(Some(driver)) => visit(driver),
             Some(None) => {}
         }
     }
-    ran
 }
 
 /// As [`run_ready_completions`], for a thread about to sleep in an event
@@ -159,16 +164,15 @@ pub fn run_ready_completions() -> usize {
 /// there, the sweeper runs them as before.
 pub fn prepare_to_wait() -> Option<RawFd> {
     let mut descriptor = None;
-    for index in 0.. {
-        match DRIVERS.with(|drivers| drivers.borrow().get(index).map(Weak::upgrade)) {
-            None => break,
-            // One descriptor to wait on: the first driver's; the others are
-            // left to the sweeper.
-            Some(Some(driver)) if descriptor.is_none() => descriptor = driver.begin_owner_wait(),
-            Some(Some(driver)) => drop(driver.reap_ready()),
-            Some(None) => {}
+    for_each_driver(|driver| {
+        // One descriptor to wait on: the first driver's; the others are
+        // left to the sweeper.
+        if descriptor.is_none() {
+            descriptor = driver.begin_owner_wait();
+        } else {
+            driver.reap_ready();
         }
-    }
+    });
     descriptor
 }
 
@@ -176,13 +180,7 @@ pub fn prepare_to_wait() -> Option<RawFd> {
 /// meanwhile, and the sweeper runs its completions again until it next
 /// sleeps. Call it before anything that may block.
 pub fn woke() {
-    for index in 0.. {
-        match DRIVERS.with(|drivers| drivers.borrow().get(index).map(Weak::upgrade)) {
-            None => break,
-            Some(Some(driver)) => driver.end_owner_wait(),
-            Some(None) => {}
-        }
-    }
+    for_each_driver(|driver| driver.end_owner_wait());
 }
 
 /// Runs `future` to completion on the calling thread. While it waits, it
