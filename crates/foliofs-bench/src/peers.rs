@@ -1,8 +1,10 @@
 //! The kernel's own file systems as peers: ext4 and XFS on loop devices
-//! (`losetup --direct-io=on`) over files on the same disk as the engine's
-//! image, driven by real fio. Everything set up here (mounts, loop devices,
-//! files, sysctl changes) is registered for cleanup, which runs on drop and
-//! on SIGINT/SIGTERM, so an interrupted run leaves nothing mounted.
+//! (`losetup --direct-io=on`), driven by real fio. `bench seeds` formats
+//! them over the engine's own image, one after the other, so every row of a
+//! comparison writes the same host file; `bench tree` gives each a file of
+//! its own. Everything set up here (mounts, loop devices, files, sysctl
+//! changes) is registered for cleanup, which runs on drop and on
+//! SIGINT/SIGTERM, so an interrupted run leaves nothing mounted.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -17,6 +19,7 @@ use serde_json::Value;
 static CLEANUP: Mutex<Vec<Undo>> = Mutex::new(Vec::new());
 static HANDLER: Once = Once::new();
 
+#[derive(PartialEq)]
 enum Undo {
     Unmount(PathBuf),
     DetachLoop(String),
@@ -36,6 +39,30 @@ fn register(undo: Undo) {
         }
     });
     CLEANUP.lock().push(undo);
+}
+
+/// Removes `path` (a file, or a directory and what it holds) when the run
+/// is cleaned up.
+pub fn remove_at_cleanup(path: &Path) {
+    register(Undo::Remove(path.to_path_buf()));
+}
+
+/// Runs the cleanup when dropped: what a run set up and did not undo
+/// itself is undone as it ends, however it ends.
+pub struct CleanUpOnDrop;
+
+impl Drop for CleanUpOnDrop {
+    fn drop(&mut self) {
+        clean_up_all();
+    }
+}
+
+/// Forgets `undo` (its newest registration), once done by other means.
+fn unregister(undo: &Undo) {
+    let mut actions = CLEANUP.lock();
+    if let Some(index) = actions.iter().rposition(|action| action == undo) {
+        actions.remove(index);
+    }
 }
 
 /// Runs every registered undo action, newest first.
@@ -84,11 +111,12 @@ pub fn unavailable() -> Option<String> {
 }
 
 /// Writes `path` whole, with O_DIRECT, in pseudo-random data. Every backing
-/// file of a comparison (the engine's image, the kernel peers' loop files)
-/// is laid out the same way: on a virtual disk, how fast a block is
-/// rewritten depends on what the host holds under it (a block never written,
-/// or written with zeros, can be several times faster to write than one
-/// holding data), so files laid out differently are not comparable.
+/// file of a comparison is laid out the same way: on a virtual disk, how fast
+/// a block is rewritten depends on what the host holds under it (a block
+/// never written, or written with zeros, can be several times faster to
+/// write than one holding data), so files laid out differently are not
+/// comparable. The kernel peers' mkfs must then not discard what this wrote:
+/// a loop device turns a discard into a hole punched in its file.
 pub fn lay_out(path: &Path, size_bytes: u64) -> anyhow::Result<()> {
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
     const CHUNK_BYTES: usize = 4 << 20;
@@ -119,6 +147,11 @@ pub fn lay_out(path: &Path, size_bytes: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The kernel file systems compared, in the order their rows run.
+pub const KERNEL_FILE_SYSTEMS: [&str; 2] = ["ext4", "xfs"];
+
+/// A kernel file system made on a loop device over a backing file and
+/// mounted, until `stop` (or the run's cleanup).
 pub struct KernelFs {
     pub name: &'static str,
     pub mount: PathBuf,
@@ -126,6 +159,45 @@ pub struct KernelFs {
 }
 
 impl KernelFs {
+    /// Makes `name` ("ext4" or "xfs") over `backing` and mounts it on
+    /// `mount`, with room for at least `inodes` files on ext4 (0: mkfs's
+    /// default). mkfs discards nothing (the backing file keeps its layout,
+    /// see `lay_out`) and ext4 initializes its inode tables and journal at
+    /// once, so no lazy-init thread writes behind a measured row.
+    pub fn start(
+        name: &'static str,
+        backing: &Path,
+        mount: PathBuf,
+        inodes: u64,
+    ) -> anyhow::Result<Self> {
+        let loop_device =
+            run(Command::new("losetup").args(["--direct-io=on", "-f", "--show"]).arg(backing))?
+                .trim()
+                .to_string();
+        register(Undo::DetachLoop(loop_device.clone()));
+        let mut mkfs = match name {
+            "ext4" => {
+                let mut mkfs = Command::new("mkfs.ext4");
+                mkfs.args(["-q", "-F", "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0"]);
+                if inodes > 0 {
+                    mkfs.arg("-N").arg(inodes.to_string());
+                }
+                mkfs
+            }
+            "xfs" => {
+                let mut mkfs = Command::new("mkfs.xfs");
+                mkfs.args(["-q", "-f", "-K"]);
+                mkfs
+            }
+            other => bail!("no kernel peer named {other:?} (known: ext4, xfs)"),
+        };
+        run(mkfs.arg(&loop_device))?;
+        std::fs::create_dir_all(&mount)?;
+        run(Command::new("mount").arg(&loop_device).arg(&mount))?;
+        register(Undo::Unmount(mount.clone()));
+        Ok(Self { name, mount, loop_device })
+    }
+
     /// Bytes the loop device has written so far (its sectors written).
     pub fn bytes_written(&self) -> u64 {
         let name = self.loop_device.trim_start_matches("/dev/");
@@ -134,49 +206,40 @@ impl KernelFs {
             .and_then(|stat| stat.split_whitespace().nth(6).and_then(|field| field.parse().ok()))
             .map_or(0, |sectors: u64| sectors * 512)
     }
+
+    /// Unmounts and detaches the loop device, leaving the backing file to
+    /// the next user.
+    pub fn stop(self) -> anyhow::Result<()> {
+        unmount_retrying_unheld(&self.mount, UNMOUNT_TRIES, |point| {
+            run(Command::new("umount").arg(point)).map(drop)
+        })?;
+        unregister(&Undo::Unmount(self.mount.clone()));
+        let _ = std::fs::remove_dir(&self.mount);
+        run(Command::new("losetup").args(["-d", &self.loop_device]))?;
+        unregister(&Undo::DetachLoop(self.loop_device.clone()));
+        Ok(())
+    }
 }
 
-/// ext4 and XFS, each on a loop device over a file in `dir`.
+/// ext4 and XFS mounted side by side, each on a loop device over a file of
+/// its own in `dir` (`bench tree`).
 pub struct Peers {
     pub file_systems: Vec<KernelFs>,
 }
 
 impl Peers {
-    pub fn start(dir: &Path, size_bytes: u64) -> anyhow::Result<Self> {
-        Self::start_for_files(dir, size_bytes, 0)
-    }
-
-    /// As `start`, with room for at least `inodes` files on ext4 (whose
+    /// Both peers, with room for at least `inodes` files on ext4 (whose
     /// inode table is fixed at mkfs: one per 16 KiB by default; XFS
     /// allocates its inodes as it goes).
     pub fn start_for_files(dir: &Path, size_bytes: u64, inodes: u64) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         register(Undo::Remove(dir.to_path_buf()));
         let mut file_systems = Vec::new();
-        for name in ["ext4", "xfs"] {
+        for name in KERNEL_FILE_SYSTEMS {
             let backing = dir.join(format!("{name}.img"));
             lay_out(&backing, size_bytes)?;
-            let loop_device = run(Command::new("losetup")
-                .args(["--direct-io=on", "-f", "--show"])
-                .arg(&backing))?
-            .trim()
-            .to_string();
-            register(Undo::DetachLoop(loop_device.clone()));
-            if name == "ext4" {
-                let mut mkfs = Command::new("mkfs.ext4");
-                mkfs.args(["-q", "-F"]);
-                if inodes > 0 {
-                    mkfs.arg("-N").arg(inodes.to_string());
-                }
-                run(mkfs.arg(&loop_device))?;
-            } else {
-                run(Command::new("mkfs.xfs").args(["-q", "-f", &loop_device]))?;
-            }
             let mount = dir.join(format!("mnt-{name}"));
-            std::fs::create_dir_all(&mount)?;
-            run(Command::new("mount").arg(&loop_device).arg(&mount))?;
-            register(Undo::Unmount(mount.clone()));
-            file_systems.push(KernelFs { name, mount, loop_device });
+            file_systems.push(KernelFs::start(name, &backing, mount, inodes)?);
         }
         Ok(Self { file_systems })
     }
@@ -434,5 +497,55 @@ mod holder_tests {
             holders.iter().any(|holder| holder.starts_with(&me) && holder.ends_with("held")),
             "{holders:?}"
         );
+    }
+}
+
+#[cfg(test)]
+mod kernel_fs_tests {
+    use super::{lay_out, register, unavailable, unregister, KernelFs, Undo, CLEANUP};
+    use std::os::unix::fs::MetadataExt;
+
+    /// (No `clean_up_all` here: it would undo the other tests' mounts.)
+    #[test]
+    fn unregister_forgets_only_the_action_named() {
+        let kept = std::path::PathBuf::from("/nonexistent/foliofs-kept");
+        let forgotten = std::path::PathBuf::from("/nonexistent/foliofs-forgotten");
+        register(Undo::Remove(kept.clone()));
+        register(Undo::Remove(forgotten.clone()));
+        unregister(&Undo::Remove(forgotten.clone()));
+        let registered = |path: &std::path::PathBuf| {
+            CLEANUP.lock().iter().any(|action| *action == Undo::Remove(path.clone()))
+        };
+        let (kept_registered, forgotten_registered) = (registered(&kept), registered(&forgotten));
+        unregister(&Undo::Remove(kept.clone()));
+        assert!(kept_registered, "unregister forgot another action");
+        assert!(!forgotten_registered, "unregister kept the action named");
+    }
+
+    /// The peers' mkfs must not punch holes in a laid-out backing file (a
+    /// loop device turns discards into holes), or the peers would write to
+    /// freshly allocated host blocks while the engine overwrites data.
+    #[test]
+    fn kernel_peers_keep_the_backing_file_laid_out() {
+        if let Some(why) = unavailable() {
+            eprintln!("kernel peers not tried: {why}");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("foliofs-peer-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let backing = dir.join("image");
+        let size_bytes = 320u64 << 20; // XFS's smallest volume is 300 MiB
+        lay_out(&backing, size_bytes).unwrap();
+        let allocated = |path: &std::path::Path| std::fs::metadata(path).unwrap().blocks() * 512;
+        // At least: the host file system may count a block of its own.
+        assert!(allocated(&backing) >= size_bytes);
+        for name in super::KERNEL_FILE_SYSTEMS {
+            let fs = KernelFs::start(name, &backing, dir.join(format!("mnt-{name}")), 0).unwrap();
+            std::fs::write(fs.mount.join("file"), b"peer").unwrap();
+            fs.stop().unwrap();
+            let after = allocated(&backing);
+            assert!(after >= size_bytes, "{name}'s mkfs punched holes: {after} bytes allocated");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -15,7 +15,7 @@ use foliofs::{Volume, VolumeOptions};
 use serde_json::Value;
 
 use crate::jobfile::{parse_command_line, JobSpec};
-use crate::peers::{self, FuseMount, Peers, SysctlGuard};
+use crate::peers::{self, FuseMount, KernelFs, SysctlGuard, KERNEL_FILE_SYSTEMS};
 pub use crate::results::{
     to_json, to_markdown, write_outputs, Goal, Group, Metric, Row, SeedResult,
 };
@@ -95,12 +95,14 @@ const NO_WRITEBACK_SYSCTL: &[(&str, &str)] = &[
 const NO_WRITEBACK_OPTIONS: &str =
     "dirty_background_bytes=64G,dirty_bytes=64G,writeback_interval_ms=0";
 
-/// Where rows run: a scratch image for the engine and the raw device, and
-/// the kernel peers.
+/// Where rows run: one scratch image for every row (the engine, the raw
+/// device, the mount, qemu-nbd, and the kernel peers made over it in turn),
+/// so that no row gains from the host file under it (see `KernelFs`).
 struct Lab<'a> {
     options: &'a SeedOptions,
     image: PathBuf,
-    peers: Option<Peers>,
+    /// Where the kernel peers are mounted; None runs no peer rows.
+    peer_mounts: Option<PathBuf>,
     progress: &'a dyn Fn(&str),
 }
 
@@ -197,24 +199,30 @@ impl Lab<'_> {
         })
     }
 
-    /// The same fio command with real fio on each kernel peer.
+    /// The same fio command with real fio on each kernel peer, each made
+    /// afresh over the scratch image for this command's rows.
     fn kernel(&self, command: &str, rows: &mut Vec<Row>) -> anyhow::Result<()> {
-        let Some(peers) = &self.peers else { return Ok(()) };
-        for fs in &peers.file_systems {
-            let label = format!("kernel {}", fs.name);
-            rows.push(
-                self.repeat(&label, || {
-                    fio_row(&label, &fs.mount, &|| fs.bytes_written(), command)
-                })?,
-            );
+        let Some(mounts) = &self.peer_mounts else { return Ok(()) };
+        for name in KERNEL_FILE_SYSTEMS {
+            let label = format!("kernel {name}");
+            let fs = KernelFs::start(name, &self.image, mounts.join(format!("mnt-{name}")), 0)
+                .with_context(|| format!("set up {label} over {}", self.image.display()))?;
+            let row =
+                self.repeat(&label, || fio_row(&label, &fs.mount, &|| fs.bytes_written(), command));
+            fs.stop()?;
+            rows.push(row?);
         }
         Ok(())
+    }
+
+    fn peers_enabled(&self) -> bool {
+        self.peer_mounts.is_some()
     }
 
     /// Whether rows through a FUSE mount run (with the peers: they need root
     /// and fio too).
     fn fuse_enabled(&self) -> bool {
-        self.peers.is_some() && self.options.mount_program.is_some()
+        self.peers_enabled() && self.options.mount_program.is_some()
     }
 
     /// The engine mounted through FUSE on a fresh volume, the job run by real
@@ -628,7 +636,7 @@ fn seed_004(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
                     &mut rows,
                 )?;
             }
-            if lab.peers.is_some() {
+            if lab.peers_enabled() {
                 let _no_writeback = SysctlGuard::set(NO_WRITEBACK_SYSCTL)?;
                 lab.kernel(&command, &mut rows)?;
             }
@@ -765,16 +773,16 @@ pub fn run(
     let largest = plan.iter().map(|(_, _, bytes)| *bytes).max().unwrap_or(0);
     let image_bytes = largest + largest / 8 + (256 << 20);
     std::fs::create_dir_all(&options.work_dir)?;
+    let _clean_up = peers::CleanUpOnDrop;
     let image = options.work_dir.join(format!("foliofs-seeds-{}.img", std::process::id()));
     let _remove_image = RemoveOnDrop(image.clone());
     peers::lay_out(&image, image_bytes).context("lay out the scratch image")?;
-    let peers = if options.peers {
+    let peer_mounts = options.peers.then(|| {
         let dir = options.work_dir.join(format!("foliofs-peers-{}", std::process::id()));
-        Some(Peers::start(&dir, image_bytes).context("set up the kernel peers")?)
-    } else {
-        None
-    };
-    let lab = Lab { options, image, peers, progress };
+        peers::remove_at_cleanup(&dir);
+        dir
+    });
+    let lab = Lab { options, image, peer_mounts, progress };
     let mut results = Vec::new();
     for (_, seed, _) in plan {
         let result = seed(&lab, scale)?;
