@@ -113,38 +113,50 @@ mod tests {
     }
 
     /// Readers racing a writer that changes size and generation together
-    /// never see one's size with the other's generation.
+    /// never see one's size with the other's generation. The writer goes on
+    /// until the readers have checked copies (or 10 s pass): on a loaded
+    /// machine its fixed rounds can end before a reader first runs.
     #[test]
     fn readers_never_see_a_torn_copy() {
-        let view = std::sync::Arc::new(InodeView::default());
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        use std::sync::atomic::{AtomicBool, AtomicU64};
+        use std::sync::Arc;
+        const CHECKS_WANTED: u64 = 1_000;
+        let view = Arc::new(InodeView::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let checked = Arc::new(AtomicU64::new(0));
         let readers: Vec<_> = (0..2)
             .map(|_| {
-                let (view, stop) = (view.clone(), stop.clone());
+                let (view, stop, checked) = (view.clone(), stop.clone(), checked.clone());
                 std::thread::spawn(move || {
-                    let mut seen = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         for generation in 1..=64 {
                             if let Some(viewed) = view.get(generation) {
                                 assert_eq!(viewed.size_bytes, generation * 10);
                                 assert_eq!(viewed.atime_quiet_until_secs, generation + 1);
-                                seen += 1;
+                                checked.fetch_add(1, Ordering::Relaxed);
                             }
                         }
                     }
-                    seen
                 })
             })
             .collect();
-        for round in 0..200_000u64 {
+        let started = std::time::Instant::now();
+        let mut round = 0u64;
+        while round < 200_000
+            || (checked.load(Ordering::Relaxed) < CHECKS_WANTED
+                && started.elapsed() < std::time::Duration::from_secs(10))
+        {
             let generation = round % 64 + 1;
             view.set(
                 generation,
                 Viewed { size_bytes: generation * 10, atime_quiet_until_secs: generation + 1 },
             );
+            round += 1;
         }
         stop.store(true, Ordering::Relaxed);
-        let seen: u64 = readers.into_iter().map(|reader| reader.join().unwrap()).sum();
-        assert!(seen > 0, "the readers found copies to check");
+        for reader in readers {
+            reader.join().unwrap();
+        }
+        assert!(checked.load(Ordering::Relaxed) > 0, "the readers found copies to check");
     }
 }
