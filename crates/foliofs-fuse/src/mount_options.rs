@@ -36,8 +36,9 @@ pub const MOUNT_OPTION_KEYS: &[(&str, &str)] = &[
     (
         "ring_sched",
         "idle (an io_uring ring thread submits a single reply at SCHED_IDLE, so its caller is woken \
-         on the CPU that answered it, not on an idle one; they wait for requests at \
-         SCHED_OTHER) | other (default idle, where a thread may return from SCHED_IDLE: root)",
+         on the CPU that answered it, not on an idle one; after a hand-off, a reply served at once, \
+         it waits for the next request there too) | other (default idle, where a thread may \
+         return from SCHED_IDLE: root)",
     ),
     (
         "fuse_threads",

@@ -11,33 +11,67 @@
 //! against 6 us per round trip on the 2-vCPU VM of docs/BENCHMARKS.md). A CPU
 //! whose runnable threads are all SCHED_IDLE counts as idle for that choice
 //! (`sched_idle_cpu`, Linux 5.4+), so a ring thread with one reply to commit
-//! switches to SCHED_IDLE just for the system call that submits it: the
-//! caller is woken where it was, preempts the ring thread at once, and the
-//! ring thread goes back to SCHED_OTHER when it next runs, before it waits
-//! for requests. (A batch of replies is asynchronous I/O at depth: its
-//! submitter waits on no single reply, and the first caller woken would
-//! preempt the rest of the batch, so batches are committed at SCHED_OTHER.)
+//! switches to SCHED_IDLE for the system call that submits it: the caller is
+//! woken where it was and preempts the ring thread at once. (A batch of
+//! replies is asynchronous I/O at depth: its submitter waits on no single
+//! reply, and the first caller woken would preempt the rest of the batch, so
+//! batches are committed at SCHED_OTHER.)
+//!
+//! Two ways back, by what the reply answered:
+//!
+//! - **A hand-off** (the reply answers the one request that woke the thread,
+//!   served at once: a cached read, a lookup, a getattr): the thread commits
+//!   and waits for the next request in one system call and stays at
+//!   SCHED_IDLE while it waits and serves, for as long as hand-offs go on.
+//!   The caller's next request wakes it on a CPU the caller has just left for
+//!   its wait, so nothing normal competes with it there, and a round trip is
+//!   one `io_uring_enter` on this side, with no change of policy: each
+//!   `sched_setscheduler` costs as much as the enter itself (16.5 -> 13 us
+//!   per round trip on r32's VM, docs/BENCHMARKS.md). Any other commit goes
+//!   back to SCHED_OTHER first.
+//! - **Any other single reply** (one that a device completion or an earlier
+//!   request produced): the thread commits at SCHED_IDLE and goes back to
+//!   SCHED_OTHER when it next runs, before it waits.
 //!
 //! A SCHED_IDLE thread may wait long for a CPU where normal threads keep it
 //! busy (its weight is 3 against 1024), and requests delivered to it wait
-//! too. So the time from the switch to SCHED_IDLE to the return to SCHED_OTHER
-//! is watched: when it exceeds a millisecond and requests arrived meanwhile
-//! (they wait in its ring), the thread commits at SCHED_OTHER for a second,
-//! then twice as long each time that repeats (up to a minute), before it
-//! tries again. A long stay with nothing waiting is the woken caller busy
-//! with its own work, which costs nobody anything. The thread never waits for
-//! requests at SCHED_IDLE, so a wake-up for a new request is never delayed
-//! by it.
+//! too. Both ways are watched:
+//!
+//! - after a single commit, the time from the switch to SCHED_IDLE to the
+//!   return to SCHED_OTHER: past a millisecond with requests arrived
+//!   meanwhile (they wait in its ring), the thread is starved;
+//! - while it hands off, the time the kernel says it waited on a run queue
+//!   (`run_delay` in /proc/thread-self/schedstat, read when a millisecond
+//!   passed between two wake-ups and at least every 10 ms, about 2 us a
+//!   read): more than a millisecond beyond a little per run, and the
+//!   thread is starved.
+//!
+//! A starved thread commits at SCHED_OTHER for a second, then twice as long
+//! each time that repeats (up to a minute), before it tries again. A long
+//! stay with nothing waiting is the woken caller busy with its own work,
+//! which costs nobody anything. Where schedstat cannot be read, hand-offs
+//! are committed as other single replies are, and the thread never waits
+//! for requests at SCHED_IDLE.
 
+use std::fs::File;
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use log::{debug, info};
 
-/// The longest a thread may spend at SCHED_IDLE around one commit before it
-/// stops using SCHED_IDLE for a while.
+/// The longest a thread may spend at SCHED_IDLE around one commit, or wait
+/// on a run queue while it hands off, before it stops using SCHED_IDLE for
+/// a while.
 const IDLE_SPAN_MAX: Duration = Duration::from_millis(1);
+/// The wait on a run queue taken as normal for each run of a thread that
+/// hands off: its caller wakes it and then still has its own way to its
+/// wait to go (1-3 us measured).
+const RUN_DELAY_PER_RUN: Duration = Duration::from_micros(10);
+/// How old the last schedstat reading may be at a wake-up while handing off
+/// (so that the allowance per run above covers at most this much time).
+const RUN_DELAY_SAMPLE_MAX_AGE: Duration = Duration::from_millis(10);
 /// Back-off after the first long span, doubled each time one repeats.
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
@@ -79,19 +113,109 @@ fn set_policy(policy: libc::c_int) -> io::Result<()> {
     }
 }
 
+/// What the kernel says of a thread's waits on run queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RunDelay {
+    /// Time spent runnable but not running, in total.
+    pub(crate) delay_ns: u64,
+    /// Times the thread was given a CPU.
+    pub(crate) runs: u64,
+}
+
+impl RunDelay {
+    /// Parses /proc/.../schedstat: run time, run delay (both ns), runs.
+    pub(crate) fn parse(text: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(text).ok()?;
+        let mut fields = text.split_ascii_whitespace().skip(1);
+        let delay_ns = fields.next()?.parse().ok()?;
+        let runs = fields.next()?.parse().ok()?;
+        Some(Self { delay_ns, runs })
+    }
+
+    /// Whether the waits between `self` and the later reading `now` hold
+    /// one past what the runs between them explain: a thread starved.
+    pub(crate) fn starved_by(&self, now: RunDelay) -> bool {
+        let delay = Duration::from_nanos(now.delay_ns.saturating_sub(self.delay_ns));
+        let runs = u32::try_from(now.runs.saturating_sub(self.runs)).unwrap_or(u32::MAX);
+        delay > IDLE_SPAN_MAX + RUN_DELAY_PER_RUN.saturating_mul(runs)
+    }
+}
+
+/// The calling thread's run queue waits, read on demand.
+#[derive(Debug)]
+struct RunDelayWatch {
+    /// /proc/thread-self/schedstat of the ring thread (opened on it).
+    schedstat: File,
+    /// The last reading and when it was taken.
+    sample: Option<(Instant, RunDelay)>,
+    /// The thread's last wake-up while handing off.
+    last_woke: Instant,
+}
+
+impl RunDelayWatch {
+    fn open() -> Option<Self> {
+        let mut watch = Self {
+            schedstat: File::open("/proc/thread-self/schedstat").ok()?,
+            sample: None,
+            last_woke: Instant::now(),
+        };
+        // A kernel without schedstats (CONFIG_SCHED_INFO) answers "0 0 0"
+        // for ever: nothing to watch with.
+        let reading = watch.read()?;
+        (reading.runs > 0).then_some(watch)
+    }
+
+    fn read(&mut self) -> Option<RunDelay> {
+        let mut buffer = [0u8; 96];
+        let length = self.schedstat.read_at(&mut buffer, 0).ok()?;
+        RunDelay::parse(&buffer[..length])
+    }
+
+    /// Starts watching from now.
+    fn restart(&mut self) {
+        let now = Instant::now();
+        self.last_woke = now;
+        self.sample = self.read().map(|reading| (now, reading));
+    }
+
+    /// At a wake-up: whether the thread was starved since the last reading.
+    fn woke(&mut self) -> bool {
+        let now = Instant::now();
+        let gap = now.duration_since(self.last_woke);
+        self.last_woke = now;
+        let stale = self
+            .sample
+            .is_none_or(|(at, _)| now.duration_since(at) >= RUN_DELAY_SAMPLE_MAX_AGE);
+        if gap <= IDLE_SPAN_MAX && !stale {
+            return false;
+        }
+        let Some(reading) = self.read() else {
+            return false;
+        };
+        let before = self.sample.replace((now, reading));
+        gap > IDLE_SPAN_MAX && before.is_some_and(|(_, before)| before.starved_by(reading))
+    }
+}
+
 /// One ring thread's use of SCHED_IDLE around its commits.
 #[derive(Debug)]
 pub(crate) struct IdleCommit {
     name: String,
-    /// When the thread went to SCHED_IDLE, while it is there.
-    idle_since: Option<Instant>,
+    /// The thread runs at SCHED_IDLE now.
+    idle: bool,
+    /// When the last single commit (not a hand-off) went out at SCHED_IDLE,
+    /// until the thread is back at SCHED_OTHER.
+    commit_since: Option<Instant>,
     /// While backing off: when to use SCHED_IDLE again.
     retry_at: Option<Instant>,
     demotions: u32,
+    /// For hand-offs; `None` where schedstat cannot be read.
+    run_delay: Option<RunDelayWatch>,
 }
 
 impl IdleCommit {
-    /// `None` where SCHED_IDLE cannot be used (see [`unavailable`]).
+    /// `None` where SCHED_IDLE cannot be used (see [`unavailable`]). Called
+    /// on the ring thread itself (the schedstat it opens is its own).
     pub(crate) fn new(name: &str) -> Option<Self> {
         if let Some(why) = unavailable() {
             debug!("{name}: commits at SCHED_OTHER: {why}");
@@ -104,55 +228,124 @@ impl IdleCommit {
             debug!("{name}: scheduling policy {policy} kept, SCHED_IDLE not used");
             return None;
         }
+        let run_delay = RunDelayWatch::open();
+        if run_delay.is_none() {
+            debug!("{name}: no schedstat to watch, hand-offs wait at SCHED_OTHER");
+        }
         Some(Self {
             name: name.to_string(),
-            idle_since: None,
+            idle: false,
+            commit_since: None,
             retry_at: None,
             demotions: 0,
+            run_delay,
         })
     }
 
-    /// Switches to SCHED_IDLE for the commits about to be submitted, unless
-    /// backing off.
-    pub(crate) fn enter(&mut self) {
-        let now = Instant::now();
+    fn backing_off_at(&mut self, now: Instant) -> bool {
         if self.retry_at.is_some_and(|retry_at| now < retry_at) {
-            return;
+            return true;
         }
         self.retry_at = None;
-        if set_policy(libc::SCHED_IDLE).is_ok() {
-            self.idle_since = Some(now);
+        false
+    }
+
+    fn set_idle(&mut self, idle: bool) {
+        if self.idle == idle {
+            return;
+        }
+        if idle {
+            self.idle = set_policy(libc::SCHED_IDLE).is_ok();
+        } else if let Err(error) = set_policy(libc::SCHED_OTHER) {
+            // The probe said this works; never serve on at SCHED_IDLE.
+            panic!("{}: cannot return to SCHED_OTHER: {error}", self.name);
+        } else {
+            self.idle = false;
         }
     }
 
-    /// Back to SCHED_OTHER once the commits are submitted (and the thread
-    /// runs again); a long stay at SCHED_IDLE while `work_waited` (requests
-    /// or replies arrived for the thread meanwhile) starts a back-off.
+    /// Switches to SCHED_IDLE for the single commit about to be submitted,
+    /// unless backing off.
+    pub(crate) fn enter(&mut self) {
+        let now = Instant::now();
+        if self.backing_off_at(now) {
+            return;
+        }
+        self.set_idle(true);
+        if self.idle {
+            self.commit_since = Some(now);
+        }
+    }
+
+    /// Back to SCHED_OTHER once the single commit is submitted (and the
+    /// thread runs again); a long stay at SCHED_IDLE while `work_waited`
+    /// (requests or replies arrived for the thread meanwhile) starts a
+    /// back-off.
     pub(crate) fn leave(&mut self, work_waited: bool) {
-        let Some(since) = self.idle_since.take() else {
+        let Some(since) = self.commit_since.take() else {
             return;
         };
-        if let Err(error) = set_policy(libc::SCHED_OTHER) {
-            // The probe said this works; never serve on at SCHED_IDLE.
-            panic!("{}: cannot return to SCHED_OTHER: {error}", self.name);
-        }
+        self.set_idle(false);
         let span = since.elapsed();
         if span > IDLE_SPAN_MAX && work_waited {
-            self.demotions = self.demotions.saturating_add(1);
-            let pause = backoff(self.demotions);
-            self.retry_at = Some(Instant::now() + pause);
-            let message = format!(
-                "{}: waited {} us for a CPU after committing at SCHED_IDLE, with work \
-                 waiting: commits at SCHED_OTHER for {} s",
-                self.name,
-                span.as_micros(),
-                pause.as_secs()
-            );
-            if self.demotions == 1 {
-                info!("{message}");
-            } else {
-                debug!("{message}");
+            self.back_off(&format!(
+                "waited {} us for a CPU after committing at SCHED_IDLE, with work waiting",
+                span.as_micros()
+            ));
+        }
+    }
+
+    /// Before a hand-off is committed together with the wait for the next
+    /// request: whether the thread is (now) at SCHED_IDLE for both. False
+    /// while backing off or where schedstat cannot be read; the caller then
+    /// commits it as another single reply.
+    pub(crate) fn hand_off(&mut self) -> bool {
+        if self.run_delay.is_none() || self.backing_off_at(Instant::now()) {
+            return false;
+        }
+        if !self.idle {
+            self.set_idle(true);
+            if let (true, Some(watch)) = (self.idle, &mut self.run_delay) {
+                watch.restart();
             }
+        }
+        self.idle
+    }
+
+    /// Before anything but a single commit: back to SCHED_OTHER.
+    pub(crate) fn other(&mut self) {
+        self.commit_since = None;
+        self.set_idle(false);
+    }
+
+    /// After every wait: a thread handing off that waited too long on a run
+    /// queue goes back to SCHED_OTHER and backs off.
+    pub(crate) fn woke(&mut self) {
+        if !self.idle || self.commit_since.is_some() {
+            return;
+        }
+        let Some(watch) = &mut self.run_delay else {
+            return;
+        };
+        if watch.woke() {
+            self.set_idle(false);
+            self.back_off("waited over a millisecond for a CPU while handing off at SCHED_IDLE");
+        }
+    }
+
+    fn back_off(&mut self, what: &str) {
+        self.demotions = self.demotions.saturating_add(1);
+        let pause = backoff(self.demotions);
+        self.retry_at = Some(Instant::now() + pause);
+        let message = format!(
+            "{}: {what}: commits at SCHED_OTHER for {} s",
+            self.name,
+            pause.as_secs()
+        );
+        if self.demotions == 1 {
+            info!("{message}");
+        } else {
+            debug!("{message}");
         }
     }
 
@@ -196,6 +389,99 @@ mod tests {
         assert_eq!(backoff(4), Duration::from_secs(8));
         assert_eq!(backoff(7), Duration::from_secs(60));
         assert_eq!(backoff(u32::MAX), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn schedstat_is_parsed_and_a_wait_beyond_the_allowance_per_run_is_starvation() {
+        let before = RunDelay::parse(b"1000 5000000 100\n").unwrap();
+        assert_eq!(
+            before,
+            RunDelay {
+                delay_ns: 5_000_000,
+                runs: 100
+            }
+        );
+        assert_eq!(RunDelay::parse(b"0 0\n"), None);
+        assert_eq!(RunDelay::parse(b"1 x 3\n"), None);
+        // A thousand quick hand-offs, each woken 2 us before its caller
+        // left the CPU: normal.
+        let quick = RunDelay {
+            delay_ns: before.delay_ns + 2_000_000,
+            runs: before.runs + 1000,
+        };
+        assert!(!before.starved_by(quick));
+        // One run after 5 ms on a run queue.
+        let starved = RunDelay {
+            delay_ns: before.delay_ns + 5_000_000,
+            runs: before.runs + 1,
+        };
+        assert!(before.starved_by(starved));
+        // A counter that went backwards (never seen) is not starvation.
+        assert!(!starved.starved_by(before));
+    }
+
+    /// Pins the calling thread to `cpu`.
+    fn pin(cpu: usize) {
+        // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu` is below CPU_SETSIZE (it is a CPU this thread ran on).
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+        // SAFETY: pid 0 is the calling thread; `set` outlives the call.
+        let pinned = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+        assert_eq!(pinned, 0, "{}", io::Error::last_os_error());
+    }
+
+    #[test]
+    fn a_hand_off_waits_at_sched_idle_and_a_starved_one_backs_off() {
+        if unavailable().is_some() {
+            // The refusal is checked by the test below.
+            return;
+        }
+        std::thread::spawn(|| {
+            let mut commit = IdleCommit::new("test-ring").expect("the probe said available");
+            if commit.run_delay.is_none() {
+                eprintln!("no schedstat here: hand-offs are refused");
+                assert!(!commit.hand_off());
+                assert_eq!(policy(), libc::SCHED_OTHER);
+                return;
+            }
+            assert!(commit.hand_off());
+            assert_eq!(policy(), libc::SCHED_IDLE);
+            // Woken at once: still handing off, at SCHED_IDLE.
+            commit.woke();
+            assert_eq!(policy(), libc::SCHED_IDLE);
+            assert!(commit.hand_off());
+            // Anything but a single commit goes back to SCHED_OTHER.
+            commit.other();
+            assert_eq!(policy(), libc::SCHED_OTHER);
+            assert!(!commit.backing_off());
+
+            // Starved: a normal thread spins on this thread's CPU while it
+            // sleeps, so it waits on the run queue until the spinner ends.
+            // SAFETY: sched_getcpu has no preconditions.
+            let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).unwrap();
+            pin(cpu);
+            assert!(commit.hand_off());
+            let (spinning, spins) = std::sync::mpsc::channel();
+            let spinner = std::thread::spawn(move || {
+                pin(cpu);
+                spinning.send(()).unwrap();
+                let end = Instant::now() + Duration::from_millis(60);
+                while Instant::now() < end {
+                    std::hint::spin_loop();
+                }
+            });
+            spins.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+            commit.woke();
+            spinner.join().unwrap();
+            assert_eq!(policy(), libc::SCHED_OTHER);
+            assert!(commit.backing_off());
+            assert!(!commit.hand_off(), "no hand-off at SCHED_IDLE while backing off");
+            assert_eq!(policy(), libc::SCHED_OTHER);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

@@ -798,8 +798,15 @@ impl RingThread {
         mut arrived: Vec<(u64, i32)>,
     ) -> io::Result<()> {
         loop {
+            // The request this wake brought, when it brought exactly one.
+            let mut only_request: Option<Option<u16>> = None;
             for (tag, result) in arrived.drain(..) {
-                self.completed(event_loop, tag, result)?;
+                if let Some(index) = self.completed(event_loop, tag, result)? {
+                    only_request = match only_request {
+                        None => Some(Some(index)),
+                        Some(_) => Some(None),
+                    };
+                }
             }
             if self.live_entries == 0 {
                 debug!("io_uring queue {}: every entry ended", self.shared.qid);
@@ -826,6 +833,9 @@ impl RingThread {
             // And only when nothing else waits for this thread: with more
             // work queued, the caller preempting it would delay that work.
             let one_reply = commits.len() == 1 && self.ring.completion().is_empty();
+            // A hand-off: that reply answers the one request this wake
+            // brought, served at once; its caller sends the next one.
+            let hand_off = one_reply && only_request.flatten() == Some(commits[0].0);
             for (index, unique) in commits.drain(..) {
                 let commit = self.command(
                     usize::from(index),
@@ -835,21 +845,31 @@ impl RingThread {
                 self.push(&commit)?;
             }
             self.commit_batch = commits;
-            if let (true, Some(idle_commit)) = (one_reply, &mut self.idle_commit) {
-                // The commit wakes its caller on this CPU (see idle_commit);
-                // the wait below is at SCHED_OTHER again.
-                idle_commit.enter();
-                let submitted = self.ring.submit();
-                // Whatever reached the ring meanwhile waited for this thread.
-                let work_waited = !self.ring.completion().is_empty();
-                idle_commit.leave(work_waited);
-                match submitted {
-                    Ok(_) => {}
-                    Err(error) if is_transient(&error) => {}
-                    Err(error) => return Err(error),
+            if let Some(idle_commit) = &mut self.idle_commit {
+                if !one_reply {
+                    idle_commit.other();
+                } else if hand_off && idle_commit.hand_off() {
+                    // Committed with the wait below, both at SCHED_IDLE.
+                } else {
+                    // The commit wakes its caller on this CPU (see
+                    // idle_commit); the wait below is at SCHED_OTHER again.
+                    idle_commit.enter();
+                    let submitted = self.ring.submit();
+                    // Whatever reached the ring meanwhile waited for this
+                    // thread.
+                    let work_waited = !self.ring.completion().is_empty();
+                    idle_commit.leave(work_waited);
+                    match submitted {
+                        Ok(_) => {}
+                        Err(error) if is_transient(&error) => {}
+                        Err(error) => return Err(error),
+                    }
                 }
             }
             let waited = self.ring.submit_and_wait(1);
+            if let Some(idle_commit) = &mut self.idle_commit {
+                idle_commit.woke();
+            }
             if let Some(filesystem) = &event_loop.filesystem.fs {
                 filesystem.after_wait();
             }
@@ -871,18 +891,18 @@ impl RingThread {
         event_loop: &SessionEventLoop<FS>,
         tag: u64,
         result: i32,
-    ) -> io::Result<()> {
+    ) -> io::Result<Option<u16>> {
         if tag == FS_WAIT_TAG {
             // Readable (or cancelled at teardown): the next `before_wait`
             // runs what is ready and asks for a new poll.
             self.fs_wait_armed = false;
-            return Ok(());
+            return Ok(None);
         }
         if tag == WAKE_TAG {
             if result < 0 && result != -libc::EINTR && result != -libc::EAGAIN {
                 return Err(io::Error::from_raw_os_error(-result));
             }
-            return self.arm_wake();
+            return self.arm_wake().map(|()| None);
         }
         let index = tag as usize;
         if result < 0 {
@@ -897,10 +917,10 @@ impl RingThread {
                     io::Error::from_raw_os_error(errno)
                 ),
             }
-            return Ok(());
+            return Ok(None);
         }
         self.dispatch(event_loop, index);
-        Ok(())
+        Ok(u16::try_from(index).ok())
     }
 
     /// Rebuilds the request in entry `index` in the /dev/fuse layout and
