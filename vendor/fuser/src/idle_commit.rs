@@ -456,8 +456,10 @@ mod tests {
             assert_eq!(policy(), libc::SCHED_OTHER);
             assert!(!commit.backing_off());
 
-            // Starved: a normal thread spins on this thread's CPU while it
-            // sleeps, so it waits on the run queue until the spinner ends.
+            // Starved: a real-time thread spins on this thread's CPU, so
+            // this one waits on the run queue until the spinner ends. (A
+            // normal spinner starves a SCHED_IDLE thread only sometimes:
+            // EEVDF may pick the woken thread first.)
             // SAFETY: sched_getcpu has no preconditions.
             let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).unwrap();
             pin(cpu);
@@ -465,6 +467,10 @@ mod tests {
             let (spinning, spins) = std::sync::mpsc::channel();
             let spinner = std::thread::spawn(move || {
                 pin(cpu);
+                let param = libc::sched_param { sched_priority: 1 };
+                // SAFETY: pid 0 is this thread; `param` outlives the call.
+                let fifo = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+                assert_eq!(fifo, 0, "SCHED_FIFO: {}", io::Error::last_os_error());
                 spinning.send(()).unwrap();
                 let end = Instant::now() + Duration::from_millis(60);
                 while Instant::now() < end {
