@@ -171,11 +171,18 @@ impl RunDelayWatch {
         RunDelay::parse(&buffer[..length])
     }
 
-    /// Starts watching from now.
+    /// Starts watching from now: a reading older than the allowance per
+    /// run covers is taken again (a fresh one is kept: one read per switch
+    /// to SCHED_IDLE would cost as much as the switch).
     fn restart(&mut self) {
         let now = Instant::now();
         self.last_woke = now;
-        self.sample = self.read().map(|reading| (now, reading));
+        let stale = self
+            .sample
+            .is_none_or(|(at, _)| now.duration_since(at) >= RUN_DELAY_SAMPLE_MAX_AGE);
+        if stale {
+            self.sample = self.read().map(|reading| (now, reading));
+        }
     }
 
     /// At a wake-up: whether the thread was starved since the last reading.

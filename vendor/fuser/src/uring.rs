@@ -64,6 +64,9 @@ const PAYLOAD_MIN_BYTES: usize = 8192;
 /// header (at most 40 + 128 bytes); a page keeps the payload page-aligned.
 const GAP_BYTES: usize = 4096;
 const IN_HEADER_BYTES: usize = 40;
+/// The kernel sends these in the background: no caller waits on the reply.
+const FUSE_RELEASE: u32 = 18;
+const FUSE_RELEASEDIR: u32 = 29;
 const OUT_HEADER_BYTES: usize = 16;
 const OP_IN_BYTES: usize = 128;
 /// `user_data` of the eventfd read; entries use their index.
@@ -560,6 +563,10 @@ pub(crate) struct RingThread {
     idle_commit: Option<IdleCommit>,
     /// A poll is armed on the descriptor `Filesystem::before_wait` gave.
     fs_wait_armed: bool,
+    /// Per entry: its request wakes nobody when answered (a release, which
+    /// the kernel sends in the background), so its commit is no hand-off
+    /// and needs no policy of its own.
+    background: Vec<bool>,
 }
 
 // SAFETY: the iovecs point into the entries' memory, which `shared` owns;
@@ -662,6 +669,7 @@ impl RingThread {
             wake_value: Box::new(0),
             scratch: Vec::new(),
             commit_batch: Vec::with_capacity(entries),
+            background: vec![false; entries],
             live_entries: entries,
             sched_idle,
             idle_commit: None,
@@ -798,10 +806,13 @@ impl RingThread {
         mut arrived: Vec<(u64, i32)>,
     ) -> io::Result<()> {
         loop {
-            // The request this wake brought, when it brought exactly one.
+            // The request this wake brought, when it brought exactly one
+            // (besides background ones).
             let mut only_request: Option<Option<u16>> = None;
             for (tag, result) in arrived.drain(..) {
-                if let Some(index) = self.completed(event_loop, tag, result)? {
+                if let Some(index) = self.completed(event_loop, tag, result)?
+                    && !self.background[usize::from(index)]
+                {
                     only_request = match only_request {
                         None => Some(Some(index)),
                         Some(_) => Some(None),
@@ -832,10 +843,17 @@ impl RingThread {
             // woken by its first commit would preempt the rest of the batch.
             // And only when nothing else waits for this thread: with more
             // work queued, the caller preempting it would delay that work.
-            let one_reply = commits.len() == 1 && self.ring.completion().is_empty();
+            // Background replies (releases) wake nobody: they count for
+            // neither.
+            let mut waking = commits
+                .iter()
+                .filter(|(index, _)| !self.background[usize::from(*index)]);
+            let first_waking = waking.next().map(|(index, _)| *index);
+            let waking_replies = usize::from(first_waking.is_some()) + waking.count();
+            let one_reply = waking_replies == 1 && self.ring.completion().is_empty();
             // A hand-off: that reply answers the one request this wake
             // brought, served at once; its caller sends the next one.
-            let hand_off = one_reply && only_request.flatten() == Some(commits[0].0);
+            let hand_off = one_reply && only_request.flatten() == first_waking;
             for (index, unique) in commits.drain(..) {
                 let commit = self.command(
                     usize::from(index),
@@ -846,7 +864,9 @@ impl RingThread {
             }
             self.commit_batch = commits;
             if let Some(idle_commit) = &mut self.idle_commit {
-                if !one_reply {
+                if waking_replies == 0 {
+                    // Nobody to wake: the policy stays as it is.
+                } else if !one_reply {
                     idle_commit.other();
                 } else if hand_off && idle_commit.hand_off() {
                     // Committed with the wait below, both at SCHED_IDLE.
@@ -953,6 +973,8 @@ impl RingThread {
             shared.queue_commit(index as u16, unique);
             return;
         };
+        let opcode = u32::from_ne_bytes(in_header[4..8].try_into().unwrap());
+        self.background[index] = matches!(opcode, FUSE_RELEASE | FUSE_RELEASEDIR);
         let headers_bytes = IN_HEADER_BYTES + op_in_bytes;
         let request: &[u8] = if headers_bytes % 8 == 0 {
             // SAFETY: the gap is ours (see above) and GAP_BYTES > 168; the
