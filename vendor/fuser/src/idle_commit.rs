@@ -26,9 +26,10 @@
 //!   The caller's next request wakes it on a CPU the caller has just left for
 //!   its wait, so nothing normal competes with it there, and a round trip is
 //!   one `io_uring_enter` on this side, with no change of policy: each
-//!   `sched_setscheduler` costs as much as the enter itself (16.5 -> 13 us
-//!   per round trip on r32's VM, docs/BENCHMARKS.md). Any other commit goes
-//!   back to SCHED_OTHER first.
+//!   `sched_setscheduler` costs as much as the enter itself (about 15 -> 12
+//!   us per round trip on r32's VM, docs/BENCHMARKS.md). Any other commit
+//!   goes back to SCHED_OTHER first. Replies to releases, which the kernel
+//!   sends in the background, wake nobody and count for neither way.
 //! - **Any other single reply** (one that a device completion or an earlier
 //!   request produced): the thread commits at SCHED_IDLE and goes back to
 //!   SCHED_OTHER when it next runs, before it waits.
