@@ -954,6 +954,8 @@ impl RingThread {
         let in_header = &header.in_out[..IN_HEADER_BYTES];
         let length = u32::from_ne_bytes(in_header[..4].try_into().unwrap()) as usize;
         let unique = u64::from_ne_bytes(in_header[8..16].try_into().unwrap());
+        let opcode = u32::from_ne_bytes(in_header[4..8].try_into().unwrap());
+        self.background[index] = matches!(opcode, FUSE_RELEASE | FUSE_RELEASEDIR);
         let payload_bytes = header.ring_ent_in_out.payload_sz as usize;
         let op_in_bytes = length.checked_sub(IN_HEADER_BYTES + payload_bytes);
         let sender = EntrySender {
@@ -973,8 +975,6 @@ impl RingThread {
             shared.queue_commit(index as u16, unique);
             return;
         };
-        let opcode = u32::from_ne_bytes(in_header[4..8].try_into().unwrap());
-        self.background[index] = matches!(opcode, FUSE_RELEASE | FUSE_RELEASEDIR);
         let headers_bytes = IN_HEADER_BYTES + op_in_bytes;
         let request: &[u8] = if headers_bytes % 8 == 0 {
             // SAFETY: the gap is ours (see above) and GAP_BYTES > 168; the
