@@ -172,16 +172,19 @@ impl RunDelayWatch {
         RunDelay::parse(&buffer[..length])
     }
 
-    /// Starts watching from now: a reading older than the allowance per
-    /// run covers is taken again (a fresh one is kept: one read per switch
-    /// to SCHED_IDLE would cost as much as the switch).
+    /// Whether the last reading is older than the allowance per run covers.
+    fn stale_at(&self, now: Instant) -> bool {
+        self.sample
+            .is_none_or(|(at, _)| now.duration_since(at) >= RUN_DELAY_SAMPLE_MAX_AGE)
+    }
+
+    /// Starts watching from now: a stale reading is taken again (a fresh
+    /// one is kept: one read per switch to SCHED_IDLE would cost as much as
+    /// the switch).
     fn restart(&mut self) {
         let now = Instant::now();
         self.last_woke = now;
-        let stale = self
-            .sample
-            .is_none_or(|(at, _)| now.duration_since(at) >= RUN_DELAY_SAMPLE_MAX_AGE);
-        if stale {
+        if self.stale_at(now) {
             self.sample = self.read().map(|reading| (now, reading));
         }
     }
@@ -191,10 +194,7 @@ impl RunDelayWatch {
         let now = Instant::now();
         let gap = now.duration_since(self.last_woke);
         self.last_woke = now;
-        let stale = self
-            .sample
-            .is_none_or(|(at, _)| now.duration_since(at) >= RUN_DELAY_SAMPLE_MAX_AGE);
-        if gap <= IDLE_SPAN_MAX && !stale {
+        if gap <= IDLE_SPAN_MAX && !self.stale_at(now) {
             return false;
         }
         let Some(reading) = self.read() else {

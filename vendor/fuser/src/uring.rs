@@ -806,17 +806,14 @@ impl RingThread {
         mut arrived: Vec<(u64, i32)>,
     ) -> io::Result<()> {
         loop {
-            // The request this wake brought, when it brought exactly one
-            // (besides background ones).
-            let mut only_request: Option<Option<u16>> = None;
+            // The requests this wake brought (besides background ones).
+            let (mut requests, mut last_request) = (0usize, None);
             for (tag, result) in arrived.drain(..) {
                 if let Some(index) = self.completed(event_loop, tag, result)?
                     && !self.background[usize::from(index)]
                 {
-                    only_request = match only_request {
-                        None => Some(Some(index)),
-                        Some(_) => Some(None),
-                    };
+                    requests += 1;
+                    last_request = Some(index);
                 }
             }
             if self.live_entries == 0 {
@@ -847,13 +844,14 @@ impl RingThread {
             // neither.
             let mut waking = commits
                 .iter()
-                .filter(|(index, _)| !self.background[usize::from(*index)]);
-            let first_waking = waking.next().map(|(index, _)| *index);
-            let waking_replies = usize::from(first_waking.is_some()) + waking.count();
-            let one_reply = waking_replies == 1 && self.ring.completion().is_empty();
+                .map(|(index, _)| *index)
+                .filter(|index| !self.background[usize::from(*index)]);
+            let first_waking = waking.next();
+            let one_reply =
+                first_waking.is_some() && waking.next().is_none() && self.ring.completion().is_empty();
             // A hand-off: that reply answers the one request this wake
             // brought, served at once; its caller sends the next one.
-            let hand_off = one_reply && only_request.flatten() == first_waking;
+            let hand_off = one_reply && requests == 1 && last_request == first_waking;
             for (index, unique) in commits.drain(..) {
                 let commit = self.command(
                     usize::from(index),
@@ -864,7 +862,7 @@ impl RingThread {
             }
             self.commit_batch = commits;
             if let Some(idle_commit) = &mut self.idle_commit {
-                if waking_replies == 0 {
+                if first_waking.is_none() {
                     // Nobody to wake: the policy stays as it is.
                 } else if !one_reply {
                     idle_commit.other();
