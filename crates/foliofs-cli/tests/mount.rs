@@ -1600,6 +1600,26 @@ fn posix_acls_are_enforced_inherited_and_kept_in_sync_with_the_mode() {
     // uid 1000 can write root's new file through the inherited entry.
     let wrote = as_uid_1000(&format!("echo more >> {dir}/byroot"));
     assert!(wrote.status.success(), "{wrote:?}");
+
+    // Setting an access ACL clears the setgid bit when its setter is
+    // neither in the file's group nor holds CAP_FSETID (generic/375), and
+    // only then.
+    let setgid = path("setgid");
+    fs::write(&setgid, b"").unwrap();
+    std::os::unix::fs::chown(&setgid, Some(1000), Some(0)).unwrap();
+    ok("chmod", &["2775", &setgid]);
+    ok("setfacl", &["-m", "u:1000:rwx", &setgid]);
+    assert_eq!(ok("stat", &["-c", "%a", &setgid]).trim(), "2775", "root keeps the bit");
+    let set = as_uid_1000(&format!("setfacl -m u:1000:rw {setgid}"));
+    assert!(set.status.success(), "{set:?}");
+    assert_eq!(ok("stat", &["-c", "%a", &setgid]).trim(), "775", "uid 1000 is not in group 0");
+    let plain = path("plain");
+    fs::write(&plain, b"").unwrap();
+    std::os::unix::fs::chown(&plain, Some(1000), Some(0)).unwrap();
+    ok("chmod", &["755", &plain]);
+    let set = as_uid_1000(&format!("setfacl -m u:1000:rwx,m::rx {plain}"));
+    assert!(set.status.success(), "{set:?}");
+    assert_eq!(ok("stat", &["-c", "%a", &plain]).trim(), "755");
     let before = ok("getfacl", &["-R", "-n", &path("shared"), &file]);
     mounted.remount("allow_other");
     let after = ok("getfacl", &["-R", "-n", &path("shared"), &file]);

@@ -1202,10 +1202,18 @@ impl Filesystem for FolioFs {
         let name = name_bytes(name);
         let result = XattrFlags::from_bits(flags).and_then(|mut flags| {
             if name == b"system.posix_acl_access" {
-                flags.acl_kill_sgid = !self.volume.getattr(ino.0).is_ok_and(|attr| {
-                    let caller = CallerStatus::of(req);
-                    caller.has_capability(CAP_FSETID) || caller.in_group(req, attr.gid)
-                });
+                flags.acl_kill_sgid = match self.volume.getattr(ino.0) {
+                    // No setgid bit to clear: the caller's groups and
+                    // capabilities (a read of /proc) do not matter. The
+                    // kernel holds the inode lock over a set_acl, so no
+                    // chmod through the mount sets the bit meanwhile.
+                    Ok(attr) if attr.mode & libc::S_ISGID == 0 => false,
+                    Ok(attr) => {
+                        let caller = CallerStatus::of(req);
+                        !(caller.has_capability(CAP_FSETID) || caller.in_group(req, attr.gid))
+                    }
+                    Err(_) => true,
+                };
             }
             self.volume.set_xattr(ino.0, name, value, flags, XATTR_CHECKED_BY_KERNEL)
         });
@@ -1224,7 +1232,16 @@ impl Filesystem for FolioFs {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.volume.list_xattr(ino.0, caller_privilege(req)) {
+        // The caller's capabilities (a read of /proc) matter only where
+        // there are `trusted.` names to hide from it.
+        let listed = self.volume.list_xattr(ino.0, Privilege::SysAdmin).and_then(|names| {
+            if names.iter().any(|name| name.starts_with(b"trusted.")) {
+                self.volume.list_xattr(ino.0, caller_privilege(req))
+            } else {
+                Ok(names)
+            }
+        });
+        match listed {
             Ok(names) => {
                 let list: Vec<u8> = names
                     .iter()
