@@ -122,6 +122,44 @@ fn fail<T>(message: String) -> Result<T, ApplyError> {
     Err(ApplyError(message))
 }
 
+/// Runs freed by records not yet durable, by the lsn of the record. Every
+/// transaction releases those that became durable and every delayed
+/// allocation asks how many blocks wait: neither walks the runs, which an
+/// `rm -rf` of a tree leaves by the thousand until the next commit.
+#[derive(Default)]
+struct PendingFrees {
+    by_lsn: BTreeMap<u64, Vec<BlockRun>>,
+    blocks: u64,
+}
+
+impl PendingFrees {
+    fn push(&mut self, lsn: u64, run: BlockRun) {
+        self.by_lsn.entry(lsn).or_default().push(run);
+        self.blocks += run.count;
+    }
+
+    /// Removes and returns the runs freed by records up to `durable_lsn`.
+    fn take_through(&mut self, durable_lsn: u64) -> Vec<BlockRun> {
+        match self.by_lsn.first_key_value() {
+            Some((&lsn, _)) if lsn <= durable_lsn => {}
+            _ => return Vec::new(),
+        }
+        let later = match durable_lsn.checked_add(1) {
+            Some(next) => self.by_lsn.split_off(&next),
+            None => BTreeMap::new(),
+        };
+        let taken: Vec<BlockRun> =
+            std::mem::replace(&mut self.by_lsn, later).into_values().flatten().collect();
+        self.blocks -= taken.iter().map(|run| run.count).sum::<u64>();
+        taken
+    }
+
+    fn clear(&mut self) {
+        self.by_lsn.clear();
+        self.blocks = 0;
+    }
+}
+
 pub struct MetaState {
     /// By inode number, hashed with FxHash: looked up on every operation
     /// (two per cached read), and the numbers are ours, not an attacker's.
@@ -130,8 +168,8 @@ pub struct MetaState {
     data_region: Region,
     /// Free space; rebuilt from the extent maps at mount, never persisted.
     pub alloc: Allocator,
-    /// Blocks freed by records not yet durable, with the lsn that freed them.
-    pending_frees: Vec<(u64, BlockRun)>,
+    /// Blocks freed by records not yet durable, by the lsn that freed them.
+    pending_frees: PendingFrees,
     /// With `-o discard`: durable frees wait for their discard (see
     /// `MetaStore::discard_durable_frees`) instead of going straight back
     /// to the allocator.
@@ -149,7 +187,7 @@ impl MetaState {
             next_ino: ROOT_INO + 1,
             data_region,
             alloc: Allocator::new(data_region),
-            pending_frees: Vec::new(),
+            pending_frees: PendingFrees::default(),
             discard_freed: false,
             discarding_blocks: 0,
             persisted_bytes_estimate: 0,
@@ -597,7 +635,7 @@ impl MetaState {
                 ExtentKind::Delalloc => self.alloc.unreserve(extent.block_count),
                 ExtentKind::Unwritten | ExtentKind::Written => {
                     let run = BlockRun { start: extent.dev_block, count: extent.block_count };
-                    self.pending_frees.push((lsn, run));
+                    self.pending_frees.push(lsn, run);
                 }
             }
         }
@@ -655,16 +693,11 @@ impl MetaState {
     /// Makes blocks freed by records up to `durable_lsn` allocatable; with
     /// `discard_freed` they wait for [`MetaState::take_durable_frees`].
     pub fn release_pending_frees(&mut self, durable_lsn: u64) {
-        if self.discard_freed || self.pending_frees.iter().all(|&(lsn, _)| lsn > durable_lsn) {
+        if self.discard_freed {
             return;
         }
-        let pending = std::mem::take(&mut self.pending_frees);
-        for (lsn, run) in pending {
-            if lsn <= durable_lsn {
-                self.alloc.free(run);
-            } else {
-                self.pending_frees.push((lsn, run));
-            }
+        for run in self.pending_frees.take_through(durable_lsn) {
+            self.alloc.free(run);
         }
     }
 
@@ -672,14 +705,7 @@ impl MetaState {
     /// and then handed to [`MetaState::finish_discards`]; still counted as
     /// pending meanwhile.
     pub fn take_durable_frees(&mut self, durable_lsn: u64) -> Vec<BlockRun> {
-        let mut taken = Vec::new();
-        self.pending_frees.retain(|&(lsn, run)| {
-            let durable = lsn <= durable_lsn;
-            if durable {
-                taken.push(run);
-            }
-            !durable
-        });
+        let taken = self.pending_frees.take_through(durable_lsn);
         self.discarding_blocks += taken.iter().map(|run| run.count).sum::<u64>();
         taken
     }
@@ -693,7 +719,7 @@ impl MetaState {
     }
 
     pub fn pending_free_blocks(&self) -> u64 {
-        self.pending_frees.iter().map(|(_, run)| run.count).sum::<u64>() + self.discarding_blocks
+        self.pending_frees.blocks + self.discarding_blocks
     }
 }
 
@@ -885,6 +911,24 @@ mod tests {
         assert_eq!(state.alloc.free_blocks(), 996);
         state.release_pending_frees(10);
         assert_eq!(state.alloc.free_blocks(), 1000);
+    }
+
+    #[test]
+    fn pending_frees_leave_in_lsn_order_and_keep_their_count() {
+        let run = |start, count| BlockRun { start, count };
+        let mut pending = PendingFrees::default();
+        pending.push(12, run(100, 3));
+        pending.push(10, run(200, 1));
+        pending.push(12, run(300, 2));
+        pending.push(15, run(400, 4));
+        assert_eq!(pending.blocks, 10);
+        assert!(pending.take_through(9).is_empty());
+        assert_eq!(pending.take_through(10), vec![run(200, 1)]);
+        assert_eq!(pending.take_through(14), vec![run(100, 3), run(300, 2)]);
+        assert_eq!(pending.blocks, 4);
+        assert_eq!(pending.take_through(u64::MAX), vec![run(400, 4)]);
+        assert_eq!(pending.blocks, 0);
+        assert!(pending.by_lsn.is_empty());
     }
 
     /// With discard, durable frees stay out of the allocator (and counted
