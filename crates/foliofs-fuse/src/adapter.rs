@@ -92,8 +92,12 @@ pub struct FolioFs {
     /// FUSE no-open: OPEN is answered ENOSYS, and I/O is served by inode
     /// through `inode_files` (see that module).
     zero_message_opens: bool,
+    /// FUSE no-opendir: OPENDIR is answered ENOSYS, and listings are served
+    /// by inode. In every `page_cache` mode with `opens=kernel`: a listing
+    /// is metadata, which the kernel caches in every mode.
+    zero_message_opendirs: bool,
     inode_files: InodeFiles,
-    /// Directory walks without a handle (zero-message opens).
+    /// Directory walks without a handle (zero-message opendirs).
     dir_snapshots: DirSnapshots,
     opens: Arc<OpenCounters>,
 }
@@ -156,6 +160,7 @@ impl FolioFs {
             kills_privileges: false,
             direct_io: Arc::default(),
             zero_message_opens,
+            zero_message_opendirs: options.zero_message_opens,
             inode_files: InodeFiles::new(),
             dir_snapshots: DirSnapshots::new(),
             opens: Arc::default(),
@@ -392,7 +397,7 @@ impl FolioFs {
         offset: u64,
     ) -> Result<DirPage, Errno> {
         let failed = |error: Error| self.failed(operation, &error);
-        if fh.0 == 0 && self.zero_message_opens {
+        if fh.0 == 0 && self.zero_message_opendirs {
             let dir = self.volume.open_dir(ino.0).map_err(failed)?;
             let listed =
                 self.dir_snapshots.entries(&dir, offset).and_then(|(walk, entries, position)| {
@@ -1048,7 +1053,7 @@ impl Filesystem for FolioFs {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
         OpenCounters::count(&self.opens.opendirs);
-        if self.zero_message_opens {
+        if self.zero_message_opendirs {
             // FUSE no-opendir: the kernel lists by inode from now on (handle
             // 0) and sends no RELEASEDIR; see `listing`.
             return reply.error(Errno::ENOSYS);
@@ -1056,7 +1061,16 @@ impl Filesystem for FolioFs {
         match self.volume.open_dir(ino.0) {
             Ok(dir) => {
                 let fh = self.handles.insert(Handle::Dir(Arc::new(DirListing::new(dir))));
-                reply.opened(FileHandle(fh), FopenFlags::empty());
+                // The kernel keeps the listing across opens and lists from
+                // it until the directory changes: through the mount (which
+                // it sees) or by a library user (whose changes drop it: see
+                // `invalidate`). A warm `ls -l` or `find` then sends no
+                // READDIRPLUS, whose entries would also make the kernel
+                // forget each file's cached ACL and ask for it again.
+                reply.opened(
+                    FileHandle(fh),
+                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+                );
             }
             Err(error) => reply.error(self.failed("opendir", &error)),
         }

@@ -186,17 +186,12 @@ impl Invalidator {
             NamespaceEvent::Entry { parent, name } => {
                 let entry =
                     notifier.inval_entry(INodeNo(*parent), std::ffi::OsStr::from_bytes(name));
-                // Under FUSE no-opendir the kernel also caches the parent's
-                // listing (in its page cache), which an entry notification
-                // drops only for a name it had looked up: a name added
-                // here would stay unlisted. Dropping the directory's pages
-                // makes the next listing ask again.
-                let listing = if self.every_inode_cached.load(std::sync::atomic::Ordering::Relaxed)
-                {
-                    notifier.inval_inode(INodeNo(*parent), 0, 0)
-                } else {
-                    Ok(())
-                };
+                // The kernel also caches the parent's listing (in its page
+                // cache: FOPEN_CACHE_DIR, which every mode asks for), which
+                // an entry notification drops only for a name it had looked
+                // up: a name added here would stay unlisted. Dropping the
+                // directory's pages makes the next listing ask again.
+                let listing = notifier.inval_inode(INodeNo(*parent), 0, 0);
                 report_unsent(event, entry);
                 listing
             }

@@ -21,11 +21,12 @@ pub const MOUNT_OPTION_KEYS: &[(&str, &str)] = &[
     ),
     (
         "opens",
-        "kernel (with page_cache=kernel or writeback, opening and closing files and directories \
-         stay in the kernel: FUSE no-open and no-opendir; reads, writes and listings are served \
-         by inode) | daemon (each open reaches the \
-         daemon: a file that is immutable or append-only refuses a writable open there) \
-         (default kernel; page_cache=engine always uses daemon)",
+        "kernel (opening and closing directories stay in the kernel, FUSE no-opendir, and \
+         listings are served by inode and cached by the kernel; with page_cache=kernel or \
+         writeback files too, FUSE no-open, their reads and writes served by inode) | daemon \
+         (each open reaches the daemon: a file that is immutable or append-only refuses a \
+         writable open there) (default kernel; page_cache=engine always opens files through \
+         the daemon)",
     ),
     (
         "transport",
@@ -166,9 +167,10 @@ pub enum PageCacheUse {
 pub struct MountOptions {
     pub volume: VolumeOptions,
     pub page_cache: PageCacheUse,
-    /// Opens and closes stay in the kernel (FUSE no-open) where the
-    /// kernel's page cache serves the data (`page_cache` kernel or
-    /// writeback); `opens=daemon` turns it off.
+    /// Opens and closes of directories stay in the kernel (FUSE
+    /// no-opendir), and of files too (FUSE no-open) where the kernel's page
+    /// cache serves the data (`page_cache` kernel or writeback);
+    /// `opens=daemon` turns both off.
     pub zero_message_opens: bool,
     pub transport: Transport,
     pub uring_depth: u16,

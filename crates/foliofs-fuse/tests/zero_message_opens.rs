@@ -3,7 +3,9 @@
 //! daemon once for the life of the mount (the OPEN answered ENOSYS), and
 //! what used to ride on each open still holds: the data, a file unlinked
 //! while open (kept until the kernel forgets it), O_DIRECT and O_DSYNC taken
-//! from each request, and a volume that closes cleanly.
+//! from each request, and a volume that closes cleanly. Directories are
+//! opened without a message in every mode (FUSE no-opendir), and the kernel
+//! caches their listings: a library user's changes still show.
 
 mod common;
 
@@ -139,8 +141,8 @@ struct AlignedBlock(Box<Page>);
 /// FUSE no-opendir: listing a directory reaches the daemon as READDIRs
 /// only, after the first OPENDIR (answered ENOSYS).
 #[test]
-fn directory_opens_stay_in_the_kernel_with_its_page_cache() {
-    for page_cache in ["page_cache=kernel", "page_cache=writeback"] {
+fn directory_opens_stay_in_the_kernel_in_every_mode() {
+    for page_cache in ["page_cache=engine", "page_cache=kernel", "page_cache=writeback"] {
         let Some(mount) = mount(page_cache) else { return };
         let dir = mount.point.join("d");
         std::fs::create_dir(&dir).unwrap();
@@ -174,7 +176,8 @@ fn each_directory_open_reaches_the_daemon_with_opens_daemon() {
 #[test]
 fn a_walk_without_a_handle_lists_its_snapshot() {
     const FILES: usize = 2000;
-    let Some(mount) = mount("page_cache=kernel") else { return };
+    // Directories are listed without a handle in every mode.
+    let Some(mount) = mount("page_cache=engine") else { return };
     let dir = mount.point.join("walked");
     std::fs::create_dir(&dir).unwrap();
     let name = |index: usize| format!("entry-with-a-long-name-{index:05}");
@@ -215,7 +218,7 @@ fn a_walk_without_a_handle_lists_its_snapshot() {
 /// A directory removed while open lists nothing (as on ext4), not ENOENT.
 #[test]
 fn a_directory_removed_while_open_lists_nothing() {
-    let Some(mount) = mount("page_cache=kernel") else { return };
+    let Some(mount) = mount("page_cache=engine") else { return };
     sorted_names(&mount.point);
     let dir = mount.point.join("removed");
     std::fs::create_dir(&dir).unwrap();
@@ -238,25 +241,41 @@ fn sorted_names(dir: &std::path::Path) -> Vec<String> {
     names
 }
 
-/// The kernel caches listings it made without opening (FOPEN_CACHE_DIR is
-/// its default then): names a library user adds or removes still show at
-/// the next listing.
+/// The kernel caches listings, those it made without opening
+/// (FOPEN_CACHE_DIR is its default then) and with `opens=daemon` those of
+/// a handle the daemon marked FOPEN_CACHE_DIR: names a library user adds
+/// or removes still show at the next listing, in every mode.
 #[test]
 fn a_cached_listing_sees_library_changes() {
     use std::os::unix::fs::MetadataExt;
-    let Some(mount) = mount("page_cache=kernel") else { return };
-    let dir = mount.point.join("shared");
-    std::fs::create_dir(&dir).unwrap();
-    std::fs::write(dir.join("a"), b"x").unwrap();
-    assert_eq!(sorted_names(&dir), ["a"]);
-    assert_eq!(sorted_names(&dir), ["a"]);
-    let parent = std::fs::metadata(&dir).unwrap().ino();
-    let owner = foliofs::Owner { uid: 0, gid: 0 };
-    mount.volume.create(parent, b"b", 0o644, owner).unwrap();
-    let added = sorted_names(&dir);
-    mount.volume.unlink(parent, b"a").unwrap();
-    let removed = sorted_names(&dir);
-    mount.unmount();
-    assert_eq!(added, ["a", "b"], "a name a library user added");
-    assert_eq!(removed, ["b"], "a name a library user removed");
+    for options in [
+        "page_cache=engine",
+        "page_cache=kernel",
+        "page_cache=writeback",
+        "page_cache=engine,opens=daemon",
+        "page_cache=kernel,opens=daemon",
+    ] {
+        let Some(mount) = mount(options) else { return };
+        let dir = mount.point.join("shared");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("a"), b"x").unwrap();
+        assert_eq!(sorted_names(&dir), ["a"]);
+        assert_eq!(sorted_names(&dir), ["a"]);
+        let parent = std::fs::metadata(&dir).unwrap().ino();
+        let owner = foliofs::Owner { uid: 0, gid: 0 };
+        mount.volume.create(parent, b"b", 0o644, owner).unwrap();
+        let added = sorted_names(&dir);
+        mount.volume.unlink(parent, b"a").unwrap();
+        let removed = sorted_names(&dir);
+        // And the changes made through the mount, which the kernel sees.
+        std::fs::write(dir.join("c"), b"x").unwrap();
+        let created = sorted_names(&dir);
+        std::fs::rename(dir.join("c"), mount.point.join("moved")).unwrap();
+        let renamed_away = sorted_names(&dir);
+        mount.unmount();
+        assert_eq!(added, ["a", "b"], "{options}: a name a library user added");
+        assert_eq!(removed, ["b"], "{options}: a name a library user removed");
+        assert_eq!(created, ["b", "c"], "{options}: a name created through the mount");
+        assert_eq!(renamed_away, ["b"], "{options}: a name renamed away through the mount");
+    }
 }
