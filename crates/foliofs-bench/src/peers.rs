@@ -16,35 +16,77 @@ use parking_lot::Mutex;
 use serde_json::Value;
 
 /// Undo actions, most recent last.
-static CLEANUP: Mutex<Vec<Undo>> = Mutex::new(Vec::new());
+static CLEANUP: Cleanup = Cleanup::new();
 static HANDLER: Once = Once::new();
+
+/// The undo actions a run registered, and who is running them.
+struct Cleanup {
+    pending: Mutex<Vec<Undo>>,
+    /// Held while actions run. On SIGINT the handler thread cleans up while
+    /// the main thread, whose child the signal also killed, returns an error
+    /// and ends the process: its own cleanup (a drop) waits here for the
+    /// handler's instead of finding the list empty and exiting under it,
+    /// which left mounts and files behind.
+    running: Mutex<()>,
+}
+
+impl Cleanup {
+    const fn new() -> Self {
+        Self { pending: Mutex::new(Vec::new()), running: Mutex::new(()) }
+    }
+
+    /// Runs every pending action, newest first; returns once no run of
+    /// them, this one or another thread's, is still going. `report` says
+    /// what was removed (an interrupted run tells its user).
+    fn run_all(&self, report: bool) {
+        let _running = self.running.lock();
+        let actions: Vec<Undo> = std::mem::take(&mut *self.pending.lock());
+        for action in actions.into_iter().rev() {
+            action.run(report);
+        }
+    }
+}
 
 #[derive(PartialEq)]
 enum Undo {
     Unmount(PathBuf),
     DetachLoop(String),
     Remove(PathBuf),
+    /// A mount point: removed only if empty, so a mount that neither
+    /// unmount could detach keeps what it holds.
+    RemoveEmptyDir(PathBuf),
     Sysctl(String, String),
 }
 
+/// The one SIGINT/SIGTERM/SIGHUP handler of a bench run (a process may
+/// have one): it undoes everything registered here, the temporary image
+/// included, and exits with 128 + SIGTERM, as a shell reports a process
+/// SIGTERM killed. It runs on a thread of its own, so it works while the
+/// run's threads are stuck in I/O.
 fn register(undo: Undo) {
     HANDLER.call_once(|| {
         let installed = ctrlc::set_handler(|| {
-            eprintln!("\ninterrupted: unmounting and detaching the kernel peers");
-            clean_up_all();
-            std::process::exit(130);
+            eprintln!("\nfoliofs bench: stopped; undoing what the run set up");
+            CLEANUP.run_all(true);
+            std::process::exit(128 + libc::SIGTERM);
         });
         if let Err(error) = installed {
             eprintln!("warning: no cleanup on interrupt ({error})");
         }
     });
-    CLEANUP.lock().push(undo);
+    CLEANUP.pending.lock().push(undo);
 }
 
 /// Removes `path` (a file, or a directory and what it holds) when the run
 /// is cleaned up.
 pub fn remove_at_cleanup(path: &Path) {
     register(Undo::Remove(path.to_path_buf()));
+}
+
+/// Forgets a removal registered with [`remove_at_cleanup`], once the path
+/// is gone by other means.
+pub fn forget_removal(path: &Path) {
+    unregister(&Undo::Remove(path.to_path_buf()));
 }
 
 /// Runs the cleanup when dropped: what a run set up and did not undo
@@ -59,7 +101,7 @@ impl Drop for CleanUpOnDrop {
 
 /// Forgets `undo` (its newest registration), once done by other means.
 fn unregister(undo: &Undo) {
-    let mut actions = CLEANUP.lock();
+    let mut actions = CLEANUP.pending.lock();
     if let Some(index) = actions.iter().rposition(|action| action == undo) {
         actions.remove(index);
     }
@@ -67,18 +109,35 @@ fn unregister(undo: &Undo) {
 
 /// Runs every registered undo action, newest first.
 pub fn clean_up_all() {
-    let actions: Vec<Undo> = std::mem::take(&mut *CLEANUP.lock());
-    for action in actions.into_iter().rev() {
-        match action {
+    CLEANUP.run_all(false);
+}
+
+impl Undo {
+    fn run(self, report: bool) {
+        match self {
             Undo::Unmount(path) => {
                 // Quietly: a FUSE mount is usually gone already.
                 let _ = Command::new("umount").arg(&path).stderr(Stdio::null()).status();
+                if is_mounted(&path) {
+                    // Busy (a fio the interrupt did not reach still holds
+                    // it): detached now, gone when its last user closes.
+                    let _ = Command::new("umount").arg("-l").arg(&path).status();
+                }
             }
             Undo::DetachLoop(device) => {
+                // A device still held by a lazily unmounted file system is
+                // marked to detach once released.
                 let _ = Command::new("losetup").args(["-d", &device]).status();
             }
             Undo::Remove(path) => {
-                let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+                let removed =
+                    std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+                if report && removed.is_ok() {
+                    eprintln!("foliofs bench: stopped; removed {}", path.display());
+                }
+            }
+            Undo::RemoveEmptyDir(path) => {
+                let _ = std::fs::remove_dir(&path);
             }
             Undo::Sysctl(key, value) => {
                 let _ = std::fs::write(format!("/proc/sys/vm/{key}"), value);
@@ -269,6 +328,11 @@ impl FuseMount {
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(mount)?;
         let mount = mount.canonicalize()?;
+        // Once per mount point (rows reuse it), and undone after the
+        // unmount registered below.
+        let mount_point = Undo::RemoveEmptyDir(mount.clone());
+        unregister(&mount_point);
+        register(mount_point);
         let mut daemon = Command::new(program)
             .args(["mount", "-f", "-o", options])
             .arg(image)
@@ -322,6 +386,7 @@ impl FuseMount {
             let _ = daemon.wait();
             return Err(error);
         }
+        unregister(&Undo::Unmount(self.mount.clone()));
         let status = daemon.wait()?;
         if !status.success() {
             bail!("foliofs mount exited with {status} after unmount");
@@ -502,7 +567,7 @@ mod holder_tests {
 
 #[cfg(test)]
 mod kernel_fs_tests {
-    use super::{lay_out, register, unavailable, unregister, KernelFs, Undo, CLEANUP};
+    use super::{lay_out, register, unavailable, unregister, Cleanup, KernelFs, Undo, CLEANUP};
     use std::os::unix::fs::MetadataExt;
 
     /// (No `clean_up_all` here: it would undo the other tests' mounts.)
@@ -514,12 +579,34 @@ mod kernel_fs_tests {
         register(Undo::Remove(forgotten.clone()));
         unregister(&Undo::Remove(forgotten.clone()));
         let registered = |path: &std::path::PathBuf| {
-            CLEANUP.lock().iter().any(|action| *action == Undo::Remove(path.clone()))
+            CLEANUP.pending.lock().iter().any(|action| *action == Undo::Remove(path.clone()))
         };
         let (kept_registered, forgotten_registered) = (registered(&kept), registered(&forgotten));
         unregister(&Undo::Remove(kept.clone()));
         assert!(kept_registered, "unregister forgot another action");
         assert!(!forgotten_registered, "unregister kept the action named");
+    }
+
+    /// A second cleanup (the main thread's drop) returns only once the one
+    /// under way (the SIGINT handler's) is done, not at once with nothing
+    /// left to take: the process must not end under the first.
+    #[test]
+    fn a_cleanup_waits_for_the_one_under_way() {
+        let cleanup: &'static Cleanup = Box::leak(Box::new(Cleanup::new()));
+        let dir = std::env::temp_dir().join(format!("foliofs-cleanup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for index in 0..3000 {
+            std::fs::write(dir.join(format!("f{index}")), b"x").unwrap();
+        }
+        cleanup.pending.lock().push(Undo::Remove(dir.clone()));
+        let first = std::thread::spawn(move || cleanup.run_all(false));
+        while !cleanup.pending.lock().is_empty() {
+            std::thread::yield_now();
+        }
+        cleanup.run_all(false);
+        let left = dir.exists();
+        first.join().unwrap();
+        assert!(!left, "the second cleanup returned while the first was still removing");
     }
 
     /// The peers' mkfs must not punch holes in a laid-out backing file (a

@@ -775,7 +775,9 @@ pub fn run(
     std::fs::create_dir_all(&options.work_dir)?;
     let _clean_up = peers::CleanUpOnDrop;
     let image = options.work_dir.join(format!("foliofs-seeds-{}.img", std::process::id()));
-    let _remove_image = RemoveOnDrop(image.clone());
+    // Removed by the cleanup, which the SIGINT handler also runs (the main
+    // path's drop then waits for it).
+    peers::remove_at_cleanup(&image);
     peers::lay_out(&image, image_bytes).context("lay out the scratch image")?;
     let peer_mounts = options.peers.then(|| {
         let dir = options.work_dir.join(format!("foliofs-peers-{}", std::process::id()));
@@ -790,12 +792,4 @@ pub fn run(
         results.push(result);
     }
     Ok(results)
-}
-
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }

@@ -4,7 +4,6 @@
 //! its user must not leave gigabytes behind).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, Once};
 
 use anyhow::Context;
 use clap::Args;
@@ -52,7 +51,9 @@ impl BenchImage {
             None => (PathBuf::from(format!("foliofs-bench-{}.img", std::process::id())), true),
         };
         if temporary {
-            remove_on_signal(&path);
+            // Removed by the bench's signal handler too (a stuck bench
+            // killed by its user must not leave gigabytes behind).
+            foliofs_bench::peers::remove_at_cleanup(&path);
         }
         let image = Self { path, temporary };
         let size_bytes = match &args.image_size {
@@ -78,43 +79,10 @@ impl BenchImage {
 impl Drop for BenchImage {
     fn drop(&mut self) {
         if self.temporary {
-            let mut images = lock_temporary_images();
             let _ = std::fs::remove_file(&self.path);
-            images.retain(|path| path != &self.path);
+            foliofs_bench::peers::forget_removal(&self.path);
         }
     }
-}
-
-/// Temporary images that exist now: the signal handler removes them.
-static TEMPORARY_IMAGES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-
-fn lock_temporary_images() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
-    TEMPORARY_IMAGES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Registers `path` for removal if a signal ends the process, installing the
-/// handler on first use. The handler runs on its own thread, so it works
-/// while the benchmark's threads are stuck in I/O; it removes the images and
-/// exits with 128 + SIGTERM, as a shell reports a process SIGTERM killed.
-fn remove_on_signal(path: &Path) {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        let installed = ctrlc::set_handler(|| {
-            // Held until exit: no image is created or dropped meanwhile.
-            let images = lock_temporary_images();
-            for path in images.iter() {
-                match std::fs::remove_file(path) {
-                    Ok(()) => eprintln!("foliofs bench: stopped; removed {}", path.display()),
-                    Err(error) => eprintln!("foliofs bench: removing {}: {error}", path.display()),
-                }
-            }
-            std::process::exit(128 + libc::SIGTERM);
-        });
-        if let Err(error) = installed {
-            tracing::warn!("temporary bench images stay behind if a signal ends the run: {error}");
-        }
-    });
-    lock_temporary_images().push(path.to_path_buf());
 }
 
 /// Writes the whole image once, as fio lays out its files: a sparse image

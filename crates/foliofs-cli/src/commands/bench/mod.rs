@@ -39,6 +39,10 @@ pub fn run(
     options: &VolumeOptions,
     options_text: &str,
 ) -> anyhow::Result<ExitCode> {
+    // Whatever a run set up and did not undo is undone as it ends; and if a
+    // signal's handler is undoing it, the run waits for that before the
+    // process exits under it.
+    let _clean_up = foliofs_bench::peers::CleanUpOnDrop;
     match args.command {
         None => jobs::run(&args.jobs, options, options_text),
         Some(BenchCommand::Metadata(args)) => metadata::run(&args, options),
