@@ -512,6 +512,11 @@ fn sqlite_transactions_pass_integrity_check_with_page_cache_writeback() {
     sqlite_transactions_pass_integrity_check_after_remount("page_cache=writeback");
 }
 
+#[test]
+fn sqlite_transactions_pass_integrity_check_with_page_cache_kernel() {
+    sqlite_transactions_pass_integrity_check_after_remount("page_cache=kernel");
+}
+
 fn sqlite_transactions_pass_integrity_check_after_remount(options: &str) {
     if skip_requested() {
         return;
@@ -560,6 +565,12 @@ fn sigkill_mid_workload_keeps_every_fsynced_file() {
 #[test]
 fn sigkill_with_page_cache_writeback_keeps_every_fsynced_file() {
     sigkill_mid_workload_keeps_every_fsynced_file_with("page_cache=writeback");
+}
+
+/// Reads through the kernel's page cache, writes through to the daemon.
+#[test]
+fn sigkill_with_page_cache_kernel_keeps_every_fsynced_file() {
+    sigkill_mid_workload_keeps_every_fsynced_file_with("page_cache=kernel");
 }
 
 fn sigkill_mid_workload_keeps_every_fsynced_file_with(options: &str) {
