@@ -19,7 +19,9 @@
 //! mount's `attr_timeout` (long by default), which is safe because every
 //! change it did not make itself is told: a library user's creates,
 //! unlinks, renames and attribute changes ([`foliofs::NamespaceEvent`])
-//! become FUSE_NOTIFY_INVAL_ENTRY and attribute-only INVAL_INODE, and a
+//! become FUSE_NOTIFY_INVAL_ENTRY (with the parent's pages, which hold
+//! the listing the kernel caches in every mode) and attribute-only
+//! INVAL_INODE, and a
 //! library user's data change to a file the mount never opened (whose size
 //! and times the kernel may still hold from a lookup) an attribute-only
 //! INVAL_INODE. The kernel's own changes through the mount it updates
