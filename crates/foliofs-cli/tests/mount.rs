@@ -205,6 +205,33 @@ fn wait_with_timeout(child: &mut Child, timeout: Duration) -> std::process::Exit
     }
 }
 
+/// Writes a file from a child process, so this test process never holds a
+/// writable descriptor on the mount. Another test thread that spawns a
+/// program while such a descriptor is open hands a copy of it to its child
+/// until that child's exec closes it, and for that long the kernel refuses
+/// `remount,ro` with EBUSY (a file is open for writing).
+fn write_from_child(path: &Path, data: &str) {
+    let path = path.to_str().unwrap();
+    ok("sh", &["-c", "printf %s \"$2\" > \"$1\"", "sh", path, data]);
+}
+
+/// Runs `command` again while it reports the mount busy, for up to 10 s. A
+/// turn to read-only is refused (EBUSY) while any file on the mount is open
+/// for writing, and a copy of a descriptor that another test's child holds
+/// between its fork and its exec counts too.
+fn while_busy(command: impl Fn() -> Output) -> Output {
+    let started = Instant::now();
+    loop {
+        let output = command();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let busy = stderr.contains("(os error 16)") || stderr.contains("busy");
+        if output.status.success() || !busy || started.elapsed() > Duration::from_secs(10) {
+            return output;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn errno_of(result: std::io::Result<impl Sized>) -> i32 {
     match result {
         Ok(_) => 0,
@@ -1100,13 +1127,15 @@ fn remount_read_only_and_back_through_the_helper() {
     std::os::unix::fs::symlink(FOLIOFS, &helper).unwrap();
     let output = mounted.mount_with(&helper, "rw");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    fs::write(mounted.point.join("before"), b"written rw").unwrap();
+    write_from_child(&mounted.point.join("before"), "written rw");
     // What mount(8) (util-linux 2.38) passes for `mount -o remount,ro MNT`.
     let remount = |options: &str| {
-        Command::new(&helper)
-            .args([mounted.image_str(), mounted.point_str(), "-o", options])
-            .output()
-            .unwrap()
+        while_busy(|| {
+            Command::new(&helper)
+                .args([mounted.image_str(), mounted.point_str(), "-o", options])
+                .output()
+                .unwrap()
+        })
     };
     let to_ro = remount("rw,nosuid,nodev,relatime,remount,ro,user_id=0,group_id=0");
     assert!(to_ro.status.success(), "{}", String::from_utf8_lossy(&to_ro.stderr));
@@ -1125,10 +1154,11 @@ fn remount_read_only_and_back_through_the_helper() {
     assert!(same.status.success(), "{}", String::from_utf8_lossy(&same.stderr));
     let to_rw = remount("ro,nosuid,nodev,relatime,remount,rw");
     assert!(to_rw.status.success(), "{}", String::from_utf8_lossy(&to_rw.stderr));
-    fs::write(mounted.point.join("after"), b"written rw again").unwrap();
+    write_from_child(&mounted.point.join("after"), "written rw again");
     // mount(8) without the helper (-i) remounts by itself; the daemon
     // follows the mount table all the same.
-    ok("mount", &["-i", "-o", "remount,ro", mounted.point_str()]);
+    let plain = while_busy(|| run("mount", &["-i", "-o", "remount,ro", mounted.point_str()]));
+    assert!(plain.status.success(), "{plain:?}");
     let started = Instant::now();
     while mounted.log_text().matches("remounted read-only").count() < 2 {
         assert!(started.elapsed() < Duration::from_secs(30), "{}", mounted.log_text());
