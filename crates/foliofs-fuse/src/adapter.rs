@@ -80,6 +80,7 @@ pub struct FolioFs {
     invalidator: Arc<Invalidator>,
     ttl: Duration,
     max_write_bytes: u32,
+    max_background: u16,
     /// FUSE_HANDLE_KILLPRIV_V2 is on (`privileges_to_kill`).
     kills_privileges: bool,
     /// The kernel enforces POSIX ACLs (FUSE_POSIX_ACL); it needs the
@@ -155,6 +156,7 @@ impl FolioFs {
             invalidator,
             ttl: options.attr_timeout,
             max_write_bytes: options.max_write_bytes,
+            max_background: options.max_background,
             posix_acl: options.default_permissions,
             allow_idmap: options.default_permissions,
             kills_privileges: false,
@@ -624,9 +626,10 @@ impl Filesystem for FolioFs {
         if let Err(nearest) = config.set_max_write(self.max_write_bytes) {
             let _ = config.set_max_write(nearest);
         }
-        // Enough background requests for asynchronous direct I/O at depth.
-        let _ = config.set_max_background(256);
-        let _ = config.set_congestion_threshold(192);
+        // Enough background requests for asynchronous direct I/O at depth
+        // (`max_background`); the congestion threshold, past which the
+        // kernel skips readahead, stays at fuser's three quarters of it.
+        let _ = config.set_max_background(self.max_background);
         Ok(())
     }
 
