@@ -634,6 +634,12 @@ impl Filesystem for FolioFs {
     }
 
     fn before_wait(&self) -> Option<std::os::fd::RawFd> {
+        // Sequential direct requests this wake-up brought were left plugged
+        // (`unplug_before_waiting_on_this_thread`): one system call hands
+        // them all to the kernel, which merges neighbours. Only ring threads
+        // come here, so only they hold requests.
+        foliofs::direct::unplug_before_waiting_on_this_thread();
+        self.volume.device().unplug();
         // Direct I/O this ring thread submitted that ended meanwhile: its
         // replies go out with the ring's coming wait, not through the
         // sweeper thread and a wake-up of this one. The I/O that ends while

@@ -14,6 +14,7 @@
 //! FUA write; otherwise its conversion or size change is committed with the
 //! journal (flush, then a FUA journal write) before it completes.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -37,12 +38,37 @@ pub type DirectResult = (Result<usize>, AlignedBuf);
 /// An asynchronous direct read or write. Its device requests are plugged
 /// (held for a batch); polling it while it is not done unplugs them, so a
 /// thread that queues many requests and then waits hands them to the kernel
-/// in one system call, as the kernel's block plug does at schedule().
+/// in one system call, as the kernel's block plug does at schedule(). A
+/// request that continues its handle's previous one stays plugged when
+/// polled on a thread that unplugs before it waits
+/// ([`unplug_before_waiting_on_this_thread`]).
 pub struct DirectFuture {
     inner: IoFuture<DirectResult>,
     engine: Option<Arc<Engine>>,
     /// Told once the write succeeded.
     observer: Option<WriteNote>,
+    /// Starts where its handle's previous asynchronous request ended.
+    sequential: bool,
+}
+
+thread_local! {
+    /// See [`unplug_before_waiting_on_this_thread`].
+    static UNPLUGS_BEFORE_WAITING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Declares that the calling thread, for the rest of its life, calls
+/// [`Device::unplug`](crate::dev::Device::unplug) before it waits for
+/// anything but device I/O it submitted (a FUSE ring thread before it waits
+/// for the kernel's next requests). A direct read or write it submits that
+/// continues the previous one on the same handle then stays plugged until
+/// that unplug, instead of going to the kernel at its first poll: the
+/// sequential requests of one wake-up reach the kernel in one system call,
+/// where the block layer merges neighbours and the device is notified once.
+/// Random requests still go at once: holding them gains no merge and delays
+/// them (4 KiB random reads at iodepth 64 through the mount ran 9% slower
+/// held, docs/BENCHMARKS.md, r34).
+pub fn unplug_before_waiting_on_this_thread() {
+    UNPLUGS_BEFORE_WAITING.with(|promised| promised.set(true));
 }
 
 /// Told of an asynchronous direct write that succeeded, before its future
@@ -61,7 +87,13 @@ struct WriteNote {
 
 impl DirectFuture {
     fn ready(result: DirectResult) -> Self {
-        Self { inner: completion::ready(result), engine: None, observer: None }
+        Self { inner: completion::ready(result), engine: None, observer: None, sequential: false }
+    }
+
+    /// Marks the request as continuing its handle's previous one.
+    pub(crate) fn sequential(mut self, sequential: bool) -> Self {
+        self.sequential = sequential;
+        self
     }
 
     /// Tells `observer` the bytes written at `pos` of `ino` when the write
@@ -92,7 +124,8 @@ impl std::future::Future for DirectFuture {
         let polled = std::pin::Pin::new(&mut self.inner).poll(context);
         match &polled {
             std::task::Poll::Pending => {
-                if let Some(engine) = &self.engine {
+                let held = self.sequential && UNPLUGS_BEFORE_WAITING.with(Cell::get);
+                if let (Some(engine), false) = (&self.engine, held) {
                     engine.device.unplug();
                 }
             }
@@ -601,7 +634,12 @@ fn submit_write(
         completer.complete((result, buffer));
     };
     submit_group(engine, requests, finish);
-    DirectFuture { inner: future, engine: Some(Arc::clone(engine)), observer: None }
+    DirectFuture {
+        inner: future,
+        engine: Some(Arc::clone(engine)),
+        observer: None,
+        sequential: false,
+    }
 }
 
 /// Asynchronous direct read into `buffer` from `pos`.
@@ -646,7 +684,12 @@ pub fn read_async(
     };
     let (future, completer) = completion::pair();
     submit_group(engine, requests, read_finish(Arc::clone(inode), count, on_disk, kept, completer));
-    DirectFuture { inner: future, engine: Some(Arc::clone(engine)), observer: None }
+    DirectFuture {
+        inner: future,
+        engine: Some(Arc::clone(engine)),
+        observer: None,
+        sequential: false,
+    }
 }
 
 fn read_finish(

@@ -606,3 +606,62 @@ fn direct_write_larger_than_free_space_is_enospc_and_keeps_nothing() {
     let report = foliofs::fsck::check(volume.device().clone());
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// Polls `future` (with a waker that does nothing) until it is ready or
+/// `within` passed: whether it became ready.
+fn settles(future: &mut foliofs::direct::DirectFuture, within: Duration) -> bool {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let mut context = Context::from_waker(Waker::noop());
+    let started = std::time::Instant::now();
+    loop {
+        if let Poll::Ready((result, _)) = std::pin::Pin::new(&mut *future).poll(&mut context) {
+            result.unwrap();
+            return true;
+        }
+        if started.elapsed() > within {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A thread that unplugs before it waits (a FUSE ring thread) leaves a
+/// direct request that continues its handle's previous one plugged until
+/// that unplug, so a wake-up's sequential requests reach the kernel in one
+/// call; a random request goes at its first poll, and on any other thread
+/// a sequential one does too.
+#[test]
+fn sequential_requests_wait_for_the_unplug_of_a_thread_that_promised_it() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let volume = file_volume(&dir, "uring", DioUnaligned::Overwrite, 4096);
+    let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
+    let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+    file.write_at(&AlignedBuf::zeroed(1 << 20), 0).unwrap();
+    let block = 4096usize;
+    let write = |index: u64, pos: u64| file.write_at_async(aligned(&pattern(index, block)), pos);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut first = write(0, 0);
+            assert!(settles(&mut first, Duration::from_secs(10)));
+            let mut next = write(1, block as u64);
+            assert!(settles(&mut next, Duration::from_secs(10)), "not promised, yet held");
+
+            foliofs::direct::unplug_before_waiting_on_this_thread();
+            let mut random = write(2, 512 << 10);
+            assert!(settles(&mut random, Duration::from_secs(10)), "a random request was held");
+            let mut sequential = write(3, (512 << 10) + block as u64);
+            assert!(
+                !settles(&mut sequential, Duration::from_millis(300)),
+                "a sequential request reached the device before the unplug"
+            );
+            volume.device().unplug();
+            assert!(settles(&mut sequential, Duration::from_secs(10)), "lost after the unplug");
+        });
+    });
+    for (index, pos) in [(0u64, 0usize), (1, block), (2, 512 << 10), (3, (512 << 10) + block)] {
+        let mut buffer = AlignedBuf::zeroed(block);
+        assert_eq!(file.read_at(&mut buffer, pos as u64).unwrap(), block);
+        assert_eq!(&buffer[..], &pattern(index, block)[..], "block at {pos}");
+    }
+}

@@ -2,7 +2,7 @@
 //! (buffered) or the direct path (O_DIRECT), blocking or asynchronously.
 
 use std::io::{self, SeekFrom};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -97,6 +97,9 @@ pub struct File {
     /// Where `std::io::Read`, `Write` and `Seek` go on (the positional
     /// calls ignore it), as a file description's offset.
     cursor: Mutex<u64>,
+    /// Where the last asynchronous direct request on this handle ended: one
+    /// that starts there is sequential (`DirectFuture`).
+    direct_end: AtomicU64,
     released: bool,
 }
 
@@ -148,6 +151,7 @@ impl Volume {
             readahead: Readahead::default(),
             view: InodeView::default(),
             cursor: Mutex::new(0),
+            direct_end: AtomicU64::new(u64::MAX),
             released: false,
         };
         if flags.truncate {
@@ -274,7 +278,9 @@ impl File {
                 // At submission: a future may be dropped unpolled, but the
                 // read was asked for.
                 self.shared.accessed(self.ino);
+                let sequential = self.continues_direct(pos, buffer.len());
                 direct::read_async(&self.shared.engine, &self.inode, self.ino, buffer, pos)
+                    .sequential(sequential)
             }
             Err(error) => DirectFuture::failed(buffer, error),
         }
@@ -353,11 +359,21 @@ impl File {
             Ok(()) => {
                 let engine = &self.shared.engine;
                 let shared: Arc<dyn WriteObserver> = Arc::clone(&self.shared) as _;
+                let sequential = self.continues_direct(pos, buffer.len());
                 direct::write_async(engine, &self.inode, self.ino, buffer, pos, self.flags.dsync)
                     .observed_by(shared, self.ino, pos)
+                    .sequential(sequential)
             }
             Err(error) => DirectFuture::failed(buffer, error),
         }
+    }
+
+    /// Whether an asynchronous direct request of `length` bytes at `pos`
+    /// starts where this handle's previous one ended; it is the previous
+    /// one from now on.
+    fn continues_direct(&self, pos: u64, length: usize) -> bool {
+        let end = pos.saturating_add(length as u64);
+        self.direct_end.swap(end, Ordering::Relaxed) == pos
     }
 
     fn check_direct(&self) -> Result<()> {
