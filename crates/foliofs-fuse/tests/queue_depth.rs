@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::Command;
+use std::process::{Command, Output};
 
 use common::InProcessMount;
 
@@ -21,13 +21,8 @@ fn one_fio_job_at_iodepth_64_keeps_a_deep_device_queue_with_two_serving_threads(
     // never see more than two in flight.
     let mount = InProcessMount::new(512 << 20, "fuse_threads=2,engine=uring");
 
-    // Lay the file out first, one direct write at a time (so the peak stays
-    // low), and the measured job is pure overwrites.
     let filename = format!("--filename={}", mount.point.join("queue").display());
-    let layout = Command::new("fio")
-        .args(["--name=layout", &filename, "--ioengine=psync", "--direct=1", "--rw=write"])
-        .args(["--bs=1M", "--size=64M"])
-        .output();
+    let layout = lay_out(&filename);
     let peak_before = mount.volume.device().stats().in_flight_peak;
     let fio = layout.and_then(|_| {
         Command::new("fio")
@@ -42,13 +37,7 @@ fn one_fio_job_at_iodepth_64_keeps_a_deep_device_queue_with_two_serving_threads(
     eprintln!("requests in flight at most: {peak_before} laying out, {peak} at iodepth {IODEPTH}");
     mount.unmount();
 
-    let fio = fio.expect("run fio (apt-get install fio)");
-    assert!(
-        fio.status.success(),
-        "fio failed:\n{}\n{}",
-        String::from_utf8_lossy(&fio.stdout),
-        String::from_utf8_lossy(&fio.stderr)
-    );
+    assert_fio_succeeded(fio);
     assert!(peak_before < IN_FLIGHT_PEAK_MIN, "the layout alone reached {peak_before}");
     assert!(
         peak >= IN_FLIGHT_PEAK_MIN,
@@ -81,11 +70,7 @@ fn four_fio_jobs_at_iodepth_256_reach_the_device_past_256_in_flight() {
 fn background_peak(options: &str) -> u64 {
     let mount = InProcessMount::new(512 << 20, options);
     let filename = format!("--filename={}", mount.point.join("queue").display());
-    let layout = Command::new("fio")
-        .args(["--name=layout", &filename, "--ioengine=psync", "--direct=1", "--rw=write"])
-        .args(["--bs=1M", "--size=64M"])
-        .output();
-    let fio = layout.and_then(|_| {
+    let fio = lay_out(&filename).and_then(|_| {
         Command::new("fio")
             .args(["--name=depth", &filename, "--ioengine=libaio", "--direct=1", "--thread"])
             .args(["--rw=randwrite", "--bs=4k", "--size=64M", "--io_size=16M", "--numjobs=4"])
@@ -95,6 +80,20 @@ fn background_peak(options: &str) -> u64 {
     });
     let peak = mount.volume.device().stats().in_flight_peak;
     mount.unmount();
+    assert_fio_succeeded(fio);
+    peak
+}
+
+/// Lays the file out with one direct write at a time (so the device's peak
+/// stays low), so that the measured job is pure overwrites.
+fn lay_out(filename: &str) -> std::io::Result<Output> {
+    Command::new("fio")
+        .args(["--name=layout", filename, "--ioengine=psync", "--direct=1", "--rw=write"])
+        .args(["--bs=1M", "--size=64M"])
+        .output()
+}
+
+fn assert_fio_succeeded(fio: std::io::Result<Output>) {
     let fio = fio.expect("run fio (apt-get install fio)");
     assert!(
         fio.status.success(),
@@ -102,5 +101,4 @@ fn background_peak(options: &str) -> u64 {
         String::from_utf8_lossy(&fio.stdout),
         String::from_utf8_lossy(&fio.stderr)
     );
-    peak
 }
