@@ -215,10 +215,18 @@ fn write_from_child(path: &Path, data: &str) {
     ok("sh", &["-c", "printf %s \"$2\" > \"$1\"", "sh", path, data]);
 }
 
+/// umount(8) of `point`, tried again while busy (see [`while_busy`]): a
+/// file this process just closed may still be open in another test's child.
+fn umount(point: &str) {
+    let output = while_busy(|| run("umount", &[point]));
+    assert!(output.status.success(), "umount {point}: {output:?}");
+}
+
 /// Runs `command` again while it reports the mount busy, for up to 10 s. A
 /// turn to read-only is refused (EBUSY) while any file on the mount is open
-/// for writing, and a copy of a descriptor that another test's child holds
-/// between its fork and its exec counts too.
+/// for writing, and an unmount while any is open at all; a copy of a
+/// descriptor that another test's child holds between its fork and its exec
+/// counts too.
 fn while_busy(command: impl Fn() -> Output) -> Output {
     let started = Instant::now();
     loop {
@@ -912,7 +920,7 @@ impl Background {
     /// umount, then the documented wait for the daemon to close the volume:
     /// the image's lock, which the daemon holds until the volume is closed.
     fn unmount(&self) {
-        ok("umount", &[self.point_str()]);
+        umount(self.point_str());
         ok("flock", &[self.image_str(), "true"]);
         assert!(!is_mounted(&self.point));
     }
@@ -951,7 +959,9 @@ impl Drop for Background {
     fn drop(&mut self) {
         if is_mounted(&self.point) {
             let _ = Command::new("umount").arg("-l").arg(&self.point).output();
-            let _ = Command::new("flock").arg(&self.image).arg("true").output();
+            // Bounded: a second view of the volume a failed test left
+            // mounted keeps the daemon, and its lock, alive.
+            let _ = Command::new("flock").arg("-w").arg("30").arg(&self.image).arg("true").output();
         }
     }
 }
@@ -1074,7 +1084,7 @@ fn log_lines_are_plain_text_off_a_terminal() {
         std::thread::sleep(Duration::from_millis(10));
     }
     fs::write(mounted.point.join("f"), b"x").unwrap();
-    ok("umount", &[mounted.point_str()]);
+    umount(mounted.point_str());
     assert!(wait_with_timeout(&mut daemon, Duration::from_secs(60)).success());
     let stderr = fs::read_to_string(&stderr_path).unwrap();
     assert!(stderr.contains("DEBUG"), "{stderr}");
@@ -1248,9 +1258,9 @@ fn mounting_a_mounted_image_again_binds_the_live_mount() {
     fs::rename(second.join("A/f"), second.join("B/f")).unwrap();
     assert_eq!(fs::read(mounted.point.join("B/f")).unwrap(), b"one volume");
 
-    ok("umount", &[mounted.point_str()]);
+    umount(mounted.point_str());
     assert_eq!(fs::read(second.join("B/f")).unwrap(), b"one volume", "the second view serves on");
-    ok("umount", &[second.to_str().unwrap()]);
+    umount(second.to_str().unwrap());
     ok("flock", &[mounted.image_str(), "true"]);
     let report = ok(FOLIOFS, &["fsck", mounted.image_str()]);
     assert!(report.contains("clean"), "{report}");
@@ -1284,8 +1294,8 @@ fn mounting_a_mounted_image_again_joins_no_peer_group() {
     let on_first = mounted.point.join("sub");
     let propagated = points.iter().any(|point| Path::new(point) == on_first);
     // Unmounting it unmounts its propagated copy, if any, too.
-    ok("umount", &[on_second.to_str().unwrap()]);
-    ok("umount", &[second.to_str().unwrap()]);
+    umount(on_second.to_str().unwrap());
+    umount(second.to_str().unwrap());
     assert!(!propagated, "a mount under the second view appeared under the first: {points:?}");
     mounted.unmount();
 }
