@@ -231,8 +231,8 @@ fn while_busy(command: impl Fn() -> Output) -> Output {
     let started = Instant::now();
     loop {
         let output = command();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let busy = stderr.contains("(os error 16)") || stderr.contains("busy");
+        // EBUSY from the helper, "target is busy" from umount(8).
+        let busy = String::from_utf8_lossy(&output.stderr).contains("busy");
         if output.status.success() || !busy || started.elapsed() > Duration::from_secs(10) {
             return output;
         }
