@@ -351,6 +351,10 @@ fn fio_row(
     let mut lay_out = arguments.clone();
     lay_out.push("--create_only=1".into());
     peers::fio(&lay_out)?;
+    // And made durable, as the engine rows' layout is (`runner`): otherwise
+    // the layout's writeback (fio writes it through the cache) runs during
+    // the measured job and competes with it for the device.
+    sync_files_under(&dir).with_context(|| format!("fsync the layout under {}", dir.display()))?;
     let written_before = bytes_written();
     let job = peers::fio(&arguments)?;
     let device_written = bytes_written().saturating_sub(written_before);
@@ -374,6 +378,20 @@ fn fio_row(
         write_amplification: (written > 0.0).then(|| device_written as f64 / written),
         requests_per_io: None,
     })
+}
+
+/// fsyncs every regular file under `dir`.
+fn sync_files_under(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            sync_files_under(&entry.path())?;
+        } else if kind.is_file() {
+            std::fs::File::open(entry.path())?.sync_all()?;
+        }
+    }
+    Ok(())
 }
 
 fn ratio(group: &Group, metric: Metric, numerator: &str, denominator: &str) -> Option<f64> {
