@@ -29,13 +29,14 @@ for run in 1 2; do
 done
 
 SECONDS_PER_RUN=4 round_trips --cpus_allowed=0 >/dev/null &
+reads=$!
 sleep 1.5
 perf stat -a -x, -e raw_syscalls:sys_enter,context-switches,fuse:fuse_request_send -- sleep 1 2>&1 |
   awk -F, '{ count[$3] = $1 } END {
     requests = count["fuse:fuse_request_send"]
     printf "per round trip (pinned): %.2f system calls, %.2f context switches (%d requests in 1 s)\n",
       count["raw_syscalls:sys_enter"] / requests, count["context-switches"] / requests, requests }'
-wait
+wait "$reads"
 
 for run in 1 2 3; do
   echo "pipe ping-pong on CPU 0: $(taskset -c 0 perf bench sched pipe -T -l 200000 |
