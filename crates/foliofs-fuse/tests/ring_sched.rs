@@ -18,6 +18,9 @@ use common::InProcessMount;
 /// apart.
 const SECONDS: u32 = 1;
 
+/// Runs of the default mode before the test fails (see below).
+const TRIES: usize = 3;
+
 /// The scheduling policy of each of this process's ring threads.
 fn ring_thread_policies() -> Vec<(String, libc::c_int)> {
     let mut policies = Vec::new();
@@ -100,33 +103,55 @@ fn ring_threads_serve_at_sched_idle_and_callers_stay_on_their_cpu() {
     let (reads_other, moved_other) = round_trips(&mount);
     mount.unmount();
 
-    let mount = InProcessMount::new(64 << 20, "");
-    let (reads_idle, moved_idle) = round_trips(&mount);
-    let policies = ring_thread_policies();
-    mount.unmount();
-    eprintln!(
-        "{SECONDS} s of 4 KiB reads through the mount: {reads_other} reads, {moved_other} CPU \
-         changes with ring_sched=other; {reads_idle} reads, {moved_idle} with ring_sched=idle"
-    );
     if !root {
         // Unprivileged, a thread could not come back from SCHED_IDLE, so
         // the daemon does not use it.
-        eprintln!("not root: where the client is woken is not checked");
+        let mount = InProcessMount::new(64 << 20, "");
+        let (reads_idle, moved_idle) = round_trips(&mount);
+        mount.unmount();
+        eprintln!(
+            "{reads_other} reads, {moved_other} CPU changes with ring_sched=other; {reads_idle} \
+             reads, {moved_idle} with ring_sched=idle; not root: where the client is woken is \
+             not checked"
+        );
         return;
     }
-    // Each cached read was a hand-off, so the thread that served the client
-    // waits for its next request at SCHED_IDLE (where the kernel keeps
-    // schedstats, which watch it for starvation there).
-    if schedstat_readable() {
-        assert!(policies.iter().any(|(_, policy)| *policy == libc::SCHED_IDLE), "{policies:?}");
-    } else {
-        eprintln!("no schedstat: ring threads wait at SCHED_OTHER, not checked");
+    // Busy normal threads on the CPUs (another program's I/O finishing, a
+    // kernel worker) starve a ring thread at SCHED_IDLE, and it then backs
+    // off to SCHED_OTHER for a while, as it should: such a run says nothing
+    // either way, so it is tried again on a fresh mount. A broken mode fails
+    // every try.
+    let mut failures = Vec::new();
+    for _ in 0..TRIES {
+        let mount = InProcessMount::new(64 << 20, "");
+        let (reads_idle, moved_idle) = round_trips(&mount);
+        let policies = ring_thread_policies();
+        mount.unmount();
+        eprintln!(
+            "{SECONDS} s of 4 KiB reads through the mount: {reads_other} reads, {moved_other} \
+             CPU changes with ring_sched=other; {reads_idle} reads, {moved_idle} with \
+             ring_sched=idle"
+        );
+        // Each cached read was a hand-off, so the thread that served the
+        // client waits for its next request at SCHED_IDLE (where the kernel
+        // keeps schedstats, which watch it for starvation there).
+        let waits_idle = policies.iter().any(|(_, policy)| *policy == libc::SCHED_IDLE);
+        if !waits_idle && schedstat_readable() {
+            failures.push(format!("no ring thread waits at SCHED_IDLE: {policies:?}"));
+            continue;
+        }
+        // With SCHED_OTHER ring threads, a reply sent the client to the
+        // other, idle CPU (the one answering was busy), most round trips
+        // once the run was under way. Now it is woken where it was answered.
+        if moved_idle * 4 >= reads_idle {
+            failures
+                .push(format!("the client changed CPU {moved_idle} times in {reads_idle} reads"));
+            continue;
+        }
+        if !schedstat_readable() {
+            eprintln!("no schedstat: ring threads wait at SCHED_OTHER, not checked");
+        }
+        return;
     }
-    // With SCHED_OTHER ring threads, a reply sent the client to the other,
-    // idle CPU (the one answering was busy), most round trips once the run
-    // was under way. Now it is woken where it was answered.
-    assert!(
-        moved_idle * 4 < reads_idle,
-        "the client changed CPU {moved_idle} times in {reads_idle} reads"
-    );
+    panic!("ring_sched=idle failed {TRIES} tries: {failures:#?}");
 }
