@@ -387,8 +387,10 @@ fn fill_ahead(engine: &Engine, inode: &InodeCache, folio: &Weak<Folio>) {
 /// Makes blocks `[first, first + count)` of a locked folio uptodate: Written
 /// blocks are read from the device (one request per contiguous run), the
 /// rest (holes, delayed, Unwritten, past the end of file) are zeros. If a
-/// direct write ran meanwhile (it runs beside readers), the bytes are left
-/// in the folio for this caller but not marked uptodate: they may predate it.
+/// direct write was in flight when the fill began, or started or finished
+/// before it ended (direct writes run beside readers), the bytes are left
+/// in the folio for this caller but not marked uptodate: they may predate
+/// it (`InodeCache::fill_may_cache`).
 fn fill_blocks(
     engine: &Engine,
     inode: &InodeCache,
@@ -402,7 +404,7 @@ fn fill_blocks(
         return Ok(());
     }
     let ino = inode.ino;
-    let generation = inode.direct_write_generation();
+    let ticket = inode.fill_began();
     let block = folio.block_bytes();
     let start = folio.pos() + (first * block) as u64;
     let report =
@@ -439,9 +441,7 @@ fn fill_blocks(
             filled.push((run_first, block_index - run_first));
         }
     }
-    let undisturbed =
-        inode.direct_write_generation() == generation && inode.io.dio_in_flight() == 0;
-    if undisturbed {
+    if inode.fill_may_cache(ticket) {
         for (run_first, run_count) in filled {
             state.uptodate.set_range(run_first, run_count);
         }

@@ -170,13 +170,16 @@ struct WriteInFlight<'a> {
 }
 
 impl<'a> WriteInFlight<'a> {
-    /// Call under the shared lock.
+    /// Call under the shared lock, before the write reads the extent map:
+    /// it counts as direct I/O for the exclusive lock's drain and as a
+    /// write bypassing the cache for buffered fills.
     fn start(inode: &'a InodeCache) -> Self {
         inode.io.dio_started();
+        inode.bypass_write_started();
         Self { inode }
     }
 
-    /// The completion of the device requests ends it now (`dio_finished`).
+    /// The completion of the device requests ends it now (`write_in_flight_ended`).
     fn hand_to_completion(self) {
         std::mem::forget(self);
     }
@@ -184,8 +187,15 @@ impl<'a> WriteInFlight<'a> {
 
 impl Drop for WriteInFlight<'_> {
     fn drop(&mut self) {
-        self.inode.io.dio_finished();
+        write_in_flight_ended(self.inode);
     }
+}
+
+/// Ends a write `WriteInFlight` started, once it has dropped its range from
+/// the cache: fills see it finished before the exclusive lock's drain does.
+fn write_in_flight_ended(inode: &InodeCache) {
+    inode.bypass_write_finished();
+    inode.io.dio_finished();
 }
 
 /// How a write may run, decided under the shared lock.
@@ -310,7 +320,6 @@ fn finish_write(
     if !written {
         return Ok(());
     }
-    inode.note_direct_write();
     if let Some((start, end)) = file_range {
         if inode.has_folios() {
             // A buffered read racing with this write may have cached old bytes.
@@ -625,7 +634,7 @@ fn submit_write(
         let buffer = kept.or_else(|| returned[0].take()).expect("the caller's buffer comes back");
         let finished =
             finish_write(&owned_engine, &inode, ino, &pieces, failure.is_none(), dsync, fua);
-        inode.io.dio_finished();
+        write_in_flight_ended(&inode);
         let result = match (failure, finished) {
             (Some(error), _) => Err(Error::io("direct write", error)),
             (None, Err(error)) => Err(error),

@@ -101,6 +101,16 @@ struct ErrSeq {
     message: String,
 }
 
+/// Bits of `InodeCache::bypass_writes` that count the writes in flight.
+const BYPASS_IN_FLIGHT_BITS: u32 = 24;
+const BYPASS_IN_FLIGHT_MASK: u64 = (1 << BYPASS_IN_FLIGHT_BITS) - 1;
+
+/// What a fill saw of the writes bypassing the cache when it began.
+#[derive(Clone, Copy, Debug)]
+pub struct FillTicket {
+    bypass_writes: u64,
+}
+
 pub struct InodeCache {
     pub ino: u64,
     pub io: InodeIo,
@@ -127,9 +137,13 @@ pub struct InodeCache {
     /// folios (truncate, invalidation), so folios under writeback stay put.
     pub writeback_lock: Mutex<()>,
     errors: Mutex<ErrSeq>,
-    /// Direct writes completed so far: a buffered fill that sees it change
-    /// does not trust what it read.
-    direct_writes: AtomicU64,
+    /// The writes that bypass this cache (direct writes), as one word so a
+    /// fill judges them with a single load: the low `BYPASS_IN_FLIGHT_BITS`
+    /// count the writes in flight, the bits above count the writes
+    /// finished. A write's end moves both in one `fetch_add`, so no fill
+    /// can see it neither in flight nor finished (generic/451's stale
+    /// read: a completion that ran between two separate loads).
+    bypass_writes: AtomicU64,
     /// Where the next buffered write would continue a sequential stream,
     /// and the folio size the last write asked for (writers hold the I/O
     /// lock exclusively, so these need no more than atomics).
@@ -193,12 +207,37 @@ fn keys_overlapping(folios: &BTreeMap<u64, Arc<Folio>>, start: u64, end: u64) ->
 }
 
 impl InodeCache {
-    pub fn note_direct_write(&self) {
-        self.direct_writes.fetch_add(1, Ordering::AcqRel);
+    /// Counts a write that bypasses the cache as in flight, before it
+    /// reads the extent map or touches the device.
+    pub fn bypass_write_started(&self) {
+        let before = self.bypass_writes.fetch_add(1, Ordering::AcqRel);
+        assert!(before & BYPASS_IN_FLIGHT_MASK < BYPASS_IN_FLIGHT_MASK, "bypass writes overflow");
     }
 
-    pub fn direct_write_generation(&self) -> u64 {
-        self.direct_writes.load(Ordering::Acquire)
+    /// Ends a write that bypasses the cache, after its device requests
+    /// completed and its range was dropped from the cache, whether or not
+    /// it succeeded: one step that lowers the in-flight count and raises
+    /// the finished count.
+    pub fn bypass_write_finished(&self) {
+        let finished_one = (1u64 << BYPASS_IN_FLIGHT_BITS) - 1;
+        let before = self.bypass_writes.fetch_add(finished_one, Ordering::AcqRel);
+        assert!(before & BYPASS_IN_FLIGHT_MASK > 0, "bypass write finished twice");
+    }
+
+    /// What a buffered fill notes before it reads the extent map and the
+    /// device; `fill_may_cache` judges it afterwards.
+    pub fn fill_began(&self) -> FillTicket {
+        FillTicket { bypass_writes: self.bypass_writes.load(Ordering::Acquire) }
+    }
+
+    /// Whether the bytes a fill read since `ticket` may be marked uptodate:
+    /// only if no write bypassing the cache was in flight when it began and
+    /// none started or finished since (one load decides both).
+    pub fn fill_may_cache(&self, ticket: FillTicket) -> bool {
+        #[cfg(test)]
+        test_hooks::run_fill_judging_hook();
+        let now = self.bypass_writes.load(Ordering::Acquire);
+        now == ticket.bypass_writes && ticket.bypass_writes & BYPASS_IN_FLIGHT_MASK == 0
     }
 
     /// The folio size a buffered write of `length` bytes at `pos` asks for
@@ -638,7 +677,7 @@ impl PageCache {
                 dirtied_at_ms: AtomicU64::new(0),
                 writeback_lock: Mutex::new(()),
                 errors: Mutex::new(ErrSeq::default()),
-                direct_writes: AtomicU64::new(0),
+                bypass_writes: AtomicU64::new(0),
                 // No write yet: nothing continues a stream.
                 write_next_pos: AtomicU64::new(u64::MAX),
                 write_folio_bytes: AtomicU64::new(0),
@@ -962,6 +1001,31 @@ impl PageCache {
     pub fn wait_for_progress(&self, timeout: Duration) {
         let mut flusher: MutexGuard<'_, FlusherState> = self.flusher.lock();
         self.progress.wait_for(&mut flusher, timeout);
+    }
+}
+
+/// Hooks that let a test force an interleaving.
+#[cfg(test)]
+pub mod test_hooks {
+    use std::cell::RefCell;
+
+    type Hook = Box<dyn FnOnce()>;
+
+    thread_local! {
+        static FILL_JUDGING: RefCell<Option<Hook>> = RefCell::new(None);
+    }
+
+    /// Runs `hook` once, on this thread, when the next fill it makes has
+    /// read the device and is about to judge whether to keep the bytes.
+    pub fn set_fill_judging_hook(hook: impl FnOnce() + 'static) {
+        FILL_JUDGING.with(|slot| *slot.borrow_mut() = Some(Box::new(hook)));
+    }
+
+    pub(super) fn run_fill_judging_hook() {
+        let hook = FILL_JUDGING.with(|slot| slot.borrow_mut().take());
+        if let Some(hook) = hook {
+            hook();
+        }
     }
 }
 

@@ -7,6 +7,8 @@
 mod access;
 mod acl;
 mod attr;
+#[cfg(test)]
+mod coherence_tests;
 mod dir;
 mod file;
 mod flags;
