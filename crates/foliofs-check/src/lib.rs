@@ -13,9 +13,13 @@
 //!   failing workload to a short op list.
 //! - [`fsx`]: random operations on one file compared with an in-memory
 //!   copy after every step, in the manner of xfstests' fsx.
+//! - [`fsx_threads`]: threads racing on shared files (buffered, direct and
+//!   asynchronous direct I/O, mmap, truncate, punch, fsync), every read with
+//!   a defined answer checked against a model; in process or under a path.
 
 pub mod crashtest;
 pub mod fsx;
+pub mod fsx_threads;
 pub mod mirror;
 pub mod model;
 pub mod nbd_loop;

@@ -401,6 +401,49 @@ fn fio_verifies_buffered_io_with(options: &str) {
     mounted.fsck_clean();
 }
 
+/// The threaded fsx through the mount: 4 processes' worth of threads on 2
+/// shared files mix buffered, direct and mmap reads with buffered and direct
+/// writes, truncate, punch, zero range and fsync, and every read with a
+/// defined answer is checked; among them generic/451's race (a direct write
+/// read back buffered while others stream through the same range).
+#[test]
+fn threaded_fsx_through_the_mount() {
+    threaded_fsx_through_the_mount_with("", 21);
+}
+
+#[test]
+fn threaded_fsx_through_the_mount_with_the_kernel_page_cache() {
+    threaded_fsx_through_the_mount_with("page_cache=kernel", 22);
+}
+
+fn threaded_fsx_through_the_mount_with(options: &str, seed: u64) {
+    if skip_requested() {
+        return;
+    }
+    require(&[]);
+    let mut mounted = Mounted::new(4096, "512M", options);
+    let mut checker = Command::new(FOLIOFS)
+        .args(["fsx", "--threads", "4", "--files", "2", "--ops", "3000", "--seconds", "90"])
+        .args(["--seed", &seed.to_string(), "--path"])
+        .arg(&mounted.point)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start foliofs fsx");
+    // Bounded: a hang fails the test rather than the whole run.
+    let status = wait_with_timeout(&mut checker, Duration::from_secs(300));
+    let output = checker.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        status.success() && stdout.contains("0 mismatches"),
+        "fsx --threads through the mount ({status}):\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains(" mmap reads") && !stdout.contains(" 0 mmap reads"), "{stdout}");
+    mounted.unmount();
+    mounted.fsck_clean();
+}
+
 /// Seed 001's xfs_io sequence (truncate, mmap, mread, pwrite, fsync): the
 /// file holds exactly the two written bytes, and no delayed allocation is
 /// left behind once the mount is gone.

@@ -1,12 +1,15 @@
 //! `foliofs fsx`: random operations on one file compared with an in-memory
-//! model after every step (the work is `foliofs_check::fsx`; this parses
+//! model after every step, or with `--threads`, threads racing on shared
+//! files (the work is `foliofs_check::fsx` and `fsx_threads`; this parses
 //! and prints).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use foliofs_check::fsx::{run as run_fsx, FsxConfig, FsxStats};
+use foliofs_check::fsx_threads::{self, InProcess, PathTarget, Target, ThreadsConfig};
 
 use super::crashtest::{parse_block_sizes, seed_or_clock, tool_options};
 
@@ -24,10 +27,27 @@ pub struct FsxArgs {
     /// Largest file size (default 256k, 2M on 64 KiB blocks).
     #[arg(long)]
     file_size: Option<String>,
+    /// Race this many threads on shared files (all threads' ops count
+    /// towards --ops); without it, one thread on one file.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// With --threads: how many files they share.
+    #[arg(long, default_value_t = 1, requires = "threads")]
+    files: usize,
+    /// With --threads: stop after this many seconds if --ops is not reached.
+    #[arg(long, requires = "threads")]
+    seconds: Option<f64>,
+    /// With --threads: run on files under this directory (a foliofs mount)
+    /// rather than on the library in process; reads also go through mmap.
+    #[arg(long, requires = "threads")]
+    path: Option<PathBuf>,
 }
 
 /// `-o` applies over the tool's defaults, as for crashtest.
 pub fn run(args: &FsxArgs, options: &str) -> anyhow::Result<ExitCode> {
+    if let Some(threads) = args.threads {
+        return run_threads(args, threads, options);
+    }
     let block_sizes = parse_block_sizes(&args.block_size)?;
     let options_list = tool_options(options, &block_sizes)?;
     let seed = seed_or_clock(args.seed);
@@ -80,4 +100,75 @@ pub fn run(args: &FsxArgs, options: &str) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--threads`: in process on a fresh volume with `-o` over the library's
+/// defaults (background writeback and commits on, as a mount runs them), or
+/// on files under `--path`.
+fn run_threads(args: &FsxArgs, threads: usize, options: &str) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(threads >= 1, "--threads must be at least 1");
+    anyhow::ensure!(args.files >= 1, "--files must be at least 1");
+    if args.block_size != "4096" || args.file_size.is_some() {
+        anyhow::bail!("--threads runs on 4 KiB blocks with 640 KiB slots per thread; drop --block-size and --file-size");
+    }
+    let seed = seed_or_clock(args.seed);
+    let time_limit = match args.seconds {
+        Some(seconds) if seconds.is_finite() && seconds > 0.0 => {
+            Some(Duration::from_secs_f64(seconds))
+        }
+        Some(seconds) => anyhow::bail!("--seconds {seconds}: must be a positive number"),
+        None => None,
+    };
+    let config = ThreadsConfig {
+        files: args.files,
+        time_limit,
+        mmap: args.path.is_some(),
+        ..ThreadsConfig::new(seed, threads, args.ops)
+    };
+    let target: Box<dyn Target> = match &args.path {
+        Some(dir) => {
+            anyhow::ensure!(
+                options.is_empty(),
+                "-o sets volume options; with --path the mount has its own"
+            );
+            anyhow::ensure!(dir.is_dir(), "--path {}: not a directory", dir.display());
+            Box::new(PathTarget::create(dir, args.files).map_err(anyhow::Error::msg)?)
+        }
+        None => {
+            let mut volume_options = foliofs::VolumeOptions::default();
+            volume_options.apply_list(options)?;
+            let data_bytes =
+                (args.files * threads * config.slots_per_thread) as u64 * config.slot_bytes;
+            let image_bytes = (data_bytes * 2).max(256 << 20);
+            Box::new(
+                InProcess::create(args.files, image_bytes, &volume_options)
+                    .map_err(anyhow::Error::msg)?,
+            )
+        }
+    };
+    let place =
+        args.path.as_ref().map_or("in process".to_string(), |dir| dir.display().to_string());
+    println!(
+        "fsx --threads {threads}: {} files, seed {seed}, {} ops{}, {place} {options}",
+        args.files,
+        args.ops,
+        time_limit.map_or(String::new(), |limit| format!(" or {:.0} s", limit.as_secs_f64())),
+    );
+    let started = Instant::now();
+    let progress = |ops: u64| {
+        if ops.is_multiple_of(100_000) {
+            eprintln!("  {ops} ops ({:.0} s)", started.elapsed().as_secs_f64());
+        }
+    };
+    match fsx_threads::run(&config, target.as_ref(), &progress) {
+        Ok(stats) => {
+            println!("  0 mismatches; {stats}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(failure) => {
+            println!("{failure}");
+            println!("  seed {seed}; what ran: {}", failure.stats);
+            Ok(ExitCode::from(1))
+        }
+    }
 }
