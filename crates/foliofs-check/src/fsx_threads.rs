@@ -39,6 +39,8 @@ pub use target::{Handle, InProcess, PathTarget, StaleReads, Target};
 const STREAM_READ_BYTES: u64 = 64 << 10;
 /// Direct I/O's unit: the logical block of every device the engine runs on.
 const DIRECT_UNIT: u64 = 512;
+/// `Shared::window_slot` before any window race ran.
+const NO_WINDOW: u64 = u64::MAX;
 /// Ops remembered per thread for a failure report.
 const HISTORY_OPS: usize = 16;
 
@@ -282,6 +284,7 @@ pub fn run(
         target,
         files: &files,
         ops_started: AtomicU64::new(0),
+        window_slot: AtomicU64::new(NO_WINDOW),
         stop: AtomicBool::new(false),
         started,
         progress,
@@ -336,6 +339,8 @@ struct Shared<'a> {
     target: &'a dyn Target,
     files: &'a Files,
     ops_started: AtomicU64,
+    /// The file and slot (`file << 32 | slot`) of the latest window race.
+    window_slot: AtomicU64,
     stop: AtomicBool,
     started: Instant,
     progress: &'a (dyn Fn(u64) + Sync),
@@ -467,7 +472,14 @@ impl<'a> Worker<'a> {
                 (op, self.window_race(file, slot, pos, len))
             }
             20..40 => {
-                let (file, slot) = self.any_slot();
+                // Half the streams go where a window race runs now, so
+                // fills from the device meet writes in flight.
+                let hot = self.shared.window_slot.load(Ordering::Relaxed);
+                let (file, slot) = if hot != NO_WINDOW && self.rng.random_bool(0.5) {
+                    ((hot >> 32) as usize, (hot & u64::from(u32::MAX)) as usize)
+                } else {
+                    self.any_slot()
+                };
                 (ThreadOp::Stream { file, slot }, self.stream(file, slot))
             }
             40..52 => {
@@ -560,6 +572,8 @@ impl<'a> Worker<'a> {
         fill_pattern(self.next_data_seed(), &mut data);
         let model = self.shared.files.slot(file, slot);
         let guard = model.begin_change();
+        let window = ((file as u64) << 32) | slot as u64;
+        self.shared.window_slot.store(window, Ordering::Relaxed);
         self.direct[file].write_async(&data, pos)?;
         model.apply(&guard, |bytes| bytes.write(pos, &data));
         drop(guard);

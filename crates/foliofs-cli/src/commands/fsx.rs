@@ -37,6 +37,10 @@ pub struct FsxArgs {
     /// With --threads: stop after this many seconds if --ops is not reached.
     #[arg(long, requires = "threads")]
     seconds: Option<f64>,
+    /// With --threads: the bytes of a slot, the unit one thread owns (a
+    /// multiple of 64k; smaller slots make cheaper operations).
+    #[arg(long, default_value = "640k", requires = "threads")]
+    slot_size: String,
     /// With --threads: run on files under this directory (a foliofs mount)
     /// rather than on the library in process; reads also go through mmap.
     #[arg(long, requires = "threads")]
@@ -109,7 +113,7 @@ fn run_threads(args: &FsxArgs, threads: usize, options: &str) -> anyhow::Result<
     anyhow::ensure!(threads >= 1, "--threads must be at least 1");
     anyhow::ensure!(args.files >= 1, "--files must be at least 1");
     if args.block_size != "4096" || args.file_size.is_some() {
-        anyhow::bail!("--threads runs on 4 KiB blocks with 640 KiB slots per thread; drop --block-size and --file-size");
+        anyhow::bail!("--threads runs on 4 KiB blocks and sizes its files by --slot-size; drop --block-size and --file-size");
     }
     let seed = seed_or_clock(args.seed);
     let time_limit = match args.seconds {
@@ -119,8 +123,15 @@ fn run_threads(args: &FsxArgs, threads: usize, options: &str) -> anyhow::Result<
         Some(seconds) => anyhow::bail!("--seconds {seconds}: must be a positive number"),
         None => None,
     };
+    let slot_bytes = foliofs::options::parse_size(&args.slot_size)?;
+    anyhow::ensure!(
+        slot_bytes > 0 && slot_bytes.is_multiple_of(64 << 10),
+        "--slot-size {}: must be a positive multiple of 64k",
+        args.slot_size
+    );
     let config = ThreadsConfig {
         files: args.files,
+        slot_bytes,
         time_limit,
         mmap: args.path.is_some(),
         ..ThreadsConfig::new(seed, threads, args.ops)
