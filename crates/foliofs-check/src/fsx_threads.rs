@@ -601,55 +601,22 @@ impl<'a> Worker<'a> {
 
     fn read(&mut self, file: usize, slot: usize, pos: u64, len: u64, kind: ReadKind) -> OpResult {
         match kind {
-            ReadKind::Buffered => {
-                self.stats.reads += 1;
-                let mut buffer = vec![0u8; len as usize];
-                let handle = &mut self.buffered[file];
-                let mut read = |out: &mut [u8], at| handle.read(out, at);
-                read_checked(
-                    &mut self.stats,
-                    self.shared,
-                    self.thread,
-                    file,
-                    slot,
-                    pos,
-                    &mut buffer,
-                    &mut read,
-                )
-            }
-            ReadKind::Direct => {
-                self.stats.direct_reads += 1;
-                let mut buffer = AlignedBuf::zeroed(len as usize);
-                let handle = &mut self.direct[file];
-                let mut read = |out: &mut [u8], at| handle.read(out, at);
-                read_checked(
-                    &mut self.stats,
-                    self.shared,
-                    self.thread,
-                    file,
-                    slot,
-                    pos,
-                    &mut buffer,
-                    &mut read,
-                )
-            }
-            ReadKind::Mmap => {
-                self.stats.mmap_reads += 1;
-                let mut buffer = vec![0u8; len as usize];
-                let handle = &mut self.buffered[file];
-                let mut read = |out: &mut [u8], at| handle.mmap_read(out, at);
-                read_checked(
-                    &mut self.stats,
-                    self.shared,
-                    self.thread,
-                    file,
-                    slot,
-                    pos,
-                    &mut buffer,
-                    &mut read,
-                )
-            }
+            ReadKind::Buffered => self.stats.reads += 1,
+            ReadKind::Direct => self.stats.direct_reads += 1,
+            ReadKind::Mmap => self.stats.mmap_reads += 1,
         }
+        // Aligned for direct reads; any buffer does for the others.
+        let mut buffer = AlignedBuf::zeroed(len as usize);
+        let handle = match kind {
+            ReadKind::Direct => &mut self.direct[file],
+            ReadKind::Buffered | ReadKind::Mmap => &mut self.buffered[file],
+        };
+        let mut read = |out: &mut [u8], at| match kind {
+            ReadKind::Mmap => handle.mmap_read(out, at),
+            ReadKind::Buffered | ReadKind::Direct => handle.read(out, at),
+        };
+        let (shared, thread) = (self.shared, self.thread);
+        read_checked(&mut self.stats, shared, thread, file, slot, pos, &mut buffer, &mut read)
     }
 
     fn read_checked(
