@@ -6,11 +6,12 @@
 # tests drive (fio, xfs_io, sqlite3, flock, setfattr/getfattr,
 # setfacl/getfacl); a C compiler for the C example, Python for the Python
 # module's tests; the NBD tests' real servers and clients (qemu-nbd, qemu-img,
-# qemu-io, nbdkit, nbdinfo, nbdcopy). Kernel peers (loop devices,
+# qemu-io, nbdkit, nbdinfo, nbdcopy); cbindgen, whose output the committed C
+# header must equal (Debian's version is the reference). Kernel peers (loop devices,
 # mkfs.ext4/xfs) are needed only by `bench seeds`, which the tests do not run.
 set -euo pipefail
 packages=(fonts-dejavu-core fuse3 fio xfsprogs sqlite3 util-linux attr acl gcc python3 python3-pip
-  qemu-utils nbdkit libnbd-bin)
+  python3-venv qemu-utils nbdkit libnbd-bin cbindgen)
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   exit 0
 fi

@@ -8,6 +8,9 @@
 //! longer runs); skipped, with the reason printed, where the servers are
 //! missing.
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -37,7 +40,7 @@ fn start(program: &str, socket: &Path, args: &[&str]) -> Option<Server> {
     let child = match Command::new(program).args(&args).stderr(Stdio::null()).spawn() {
         Ok(child) => child,
         Err(error) => {
-            eprintln!("skipped: {program} cannot run ({error}); .ci/run installs it");
+            skip::skip_or_fail(&format!("{program} cannot run ({error}); .ci/run installs it"));
             return None;
         }
     };

@@ -6,6 +6,9 @@
 //! requests that cross a crash. Bounded for CI (`FOLIOFS_NBD_FSX_OPS` for longer runs);
 //! skipped, with the reason printed, where the servers are missing.
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -31,7 +34,7 @@ impl Server {
         let child = match spawn(program, &args, &socket) {
             Ok(child) => child,
             Err(error) => {
-                eprintln!("skipped: {program} cannot run ({error}); .ci/run installs it");
+                skip::skip_or_fail(&format!("{program} cannot run ({error}); .ci/run installs it"));
                 return None;
             }
         };

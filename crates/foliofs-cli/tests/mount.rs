@@ -15,13 +15,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
 mod transport;
 
 const FOLIOFS: &str = env!("CARGO_BIN_EXE_foliofs");
 
 fn skip_requested() -> bool {
     if std::env::var_os("FOLIOFS_SKIP_MOUNT_TESTS").is_some_and(|value| value == "1") {
-        eprintln!("FOLIOFS_SKIP_MOUNT_TESTS=1: mount test skipped");
+        skip::skip_or_fail("FOLIOFS_SKIP_MOUNT_TESTS=1 asks to skip the mount tests");
         return true;
     }
     transport::skip_unavailable()

@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
 mod transport;
 
 const FOLIOFS: &str = env!("CARGO_BIN_EXE_foliofs");
@@ -24,7 +26,7 @@ const USER_ID: u32 = 65534;
 
 fn skip_requested() -> bool {
     if std::env::var_os("FOLIOFS_SKIP_MOUNT_TESTS").is_some_and(|value| value == "1") {
-        eprintln!("FOLIOFS_SKIP_MOUNT_TESTS=1: mount test skipped");
+        skip::skip_or_fail("FOLIOFS_SKIP_MOUNT_TESTS=1 asks to skip the mount tests");
         return true;
     }
     assert!(Path::new("/dev/fuse").exists(), "mount tests need /dev/fuse (modprobe fuse)");

@@ -2,6 +2,9 @@
 //! fsck), and `foliofs serve nbd` writing back on SIGTERM. Skipped, with
 //! the reason printed, when qemu-utils or libnbd-bin are missing.
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -28,7 +31,9 @@ fn tools_missing(tools: &[&str]) -> bool {
             .output()
             .is_ok_and(|output| output.status.success());
         if !found {
-            eprintln!("skipped: {tool} is not installed (apt-get install qemu-utils libnbd-bin)");
+            skip::skip_or_fail(&format!(
+                "{tool} is not installed (apt-get install qemu-utils libnbd-bin)"
+            ));
             return true;
         }
     }
@@ -198,7 +203,7 @@ fn nbdkit_cached(socket: &Path, disk: &Path, cache: bool) -> Option<Reaped> {
     let mut server = match command.stderr(Stdio::null()).spawn() {
         Ok(child) => Reaped(child),
         Err(error) => {
-            eprintln!("skipped: nbdkit cannot run ({error}); apt-get install nbdkit");
+            skip::skip_or_fail(&format!("nbdkit cannot run ({error}); apt-get install nbdkit"));
             return None;
         }
     };

@@ -3,6 +3,9 @@
 //! turned off for the test and restored after (its own test binary, so no
 //! other mount of this suite negotiates meanwhile).
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use foliofs_fuse::transport::{kernel_uring_enabled, LiveTransport, ENABLE_URING_PARAMETER};
 use foliofs_fuse::{Mount, MountOptions};
 
@@ -18,16 +21,18 @@ impl Drop for RestoreSwitch {
 #[test]
 fn uring_not_offered_falls_back_to_dev_fuse_and_says_why() {
     if std::env::var_os("FOLIOFS_SKIP_MOUNT_TESTS").is_some_and(|value| value == "1") {
-        eprintln!("FOLIOFS_SKIP_MOUNT_TESTS=1: mount test skipped");
+        skip::skip_or_fail("FOLIOFS_SKIP_MOUNT_TESTS=1 asks to skip the mount tests");
         return;
     }
     let Some(was_on) = kernel_uring_enabled() else {
-        eprintln!("skipped: {ENABLE_URING_PARAMETER} is missing (no FUSE over io_uring here)");
+        skip::skip_or_fail(&format!(
+            "{ENABLE_URING_PARAMETER} is missing (no FUSE over io_uring here)"
+        ));
         return;
     };
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: turning {ENABLE_URING_PARAMETER} off needs root");
+        skip::skip_or_fail(&format!("turning {ENABLE_URING_PARAMETER} off needs root"));
         return;
     }
     let _restore = RestoreSwitch(was_on);

@@ -3,6 +3,9 @@
 //! Skipped, with the reason printed, when the tools are missing
 //! (`.ci/run` installs qemu-utils and libnbd-bin).
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -24,7 +27,9 @@ fn tools_missing(tools: &[&str]) -> bool {
             .output()
             .is_ok_and(|output| output.status.success());
         if !found {
-            eprintln!("skipped: {tool} is not installed (apt-get install qemu-utils libnbd-bin)");
+            skip::skip_or_fail(&format!(
+                "{tool} is not installed (apt-get install qemu-utils libnbd-bin)"
+            ));
             return true;
         }
     }

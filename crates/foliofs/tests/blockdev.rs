@@ -7,6 +7,9 @@
 //! Needs root and /dev/loop-control; skipped (with a line on stderr) when not
 //! root or when FOLIOFS_SKIP_LOOP_TESTS=1.
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -30,12 +33,12 @@ impl LoopDevice {
     /// None when loop devices cannot be used here (not root, or skipped).
     fn new(size_bytes: u64, sector_bytes: u32) -> Option<Self> {
         if std::env::var_os("FOLIOFS_SKIP_LOOP_TESTS").is_some_and(|value| value == "1") {
-            eprintln!("FOLIOFS_SKIP_LOOP_TESTS=1: loop device test skipped");
+            skip::skip_or_fail("FOLIOFS_SKIP_LOOP_TESTS=1 asks to skip the loop device tests");
             return None;
         }
         // SAFETY: geteuid has no preconditions and cannot fail.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("loop device test skipped: needs root");
+            skip::skip_or_fail("loop device tests need root");
             return None;
         }
         let dir = tempfile::tempdir().unwrap();

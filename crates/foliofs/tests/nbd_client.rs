@@ -5,6 +5,9 @@
 //! volatile cache killed mid-workload. Skipped, with the reason printed,
 //! when nbdkit is missing (`.ci/run` installs it).
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -33,7 +36,7 @@ impl Nbdkit {
         {
             Ok(child) => child,
             Err(error) => {
-                eprintln!("skipped: nbdkit cannot run ({error}); apt-get install nbdkit");
+                skip::skip_or_fail(&format!("nbdkit cannot run ({error}); apt-get install nbdkit"));
                 return None;
             }
         };
@@ -422,7 +425,9 @@ fn qemu_nbd_serving(dir: &Path, image: &[&str]) -> Option<(Child, PathBuf)> {
     {
         Ok(child) => child,
         Err(error) => {
-            eprintln!("skipped: qemu-nbd cannot run ({error}); apt-get install qemu-utils");
+            skip::skip_or_fail(&format!(
+                "qemu-nbd cannot run ({error}); apt-get install qemu-utils"
+            ));
             return None;
         }
     };

@@ -20,11 +20,11 @@ pub fn skip_unavailable() -> bool {
     match foliofs_fuse::transport::enable_kernel_uring() {
         Ok(_) => false,
         Err(error) => {
-            eprintln!(
-                "FOLIOFS_TRANSPORT=uring: mount test skipped: the kernel does not offer FUSE \
-                 over io_uring ({}: {error})",
+            super::skip::skip_or_fail(&format!(
+                "FOLIOFS_TRANSPORT=uring: the kernel does not offer FUSE over io_uring ({}: \
+                 {error})",
                 foliofs_fuse::transport::ENABLE_URING_PARAMETER
-            );
+            ));
             true
         }
     }

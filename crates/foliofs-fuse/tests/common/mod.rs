@@ -16,14 +16,17 @@ use foliofs::vfs::MkfsOptions;
 use foliofs::{Volume, VolumeOptions};
 use foliofs_fuse::{Mount, MountOptions};
 
+#[path = "../../../../tests/support/skip.rs"]
+pub mod skip;
+
 pub fn skip_requested() -> bool {
     if std::env::var_os("FOLIOFS_SKIP_MOUNT_TESTS").is_some_and(|value| value == "1") {
-        eprintln!("FOLIOFS_SKIP_MOUNT_TESTS=1: mount test skipped");
+        skip::skip_or_fail("FOLIOFS_SKIP_MOUNT_TESTS=1 asks to skip the mount tests");
         return true;
     }
     assert!(Path::new("/dev/fuse").exists(), "this test needs /dev/fuse (modprobe fuse)");
     if let Err(why) = transport_ready() {
-        eprintln!("FOLIOFS_TRANSPORT={}: mount test skipped: {why}", transport());
+        skip::skip_or_fail(&format!("FOLIOFS_TRANSPORT={}: {why}", transport()));
         return true;
     }
     false

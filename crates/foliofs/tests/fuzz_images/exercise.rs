@@ -283,10 +283,16 @@ pub(crate) fn seed_images_mount_clean() {
 #[test]
 pub(crate) fn regressions_stay_fixed() {
     let seeds = load_seeds();
-    let Ok(entries) = std::fs::read_dir(corpus_dir().join("regressions")) else { return };
-    let mut paths: Vec<PathBuf> = entries.map(|entry| entry.unwrap().path()).collect();
+    let regressions = corpus_dir().join("regressions");
+    let entries = std::fs::read_dir(&regressions)
+        .unwrap_or_else(|error| panic!("the regression corpus {}: {error}", regressions.display()));
+    let mut paths: Vec<PathBuf> = entries
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "patch"))
+        .collect();
     paths.sort();
-    for path in paths.iter().filter(|path| path.extension().is_some_and(|ext| ext == "patch")) {
+    assert!(!paths.is_empty(), "no .patch case in the regression corpus {}", regressions.display());
+    for path in &paths {
         let (_, image) = patch_apply(&std::fs::read(path).unwrap(), &seeds);
         for read_only in [false, true] {
             run_case(&path.display().to_string(), image.clone(), read_only, false);
