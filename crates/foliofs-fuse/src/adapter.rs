@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use foliofs::space::FallocateMode;
 use foliofs::{
-    Access, Attr, Credentials, Error, File, OpenFlags, OpenOptions, Owner, Privilege, RenameFlags,
-    SetAttr, ShutdownMode, TimeSet, Volume, XattrFlags,
+    Access, Attr, Error, File, OpenFlags, OpenOptions, Privilege, RenameFlags, SetAttr,
+    ShutdownMode, TimeSet, Volume, XattrFlags,
 };
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -23,6 +23,10 @@ use fuser::{
 };
 
 use crate::attr::{errno, file_attr, file_type, timestamp};
+use crate::credentials::{
+    caller_ids, caller_privilege, owner, CallerStatus, CAP_FSETID, CAP_LINUX_IMMUTABLE,
+    CAP_SYS_ADMIN, SET_ID_BITS,
+};
 use crate::direct_payload::DirectIoCounters;
 use crate::file_flags::{self, FlagsRequest};
 use crate::fitrim;
@@ -81,7 +85,7 @@ pub struct FolioFs {
     ttl: Duration,
     max_write_bytes: u32,
     max_background: u16,
-    /// FUSE_HANDLE_KILLPRIV_V2 is on (`privileges_to_kill`).
+    /// FUSE_HANDLE_KILLPRIV_V2 is on (`setattr`).
     kills_privileges: bool,
     /// The kernel enforces POSIX ACLs (FUSE_POSIX_ACL); it needs the
     /// kernel's permission checks, so only with default_permissions.
@@ -353,40 +357,6 @@ impl FolioFs {
         }
     }
 
-    /// FUSE_HANDLE_KILLPRIV_V2: the kernel leaves to the daemon what a
-    /// truncate and a chown take away (it would otherwise ask for
-    /// security.capability before every buffered write: one GETXATTR round
-    /// trip each). A truncate drops file capabilities, and the set-ID bits
-    /// by the library's rule for the caller (fuser does not pass
-    /// FATTR_KILL_SUIDGID; the rule is the one the kernel applies to send
-    /// it); a chown drops capabilities, set-user-ID always and set-group-ID
-    /// with group execute, root's too. Returns the mode and the set-ID bits
-    /// a chown clears from it, if any.
-    fn privileges_to_kill(
-        &self,
-        req: &Request,
-        ino: u64,
-        truncate: bool,
-        chown: bool,
-    ) -> foliofs::Result<Option<(u32, u32)>> {
-        if truncate || chown {
-            self.volume.remove_privileges(ino, caller_ids(req), truncate)?;
-        }
-        if !chown {
-            return Ok(None);
-        }
-        let attr = self.volume.getattr(ino)?;
-        if attr.kind != foliofs::InodeKind::File {
-            return Ok(None);
-        }
-        let mode = attr.mode & 0o7777;
-        let mut cleared = mode & libc::S_ISUID;
-        if mode & libc::S_IXGRP != 0 {
-            cleared |= mode & libc::S_ISGID;
-        }
-        Ok((cleared != 0).then_some((mode, cleared)))
-    }
-
     /// What readdir and readdirplus list after "." and "..": the entries a
     /// READDIR at `offset` lists (a fresh snapshot at 0), the directory's parent, and
     /// where the listing's offsets start: with a handle its snapshot, and
@@ -465,33 +435,6 @@ fn name_bytes(name: &OsStr) -> &[u8] {
     name.as_bytes()
 }
 
-/// The set-user-ID and set-group-ID mode bits.
-const SET_ID_BITS: u32 = libc::S_ISUID | libc::S_ISGID;
-
-fn owner(req: &Request) -> Owner {
-    Owner { uid: req.uid(), gid: req.gid() }
-}
-
-/// FUSE_INVALID_UIDGID: with FUSE_ALLOW_IDMAP the kernel names the caller
-/// (its ids mapped through the mount's idmapping) only in the requests
-/// that create an inode; the others carry this in both ids.
-const INVALID_ID: u32 = u32::MAX;
-
-fn names_caller(req: &Request) -> bool {
-    req.uid() != INVALID_ID && req.gid() != INVALID_ID
-}
-
-/// The ids of the caller of a request that creates nothing: the header's,
-/// or where it names no caller the caller's file-system ids as its process
-/// status shows them (not mapped through an idmapped mount's idmapping:
-/// only the set-ID rule of a data change uses them).
-fn caller_ids(req: &Request) -> Owner {
-    if names_caller(req) {
-        return owner(req);
-    }
-    CallerStatus::of(req).ids(req)
-}
-
 fn time_set(time: TimeOrNow) -> TimeSet {
     match time {
         TimeOrNow::Now => TimeSet::Now,
@@ -508,72 +451,6 @@ fn reply_sized(reply: ReplyXattr, size: u32, bytes: &[u8]) {
         reply.error(Errno::from_i32(libc::ERANGE));
     } else {
         reply.data(bytes);
-    }
-}
-
-const CAP_FSETID: u32 = 4;
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_LINUX_IMMUTABLE: u32 = 9;
-
-/// What the kernel does not send about a caller: its effective
-/// capabilities and supplementary groups, from /proc. A caller gone
-/// before the lookup has neither.
-struct CallerStatus {
-    capabilities: u64,
-    groups: Vec<u32>,
-    /// The caller's file-system uid and gid, for requests whose header
-    /// names no caller.
-    fs_ids: Option<Owner>,
-}
-
-impl CallerStatus {
-    fn of(req: &Request) -> Self {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", req.pid())).unwrap_or_default();
-        let field = |name: &str| status.lines().find_map(|line| line.strip_prefix(name));
-        let capabilities = field("CapEff:")
-            .and_then(|bits| u64::from_str_radix(bits.trim(), 16).ok())
-            .unwrap_or(0);
-        let groups = field("Groups:")
-            .map(|list| list.split_whitespace().filter_map(|gid| gid.parse().ok()).collect())
-            .unwrap_or_default();
-        // "Uid:" and "Gid:" list real, effective, saved and file-system ids.
-        let fs_id = |name: &str| field(name)?.split_whitespace().nth(3)?.parse().ok();
-        let fs_ids = fs_id("Uid:").zip(fs_id("Gid:")).map(|(uid, gid)| Owner { uid, gid });
-        Self { capabilities, groups, fs_ids }
-    }
-
-    fn has_capability(&self, capability: u32) -> bool {
-        self.capabilities & (1 << capability) != 0
-    }
-
-    /// in_group_p: the caller's file-system gid or a supplementary group.
-    fn in_group(&self, req: &Request, gid: u32) -> bool {
-        self.ids(req).gid == gid || self.groups.contains(&gid)
-    }
-
-    /// The caller as the library's access checks take it.
-    fn credentials(self, req: &Request) -> Credentials {
-        let Owner { uid, gid } = self.ids(req);
-        Credentials { uid, gid, groups: self.groups }
-    }
-
-    /// The request header's ids, or where it names no caller the caller's
-    /// own file-system ids (see `caller_ids`).
-    fn ids(&self, req: &Request) -> Owner {
-        match self.fs_ids {
-            Some(ids) if !names_caller(req) => ids,
-            _ => owner(req),
-        }
-    }
-}
-
-/// Whether the process behind `req` holds CAP_SYS_ADMIN.
-fn caller_privilege(req: &Request) -> Privilege {
-    if CallerStatus::of(req).has_capability(CAP_SYS_ADMIN) {
-        Privilege::SysAdmin
-    } else {
-        Privilege::Unprivileged
     }
 }
 
@@ -713,9 +590,15 @@ impl Filesystem for FolioFs {
         reply: ReplyAttr,
     ) {
         invalidate::mark_serving();
-        if self.kills_privileges {
-            match self.privileges_to_kill(req, ino.0, size.is_some(), uid.or(gid).is_some()) {
-                Ok(Some((current, cleared))) => mode = Some(mode.unwrap_or(current) & !cleared),
+        // FUSE_HANDLE_KILLPRIV_V2: the kernel leaves to the daemon what a
+        // truncate and a chown take away (it would otherwise ask for
+        // security.capability before every buffered write: one GETXATTR
+        // round trip each); the library has the rule.
+        let (truncate, chown) = (size.is_some(), uid.or(gid).is_some());
+        if self.kills_privileges && (truncate || chown) {
+            let caller = caller_ids(req);
+            match self.volume.remove_privileges_for_setattr(ino.0, caller, truncate, chown, mode) {
+                Ok(Some(cleared_mode)) => mode = Some(cleared_mode),
                 Ok(None) => {}
                 Err(error) => return reply.error(self.failed("setattr", &error)),
             }

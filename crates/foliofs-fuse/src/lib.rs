@@ -7,8 +7,8 @@
 //! How the kernel's page cache is used: by default every open file gets
 //! FOPEN_DIRECT_IO, so the engine's folio cache is the only cache and a
 //! buffered write costs one crossing instead of a copy into the kernel's page
-//! cache followed by a second one at writeback (`docs/BENCHMARKS.md` has the
-//! measurement). Direct writes are marked FOPEN_PARALLEL_DIRECT_WRITES so the
+//! cache followed by a second one at writeback (measured in
+//! `docs/bench/history/2026-11-23-mount-first-figures.md`). Direct writes are marked FOPEN_PARALLEL_DIRECT_WRITES so the
 //! kernel does not serialize them per inode, and FUSE_DIRECT_IO_ALLOW_MMAP
 //! keeps shared mmap working on such files. `page_cache=kernel` switches to
 //! the kernel's page cache for buffered opens instead, kept across opens,
@@ -20,6 +20,7 @@
 mod adapter;
 mod attr;
 mod bdi;
+mod credentials;
 mod direct_payload;
 mod file_flags;
 mod fitrim;

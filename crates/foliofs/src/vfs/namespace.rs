@@ -21,15 +21,15 @@ const SET_UID: u32 = 0o4000;
 const SET_GID: u32 = 0o2000;
 const GROUP_EXEC: u32 = 0o010;
 
+/// The extended attribute that holds a file's capabilities (setcap).
+const FILE_CAPABILITIES: &[u8] = b"security.capability";
+
 /// The set-ID bits that a change of a file's data (write, truncate,
 /// fallocate) by `caller` removes, as the kernel's
 /// `setattr_should_drop_suidgid`: set-user-ID always; set-group-ID when
 /// group execute is set (without it the bit is a locking mark, not a
 /// privilege) or the caller is not in the file's group. Root (taken as
 /// holding CAP_FSETID) keeps both; only regular files lose them.
-/// The extended attribute that holds a file's capabilities (setcap).
-const FILE_CAPABILITIES: &[u8] = b"security.capability";
-
 fn setid_bits_to_drop(attrs: &InodeAttrs, caller: Owner) -> u32 {
     if attrs.kind != InodeKind::File || caller.uid == 0 {
         return 0;
@@ -631,6 +631,41 @@ impl Volume {
             Ok(dropped != 0)
         })?;
         Ok(dropped)
+    }
+
+    /// What a truncate or a chown by `caller` takes away before the
+    /// setattr that makes it, where the kernel leaves this to the file
+    /// system (FUSE_HANDLE_KILLPRIV_V2): a truncate as a data change
+    /// ([`Volume::remove_privileges`] with the set-ID rule); a chown the
+    /// file capabilities, and from a regular file set-user-ID always and
+    /// set-group-ID where group execute is set, root's too (the kernel's
+    /// chown rule, `setattr_should_drop_sgid`). Returns the mode the
+    /// setattr must set instead of `mode` (the one it asks for, or the
+    /// file's) when the chown clears set-ID bits from it.
+    pub fn remove_privileges_for_setattr(
+        &self,
+        ino: u64,
+        caller: Owner,
+        truncate: bool,
+        chown: bool,
+        mode: Option<u32>,
+    ) -> Result<Option<u32>> {
+        if truncate || chown {
+            self.remove_privileges(ino, caller, truncate)?;
+        }
+        if !chown {
+            return Ok(None);
+        }
+        let attrs = attrs_of(&self.shared.meta.read(), ino)?;
+        if attrs.kind != InodeKind::File {
+            return Ok(None);
+        }
+        let current = attrs.mode & 0o7777;
+        let mut cleared = current & SET_UID;
+        if current & GROUP_EXEC != 0 {
+            cleared |= current & SET_GID;
+        }
+        Ok((cleared != 0).then(|| mode.unwrap_or(current) & !cleared))
     }
 
     /// Makes the inode's changes durable: all of them (fsync), or only those
