@@ -4,6 +4,7 @@
 mod commands;
 mod image_path;
 mod logging;
+mod options_doc;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -125,6 +126,13 @@ enum Command {
     /// fsx-style checker: random operations on one file compared with an
     /// in-memory model after every step.
     Fsx(commands::fsx::FsxArgs),
+    /// List every -o option; --markdown prints docs/options.md (with the
+    /// flags of mkfs, mount and serve nbd).
+    Options {
+        /// Print the whole of docs/options.md.
+        #[arg(long)]
+        markdown: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -205,5 +213,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(args) => bench::run(*args, &options, &cli.options),
         Command::Crashtest(args) => crashtest::run(&args, &cli.options),
         Command::Fsx(args) => fsx::run(&args, &cli.options),
+        Command::Options { markdown: true } => {
+            print!("{}", options_doc::markdown());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Options { markdown: false } => {
+            print!("{}", options_help());
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }

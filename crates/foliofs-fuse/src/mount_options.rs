@@ -17,45 +17,42 @@ pub const MOUNT_OPTION_KEYS: &[(&str, &str)] = &[
         "page_cache",
         "engine (every open is FOPEN_DIRECT_IO: the engine's cache is the only one) | kernel \
          (buffered opens use the kernel's page cache too) | writeback (the kernel's page cache \
-         absorbs buffered writes and writes them back later) (default engine)",
+         also holds buffered writes and writes them back later) (default engine)",
     ),
     (
         "opens",
-        "kernel (opening and closing directories stay in the kernel, FUSE no-opendir, and \
-         listings are served by inode and cached by the kernel; with page_cache=kernel or \
-         writeback files too, FUSE no-open, their reads and writes served by inode) | daemon \
-         (each open reaches the daemon: a file that is immutable or append-only refuses a \
-         writable open there) (default kernel; page_cache=engine always opens files through \
-         the daemon)",
+        "kernel (opendir, and with page_cache=kernel or writeback open too, stays in the kernel: \
+         FUSE no-opendir and no-open) | daemon (every open reaches the daemon, which refuses a \
+         writable open of an immutable or append-only file there) (default kernel)",
     ),
     (
         "transport",
         "uring (FUSE over io_uring: per-CPU queues, one system call per request) | dev \
          (read/write on /dev/fuse) (default uring where the kernel offers it, else dev)",
     ),
-    ("uring_depth", "io_uring entries (requests in flight) per CPU queue (default 64)"),
+    ("uring_depth", "io_uring entries (requests in flight) per CPU queue, 1..1024 (default 64)"),
     (
         "ring_sched",
-        "idle (an io_uring ring thread submits a single reply at SCHED_IDLE, so its caller is woken \
-         on the CPU that answered it, not on an idle one; after a hand-off, a reply served at once, \
-         it waits for the next request there too) | other (default idle, where a thread may \
-         return from SCHED_IDLE: root)",
+        "idle (a ring thread submits a lone reply, and waits after a hand-off, at SCHED_IDLE, \
+         so its caller wakes on the CPU that answered) | other (default idle where the daemon \
+         can return from SCHED_IDLE, e.g. as root)",
     ),
     (
         "fuse_threads",
-        "threads serving kernel requests (default 16 on /dev/fuse, two per CPU queue with io_uring; a number given is split over the CPU queues)",
+        "threads serving kernel requests, 1..256, split over the CPU queues with io_uring \
+         (default 16 on /dev/fuse, two per CPU queue with io_uring)",
     ),
     (
         "attr_timeout",
         "seconds the kernel may cache attributes and names; changes it does not make are \
          invalidated (default 3600)",
     ),
-    ("max_write", "largest write request the kernel sends (default 1M)"),
+    ("max_write", "largest write request the kernel sends, 4k..16M (default 1M)"),
     (
         "max_background",
-        "asynchronous requests (direct I/O by libaio or io_uring, readahead, writeback) the \
-         kernel lets wait for or be served by the daemon before a program submitting more must \
-         wait; capped by the kernel for mounts without CAP_SYS_ADMIN (default 4096)",
+        "asynchronous requests (direct I/O, readahead, writeback) the kernel holds for the \
+         mount before a program submitting more waits, 1..65535; capped by the kernel without \
+         CAP_SYS_ADMIN (default 4096)",
     ),
     ("allow_other", "let every user access the mount"),
     ("allow_root", "let root access the mount too"),
@@ -137,8 +134,9 @@ const DEFAULT_URING_DEPTH: u16 = 64;
 /// submits one more waits in the kernel until one ends, and is woken for
 /// each: seed 000 (8 jobs at iodepth 256, 2,048 direct writes in flight)
 /// ran 63-72k IOPS through the mount with 256 and 94-104k with 4,096 on the
-/// 2-vCPU VM (docs/BENCHMARKS.md, r34). Requests beyond the ring entries
-/// wait in the kernel's queue, which costs the daemon nothing.
+/// 2-vCPU VM (docs/bench/history/2026-11-28-mount-max-background.md).
+/// Requests beyond the ring entries wait in the kernel's queue, which costs
+/// the daemon nothing.
 const DEFAULT_MAX_BACKGROUND: u16 = 4096;
 
 /// How requests travel between the kernel and the daemon.
@@ -224,7 +222,7 @@ impl Default for MountOptions {
             // A round trip is one switch on one CPU instead of a cross-CPU
             // wake-up: 4 KiB cached psync reads through the mount took 35-40
             // us with SCHED_OTHER commits and 6-7 us with SCHED_IDLE ones on
-            // the 2-vCPU VM (docs/BENCHMARKS.md, "One CPU per round trip").
+            // the 2-vCPU VM (docs/bench/history/2026-11-27-mount-ring-sched.md).
             ring_sched_idle: true,
             // A thread waits out each request's device I/O, so the threads,
             // not the CPUs, bound the queue depth the device sees: on 2 CPUs,

@@ -11,28 +11,32 @@ pub const OPTION_KEYS: &[(&str, &str)] = &[
     (
         "dio_unaligned",
         "sub-block direct writes: overwrite (concurrent when they only overwrite) | exclusive \
-         (default overwrite)",
+         (each runs alone) (default overwrite)",
     ),
     ("fua", "durable writes: native (RWF_DSYNC) | emulate (write + flush) (default native)"),
     ("direct", "open the backing file with O_DIRECT: on | off (default on)"),
-    ("ro", "read-only: refuse every change (flag; also ro=on|off)"),
+    ("ro", "read-only: refuse every change (flag; also ro=on|off, and rw for off)"),
     ("commit_interval_ms", "background journal commit interval, 0 = only on fsync (default 5000)"),
-    ("io_threads", "worker threads of the threads engine (default 8)"),
+    ("io_threads", "worker threads of the threads engine, 1..256 (default 8)"),
     (
         "dirty",
-        "dirty tracking in a folio: block (write back only dirty blocks) | folio (the whole \
+        "dirty tracking in a folio: block (write back only the dirty blocks) | folio (the whole \
          folio, the old behaviour) (default block)",
     ),
-    ("folio_max", "largest folio of the cache, a power of two >= the block size (default 2M)"),
-    ("cache_bytes", "memory of the folio cache (default a quarter of RAM)"),
+    (
+        "folio_max",
+        "largest folio of the cache, a power of two from 1k to 64M, at least the block size \
+         (default 2M)",
+    ),
+    ("cache_bytes", "memory of the folio cache, at least 1M (default a quarter of RAM)"),
     (
         "dirty_background_bytes",
         "dirty cache above which the flusher starts writing back (default cache_bytes / 10)",
     ),
     (
         "dirty_bytes",
-        "dirty cache above which writers wait for writeback; from halfway between it and \
-         dirty_background_bytes writers are paced to the measured writeback bandwidth \
+        "dirty cache above which writers wait for writeback; past halfway from \
+         dirty_background_bytes they are paced to the writeback bandwidth \
          (default cache_bytes / 5)",
     ),
     (
@@ -53,7 +57,7 @@ pub const OPTION_KEYS: &[(&str, &str)] = &[
     (
         "discard",
         "tell the device which blocks are free (TRIM / punched holes) once their freeing is \
-         durable: on | off (default off)",
+         durable: on | off, or nodiscard (default off)",
     ),
 ];
 
