@@ -66,7 +66,7 @@ thread_local! {
 /// where the block layer merges neighbours and the device is notified once.
 /// Random requests still go at once: holding them gains no merge and delays
 /// them (4 KiB random reads at iodepth 64 through the mount ran 9% slower
-/// held, docs/BENCHMARKS.md, r34).
+/// held, docs/bench/history/2026-11-28-mount-max-background.md).
 pub fn unplug_before_waiting_on_this_thread() {
     UNPLUGS_BEFORE_WAITING.with(|promised| promised.set(true));
 }

@@ -5,8 +5,9 @@
 //! access time. The lock's reader count is one cache line that every reader
 //! writes, so with many threads reading cached data the line moved between
 //! cores on every read: 4 KiB cached reads of private files peaked at 4
-//! threads and fell from there on 16 cores (docs/BENCHMARKS.md, "Scaling to
-//! 16 cores"). The kernel answers the same questions from the inode with no
+//! threads and fell from there on 16 cores (docs/BENCHMARKS.md, "Scaling on
+//! 16 cores"; the runs: docs/bench/history/2026-11-27-16-cores.md). The
+//! kernel answers the same questions from the inode with no
 //! shared write (i_size_read, relatime_need_update).
 //!
 //! The copy is taken under the read lock with the store's generation,
