@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Direct I/O shapes through a fresh mount, the r34 figures of
-# docs/BENCHMARKS.md ("no wait for a background slot"): seed 000's shape,
+# Direct I/O shapes through a fresh mount, the figures of 2026-11-28 in
+# docs/bench/history/2026-11-28-mount-max-background.md: seed 000's shape,
 # one job's 4 KiB direct reads and writes at iodepth 64 (random and
 # sequential), and the round trip (4 KiB cached psync reads). Each shape
 # gets a fresh image and mount, with a 1 GiB file laid out by 1 MiB direct

@@ -5,8 +5,8 @@
 # process. Rows: the round trip (4 KiB psync reads of one cached block per
 # job) and 4 KiB direct random reads at iodepth 32 per job. As root, on a
 # temporary image in /tmp. Usage: scripts/mount-scaling.sh [path/to/foliofs]
-# (default target/release/foliofs). docs/BENCHMARKS.md, "Through the mount
-# on 16 cores", has a run.
+# (default target/release/foliofs). docs/BENCHMARKS.md, "Scaling on 16
+# cores", has a run.
 set -u
 RT_JOBS=${RT_JOBS:-1 2 4 8 16}  # job counts of the round-trip rows
 RR_JOBS=${RR_JOBS:-1 4 16}      # job counts of the random-read rows

@@ -8,7 +8,7 @@ copying it; pages not cached are read in first), then looks up each
 page's frame in /proc/self/pagemap and its compound-head/tail flags in
 /proc/kpageflags. Used to show that Linux 6.18 caches files of a FUSE
 mount in 4 KiB folios only, where ext4 uses folios up to 2 MiB
-(docs/BENCHMARKS.md, issue 14).
+(docs/bench/history/2026-11-23-small-files-and-page-cache-modes.md).
 """
 import collections
 import ctypes

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What one FUSE round trip costs on this machine, against the floor of its
-# design (docs/BENCHMARKS.md, r35: "The round trip is at the floor of its
-# design"): fio's 4 KiB cached psync reads through a fresh mount, unpinned
+# design (docs/BENCHMARKS.md, "Through the mount"; the analysis in
+# docs/bench/history/2026-11-28-mount-layout-fsync-round-trip.md): fio's 4 KiB cached psync reads through a fresh mount, unpinned
 # and pinned to CPU 0; the system calls and context switches per round trip
 # while pinned; and two threads passing a byte through a pipe on one CPU
 # (two context switches per round trip, no FUSE). As root, with fio and perf.

@@ -2,7 +2,7 @@
 # Multi-thread scaling of the engine in process: the seed 000, 001 and 004
 # shapes with 1 to 16 jobs, engine and raw-device rows only (no fio needed),
 # on a temporary image in /tmp. Usage: scripts/scaling.sh [path/to/foliofs]
-# (default target/release/foliofs). docs/BENCHMARKS.md, "Scaling to 16
+# (default target/release/foliofs). docs/BENCHMARKS.md, "Scaling on 16
 # cores", has a run.
 set -u
 B=$(realpath "${1:-target/release/foliofs}")

@@ -60,7 +60,7 @@ const REQUESTS: u64 = 2048;
 /// and on io_uring the box lending the payload or on /dev/fuse the aligned
 /// buffer it is staged in), plus half of one for the volume's background
 /// work spread over the run. 21 per write and 12 per read before the
-/// pooling and inlining of r22.
+/// pooling and inlining of 2026-11-23.
 const ALLOCATIONS_PER_REQUEST_MAX: f64 = 4.5;
 
 fn allocations_per_request(mut request: impl FnMut(u64)) -> f64 {
