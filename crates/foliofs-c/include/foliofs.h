@@ -10,6 +10,11 @@
 #include <stdlib.h>
 
 /**
+ * An open directory listing (opaque), from `foliofs_dir_open`.
+ */
+struct FoliofsDir;
+
+/**
  * An open file (opaque).
  */
 struct FoliofsFile;
@@ -18,6 +23,65 @@ struct FoliofsFile;
  * An open volume (opaque).
  */
 struct FoliofsVolume;
+
+/**
+ * How `foliofs_mkfs_with_options` lays out a volume. Fill it with
+ * `foliofs_mkfs_options_default`, then change what you need.
+ */
+struct FoliofsMkfsOptions {
+  /**
+   * File-system block size: a power of two from 1024 to 65536, at least
+   * the device's logical block (default 4096).
+   */
+  uint32_t block_bytes;
+  /**
+   * Owner of the root directory (default: this process's effective user).
+   */
+  uint32_t root_uid;
+  /**
+   * Group of the root directory (default: this process's effective group).
+   */
+  uint32_t root_gid;
+  /**
+   * Journal size in bytes; 0 (the default) for 1/128 of the volume, at
+   * least 1 MiB.
+   */
+  uint64_t journal_bytes;
+};
+
+/**
+ * Volume-wide figures, as struct statvfs's.
+ */
+struct FoliofsStatFs {
+  /**
+   * Block size (f_bsize, f_frsize).
+   */
+  uint32_t block_bytes;
+  /**
+   * Longest name in bytes (f_namemax).
+   */
+  uint32_t name_max;
+  /**
+   * Blocks of the data region (f_blocks).
+   */
+  uint64_t blocks;
+  /**
+   * Data blocks not in use (f_bfree).
+   */
+  uint64_t free_blocks;
+  /**
+   * Blocks a new write can use (f_bavail).
+   */
+  uint64_t available_blocks;
+  /**
+   * Inodes in use.
+   */
+  uint64_t inodes;
+  /**
+   * About how many more inodes fit (f_ffree).
+   */
+  uint64_t free_inodes;
+};
 
 /**
  * A node's attributes, as struct stat's fields of the same names.
@@ -59,6 +123,54 @@ struct FoliofsStat {
    * Nanoseconds of `mtime_sec`.
    */
   uint32_t mtime_nsec;
+  /**
+   * Last access, seconds since the epoch.
+   */
+  int64_t atime_sec;
+  /**
+   * Nanoseconds of `atime_sec`.
+   */
+  uint32_t atime_nsec;
+  /**
+   * Last change of the attributes or contents, seconds since the epoch.
+   */
+  int64_t ctime_sec;
+  /**
+   * Nanoseconds of `ctime_sec`.
+   */
+  uint32_t ctime_nsec;
+  /**
+   * Preferred I/O size: the volume's block size.
+   */
+  uint32_t blksize;
+  /**
+   * A device node's number; 0 for other kinds.
+   */
+  uint32_t rdev;
+};
+
+/**
+ * One directory entry, from `foliofs_dir_next`.
+ */
+struct FoliofsDirEntry {
+  /**
+   * The entry's name, NUL-terminated; owned by the directory handle and
+   * valid until its next `foliofs_dir_next` or `foliofs_dir_close`.
+   */
+  const char *name;
+  /**
+   * Length of `name` in bytes, without the NUL.
+   */
+  size_t name_len;
+  /**
+   * Inode number of the node it names.
+   */
+  uint64_t ino;
+  /**
+   * The node's type as dirent's d_type: DT_REG, DT_DIR, DT_LNK, DT_FIFO,
+   * DT_SOCK, DT_CHR or DT_BLK.
+   */
+  uint8_t kind;
 };
 
 #ifdef __cplusplus
@@ -73,7 +185,8 @@ const char *foliofs_last_error(void);
 
 /**
  * Creates (or overwrites) the image file `image` with `size_bytes` and
- * formats it with 4 KiB blocks. 0 or -errno.
+ * formats it with the default layout (4 KiB blocks, root owned by this
+ * process's effective user and group). 0 or -errno.
  *
  * # Safety
  *
@@ -82,7 +195,38 @@ const char *foliofs_last_error(void);
 int foliofs_mkfs(const char *image, uint64_t size_bytes);
 
 /**
- * Opens the volume in `image` into `*volume`. 0 or -errno.
+ * Fills `*mkfs` with the default layout: 4096-byte blocks, the default
+ * journal, the root directory owned by this process's effective user and
+ * group. 0 or -EINVAL for a null `mkfs`.
+ *
+ * # Safety
+ *
+ * `mkfs` is null or points to writable storage for a `FoliofsMkfsOptions`.
+ */
+int foliofs_mkfs_options_default(struct FoliofsMkfsOptions *mkfs);
+
+/**
+ * Creates (or overwrites) the image file `image` with `size_bytes` and
+ * formats it as `*mkfs` says (null: the defaults of
+ * `foliofs_mkfs_options_default`), opening the image with the volume
+ * options `options` (as `foliofs_volume_open_with_options`; null for the
+ * defaults: of them only the I/O ones, such as `direct=off`, matter here).
+ * 0 or -errno: -EINVAL for a bad block size, a size too small or a bad
+ * option, with `foliofs_last_error` saying which.
+ *
+ * # Safety
+ *
+ * `image` is a NUL-terminated string; `mkfs` is null or points to a
+ * `FoliofsMkfsOptions`; `options` is null or a NUL-terminated string.
+ */
+int foliofs_mkfs_with_options(const char *image,
+                              uint64_t size_bytes,
+                              const struct FoliofsMkfsOptions *mkfs,
+                              const char *options);
+
+/**
+ * Opens the volume in `image` with the default options into `*volume`.
+ * 0 or -errno.
  *
  * # Safety
  *
@@ -92,6 +236,42 @@ int foliofs_mkfs(const char *image, uint64_t size_bytes);
 int foliofs_volume_open(const char *image, struct FoliofsVolume **volume);
 
 /**
+ * Opens the volume in `image` into `*volume`, with the comma-separated
+ * `key=value` volume options `options` (as `mount -o`; null or "" for the
+ * defaults), for example "ro" to open it read-only (every change is then
+ * -EROFS) or "engine=sync,direct=off,cache_bytes=64M". An unknown key or a
+ * bad value is -EINVAL, with `foliofs_last_error` naming it. 0 or -errno;
+ * `*volume` is only written on success.
+ *
+ * # Safety
+ *
+ * `image` is a NUL-terminated string; `options` is null or a
+ * NUL-terminated string; `volume` points to writable storage for a pointer.
+ */
+int foliofs_volume_open_with_options(const char *image,
+                                     const char *options,
+                                     struct FoliofsVolume **volume);
+
+/**
+ * Makes every change to the volume so far durable (syncfs). 0 or -errno.
+ *
+ * # Safety
+ *
+ * `volume` is open.
+ */
+int foliofs_volume_sync(const struct FoliofsVolume *volume);
+
+/**
+ * The volume's figures (statvfs) into `*statfs`. 0 or -errno.
+ *
+ * # Safety
+ *
+ * `volume` is open; `statfs` points to writable storage for a
+ * `FoliofsStatFs`.
+ */
+int foliofs_statfs(const struct FoliofsVolume *volume, struct FoliofsStatFs *statfs);
+
+/**
  * Writes everything back and closes the volume, freeing `volume` (also
  * when this fails). Close its files first: one still open keeps the image
  * in use, and only its own `foliofs_file_sync` makes later writes durable.
@@ -99,7 +279,8 @@ int foliofs_volume_open(const char *image, struct FoliofsVolume **volume);
  *
  * # Safety
  *
- * `volume` came from `foliofs_volume_open` and is not used after this.
+ * `volume` came from `foliofs_volume_open` (or `_with_options`) and is not
+ * used after this.
  */
 int foliofs_volume_close(struct FoliofsVolume *volume);
 
@@ -155,6 +336,45 @@ int64_t foliofs_file_pwrite(const struct FoliofsFile *file,
 int foliofs_file_sync(const struct FoliofsFile *file);
 
 /**
+ * Makes the file's data durable, with the metadata needed to read it back
+ * (its size), but not its timestamps (fdatasync). 0 or -errno.
+ *
+ * # Safety
+ *
+ * `file` is open.
+ */
+int foliofs_file_sync_data(const struct FoliofsFile *file);
+
+/**
+ * Truncates or extends (with zeros) the file to `size` bytes (ftruncate).
+ * 0 or -errno: -EBADF if the file is not open for writing.
+ *
+ * # Safety
+ *
+ * `file` is open.
+ */
+int foliofs_file_set_len(const struct FoliofsFile *file, uint64_t size);
+
+/**
+ * The attributes of the open file into `*stat` (fstat). 0 or -errno.
+ *
+ * # Safety
+ *
+ * `file` is open; `stat` points to writable storage for a `FoliofsStat`.
+ */
+int foliofs_file_stat(const struct FoliofsFile *file, struct FoliofsStat *stat);
+
+/**
+ * Sets the open file's permission bits to `mode & 07777` (fchmod). 0 or
+ * -errno.
+ *
+ * # Safety
+ *
+ * `file` is open.
+ */
+int foliofs_file_chmod(const struct FoliofsFile *file, uint32_t mode);
+
+/**
  * Closes the file, freeing `file` (also when this fails). 0 or -errno.
  *
  * # Safety
@@ -164,8 +384,8 @@ int foliofs_file_sync(const struct FoliofsFile *file);
 int foliofs_file_close(struct FoliofsFile *file);
 
 /**
- * The attributes of the node at `path` (symlinks followed) into `*stat`.
- * 0 or -errno.
+ * The attributes of the node at `path` (symlinks followed) into `*stat`
+ * (stat). 0 or -errno.
  *
  * # Safety
  *
@@ -173,6 +393,17 @@ int foliofs_file_close(struct FoliofsFile *file);
  * writable storage for a `FoliofsStat`.
  */
 int foliofs_stat(const struct FoliofsVolume *volume, const char *path, struct FoliofsStat *stat);
+
+/**
+ * As `foliofs_stat`, but a symlink at the end of `path` is described
+ * itself (lstat). 0 or -errno.
+ *
+ * # Safety
+ *
+ * `volume` is open; `path` is a NUL-terminated string; `stat` points to
+ * writable storage for a `FoliofsStat`.
+ */
+int foliofs_lstat(const struct FoliofsVolume *volume, const char *path, struct FoliofsStat *stat);
 
 /**
  * Creates the directory `path` (mode 0777 less the umask). 0 or -errno.
@@ -210,8 +441,90 @@ int foliofs_rmdir(const struct FoliofsVolume *volume, const char *path);
  */
 int foliofs_rename(const struct FoliofsVolume *volume, const char *from, const char *to);
 
-#ifdef __cplusplus
-}  // extern "C"
-#endif  // __cplusplus
+/**
+ * Sets the permission bits of the node at `path` (symlinks followed) to
+ * `mode & 07777` (chmod). 0 or -errno.
+ *
+ * # Safety
+ *
+ * `volume` is open; `path` is a NUL-terminated string.
+ */
+int foliofs_chmod(const struct FoliofsVolume *volume, const char *path, uint32_t mode);
 
-#endif  /* FOLIOFS_H */
+/**
+ * Makes `link` a new name of the node at `original` (link; a symlink there
+ * is linked itself). 0 or -errno.
+ *
+ * # Safety
+ *
+ * `volume` is open; `original` and `link` are NUL-terminated strings.
+ */
+int foliofs_link(const struct FoliofsVolume *volume, const char *original, const char *link);
+
+/**
+ * Makes `link` a symlink to `target`, stored as given (symlink; a relative
+ * target resolves from the link's directory). 0 or -errno.
+ *
+ * # Safety
+ *
+ * `volume` is open; `target` and `link` are NUL-terminated strings.
+ */
+int foliofs_symlink(const struct FoliofsVolume *volume, const char *target, const char *link);
+
+/**
+ * The target of the symlink at `path` (readlink): copies up to `size`
+ * bytes of it into `buffer`, without a NUL, and returns the target's whole
+ * length, so a result above `size` means the copy was cut short. -errno
+ * on failure (-EINVAL if `path` is not a symlink).
+ *
+ * # Safety
+ *
+ * `volume` is open; `path` is a NUL-terminated string; `buffer` is
+ * writable for `size` bytes (it may be null when `size` is 0).
+ */
+int64_t foliofs_readlink(const struct FoliofsVolume *volume,
+                         const char *path,
+                         char *buffer,
+                         size_t size);
+
+/**
+ * Opens the directory at `path` (symlinks followed) for listing into
+ * `*dir` (opendir): its entries, without "." and "..", as they were at
+ * this call. The handle owns them, and the names `foliofs_dir_next` hands
+ * out, until `foliofs_dir_close`. 0 or -errno (-ENOTDIR for a file).
+ *
+ * # Safety
+ *
+ * `volume` is open; `path` is a NUL-terminated string; `dir` points to
+ * writable storage for a pointer.
+ */
+int foliofs_dir_open(const struct FoliofsVolume *volume, const char *path, struct FoliofsDir **dir);
+
+/**
+ * The next entry of `dir` into `*entry` (readdir): 1 when it filled
+ * `*entry`, 0 at the end of the listing, or -errno. `entry->name` is owned
+ * by `dir` and valid until the next call on it.
+ *
+ * # Safety
+ *
+ * `dir` came from `foliofs_dir_open`, is not closed, and no other thread
+ * uses it meanwhile; `entry` points to writable storage for a
+ * `FoliofsDirEntry`.
+ */
+int foliofs_dir_next(struct FoliofsDir *dir, struct FoliofsDirEntry *entry);
+
+/**
+ * Closes a directory listing, freeing `dir` and its names (closedir).
+ * 0, or -EINVAL for a null `dir`.
+ *
+ * # Safety
+ *
+ * `dir` came from `foliofs_dir_open` and is not used after this.
+ */
+int foliofs_dir_close(struct FoliofsDir *dir);
+
+#ifdef __cplusplus
+} // extern "C"
+#endif // __cplusplus
+
+#endif /* FOLIOFS_H */
