@@ -1,4 +1,4 @@
-//! The layers of DESIGN.md, enforced: each module of the library may name
+//! The layers of ARCHITECTURE.md, enforced: each module of the library may name
 //! only the modules listed for it (calls go top to bottom). A new dependency
 //! between modules is a design change; make it here, on purpose.
 
