@@ -20,9 +20,6 @@ cargo test --manifest-path vendor/fuser/Cargo.toml --lib
 # The mount tests once more over /dev/fuse (the pass above used io_uring).
 FOLIOFS_TRANSPORT=dev cargo test -p foliofs-fuse --tests
 FOLIOFS_TRANSPORT=dev cargo test -p foliofs-cli --test mount --test mount_posix
-# The Python module's pytest suite.
-if ! python3 -m pytest --version >/dev/null 2>&1; then
-  # Debian's own python refuses pip without the flag; pyenv's takes it.
-  python3 -m pip install -q pytest || python3 -m pip install -q --break-system-packages pytest
-fi
+# The Python module: `pip install crates/foliofs-py` in a fresh virtual
+# environment, then its pytest suite.
 scripts/python-tests.sh

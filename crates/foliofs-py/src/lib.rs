@@ -10,19 +10,47 @@
 //!         f.seek(0)
 //!         assert f.read() == b"hello"
 //!     assert volume.stat("/docs/a.txt").st_size == 5
+//! with foliofs.Volume("vol.img", read_only=True) as volume:
+//!     volume.listdir("/docs")  # writes raise OSError(errno.EROFS)
 //! ```
+//!
+//! - `mkfs(image, size_bytes, block_size=4096, options=None)` formats
+//!   `image` (created or overwritten).
+//! - `Volume(image, options=None, read_only=False)` opens the volume in
+//!   `image`. `options` is a `key=value,...` string with the keys of
+//!   `foliofs mount -o` and `foliofs bench -o` (`engine=sync,cache_bytes=64M`,
+//!   `ro`, ...; see `foliofs::VolumeOptions::parse`); an unknown key or a bad
+//!   value raises `ValueError` with the library's message. `read_only=True`
+//!   is `ro`: the image is locked shared, and every change (opening a file
+//!   for writing, mkdir, rename, ...) raises `OSError` with `errno.EROFS`.
+//!   `mkfs` takes the same `options` for the device it formats (engine,
+//!   direct, fua).
 //!
 //! Files behave as Python's binary file objects (read, write, seek, tell,
 //! truncate, flush, close, context managers, iteration by line is not
-//! offered); `stat` returns `os.stat_result`; errors are `OSError` with the
-//! errno (so `FileNotFoundError`, `FileExistsError`, ... as `open` raises).
+//! offered); `write` takes any bytes-like object; `stat` returns
+//! `os.stat_result`; errors are `OSError` with the errno (so
+//! `FileNotFoundError`, `FileExistsError`, ... as `open` raises).
+//!
+//! Threads: every call into the library releases the GIL while it runs
+//! (`mkfs`, `Volume(...)` and all of `Volume`'s methods, `close` included,
+//! and all of `File`'s: `read`, `write`, `fsync`, `truncate`, `stat`, `seek`,
+//! `tell`, `close`, ...; also the implicit close when an unclosed `Volume` or
+//! `File` is garbage-collected), so other Python threads run while one waits
+//! for the device. What the library is given (the data to `write`, paths)
+//! is copied out of the Python objects before the GIL is released. Objects can be shared between threads: calls on one `Volume`
+//! run concurrently (the library is thread-safe) and its `close` waits for
+//! the calls in flight; calls on one `File` are serialized (a second thread
+//! waits for the first's call to return, as with Python's buffered files),
+//! since a file has one position.
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError, RwLock};
 
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyByteArray, PyBytes};
 
 use foliofs::{Error, MkfsOptions, OpenOptions, Volume as CoreVolume, VolumeOptions};
 
@@ -42,12 +70,37 @@ fn closed() -> PyErr {
     PyValueError::new_err("I/O operation on closed file")
 }
 
-/// Formats `image` (created or overwritten) as a volume of `size_bytes`.
+fn volume_closed() -> PyErr {
+    PyValueError::new_err("the volume is closed")
+}
+
+/// The volume options of `options` (a `mount -o` list) and `read_only`; a
+/// bad list is a ValueError with the library's message.
+fn volume_options(options: Option<&str>, read_only: bool) -> PyResult<VolumeOptions> {
+    let mut parsed = match options {
+        Some(list) => {
+            VolumeOptions::parse(list).map_err(|error| PyValueError::new_err(error.to_string()))?
+        }
+        None => VolumeOptions::default(),
+    };
+    parsed.read_only |= read_only;
+    Ok(parsed)
+}
+
+/// Formats `image` (created or overwritten) as a volume of `size_bytes`;
+/// `options` as `Volume`'s, for the device (engine, direct, fua).
 #[pyfunction]
-#[pyo3(signature = (image, size_bytes, block_size=4096))]
-fn mkfs(image: PathBuf, size_bytes: u64, block_size: u32) -> PyResult<()> {
+#[pyo3(signature = (image, size_bytes, block_size=4096, options=None))]
+fn mkfs(
+    py: Python<'_>,
+    image: PathBuf,
+    size_bytes: u64,
+    block_size: u32,
+    options: Option<&str>,
+) -> PyResult<()> {
+    let options = volume_options(options, false)?;
     let mkfs = MkfsOptions { block_bytes: block_size, ..MkfsOptions::default() };
-    CoreVolume::mkfs_path(&image, Some(size_bytes), &mkfs, &VolumeOptions::default())
+    py.detach(|| CoreVolume::mkfs_path(&image, Some(size_bytes), &mkfs, &options))
         .map(drop)
         .map_err(|error| os_error(error, image.to_str()))
 }
@@ -55,12 +108,35 @@ fn mkfs(image: PathBuf, size_bytes: u64, block_size: u32) -> PyResult<()> {
 /// An open volume; a context manager that closes it.
 #[pyclass(module = "foliofs")]
 struct Volume {
-    volume: Option<CoreVolume>,
+    /// Read-locked by the calls (they run concurrently, without the GIL),
+    /// write-locked by `close`, which so waits for the calls in flight.
+    volume: RwLock<Option<CoreVolume>>,
 }
 
 impl Volume {
-    fn get(&self) -> PyResult<&CoreVolume> {
-        self.volume.as_ref().ok_or_else(|| PyValueError::new_err("the volume is closed"))
+    /// Runs `call` on the open volume with the GIL released.
+    fn call<T: Send>(
+        &self,
+        py: Python<'_>,
+        call: impl Send + FnOnce(&CoreVolume) -> PyResult<T>,
+    ) -> PyResult<T> {
+        py.detach(|| {
+            let volume = self.volume.read().unwrap_or_else(PoisonError::into_inner);
+            call(volume.as_ref().ok_or_else(volume_closed)?)
+        })
+    }
+}
+
+impl Drop for Volume {
+    /// An unclosed volume is closed here (writing everything back): without
+    /// the GIL where the interpreter still runs.
+    fn drop(&mut self) {
+        let volume = self.volume.get_mut().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(volume) = volume {
+            // Not attached (the interpreter is gone): the closure is dropped
+            // uncalled, and the volume with it.
+            Python::try_attach(|py| py.detach(move || drop(volume)));
+        }
     }
 }
 
@@ -87,81 +163,115 @@ fn parse_mode(mode: &str) -> PyResult<OpenOptions> {
 
 #[pymethods]
 impl Volume {
-    /// Opens the volume in `image`.
+    /// Opens the volume in `image`; `options` a `mount -o` list
+    /// (`engine=sync,cache_bytes=64M`), `read_only` as `ro`.
     #[new]
-    fn new(image: PathBuf) -> PyResult<Self> {
-        let volume = CoreVolume::open(&image, &VolumeOptions::default())
+    #[pyo3(signature = (image, options=None, read_only=false))]
+    fn new(
+        py: Python<'_>,
+        image: PathBuf,
+        options: Option<&str>,
+        read_only: bool,
+    ) -> PyResult<Self> {
+        let options = volume_options(options, read_only)?;
+        let volume = py
+            .detach(|| CoreVolume::open(&image, &options))
             .map_err(|error| os_error(error, image.to_str()))?;
-        Ok(Self { volume: Some(volume) })
+        Ok(Self { volume: RwLock::new(Some(volume)) })
     }
 
     /// Opens the file at `path` with open()'s `mode` (binary only).
     #[pyo3(signature = (path, mode="rb"))]
-    fn open(&self, path: &str, mode: &str) -> PyResult<File> {
+    fn open(&self, py: Python<'_>, path: String, mode: &str) -> PyResult<File> {
         let options = parse_mode(mode)?;
-        let file = options.open(self.get()?, path).map_err(|error| os_error(error, Some(path)))?;
-        Ok(File { file: Some(file), name: path.to_owned(), mode: mode.to_owned() })
+        let file = self.call(py, |volume| {
+            options.open(volume, &path).map_err(|error| os_error(error, Some(&path)))
+        })?;
+        Ok(File { file: Mutex::new(Some(file)), name: path, mode: mode.to_owned() })
     }
 
     /// os.stat: an os.stat_result (symlinks followed).
-    fn stat<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyAny>> {
-        let metadata = self.get()?.metadata(path).map_err(|error| os_error(error, Some(path)))?;
+    fn stat<'py>(&self, py: Python<'py>, path: String) -> PyResult<Bound<'py, PyAny>> {
+        let metadata = self.call(py, |volume| {
+            volume.metadata(&path).map_err(|error| os_error(error, Some(&path)))
+        })?;
         stat_result(py, &metadata)
     }
 
     /// os.mkdir.
-    fn mkdir(&self, path: &str) -> PyResult<()> {
-        self.get()?.create_dir(path).map_err(|error| os_error(error, Some(path)))
+    fn mkdir(&self, py: Python<'_>, path: String) -> PyResult<()> {
+        self.call(py, |volume| {
+            volume.create_dir(&path).map_err(|error| os_error(error, Some(&path)))
+        })
     }
 
     /// os.makedirs.
     #[pyo3(signature = (path, exist_ok=false))]
-    fn makedirs(&self, path: &str, exist_ok: bool) -> PyResult<()> {
-        let volume = self.get()?;
-        if !exist_ok && volume.try_exists(path).map_err(|error| os_error(error, Some(path)))? {
-            return Err(os_error(Error::Exists(path.to_owned()), Some(path)));
-        }
-        volume.create_dir_all(path).map_err(|error| os_error(error, Some(path)))
+    fn makedirs(&self, py: Python<'_>, path: String, exist_ok: bool) -> PyResult<()> {
+        self.call(py, |volume| {
+            if !exist_ok
+                && volume.try_exists(&path).map_err(|error| os_error(error, Some(&path)))?
+            {
+                return Err(os_error(Error::Exists(path.clone()), Some(&path)));
+            }
+            volume.create_dir_all(&path).map_err(|error| os_error(error, Some(&path)))
+        })
     }
 
     /// os.listdir: the names in directory `path`, sorted.
-    #[pyo3(signature = (path="/"))]
-    fn listdir(&self, path: &str) -> PyResult<Vec<String>> {
-        let entries = self.get()?.read_dir(path).map_err(|error| os_error(error, Some(path)))?;
-        let mut names: Vec<String> = entries
-            .map(|entry| entry.map(|entry| entry.file_name().to_string_lossy().into_owned()))
-            .collect::<foliofs::Result<_>>()
-            .map_err(|error| os_error(error, Some(path)))?;
-        names.sort();
-        Ok(names)
+    #[pyo3(signature = (path=String::from("/")))]
+    fn listdir(&self, py: Python<'_>, path: String) -> PyResult<Vec<String>> {
+        self.call(py, |volume| {
+            let entries = volume.read_dir(&path).map_err(|error| os_error(error, Some(&path)))?;
+            let mut names: Vec<String> = entries
+                .map(|entry| entry.map(|entry| entry.file_name().to_string_lossy().into_owned()))
+                .collect::<foliofs::Result<_>>()
+                .map_err(|error| os_error(error, Some(&path)))?;
+            names.sort();
+            Ok(names)
+        })
     }
 
     /// os.remove.
-    fn remove(&self, path: &str) -> PyResult<()> {
-        self.get()?.remove_file(path).map_err(|error| os_error(error, Some(path)))
+    fn remove(&self, py: Python<'_>, path: String) -> PyResult<()> {
+        self.call(py, |volume| {
+            volume.remove_file(&path).map_err(|error| os_error(error, Some(&path)))
+        })
     }
 
     /// os.rmdir.
-    fn rmdir(&self, path: &str) -> PyResult<()> {
-        self.get()?.remove_dir(path).map_err(|error| os_error(error, Some(path)))
+    fn rmdir(&self, py: Python<'_>, path: String) -> PyResult<()> {
+        self.call(py, |volume| {
+            volume.remove_dir(&path).map_err(|error| os_error(error, Some(&path)))
+        })
     }
 
     /// os.rename (replaces what is at `destination`).
-    fn rename(&self, source: &str, destination: &str) -> PyResult<()> {
-        self.get()?.rename_path(source, destination).map_err(|error| os_error(error, Some(source)))
+    fn rename(&self, py: Python<'_>, source: String, destination: String) -> PyResult<()> {
+        self.call(py, |volume| {
+            volume
+                .rename_path(&source, &destination)
+                .map_err(|error| os_error(error, Some(&source)))
+        })
     }
 
     /// os.path.exists.
-    fn exists(&self, path: &str) -> PyResult<bool> {
-        self.get()?.try_exists(path).map_err(|error| os_error(error, Some(path)))
+    fn exists(&self, py: Python<'_>, path: String) -> PyResult<bool> {
+        self.call(py, |volume| {
+            volume.try_exists(&path).map_err(|error| os_error(error, Some(&path)))
+        })
     }
 
-    /// Writes everything back and closes the volume (again: nothing).
-    fn close(&mut self) -> PyResult<()> {
-        match self.volume.take() {
-            Some(volume) => volume.close().map_err(|error| os_error(error, None)),
-            None => Ok(()),
-        }
+    /// Writes everything back and closes the volume (again: nothing); waits
+    /// for the calls other threads have in flight on it.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let volume = self.volume.write().unwrap_or_else(PoisonError::into_inner).take();
+            match volume {
+                Some(volume) => volume.close().map_err(|error| os_error(error, None)),
+                None => Ok(()),
+            }
+        })
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -169,12 +279,13 @@ impl Volume {
     }
 
     fn __exit__(
-        &mut self,
+        &self,
+        py: Python<'_>,
         _type: Option<Bound<'_, PyAny>>,
         _value: Option<Bound<'_, PyAny>>,
         _traceback: Option<Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        self.close()?;
+        self.close(py)?;
         Ok(false)
     }
 }
@@ -216,7 +327,9 @@ fn stat_result<'py>(py: Python<'py>, metadata: &foliofs::Metadata) -> PyResult<B
 /// An open file, as Python's binary file objects.
 #[pyclass(module = "foliofs")]
 struct File {
-    file: Option<foliofs::File>,
+    /// Locked by each call, without the GIL: calls from several threads are
+    /// serialized (a file has one position), a second one waits.
+    file: Mutex<Option<foliofs::File>>,
     #[pyo3(get)]
     name: String,
     #[pyo3(get)]
@@ -224,47 +337,84 @@ struct File {
 }
 
 impl File {
-    fn get(&mut self) -> PyResult<&mut foliofs::File> {
-        self.file.as_mut().ok_or_else(closed)
+    /// Runs `call` on the open file with the GIL released.
+    fn call<T: Send>(
+        &self,
+        py: Python<'_>,
+        call: impl Send + FnOnce(&mut foliofs::File) -> PyResult<T>,
+    ) -> PyResult<T> {
+        py.detach(|| {
+            let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+            call(file.as_mut().ok_or_else(closed)?)
+        })
     }
+}
+
+impl Drop for File {
+    /// An unclosed file is closed here: without the GIL where the
+    /// interpreter still runs.
+    fn drop(&mut self) {
+        let file = self.file.get_mut().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(file) = file {
+            Python::try_attach(|py| py.detach(move || drop(file)));
+        }
+    }
+}
+
+/// A copy of bytes-like `data` (bytes, bytearray, memoryview, array, ...),
+/// to use without the GIL.
+fn bytes_like(data: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(bytes) = data.cast::<PyBytes>() {
+        return Ok(bytes.as_bytes().to_vec());
+    }
+    if let Ok(array) = data.cast::<PyByteArray>() {
+        return Ok(array.to_vec());
+    }
+    // Whatever else has the buffer protocol (memoryview raises TypeError,
+    // "a bytes-like object is required", for what has not).
+    let view = data.py().import("builtins")?.getattr("memoryview")?.call1((data,))?;
+    Ok(view.call_method0("tobytes")?.cast::<PyBytes>()?.as_bytes().to_vec())
 }
 
 #[pymethods]
 impl File {
     /// Reads up to `size` bytes (all to the end of file when negative).
     #[pyo3(signature = (size=-1))]
-    fn read<'py>(&mut self, py: Python<'py>, size: i64) -> PyResult<Bound<'py, PyBytes>> {
-        let file = self.get()?;
-        let mut data = Vec::new();
-        match usize::try_from(size) {
-            Ok(size) => {
-                data.resize(size, 0);
-                let mut filled = 0;
-                while filled < size {
-                    match file.read(&mut data[filled..]).map_err(io_error)? {
-                        0 => break,
-                        read => filled += read,
+    fn read<'py>(&self, py: Python<'py>, size: i64) -> PyResult<Bound<'py, PyBytes>> {
+        let data = self.call(py, |file| {
+            let mut data = Vec::new();
+            match usize::try_from(size) {
+                Ok(size) => {
+                    data.resize(size, 0);
+                    let mut filled = 0;
+                    while filled < size {
+                        match file.read(&mut data[filled..]).map_err(io_error)? {
+                            0 => break,
+                            read => filled += read,
+                        }
                     }
+                    data.truncate(filled);
                 }
-                data.truncate(filled);
+                Err(_) => {
+                    file.read_to_end(&mut data).map_err(io_error)?;
+                }
             }
-            Err(_) => {
-                file.read_to_end(&mut data).map_err(io_error)?;
-            }
-        }
+            Ok(data)
+        })?;
         Ok(PyBytes::new(py, &data))
     }
 
-    /// Writes all of `data`; returns its length.
-    fn write(&mut self, data: &[u8]) -> PyResult<usize> {
-        self.get()?.write_all(data).map_err(io_error)?;
+    /// Writes all of `data` (bytes-like); returns its length in bytes.
+    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let data = bytes_like(data)?;
+        self.call(py, |file| file.write_all(&data).map_err(io_error))?;
         Ok(data.len())
     }
 
     /// Moves the position: `whence` 0 from the start, 1 from here, 2 from
     /// the end. Returns the new position.
     #[pyo3(signature = (offset, whence=0))]
-    fn seek(&mut self, offset: i64, whence: i32) -> PyResult<u64> {
+    fn seek(&self, py: Python<'_>, offset: i64, whence: i32) -> PyResult<u64> {
         let position =
             match whence {
                 0 => SeekFrom::Start(u64::try_from(offset).map_err(|_| {
@@ -274,69 +424,74 @@ impl File {
                 2 => SeekFrom::End(offset),
                 _ => return Err(PyValueError::new_err(format!("invalid whence ({whence})"))),
             };
-        self.get()?.seek(position).map_err(io_error)
+        self.call(py, |file| file.seek(position).map_err(io_error))
     }
 
     /// The current position.
-    fn tell(&mut self) -> PyResult<u64> {
-        self.get()?.stream_position().map_err(io_error)
+    fn tell(&self, py: Python<'_>) -> PyResult<u64> {
+        self.call(py, |file| file.stream_position().map_err(io_error))
     }
 
     /// Truncates or extends to `size` (default: the current position).
     #[pyo3(signature = (size=None))]
-    fn truncate(&mut self, size: Option<u64>) -> PyResult<u64> {
-        let file = self.get()?;
-        let size = match size {
-            Some(size) => size,
-            None => file.stream_position().map_err(io_error)?,
-        };
-        file.set_len(size).map_err(|error| os_error(error, None))?;
-        Ok(size)
+    fn truncate(&self, py: Python<'_>, size: Option<u64>) -> PyResult<u64> {
+        self.call(py, |file| {
+            let size = match size {
+                Some(size) => size,
+                None => file.stream_position().map_err(io_error)?,
+            };
+            file.set_len(size).map_err(|error| os_error(error, None))?;
+            Ok(size)
+        })
     }
 
     /// Nothing is buffered in the object; see `fsync` for durability.
-    fn flush(&mut self) -> PyResult<()> {
-        self.get().map(drop)
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        self.call(py, |_| Ok(()))
     }
 
     /// Makes the data and metadata durable (os.fsync).
-    fn fsync(&mut self) -> PyResult<()> {
-        self.get()?.sync_all().map_err(|error| os_error(error, None))
+    fn fsync(&self, py: Python<'_>) -> PyResult<()> {
+        self.call(py, |file| file.sync_all().map_err(|error| os_error(error, None)))
     }
 
     /// os.fstat.
-    fn stat<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let metadata = self.get()?.metadata().map_err(|error| os_error(error, None))?;
+    fn stat<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let metadata =
+            self.call(py, |file| file.metadata().map_err(|error| os_error(error, None)))?;
         stat_result(py, &metadata)
     }
 
     /// Whether reads are allowed.
-    fn readable(&mut self) -> PyResult<bool> {
-        Ok(self.get()?.flags().read)
+    fn readable(&self, py: Python<'_>) -> PyResult<bool> {
+        self.call(py, |file| Ok(file.flags().read))
     }
 
     /// Whether writes are allowed.
-    fn writable(&mut self) -> PyResult<bool> {
-        Ok(self.get()?.flags().write)
+    fn writable(&self, py: Python<'_>) -> PyResult<bool> {
+        self.call(py, |file| Ok(file.flags().write))
     }
 
     /// Always true.
-    fn seekable(&mut self) -> PyResult<bool> {
-        self.get().map(|_| true)
+    fn seekable(&self, py: Python<'_>) -> PyResult<bool> {
+        self.call(py, |_| Ok(true))
     }
 
     /// Whether the file is closed.
     #[getter]
-    fn closed(&self) -> bool {
-        self.file.is_none()
+    fn closed(&self, py: Python<'_>) -> bool {
+        py.detach(|| self.file.lock().unwrap_or_else(PoisonError::into_inner).is_none())
     }
 
     /// Closes the file (again: nothing).
-    fn close(&mut self) -> PyResult<()> {
-        match self.file.take() {
-            Some(file) => file.close().map_err(|error| os_error(error, None)),
-            None => Ok(()),
-        }
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let file = self.file.lock().unwrap_or_else(PoisonError::into_inner).take();
+            match file {
+                Some(file) => file.close().map_err(|error| os_error(error, None)),
+                None => Ok(()),
+            }
+        })
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -344,12 +499,13 @@ impl File {
     }
 
     fn __exit__(
-        &mut self,
+        &self,
+        py: Python<'_>,
         _type: Option<Bound<'_, PyAny>>,
         _value: Option<Bound<'_, PyAny>>,
         _traceback: Option<Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        self.close()?;
+        self.close(py)?;
         Ok(false)
     }
 }

@@ -5,6 +5,9 @@ import errno
 import io
 import os
 import stat
+import sys
+import threading
+import time
 
 import pytest
 
@@ -103,3 +106,137 @@ def test_namespace_calls(volume):
     volume.rmdir("/a/b")
     volume.rmdir("/a")
     assert volume.listdir() == []
+
+
+def test_volume_options_are_mount_options(tmp_path):
+    image = str(tmp_path / "vol.img")
+    foliofs.mkfs(image, 64 << 20, block_size=4096, options="engine=sync")
+    with foliofs.Volume(image, "engine=threads,io_threads=2,cache_bytes=16M") as volume:
+        with volume.open("/f", "wb") as f:
+            f.write(b"x" * 10000)
+    with foliofs.Volume(image, options="engine=sync,commit_interval_ms=0") as volume:
+        assert volume.stat("/f").st_size == 10000
+    # The library's messages, as ValueError.
+    with pytest.raises(ValueError, match=r'unknown option "bogus"; supported: engine, '):
+        foliofs.Volume(image, options="bogus=1")
+    with pytest.raises(ValueError, match=r"option io_threads=0: must be between 1 and 256"):
+        foliofs.Volume(image, options="io_threads=0")
+    with pytest.raises(ValueError, match=r"option engine=fast: engine must be sync, threads or"):
+        foliofs.mkfs(image, 64 << 20, options="engine=fast")
+    # Refused before the image was touched.
+    with foliofs.Volume(image) as volume:
+        assert volume.listdir() == ["f"]
+
+
+def test_read_only_volume_reads_and_refuses_changes(tmp_path):
+    image = str(tmp_path / "vol.img")
+    foliofs.mkfs(image, 64 << 20)
+    with foliofs.Volume(image) as volume:
+        volume.mkdir("/d")
+        with volume.open("/d/f", "wb") as f:
+            f.write(b"data")
+    for volume in (foliofs.Volume(image, read_only=True), foliofs.Volume(image, "ro")):
+        with volume:
+            with volume.open("/d/f") as f:
+                assert f.read() == b"data"
+                assert f.stat().st_size == 4
+            assert volume.listdir("/d") == ["f"]
+            assert volume.exists("/d/f")
+            changes = [
+                lambda: volume.open("/d/f", "r+b"),
+                lambda: volume.open("/d/f", "ab"),
+                lambda: volume.open("/d/g", "wb"),
+                lambda: volume.mkdir("/e"),
+                lambda: volume.rename("/d/f", "/g"),
+                lambda: volume.remove("/d/f"),
+                lambda: volume.rmdir("/d"),
+            ]
+            for change in changes:
+                with pytest.raises(OSError) as refused:
+                    change()
+                assert refused.value.errno == errno.EROFS, refused.value
+    with foliofs.Volume(image) as volume:
+        assert volume.listdir("/") == ["d"]
+        with volume.open("/d/f") as f:
+            assert f.read() == b"data"
+
+
+def test_other_threads_run_while_one_waits_in_fsync(volume):
+    """fsync releases the GIL. Thread B only wakes when the test thread A
+    sets `go` right before each fsync, and answers with `done`. The switch
+    interval is raised so far that the interpreter never takes the GIL from
+    a thread by force: B, once woken, can run only where A gives the GIL up
+    itself. Between setting `go` and reading `done` A makes one call, fsync:
+    if fsync held the GIL throughout, `done` could never be set when A reads
+    it; with the GIL released, B runs while A waits in fsync (at least once
+    across the fsyncs: B must be scheduled within one)."""
+    go, done, stop = threading.Event(), threading.Event(), threading.Event()
+
+    def answer():
+        while True:
+            go.wait()
+            go.clear()
+            if stop.is_set():
+                return
+            done.set()
+
+    chunks = [os.urandom(256 << 10), os.urandom(256 << 10)]
+    answered, fsyncs = 0, 0
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    thread = threading.Thread(target=answer)
+    try:
+        thread.start()
+        with volume.open("/f", "wb") as f:
+            deadline = time.monotonic() + 30
+            while answered < 3 and fsyncs < 300 and time.monotonic() < deadline:
+                # Fresh dirty data for fsync to write back, in the same place.
+                f.seek(0)
+                f.write(chunks[fsyncs % 2])
+                done.clear()
+                go.set()
+                f.fsync()
+                answered += done.is_set()
+                fsyncs += 1
+    finally:
+        stop.set()
+        go.set()
+        thread.join()
+        sys.setswitchinterval(switch_interval)
+    assert answered > 0, f"no other thread ran during any of {fsyncs} fsyncs"
+
+
+def test_threads_share_volumes_and_files(volume):
+    """Calls on one File from several threads are serialized (each waits
+    for the other's call), calls on one Volume run side by side."""
+    errors = []
+
+    def work(index):
+        try:
+            volume.makedirs(f"/t{index}/sub")
+            for _ in range(50):
+                shared.write(bytes([index]) * 1000)
+                volume.stat(f"/t{index}/sub")
+            assert volume.listdir(f"/t{index}") == ["sub"]
+        except Exception as error:  # reported below, from the test's thread
+            errors.append(error)
+
+    with volume.open("/shared", "ab") as shared:
+        threads = [threading.Thread(target=work, args=(index,)) for index in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    with volume.open("/shared") as f:
+        data = f.read()
+    assert len(data) == 4 * 50 * 1000
+    assert all(data.count(bytes([index])) == 50 * 1000 for index in range(4))
+    # Bytes-like objects other than bytes are written too.
+    with volume.open("/other", "w+b") as f:
+        assert f.write(bytearray(b"ab")) == 2
+        assert f.write(memoryview(b"cdef")[1:3]) == 2
+        f.seek(0)
+        assert f.read() == b"abde"
+        with pytest.raises(TypeError):
+            f.write("text")
