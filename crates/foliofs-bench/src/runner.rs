@@ -558,7 +558,7 @@ fn run_async(
     }
     // Ends when the last request in flight completes; none is resubmitted
     // once the clock says done.
-    foliofs::completion::block_on(async {
+    foliofs::block_on(async {
         while let Some((buffer, result, is_read, started, offset)) = in_flight.next().await {
             if !is_read {
                 writing.remove(&offset);

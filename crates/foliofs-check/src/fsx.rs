@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use foliofs::dev::fault::Keep;
 use foliofs::dev::{AlignedBuf, FaultDev};
-use foliofs::space::FallocateMode;
+use foliofs::FallocateMode;
 use foliofs::{File, MkfsOptions, OpenFlags, Volume};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use foliofs::space::FallocateMode;
+use foliofs::FallocateMode;
 use foliofs::{InodeKind, OpenFlags, Privilege, Volume};
 
 use crate::ROOT;

@@ -18,7 +18,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use foliofs::dev::{FaultDev, RawDev};
-use foliofs::space::FallocateMode;
+use foliofs::FallocateMode;
 use foliofs::{InodeKind, OpenFlags, Volume, VolumeOptions};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use foliofs::space::FallocateMode;
+use foliofs::FallocateMode;
 use foliofs::{
     Access, Attr, Error, File, OpenFlags, OpenOptions, Privilege, RenameFlags, SetAttr,
     ShutdownMode, TimeSet, Volume, XattrFlags,

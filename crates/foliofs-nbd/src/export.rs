@@ -8,8 +8,8 @@
 
 use foliofs::dev::nbd::proto::{self, BlockStatus};
 use foliofs::dev::AlignedBuf;
-use foliofs::iomap::MapKind;
-use foliofs::space::FallocateMode;
+use foliofs::FallocateMode;
+use foliofs::MapKind;
 use foliofs::{Error, File, OpenFlags, Volume};
 
 /// The most descriptors one BLOCK_STATUS reply carries; the client asks

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use foliofs::dev::{DevStats, Device};
-use foliofs::iomap::MapKind;
 use foliofs::vfs::MkfsOptions;
+use foliofs::MapKind;
 use foliofs::{OpenFlags, Owner, Volume, VolumeOptions};
 use foliofs_nbd::{ExportSpec, Listener, Server, Stopper};
 

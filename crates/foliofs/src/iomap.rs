@@ -19,11 +19,16 @@ use crate::extent::{ExtentKind, ExtentMap, Lookup};
 use crate::format::{ExtentState, Record};
 use crate::meta::{MetaState, MetaStore, Txn};
 
+/// What backs a range of a file, as `Volume::fiemap` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MapKind {
+    /// No space: reads as zeros.
     Hole,
+    /// Reserved in memory, not yet allocated (delayed allocation).
     Delalloc,
+    /// Allocated, not yet written: reads as zeros.
     Unwritten,
+    /// Allocated and written.
     Written,
 }
 
@@ -34,7 +39,6 @@ const DELALLOC_CONVERT_BLOCKS_MAX: u64 = 1 << 17;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Intent {
-    Read,
     /// Allocate Unwritten space for holes in the range, and real space for
     /// delayed allocations (writeback and direct writes).
     Write,
@@ -99,11 +103,6 @@ impl MappedRange {
     /// Bytes of the request in this range.
     pub fn len(&self) -> u64 {
         self.end - self.start
-    }
-
-    /// Never true: a walk yields no empty range.
-    pub fn is_empty(&self) -> bool {
-        self.start == self.end
     }
 
     /// The request's bytes in this range, as indexes into its buffer.

@@ -28,11 +28,6 @@ pub fn check_mkfs_args(size_bytes: u64, block_bytes: u32) -> Result<()> {
     Ok(())
 }
 
-/// Lays out a new volume filling `device`.
-pub fn plan(device: &Device, block_bytes: u32, journal_bytes: Option<u64>) -> Result<Superblock> {
-    plan_sized(device, device.size_bytes(), block_bytes, journal_bytes)
-}
-
 /// Lays out a new volume of `volume_bytes` at the start of `device`: a
 /// block device may be larger than the volume asked for (`mkfs --size`),
 /// as with other file systems' mkfs; the rest of it is left alone.

@@ -44,53 +44,67 @@
 // unsafe lives at the OS boundary only: `dev` (syscalls, io_uring, aligned
 // memory) and the cache's slab mappings (`cache/pool.rs`).
 #![deny(unsafe_code)]
+// Without `internals`, what only the workspace's tools use (fault devices,
+// codec entry points, counters) is unused; the workspace's own build, with
+// the feature, still reports dead code.
+#![cfg_attr(not(feature = "internals"), allow(dead_code, unused_imports))]
 
-#[doc(hidden)]
-pub mod alloc;
-#[doc(hidden)]
-pub mod buffered;
-#[doc(hidden)]
-pub mod cache;
+// Modules the workspace's front ends, tools and tests reach into (devices
+// and fault injection, the on-disk encoding, the completion machinery):
+// public only with the `internals` feature, which those crates turn on,
+// so an embedder sees the curated surface below and nothing else.
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod completion;
+#[cfg(not(feature = "internals"))]
+mod completion;
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 #[allow(unsafe_code)]
 pub mod dev;
+#[cfg(not(feature = "internals"))]
+#[allow(unsafe_code)]
+mod dev;
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod direct;
-#[doc(hidden)]
-pub mod engine;
-pub mod error;
-#[doc(hidden)]
-pub mod extent;
+#[cfg(not(feature = "internals"))]
+mod direct;
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod format;
+#[cfg(not(feature = "internals"))]
+mod format;
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod fsck;
-#[doc(hidden)]
-pub mod io_lock;
-#[doc(hidden)]
-pub mod iomap;
-#[doc(hidden)]
-pub mod journal;
-#[doc(hidden)]
-pub mod layout;
-#[doc(hidden)]
-pub mod meta;
-#[doc(hidden)]
+#[cfg(not(feature = "internals"))]
+mod fsck;
+
+// The public modules: errors, the file-system API and the options.
+pub mod error;
 pub mod options;
-mod passthru;
-#[doc(hidden)]
-pub mod space;
-#[doc(hidden)]
-pub mod trim;
 pub mod vfs;
-#[doc(hidden)]
-pub mod writeback;
+
+// The layers below the API, private to the library.
+mod alloc;
+mod buffered;
+mod cache;
+mod engine;
+mod extent;
+mod io_lock;
+mod iomap;
+mod journal;
+mod layout;
+mod meta;
+mod passthru;
+mod space;
+mod trim;
+mod writeback;
 
 // The curated surface: what an embedder uses.
 pub use completion::block_on;
-pub use dev::AlignedBuf;
+pub use dev::{AlignedBuf, EngineKind, FuaMode};
 pub use direct::{DirectFuture, DirectResult};
 pub use error::{Error, Result};
 pub use format::{InodeKind, Timestamp, ROOT_INO};
@@ -103,6 +117,8 @@ pub use vfs::{
 };
 
 // The inode-level types the FUSE front end uses.
+#[doc(hidden)]
+pub use iomap::MapKind;
 #[doc(hidden)]
 pub use vfs::{
     Attr, ChangeEvent, ChangeObserver, Dir, NamespaceEvent, NamespaceObserver, OpenFlags, Owner,

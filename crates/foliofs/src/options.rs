@@ -136,27 +136,40 @@ impl std::str::FromStr for DioUnaligned {
     }
 }
 
+/// Every switch of a volume, as `-o key=value` names them
+/// ([`OPTION_KEYS`] describes each); [`VolumeOptions::parse`] reads them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeOptions {
+    /// The I/O backend (`engine`).
     pub engine: EngineKind,
+    /// How sub-block direct writes run (`dio_unaligned`).
     pub dio_unaligned: DioUnaligned,
+    /// How a durable write reaches the device (`fua`).
     pub fua: FuaMode,
+    /// Open the image with O_DIRECT (`direct`).
     pub direct: bool,
+    /// Refuse every change (`ro`).
     pub read_only: bool,
+    /// Background journal commit interval; 0 commits only on sync.
     pub commit_interval_ms: u64,
+    /// Worker threads of the threads engine.
     pub io_threads: usize,
+    /// Dirty tracking per block or per folio (`dirty`).
     pub dirty: DirtyMode,
     /// Largest folio; checked against the volume's block size at open.
     pub folio_max_bytes: u64,
+    /// Memory of the folio cache.
     pub cache_bytes: u64,
     /// None: a tenth of `cache_bytes`.
     pub dirty_background_bytes: Option<u64>,
     /// None: a fifth of `cache_bytes`.
     pub dirty_bytes: Option<u64>,
+    /// How often the flusher writes back expired files; 0: only on demand.
     pub writeback_interval_ms: u64,
     /// Age of a file's dirty data at which the flusher's interval pass
     /// writes the file back (0: at every pass).
     pub dirty_expire_ms: u64,
+    /// When reads advance the access time.
     pub atime: AtimePolicy,
     /// Directories' access times are never updated (on top of `atime`).
     pub nodiratime: bool,
@@ -201,6 +214,8 @@ impl VolumeOptions {
         Ok(options)
     }
 
+    /// Sets each `key=value` (or flag) of a comma-separated list, in order;
+    /// fails on the first unknown key or bad value, naming it.
     pub fn apply_list(&mut self, list: &str) -> Result<()> {
         for item in list.split(',').map(str::trim).filter(|item| !item.is_empty()) {
             match item.split_once('=') {
@@ -286,6 +301,8 @@ impl VolumeOptions {
         self.dirty_bytes.unwrap_or(self.cache_bytes / 5)
     }
 
+    /// What the device layer takes from these options.
+    #[doc(hidden)]
     pub fn dev_options(&self) -> DevOptions {
         DevOptions {
             engine: self.engine,

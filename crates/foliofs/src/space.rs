@@ -26,14 +26,21 @@ use crate::meta::Txn;
 use crate::passthru::DataPath;
 use crate::writeback;
 
+/// What a fallocate does, as the modes of fallocate(2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FallocateMode {
     /// Preallocate as Unwritten; grows the size unless `keep_size`.
-    Allocate { keep_size: bool },
+    Allocate {
+        /// FALLOC_FL_KEEP_SIZE: the size stays.
+        keep_size: bool,
+    },
     /// Free the range (the size never changes).
     PunchHole,
     /// Make the range read as zeros, keeping (or allocating) its space.
-    ZeroRange { keep_size: bool },
+    ZeroRange {
+        /// FALLOC_FL_KEEP_SIZE: the size stays.
+        keep_size: bool,
+    },
     /// Remove the range; what follows moves down.
     CollapseRange,
     /// Insert a hole; what follows moves up.

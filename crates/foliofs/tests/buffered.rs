@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use foliofs::dev::fault::{FaultOp, FaultRule};
 use foliofs::dev::{AlignedBuf, FaultDev};
-use foliofs::iomap::MapKind;
+use foliofs::MapKind;
 use foliofs::{OpenFlags, Volume, VolumeOptions};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;

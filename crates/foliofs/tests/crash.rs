@@ -16,7 +16,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use foliofs::dev::fault::Keep;
-use foliofs::space::FallocateMode;
+use foliofs::FallocateMode;
 use foliofs::{InodeKind, OpenFlags, Volume};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;

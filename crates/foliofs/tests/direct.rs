@@ -11,11 +11,11 @@ use std::collections::VecDeque;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use foliofs::completion::block_on;
+use foliofs::block_on;
 use foliofs::dev::AlignedBuf;
-use foliofs::iomap::MapKind;
 use foliofs::options::DioUnaligned;
 use foliofs::vfs::MkfsOptions;
+use foliofs::MapKind;
 use foliofs::{FallocateMode, OpenFlags, Volume, VolumeOptions};
 
 use common::{direct_unit, new_volume, open_image, owner, pattern, ROOT};

@@ -5,7 +5,7 @@
 mod common;
 
 use foliofs::dev::fault::TRIMMED_BYTE;
-use foliofs::space::FallocateMode;
+use foliofs::FallocateMode;
 use foliofs::{OpenFlags, Volume, VolumeOptions};
 
 use common::{new_volume_with_options, options, owner, pattern, GARBAGE_BYTE};

@@ -195,7 +195,7 @@ fn reads_are_in_flight_together_on_one_connection() {
         .map(|index| file.read_at_async(AlignedBuf::zeroed(4096), index * 65536))
         .collect();
     for future in futures {
-        let (read, buffer) = foliofs::completion::block_on(future);
+        let (read, buffer) = foliofs::block_on(future);
         assert_eq!(read.unwrap(), 4096);
         assert!(buffer.iter().all(|byte| *byte == 3));
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::{new_volume, owner, ROOT};
 use foliofs::dev::{Device, FaultDev, FuaMode};
 use foliofs::format::{INODE_FLAG_APPEND, INODE_FLAG_IMMUTABLE, INODE_FLAG_NODUMP};
-use foliofs::space::FallocateMode;
+use foliofs::FallocateMode;
 use foliofs::{
     Error, InodeKind, OpenFlags, Owner, Privilege, RenameFlags, SetAttr, TimeSet, XattrFlags,
 };

@@ -6,8 +6,8 @@
 mod common;
 
 use foliofs::dev::AlignedBuf;
-use foliofs::iomap::MapKind;
-use foliofs::space::FallocateMode;
+use foliofs::FallocateMode;
+use foliofs::MapKind;
 use foliofs::{OpenFlags, VolumeOptions};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -2,7 +2,7 @@
 //! what the crash checks may then expect of it.
 
 use foliofs::dev::AlignedBuf;
-use foliofs::space::FallocateMode;
+use foliofs::FallocateMode;
 use foliofs::{OpenFlags, Privilege, RenameFlags, Volume, XattrFlags};
 
 use super::{xattr_name, InodeModel, Op, SpanKind, ThreadModel};

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use foliofs::space::FallocateMode;
+use foliofs::FallocateMode;
 use rand::RngExt;
 use rand_chacha::ChaCha8Rng;
 

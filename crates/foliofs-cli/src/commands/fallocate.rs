@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use foliofs::options::parse_size;
-use foliofs::space::FallocateMode;
+use foliofs::FallocateMode;
 use foliofs::{Error, OpenFlags, Owner, Volume, VolumeOptions};
 
 use crate::image_path::ImagePath;

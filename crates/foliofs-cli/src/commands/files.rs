@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use foliofs::iomap::MapKind;
+use foliofs::MapKind;
 use foliofs::{InodeKind, OpenFlags, Owner, Volume, VolumeOptions};
 
 use crate::image_path::ImagePath;

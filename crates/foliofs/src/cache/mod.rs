@@ -25,7 +25,7 @@ use rustc_hash::FxHashMap;
 
 pub use bits::BlockBits;
 pub use folio::{Folio, FolioState};
-pub use pool::{BufferPool, FolioMemory};
+pub use pool::BufferPool;
 pub use throttle::{DirtyLimits, DirtyThrottle};
 
 use crate::io_lock::InodeIo;

@@ -530,12 +530,14 @@ impl BufferPool {
     }
 
     /// Freed buffers of a slab or more kept for reuse.
-    pub fn kept_bytes(&self) -> u64 {
+    #[cfg(test)]
+    fn kept_bytes(&self) -> u64 {
         self.state.lock().kept_bytes
     }
 
     /// Memory held in slabs (pieces in use and free).
-    pub fn slab_bytes(&self) -> u64 {
+    #[cfg(test)]
+    fn slab_bytes(&self) -> u64 {
         (self.state.lock().slabs.len() * SLAB_BYTES) as u64
     }
 

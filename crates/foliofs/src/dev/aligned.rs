@@ -43,6 +43,7 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
+    /// A buffer of `length` zero bytes, aligned for direct I/O.
     pub fn zeroed(length: usize) -> Self {
         if length == 0 {
             return Self { pointer: NonNull::dangling(), length: 0, lender: None };
@@ -75,6 +76,7 @@ impl AlignedBuf {
         self.lender.is_some()
     }
 
+    /// An aligned copy of `bytes`.
     pub fn from_slice(bytes: &[u8]) -> Self {
         let mut buffer = Self::zeroed(bytes.len());
         buffer.copy_from_slice(bytes);

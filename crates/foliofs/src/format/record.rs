@@ -14,11 +14,14 @@ const WHAT: &str = "metadata record";
 /// Seconds and nanoseconds since the Unix epoch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp {
+    /// Whole seconds (negative before 1970).
     pub secs: i64,
+    /// Nanoseconds within the second, below 1,000,000,000.
     pub nanos: u32,
 }
 
 impl Timestamp {
+    /// The system clock's time now.
     pub fn now() -> Self {
         let since_epoch =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -40,16 +43,23 @@ impl Timestamp {
     }
 }
 
+/// What an inode is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum InodeKind {
+    /// A regular file.
     File = 1,
+    /// A directory.
     Dir = 2,
+    /// A symbolic link.
     Symlink = 3,
     /// Special files: no content on the volume. Device nodes carry their
     /// device number in a `DeviceSet` record; the kernel opens all four.
     Fifo = 4,
+    /// A Unix socket.
     Socket = 5,
+    /// A character device node.
     CharDevice = 6,
+    /// A block device node.
     BlockDevice = 7,
 }
 
@@ -72,6 +82,7 @@ impl InodeKind {
         matches!(self, Self::Fifo | Self::Socket | Self::CharDevice | Self::BlockDevice)
     }
 
+    /// A character or block device node.
     pub fn is_device(self) -> bool {
         matches!(self, Self::CharDevice | Self::BlockDevice)
     }

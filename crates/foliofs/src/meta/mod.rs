@@ -5,6 +5,6 @@ mod state;
 mod store;
 mod view;
 
-pub use state::{ApplyError, Inode, InodeBody, MetaState, Xattrs};
+pub use state::{Inode, InodeBody, MetaState};
 pub use store::{LoadReport, MetaStore, Txn};
 pub use view::{InodeView, Viewed};

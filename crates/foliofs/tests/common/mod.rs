@@ -127,11 +127,11 @@ pub fn pattern(seed: u64, length: usize) -> Vec<u8> {
 /// Applies a fallocate to a byte-vector model of a file, as the kernel would.
 pub fn apply_fallocate_to_model(
     model: &mut Vec<u8>,
-    mode: foliofs::space::FallocateMode,
+    mode: foliofs::FallocateMode,
     offset: usize,
     length: usize,
 ) {
-    use foliofs::space::FallocateMode;
+    use foliofs::FallocateMode;
     let end = offset + length;
     let zero = |model: &mut Vec<u8>| {
         let stop = end.min(model.len());

@@ -35,8 +35,8 @@ use std::sync::Arc;
 
 use foliofs::dev::fault::{FaultOp, FaultRule, Keep};
 use foliofs::dev::{AlignedBuf, Device, FaultDev, FuaMode};
-use foliofs::space::FallocateMode;
 use foliofs::vfs::MkfsOptions;
+use foliofs::FallocateMode;
 use foliofs::{Error, File, OpenFlags, Volume, VolumeOptions};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;

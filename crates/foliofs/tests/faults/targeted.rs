@@ -121,9 +121,7 @@ pub(crate) fn assert_handles_refuse(buffered: &File, direct: &File, block_bytes:
         ("direct overwrite", direct.write_at(&AlignedBuf::zeroed(block), 0).map(|_| ())),
         (
             "asynchronous direct overwrite",
-            foliofs::completion::block_on(direct.write_at_async(AlignedBuf::zeroed(block), 0))
-                .0
-                .map(|_| ()),
+            foliofs::block_on(direct.write_at_async(AlignedBuf::zeroed(block), 0)).0.map(|_| ()),
         ),
     ];
     for (what, result) in attempts {

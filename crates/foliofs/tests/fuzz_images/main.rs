@@ -57,8 +57,8 @@ use foliofs::format::{
     CheckpointHeader, ExtentState, InodeAttrs, InodeKind, Record, Superblock, Timestamp,
     HEADER_BYTES,
 };
-use foliofs::space::FallocateMode;
 use foliofs::vfs::MkfsOptions;
+use foliofs::FallocateMode;
 use foliofs::{OpenFlags, Privilege, Volume, VolumeOptions, XattrFlags};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
