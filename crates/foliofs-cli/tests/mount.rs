@@ -193,6 +193,46 @@ fn unmount_command(point: &Path, lazy: bool) -> Output {
     Command::new(program).args(args).arg(point).output().expect("run umount")
 }
 
+/// SIGKILLs the daemon serving `point` and reaps it. A daemon thread caught
+/// in the kernel by SIGKILL while it sends an invalidation can wait there
+/// for a folio that a writer locked for the WRITE the daemon will never
+/// answer: the process cannot exit, so its /dev/fuse is never closed and the
+/// connection never ends (the kernel's own deadlock, not the engine's). As
+/// an administrator would, abort the connection through fusectl then.
+fn kill_daemon(daemon: &mut Child, point: &Path) {
+    daemon.kill().unwrap();
+    let started = Instant::now();
+    while daemon.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(10) {
+            abort_fuse_connection(point);
+            daemon.wait().unwrap();
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Writes 1 to the fusectl `abort` file of the connection mounted at
+/// `point` (found in /proc/self/mountinfo, without touching the mount).
+fn abort_fuse_connection(point: &Path) {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let point = point.to_str().unwrap();
+    let device = mountinfo
+        .lines()
+        .map(|line| line.split(' ').collect::<Vec<_>>())
+        .find(|fields| fields.len() > 4 && fields[4] == point)
+        .map(|fields| fields[2].to_string())
+        .unwrap_or_else(|| panic!("{point} is not in /proc/self/mountinfo"));
+    let minor = device.split(':').nth(1).unwrap();
+    let connections = Path::new("/sys/fs/fuse/connections");
+    if !connections.join(minor).exists() {
+        // fusectl may not be mounted yet.
+        let _ = Command::new("mount").args(["-t", "fusectl", "none"]).arg(connections).status();
+    }
+    eprintln!("the killed daemon is stuck in the kernel: aborting FUSE connection {minor}");
+    fs::write(connections.join(minor).join("abort"), "1").unwrap();
+}
+
 fn wait_with_timeout(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
     let started = Instant::now();
     loop {
@@ -698,8 +738,7 @@ fn sigkill_mid_workload_keeps_every_fsynced_file_with(options: &str) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut daemon = mounted.daemon.take().unwrap();
-    daemon.kill().unwrap();
-    daemon.wait().unwrap();
+    kill_daemon(&mut daemon, &mounted.point);
     stop.store(true, Ordering::Relaxed);
     for writer in writers {
         writer.join().unwrap();
