@@ -59,11 +59,11 @@ impl Target for File {
     }
 
     fn fsync(&self) -> foliofs::Result<()> {
-        File::fsync(self)
+        File::sync_all(self)
     }
 
     fn fdatasync(&self) -> foliofs::Result<()> {
-        File::fdatasync(self)
+        File::sync_data(self)
     }
 }
 
@@ -136,6 +136,7 @@ pub fn run(volume: &Volume, specs: &[JobSpec]) -> anyhow::Result<RunReport> {
                 ..OpenFlags::READ
             };
             let file = volume
+                .inodes()
                 .open_file(ino, flags)
                 .with_context(|| format!("job {:?}: open {path}", spec.name))?;
             targets.push((spec_index, index, Box::new(file)));
@@ -230,7 +231,7 @@ fn merge<'a>(spec: &JobSpec, results: impl Iterator<Item = &'a InstanceResult>) 
 /// the job reads it or overwrites it, and pre-reads it if asked.
 fn prepare_file(volume: &Volume, spec: &JobSpec, path: &str) -> anyhow::Result<u64> {
     let path = format!("/{}", path.trim_start_matches("./").trim_start_matches('/'));
-    let ino = match volume.resolve(&path) {
+    let ino = match volume.inodes().resolve(&path) {
         Ok(ino) => ino,
         Err(FsError::NotFound(_)) if !spec.allow_file_create => {
             bail!("does not exist, and allow_file_create=0 forbids creating it")
@@ -238,18 +239,18 @@ fn prepare_file(volume: &Volume, spec: &JobSpec, path: &str) -> anyhow::Result<u
         Err(FsError::NotFound(_)) => create_with_parents(volume, &path)?,
         Err(error) => return Err(error.into()),
     };
-    let attr = volume.getattr(ino)?;
+    let attr = volume.inodes().getattr(ino)?;
     if attr.kind != InodeKind::File {
         bail!("is not a regular file");
     }
     let lay_out = spec.pattern.reads() || spec.overwrite;
     if lay_out && attr.size < spec.size_bytes {
-        let file = volume.open_file(ino, OpenFlags::WRITE)?;
+        let file = volume.inodes().open_file(ino, OpenFlags::WRITE)?;
         lay_out_range(attr.size, spec.size_bytes, |chunk, offset| file.write_at(chunk, offset))?;
         file.fsync()?;
     }
     if spec.pre_read {
-        let file = volume.open_file(ino, OpenFlags::READ)?;
+        let file = volume.inodes().open_file(ino, OpenFlags::READ)?;
         read_through(spec.size_bytes, |buffer, offset| file.read_at(buffer, offset))?;
     }
     Ok(ino)
@@ -297,15 +298,15 @@ fn create_with_parents(volume: &Volume, path: &str) -> anyhow::Result<u64> {
     let components: Vec<&str> = path.split('/').filter(|part| !part.is_empty()).collect();
     let (name, parents) = components.split_last().ok_or_else(|| anyhow!("empty file name"))?;
     for part in parents {
-        dir = match volume.lookup(dir, part.as_bytes()) {
+        dir = match volume.inodes().lookup(dir, part.as_bytes()) {
             Ok(attr) => attr.ino,
             Err(FsError::NotFound(_)) => {
-                volume.mkdir(dir, part.as_bytes(), 0o755, Owner::current())?.ino
+                volume.inodes().mkdir(dir, part.as_bytes(), 0o755, Owner::current())?.ino
             }
             Err(error) => return Err(error.into()),
         };
     }
-    Ok(volume.create(dir, name.as_bytes(), 0o644, Owner::current())?.ino)
+    Ok(volume.inodes().create(dir, name.as_bytes(), 0o644, Owner::current())?.ino)
 }
 
 /// Where an instance is and what it has done.

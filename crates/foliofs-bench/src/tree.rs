@@ -217,7 +217,7 @@ struct LibraryTree<'a> {
 impl TreeFs for LibraryTree<'_> {
     fn mkdir_branch(&mut self, branch: u64) -> anyhow::Result<()> {
         let name = branch_name(branch);
-        let attr = self.volume.mkdir(self.root, name.as_bytes(), 0o755, self.owner)?;
+        let attr = self.volume.inodes().mkdir(self.root, name.as_bytes(), 0o755, self.owner)?;
         self.branches.push(attr.ino);
         Ok(())
     }
@@ -225,15 +225,16 @@ impl TreeFs for LibraryTree<'_> {
     fn mkdir_leaf(&mut self, branch: u64, leaf: u64) -> anyhow::Result<()> {
         let name = leaf_name(leaf, false);
         let parent = self.branches[branch as usize];
-        let attr = self.volume.mkdir(parent, name.as_bytes(), 0o755, self.owner)?;
+        let attr = self.volume.inodes().mkdir(parent, name.as_bytes(), 0o755, self.owner)?;
         self.leaves.push(attr.ino);
         Ok(())
     }
 
     fn create_file(&mut self, leaf: u64, file: u64, data: &[u8]) -> anyhow::Result<()> {
         let dir = self.leaves[leaf as usize];
-        let attr = self.volume.create(dir, file_name(file).as_bytes(), 0o644, self.owner)?;
-        let opened = self.volume.open_file(attr.ino, OpenFlags::WRITE)?;
+        let attr =
+            self.volume.inodes().create(dir, file_name(file).as_bytes(), 0o644, self.owner)?;
+        let opened = self.volume.inodes().open_file(attr.ino, OpenFlags::WRITE)?;
         opened.write_at(data, 0)?;
         opened.close()?;
         Ok(())
@@ -241,13 +242,13 @@ impl TreeFs for LibraryTree<'_> {
 
     fn stat_file(&mut self, leaf: u64, file: u64) -> anyhow::Result<u64> {
         let dir = self.leaves[leaf as usize];
-        Ok(self.volume.lookup(dir, file_name(file).as_bytes())?.size)
+        Ok(self.volume.inodes().lookup(dir, file_name(file).as_bytes())?.size)
     }
 
     fn read_file(&mut self, leaf: u64, file: u64, buffer: &mut [u8]) -> anyhow::Result<usize> {
         let dir = self.leaves[leaf as usize];
-        let attr = self.volume.lookup(dir, file_name(file).as_bytes())?;
-        let opened = self.volume.open_file(attr.ino, OpenFlags::READ)?;
+        let attr = self.volume.inodes().lookup(dir, file_name(file).as_bytes())?;
+        let opened = self.volume.inodes().open_file(attr.ino, OpenFlags::READ)?;
         let read = opened.read_at(buffer, 0)?;
         opened.close()?;
         Ok(read)
@@ -256,7 +257,7 @@ impl TreeFs for LibraryTree<'_> {
     fn rename_leaf(&mut self, branch: u64, leaf: u64) -> anyhow::Result<()> {
         let parent = self.branches[branch as usize];
         let (from, to) = (leaf_name(leaf, false), leaf_name(leaf, true));
-        self.volume.rename(
+        self.volume.inodes().rename(
             parent,
             from.as_bytes(),
             parent,
@@ -271,16 +272,16 @@ impl TreeFs for LibraryTree<'_> {
 
     fn unlink_file(&mut self, leaf: u64, file: u64) -> anyhow::Result<()> {
         let dir = self.leaves[leaf as usize];
-        Ok(self.volume.unlink(dir, file_name(file).as_bytes())?)
+        Ok(self.volume.inodes().unlink(dir, file_name(file).as_bytes())?)
     }
 
     fn rmdir_leaf(&mut self, branch: u64, leaf: u64) -> anyhow::Result<()> {
         let parent = self.branches[branch as usize];
-        Ok(self.volume.rmdir(parent, leaf_name(leaf, self.renamed).as_bytes())?)
+        Ok(self.volume.inodes().rmdir(parent, leaf_name(leaf, self.renamed).as_bytes())?)
     }
 
     fn rmdir_branch(&mut self, branch: u64) -> anyhow::Result<()> {
-        Ok(self.volume.rmdir(self.root, branch_name(branch).as_bytes())?)
+        Ok(self.volume.inodes().rmdir(self.root, branch_name(branch).as_bytes())?)
     }
 }
 

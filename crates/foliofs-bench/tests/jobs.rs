@@ -63,7 +63,7 @@ fn mixed_direct_jobs_keep_their_queue_and_verify_their_data() {
     assert_eq!((buffered.instances, buffered.write.io_bytes), (2, 8 << 20));
     assert_eq!(buffered.verified_blocks, 2 * 1024, "every block of both files read back");
     // fio's names for its files: name.index.0.
-    assert!(volume.resolve("/buffered.1.0").is_ok());
+    assert!(volume.inodes().resolve("/buffered.1.0").is_ok());
 }
 
 #[test]

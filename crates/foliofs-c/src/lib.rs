@@ -721,7 +721,7 @@ pub unsafe extern "C" fn foliofs_rename(
         with_path(volume, from, |volume, from| {
             // SAFETY: forwarded from this function's contract.
             let to = path_of(to)?;
-            volume.rename_path(from, to)
+            volume.rename(from, to)
         })
     }
 }
@@ -785,7 +785,7 @@ pub unsafe extern "C" fn foliofs_symlink(
         with_path(volume, link, |volume, link| {
             // SAFETY: forwarded from this function's contract.
             let target = path_of(target)?;
-            volume.symlink_path(target, link)
+            volume.symlink(target, link)
         })
     }
 }

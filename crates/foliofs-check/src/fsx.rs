@@ -288,7 +288,7 @@ pub fn run_on(
             (Backend::Path { path, power_cut }, volume)
         }
     };
-    let ino = volume.create(ROOT, b"fsx", 0o644, owner()).expect("create").ino;
+    let ino = volume.inodes().create(ROOT, b"fsx", 0o644, owner()).expect("create").ino;
     let mut fsx = Fsx {
         config,
         options,
@@ -374,9 +374,11 @@ impl Fsx<'_> {
     fn open_handles(&mut self) -> Checked {
         let volume = self.volume();
         let buffered = volume
+            .inodes()
             .open_file(self.ino, OpenFlags::READ_WRITE)
             .map_err(|error| format!("open: {error}"))?;
         let direct = volume
+            .inodes()
             .open_file(self.ino, OpenFlags::READ_WRITE.with_direct())
             .map_err(|error| format!("open direct: {error}"))?;
         self.handles = Some((buffered, direct));
@@ -519,7 +521,7 @@ impl Fsx<'_> {
             FsxOp::Fsync { data_only } => {
                 self.stats.fsyncs += 1;
                 let file = self.buffered();
-                if data_only { file.fdatasync() } else { file.fsync() }
+                if data_only { file.sync_data() } else { file.sync_all() }
                     .map_err(|error| format!("fsync: {error}"))
             }
             FsxOp::Reopen => {
@@ -540,7 +542,7 @@ impl Fsx<'_> {
             }
             FsxOp::CrashRemount => {
                 self.stats.crash_remounts += 1;
-                self.buffered().fsync().map_err(|error| format!("fsync: {error}"))?;
+                self.buffered().sync_all().map_err(|error| format!("fsync: {error}"))?;
                 self.handles = None;
                 match &mut self.backend {
                     Backend::Memory(raw) => {

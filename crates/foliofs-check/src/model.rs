@@ -82,7 +82,8 @@ pub fn read_tree(volume: &Volume, skip: &HashSet<u64>) -> Result<Tree, String> {
     let mut tree = Tree::new();
     let mut stack = vec![(String::new(), ROOT)];
     while let Some((path, dir)) = stack.pop() {
-        let entries = volume.readdir(dir).map_err(|error| format!("readdir {path}/: {error}"))?;
+        let entries =
+            volume.inodes().readdir(dir).map_err(|error| format!("readdir {path}/: {error}"))?;
         for entry in entries {
             let child = format!("{path}/{}", String::from_utf8_lossy(&entry.name));
             let content = match entry.kind {
@@ -93,6 +94,7 @@ pub fn read_tree(volume: &Volume, skip: &HashSet<u64>) -> Result<Tree, String> {
                     Vec::new()
                 }
                 InodeKind::Symlink => volume
+                    .inodes()
                     .readlink(entry.ino)
                     .map_err(|error| format!("readlink {child}: {error}"))?,
                 _ => Vec::new(),
@@ -106,12 +108,14 @@ pub fn read_tree(volume: &Volume, skip: &HashSet<u64>) -> Result<Tree, String> {
 /// The extended attributes of `ino`, all namespaces.
 pub fn read_xattrs(volume: &Volume, ino: u64) -> Result<crate::workload::Xattrs, String> {
     let names = volume
+        .inodes()
         .list_xattr(ino, Privilege::SysAdmin)
         .map_err(|error| format!("listxattr of inode {ino}: {error}"))?;
     names
         .into_iter()
         .map(|name| {
             let value = volume
+                .inodes()
                 .get_xattr(ino, &name, Privilege::SysAdmin)
                 .map_err(|error| format!("getxattr of inode {ino}: {error}"))?;
             Ok((name, value))
@@ -135,9 +139,9 @@ pub fn read_tree_xattrs(
 
 /// A whole file, read through the cache.
 pub fn read_file(volume: &Volume, ino: u64) -> foliofs::Result<Vec<u8>> {
-    let size = volume.getattr(ino)?.size as usize;
+    let size = volume.inodes().getattr(ino)?.size as usize;
     let mut content = vec![0u8; size];
-    let file = volume.open_file(ino, OpenFlags::READ)?;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ)?;
     let mut done = 0;
     while done < size {
         let read = file.read_at(&mut content[done..], done as u64)?;

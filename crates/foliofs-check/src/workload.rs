@@ -339,10 +339,10 @@ impl ThreadModel {
             (String::new(), ROOT)
         } else {
             let name = format!("t{index}");
-            let attr = volume.mkdir(ROOT, name.as_bytes(), 0o755, owner()).expect("mkdir");
+            let attr = volume.inodes().mkdir(ROOT, name.as_bytes(), 0o755, owner()).expect("mkdir");
             (format!("/{name}"), attr.ino)
         };
-        let log = volume.create(base_ino, b"log", 0o644, owner()).expect("create log");
+        let log = volume.inodes().create(base_ino, b"log", 0o644, owner()).expect("create log");
         let mut model = Self {
             index,
             base: base.clone(),
@@ -583,9 +583,9 @@ impl Workload {
 }
 
 fn write_ballast(volume: &Volume, seed: u64, bytes: usize) -> (String, u64, Vec<u8>) {
-    let attr = volume.create(ROOT, b"ballast", 0o644, owner()).expect("create ballast");
+    let attr = volume.inodes().create(ROOT, b"ballast", 0o644, owner()).expect("create ballast");
     let data = pattern(seed ^ 0xBA11A57, bytes);
-    let file = volume.open_file(attr.ino, OpenFlags::WRITE).expect("open ballast");
+    let file = volume.inodes().open_file(attr.ino, OpenFlags::WRITE).expect("open ballast");
     assert_eq!(file.write_at(&data, 0).expect("write ballast"), data.len());
     ("/ballast".into(), attr.ino, data)
 }

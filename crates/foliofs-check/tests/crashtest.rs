@@ -125,9 +125,12 @@ fn the_nbd_server_reorders_what_arrives_together() {
             scope.spawn(move || {
                 let name = format!("f{thread}");
                 let root = foliofs::ROOT_INO;
-                let attr =
-                    volume.create(root, name.as_bytes(), 0o644, foliofs_check::owner()).unwrap();
-                let file = volume.open_file(attr.ino, foliofs::OpenFlags::READ_WRITE).unwrap();
+                let attr = volume
+                    .inodes()
+                    .create(root, name.as_bytes(), 0o644, foliofs_check::owner())
+                    .unwrap();
+                let file =
+                    volume.inodes().open_file(attr.ino, foliofs::OpenFlags::READ_WRITE).unwrap();
                 for block in 0..32u64 {
                     file.write_at(&[thread + 1; 4096], block * 4096).unwrap();
                     file.sync_data().unwrap();
@@ -139,7 +142,8 @@ fn the_nbd_server_reorders_what_arrives_together() {
     volume.close().unwrap();
     let (_, reopened) = foliofs_check::open_image(device.image(), &options).unwrap();
     for thread in 0..4u8 {
-        let file = reopened.open_path(&format!("/f{thread}"), foliofs::OpenFlags::READ).unwrap();
+        let file =
+            reopened.inodes().open_path(&format!("/f{thread}"), foliofs::OpenFlags::READ).unwrap();
         let mut data = vec![0; 32 * 4096];
         assert_eq!(file.read_at(&mut data, 0).unwrap(), data.len());
         assert!(data.iter().all(|&byte| byte == thread + 1), "file {thread}");

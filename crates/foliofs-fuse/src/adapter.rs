@@ -279,7 +279,7 @@ impl FolioFs {
     /// nothing until it forgets the inode, and stat or a path walk from it
     /// must find it there meanwhile (nlink 0, as on ext4).
     fn keep_if_last_name(&self, parent: INodeNo, name: &OsStr) {
-        let Ok(attr) = self.volume.lookup(parent.0, name_bytes(name)) else { return };
+        let Ok(attr) = self.volume.inodes().lookup(parent.0, name_bytes(name)) else { return };
         if attr.kind == foliofs::InodeKind::Dir {
             if let Err(error) = self.inode_files.keep_dir_while_known(&self.volume, attr.ino) {
                 tracing::debug!("keeping directory {} for the kernel: {error}", attr.ino);
@@ -324,7 +324,7 @@ impl FolioFs {
     /// Before a data change: the kernel asks (FUSE_WRITE_KILL_SUIDGID, set on
     /// direct writes when the caller lacks CAP_FSETID) and the library
     /// applies the rule for the caller's ids.
-    /// What a data change takes away first (`Volume::remove_privileges`):
+    /// What a data change takes away first (`Inodes::remove_privileges`):
     /// file capabilities always, set-ID bits when the kernel says the caller
     /// may not keep them (FUSE_WRITE_KILL_SUIDGID).
     fn remove_privileges(
@@ -338,9 +338,9 @@ impl FolioFs {
         // looked up (in /proc: three system calls and a dozen allocations)
         // only for a file that has some; the library ignores them otherwise.
         let kill_setid = flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)
-            && self.volume.getattr(ino.0).is_ok_and(|attr| attr.mode & SET_ID_BITS != 0);
+            && self.volume.inodes().getattr(ino.0).is_ok_and(|attr| attr.mode & SET_ID_BITS != 0);
         let caller = if kill_setid { caller_ids(req) } else { owner(req) };
-        match self.volume.remove_privileges(ino.0, caller, kill_setid) {
+        match self.volume.inodes().remove_privileges(ino.0, caller, kill_setid) {
             // The kernel keeps the old mode cached (a write or fallocate
             // reply carries no attributes, and `stat -c %A` asks for the
             // mode alone): drop its cached attributes.
@@ -370,7 +370,7 @@ impl FolioFs {
     ) -> Result<DirPage, Errno> {
         let failed = |error: Error| self.failed(operation, &error);
         if fh.0 == 0 && self.zero_message_opendirs {
-            let dir = self.volume.open_dir(ino.0).map_err(failed)?;
+            let dir = self.volume.inodes().open_dir(ino.0).map_err(failed)?;
             let listed =
                 self.dir_snapshots.entries(&dir, offset).and_then(|(walk, entries, position)| {
                     Ok(DirPage { entries, parent: dir.parent()?, walk, position })
@@ -396,14 +396,18 @@ impl FolioFs {
             return self.open_handle(ino, flags);
         }
         let write = self.open_flags(flags).write;
-        self.volume.check_append_only_open(ino, write, flags & libc::O_APPEND != 0)?;
+        self.volume.inodes().check_append_only_open(ino, write, flags & libc::O_APPEND != 0)?;
         Ok((0, FopenFlags::FOPEN_KEEP_CACHE))
     }
 
     fn open_handle(&self, ino: u64, flags: i32) -> foliofs::Result<(u64, FopenFlags)> {
         let open = self.open_flags(flags);
-        self.volume.check_append_only_open(ino, open.write, flags & libc::O_APPEND != 0)?;
-        let file = self.volume.open_file(ino, open)?;
+        self.volume.inodes().check_append_only_open(
+            ino,
+            open.write,
+            flags & libc::O_APPEND != 0,
+        )?;
+        let file = self.volume.inodes().open_file(ino, open)?;
         let fh = self.handles.insert(Handle::File(Arc::new(file)));
         // Any open file may be cached: through the page cache, or mapped.
         self.invalidator.page_cached(ino);
@@ -549,7 +553,7 @@ impl Filesystem for FolioFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.volume.lookup(parent.0, name_bytes(name)) {
+        match self.volume.inodes().lookup(parent.0, name_bytes(name)) {
             Ok(attr) => {
                 self.handed_to_kernel(&attr);
                 reply.entry(&self.ttl, &file_attr(&attr), Generation(0))
@@ -565,7 +569,7 @@ impl Filesystem for FolioFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.volume.getattr(ino.0) {
+        match self.volume.inodes().getattr(ino.0) {
             Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr)),
             Err(error) => reply.error(self.failed("getattr", &error)),
         }
@@ -597,7 +601,11 @@ impl Filesystem for FolioFs {
         let (truncate, chown) = (size.is_some(), uid.or(gid).is_some());
         if self.kills_privileges && (truncate || chown) {
             let caller = caller_ids(req);
-            match self.volume.remove_privileges_for_setattr(ino.0, caller, truncate, chown, mode) {
+            match self
+                .volume
+                .inodes()
+                .remove_privileges_for_setattr(ino.0, caller, truncate, chown, mode)
+            {
                 Ok(Some(cleared_mode)) => mode = Some(cleared_mode),
                 Ok(None) => {}
                 Err(error) => return reply.error(self.failed("setattr", &error)),
@@ -614,14 +622,14 @@ impl Filesystem for FolioFs {
             // its ctime beside the mtime it writes back.
             ctime: ctime.map(timestamp),
         };
-        match self.volume.setattr(ino.0, &changes) {
+        match self.volume.inodes().setattr(ino.0, &changes) {
             Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr)),
             Err(error) => reply.error(self.failed("setattr", &error)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.volume.readlink(ino.0) {
+        match self.volume.inodes().readlink(ino.0) {
             Ok(target) => reply.data(&target),
             Err(error) => reply.error(self.failed("readlink", &error)),
         }
@@ -650,8 +658,9 @@ impl Filesystem for FolioFs {
                 return;
             }
         };
-        let mode = self.volume.creation_mode(parent.0, mode, umask) & 0o7777;
-        let result = self.volume.mknod(parent.0, name_bytes(name), kind, mode, rdev, owner(req));
+        let mode = self.volume.inodes().creation_mode(parent.0, mode, umask) & 0o7777;
+        let result =
+            self.volume.inodes().mknod(parent.0, name_bytes(name), kind, mode, rdev, owner(req));
         self.reply_entry("mknod", reply, result);
     }
 
@@ -666,8 +675,8 @@ impl Filesystem for FolioFs {
     ) {
         // The kernel makes this change itself: no notification for it.
         invalidate::mark_serving();
-        let mode = self.volume.creation_mode(parent.0, mode, umask);
-        let result = self.volume.mkdir(parent.0, name_bytes(name), mode, owner(req));
+        let mode = self.volume.inodes().creation_mode(parent.0, mode, umask);
+        let result = self.volume.inodes().mkdir(parent.0, name_bytes(name), mode, owner(req));
         self.reply_entry("mkdir", reply, result);
     }
 
@@ -675,7 +684,7 @@ impl Filesystem for FolioFs {
         // The kernel makes this change itself: no notification for it.
         invalidate::mark_serving();
         self.keep_if_last_name(parent, name);
-        match self.volume.unlink(parent.0, name_bytes(name)) {
+        match self.volume.inodes().unlink(parent.0, name_bytes(name)) {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("unlink", &error)),
         }
@@ -685,7 +694,7 @@ impl Filesystem for FolioFs {
         // The kernel makes this change itself: no notification for it.
         invalidate::mark_serving();
         self.keep_if_last_name(parent, name);
-        match self.volume.rmdir(parent.0, name_bytes(name)) {
+        match self.volume.inodes().rmdir(parent.0, name_bytes(name)) {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("rmdir", &error)),
         }
@@ -701,7 +710,7 @@ impl Filesystem for FolioFs {
     ) {
         // The kernel makes this change itself: no notification for it.
         invalidate::mark_serving();
-        let result = self.volume.symlink(
+        let result = self.volume.inodes().symlink(
             parent.0,
             name_bytes(link_name),
             target.as_os_str().as_bytes(),
@@ -733,8 +742,13 @@ impl Filesystem for FolioFs {
         if !flags.no_replace && !flags.exchange {
             self.keep_if_last_name(newparent, newname);
         }
-        let result =
-            self.volume.rename(parent.0, name_bytes(name), newparent.0, name_bytes(newname), flags);
+        let result = self.volume.inodes().rename(
+            parent.0,
+            name_bytes(name),
+            newparent.0,
+            name_bytes(newname),
+            flags,
+        );
         match result {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("rename", &error)),
@@ -751,7 +765,7 @@ impl Filesystem for FolioFs {
     ) {
         // The kernel makes this change itself: no notification for it.
         invalidate::mark_serving();
-        let result = self.volume.link(ino.0, newparent.0, name_bytes(newname));
+        let result = self.volume.inodes().link(ino.0, newparent.0, name_bytes(newname));
         self.reply_entry("link", reply, result);
     }
 
@@ -847,7 +861,7 @@ impl Filesystem for FolioFs {
                 drop_behind: self.page_cache != PageCacheUse::Engine,
                 ..file.flags()
             };
-            let written = self.volume.open_file(file.ino(), cached).and_then(|buffered| {
+            let written = self.volume.inodes().open_file(file.ino(), cached).and_then(|buffered| {
                 let written = invalidate::kernel_sees(|| buffered.write_at(data, offset));
                 buffered.close().and(written)
             });
@@ -936,7 +950,7 @@ impl Filesystem for FolioFs {
             Err(errno) => return reply.error(errno),
         };
         tracing::trace!(ino = _ino.0, datasync, "fsync");
-        let synced = if datasync { file.fdatasync() } else { file.fsync() };
+        let synced = if datasync { file.sync_data() } else { file.sync_all() };
         match synced {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("fsync", &error)),
@@ -950,7 +964,7 @@ impl Filesystem for FolioFs {
             // 0) and sends no RELEASEDIR; see `listing`.
             return reply.error(Errno::ENOSYS);
         }
-        match self.volume.open_dir(ino.0) {
+        match self.volume.inodes().open_dir(ino.0) {
             Ok(dir) => {
                 let fh = self.handles.insert(Handle::Dir(Arc::new(DirListing::new(dir))));
                 // The kernel keeps the listing across opens and lists from
@@ -1018,7 +1032,7 @@ impl Filesystem for FolioFs {
             .enumerate()
             .skip(position as usize);
         for (index, (entry_ino, name)) in names {
-            let attr = match self.volume.getattr(entry_ino) {
+            let attr = match self.volume.inodes().getattr(entry_ino) {
                 Ok(attr) => attr,
                 // Removed since the listing was taken: left out.
                 Err(Error::NotFound(_)) => continue,
@@ -1070,7 +1084,7 @@ impl Filesystem for FolioFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.volume.fsync_inode(ino.0, datasync) {
+        match self.volume.inodes().fsync_inode(ino.0, datasync) {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("fsyncdir", &error)),
         }
@@ -1108,7 +1122,7 @@ impl Filesystem for FolioFs {
         let name = name_bytes(name);
         let result = XattrFlags::from_bits(flags).and_then(|mut flags| {
             if name == b"system.posix_acl_access" {
-                flags.acl_kill_sgid = match self.volume.getattr(ino.0) {
+                flags.acl_kill_sgid = match self.volume.inodes().getattr(ino.0) {
                     // No setgid bit to clear: the caller's groups and
                     // capabilities (a read of /proc) do not matter. The
                     // kernel holds the inode lock over a set_acl, so no
@@ -1121,7 +1135,7 @@ impl Filesystem for FolioFs {
                     Err(_) => true,
                 };
             }
-            self.volume.set_xattr(ino.0, name, value, flags, XATTR_CHECKED_BY_KERNEL)
+            self.volume.inodes().set_xattr(ino.0, name, value, flags, XATTR_CHECKED_BY_KERNEL)
         });
         match result {
             Ok(()) => reply.ok(),
@@ -1131,7 +1145,7 @@ impl Filesystem for FolioFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name_bytes(name);
-        match self.volume.get_xattr(ino.0, name, XATTR_CHECKED_BY_KERNEL) {
+        match self.volume.inodes().get_xattr(ino.0, name, XATTR_CHECKED_BY_KERNEL) {
             Ok(value) => reply_sized(reply, size, &value),
             Err(error) => reply.error(self.failed("getxattr", &error)),
         }
@@ -1140,13 +1154,14 @@ impl Filesystem for FolioFs {
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         // The caller's capabilities (a read of /proc) matter only where
         // there are `trusted.` names to hide from it.
-        let listed = self.volume.list_xattr(ino.0, Privilege::SysAdmin).and_then(|names| {
-            if names.iter().any(|name| name.starts_with(b"trusted.")) {
-                self.volume.list_xattr(ino.0, caller_privilege(req))
-            } else {
-                Ok(names)
-            }
-        });
+        let listed =
+            self.volume.inodes().list_xattr(ino.0, Privilege::SysAdmin).and_then(|names| {
+                if names.iter().any(|name| name.starts_with(b"trusted.")) {
+                    self.volume.inodes().list_xattr(ino.0, caller_privilege(req))
+                } else {
+                    Ok(names)
+                }
+            });
         match listed {
             Ok(names) => {
                 let list: Vec<u8> = names
@@ -1163,7 +1178,7 @@ impl Filesystem for FolioFs {
         // The kernel makes this change itself: no notification for it.
         invalidate::mark_serving();
         let name = name_bytes(name);
-        match self.volume.remove_xattr(ino.0, name, XATTR_CHECKED_BY_KERNEL) {
+        match self.volume.inodes().remove_xattr(ino.0, name, XATTR_CHECKED_BY_KERNEL) {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("removexattr", &error)),
         }
@@ -1172,7 +1187,7 @@ impl Filesystem for FolioFs {
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let caller = CallerStatus::of(req).credentials(req);
         let access = Access::from_mask(mask.bits());
-        match access.and_then(|access| self.volume.access(ino.0, &caller, access)) {
+        match access.and_then(|access| self.volume.inodes().access(ino.0, &caller, access)) {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("access", &error)),
         }
@@ -1190,10 +1205,11 @@ impl Filesystem for FolioFs {
     ) {
         invalidate::mark_serving();
         let name = name_bytes(name);
-        let mode = self.volume.creation_mode(parent.0, mode, umask);
+        let mode = self.volume.inodes().creation_mode(parent.0, mode, umask);
         // O_CREAT is implied: the kernel sends create only for it.
         let options = OpenOptions::from_posix_flags(flags | libc::O_CREAT);
-        let created = self.volume.create_or_open(parent.0, name, mode, owner(req), &options);
+        let created =
+            self.volume.inodes().create_or_open(parent.0, name, mode, owner(req), &options);
         let opened = created.and_then(|attr| Ok((attr, self.create_handle(attr.ino, flags)?)));
         match opened {
             Ok((attr, (fh, fopen))) => {
@@ -1232,11 +1248,11 @@ impl Filesystem for FolioFs {
         };
         let result = match request {
             FlagsRequest::Get { as_fsxattr } => {
-                self.volume.flags(ino.0).map(|flags| file_flags::encode(flags, as_fsxattr))
+                self.volume.inodes().flags(ino.0).map(|flags| file_flags::encode(flags, as_fsxattr))
             }
             FlagsRequest::Set { flags } => {
                 let may_protect = CallerStatus::of(req).has_capability(CAP_LINUX_IMMUTABLE);
-                let set = self.volume.set_flags(ino.0, flags, may_protect);
+                let set = self.volume.inodes().set_flags(ino.0, flags, may_protect);
                 // The ctime moved; the kernel learns of it only this way.
                 if let (Ok(()), Some(notifier)) = (&set, self.notifier.get()) {
                     if let Err(error) = notifier.inval_inode(ino, -1, 0) {
@@ -1264,13 +1280,14 @@ impl Filesystem for FolioFs {
         reply: ReplyCreate,
     ) {
         invalidate::mark_serving();
-        let mode = self.volume.creation_mode(parent.0, mode, umask);
+        let mode = self.volume.inodes().creation_mode(parent.0, mode, umask);
         let open = self.open_flags(flags);
         let linkable = flags & libc::O_EXCL == 0;
         let opened = self
             .volume
+            .inodes()
             .create_unnamed(parent.0, mode, owner(req), open, linkable)
-            .and_then(|file| Ok((self.volume.getattr(file.ino())?, file)));
+            .and_then(|file| Ok((self.volume.inodes().getattr(file.ino())?, file)));
         match opened {
             Ok((attr, file)) if self.zero_message_opens => {
                 // Unnamed: kept until the kernel forgets it (FORGET), since

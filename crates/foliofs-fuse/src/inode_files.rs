@@ -102,7 +102,7 @@ impl InodeFiles {
         flags.direct = access.direct;
         flags.dsync = access.dsync;
         flags.drop_behind = drop_behind && !access.direct;
-        let file = Arc::new(volume.open_file(ino, flags)?);
+        let file = Arc::new(volume.inodes().open_file(ino, flags)?);
         files.push(Arc::clone(&file));
         Ok(file)
     }
@@ -144,7 +144,7 @@ impl InodeFiles {
         let mut shard = self.shard(ino).lock();
         let known = shard.entry(ino).or_default();
         if known.dir.is_none() {
-            known.dir = Some(volume.open_dir(ino)?);
+            known.dir = Some(volume.inodes().open_dir(ino)?);
         }
         Ok(())
     }

@@ -226,7 +226,7 @@ fn a_cached_reader_sees_changes_by_a_library_user_of_the_volume() {
     let path = mount.point.join("library");
     let reader = CachedReader::new(&path);
     let ino = std::fs::metadata(&path).unwrap().ino();
-    let file = mount.volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let file = mount.volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     file.write_at(&[b'L'; 3000], 10000).unwrap();
     check_sees(&reader, &path, 10000, &[b'L'; 3000], "a library write");
     // A size change the kernel never saw: a longer file, then a shorter one.
@@ -237,7 +237,7 @@ fn a_cached_reader_sees_changes_by_a_library_user_of_the_volume() {
     file.set_len(FILE_BYTES as u64).unwrap();
     check_sees(&reader, &path, 40000, &vec![0; FILE_BYTES - 40000], "a library truncate");
     // A direct library write too.
-    let direct = mount.volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+    let direct = mount.volume.inodes().open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
     let mut buffer = foliofs::dev::AlignedBuf::zeroed(4096);
     buffer.fill(b'X');
     direct.write_at(&buffer, 0).unwrap();
@@ -328,7 +328,7 @@ fn a_listing_carries_each_entrys_attributes_and_sees_library_changes() {
     // A library user grows one file: stat (the kernel cached its
     // attributes from the listing) and the next listing show its new size.
     let ino = std::fs::metadata(dir.join("f7")).unwrap().ino();
-    let file = mount.volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let file = mount.volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     file.write_at(b"grown", 1000).unwrap();
     file.close().unwrap();
     assert_eq!(
@@ -351,7 +351,7 @@ fn with_the_engines_cache_only_a_mapping_and_stat_see_a_library_write() {
     let path = mount.point.join("engine");
     let reader = CachedReader::new(&path);
     let ino = std::fs::metadata(&path).unwrap().ino();
-    let file = mount.volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let file = mount.volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     file.write_at(&[b'E'; 4096], 8192).unwrap();
     file.write_at(b"end", FILE_BYTES as u64).unwrap();
     file.close().unwrap();
@@ -380,28 +380,28 @@ fn long_cached_names_and_attributes_see_a_library_users_changes_at_once() {
 
         std::fs::write(root.join("a"), b"a").unwrap();
         assert_eq!(std::fs::metadata(root.join("a")).unwrap().mode() & 0o777, 0o644);
-        let a = volume.lookup(1, b"a").unwrap().ino;
+        let a = volume.inodes().lookup(1, b"a").unwrap().ino;
         let chmod = foliofs::SetAttr { mode: Some(0o600), ..foliofs::SetAttr::default() };
-        volume.setattr(a, &chmod).unwrap();
+        volume.inodes().setattr(a, &chmod).unwrap();
         let seen = std::fs::metadata(root.join("a")).unwrap().mode() & 0o777;
         assert_eq!(seen, 0o600, "{}", what("chmod"));
 
-        volume.link(a, 1, b"a2").unwrap();
+        volume.inodes().link(a, 1, b"a2").unwrap();
         assert_eq!(std::fs::metadata(root.join("a")).unwrap().nlink(), 2, "{}", what("link"));
-        volume.unlink(1, b"a").unwrap();
+        volume.inodes().unlink(1, b"a").unwrap();
         assert!(!root.join("a").exists(), "{}", what("unlink"));
         assert_eq!(std::fs::metadata(root.join("a2")).unwrap().nlink(), 1, "{}", what("unlink"));
 
         std::fs::create_dir(root.join("d")).unwrap();
         std::fs::write(root.join("d/x"), b"x").unwrap();
         assert!(root.join("d/x").exists());
-        volume.rename(1, b"d", 1, b"e", foliofs::RenameFlags::default()).unwrap();
+        volume.inodes().rename(1, b"d", 1, b"e", foliofs::RenameFlags::default()).unwrap();
         assert!(!root.join("d/x").exists(), "{}", what("rename"));
         assert_eq!(std::fs::read(root.join("e/x")).unwrap(), b"x", "{}", what("rename"));
 
-        let sized = volume.create(1, b"sized", 0o644, owner).unwrap().ino;
+        let sized = volume.inodes().create(1, b"sized", 0o644, owner).unwrap().ino;
         assert_eq!(std::fs::metadata(root.join("sized")).unwrap().len(), 0, "{}", what("create"));
-        let file = volume.open_file(sized, OpenFlags::READ_WRITE).unwrap();
+        let file = volume.inodes().open_file(sized, OpenFlags::READ_WRITE).unwrap();
         file.write_at(b"grown", 100).unwrap();
         file.close().unwrap();
         let size = std::fs::metadata(root.join("sized")).unwrap().len();
@@ -442,7 +442,7 @@ fn writeback_cache_keeps_cached_readers_coherent_and_fsync_durable() {
     expected[5000..5007].copy_from_slice(b"partial");
     check_sees(&reader, &path, 0, &expected, "a second handle's write");
     writer.sync_all().unwrap();
-    let library = mount.volume.open_file(ino, OpenFlags::READ).unwrap();
+    let library = mount.volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
     let mut engine_bytes = vec![0; FILE_BYTES];
     assert_eq!(library.read_at(&mut engine_bytes, 0).unwrap(), FILE_BYTES);
     assert!(engine_bytes == expected, "the engine holds other bytes after fsync");
@@ -463,7 +463,7 @@ fn writeback_cache_keeps_cached_readers_coherent_and_fsync_durable() {
     check_sees(&reader, &path, 0, &expected, "a direct write");
 
     // A library user's write within the size.
-    let file = mount.volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let file = mount.volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     file.write_at(&[b'L'; 3000], 20000).unwrap();
     file.close().unwrap();
     expected[20000..23000].fill(b'L');

@@ -62,15 +62,15 @@ fn shutdown_ioctl_fails_later_requests_and_keeps_what_its_flag_flushed() {
         let volume = Volume::open(&image, &VolumeOptions::default()).unwrap();
         assert_eq!(read(&volume, "/synced"), b"fsynced before the shutdown");
         assert_eq!(read(&volume, "/later"), b"written, never synced", "flags {flags}");
-        assert_eq!(volume.resolve("/new").map(drop).unwrap_err().errno(), libc::ENOENT);
+        assert_eq!(volume.inodes().resolve("/new").map(drop).unwrap_err().errno(), libc::ENOENT);
         volume.close().unwrap();
     }
 }
 
 fn read(volume: &Volume, path: &str) -> Vec<u8> {
-    let attr = volume.resolve(path).and_then(|ino| volume.getattr(ino)).unwrap();
+    let attr = volume.inodes().resolve(path).and_then(|ino| volume.inodes().getattr(ino)).unwrap();
     let mut content = vec![0; attr.size as usize];
-    let file = volume.open_file(attr.ino, OpenFlags::READ).unwrap();
+    let file = volume.inodes().open_file(attr.ino, OpenFlags::READ).unwrap();
     file.read_exact_at(&mut content, 0).unwrap();
     content
 }

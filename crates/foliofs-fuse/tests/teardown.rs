@@ -51,7 +51,7 @@ fn forced_unmount_with_a_deep_queue_in_flight_ends_serving_cleanly() {
     let report = foliofs::fsck::check(Arc::new(device));
     assert!(report.is_clean(), "{:?}", report.problems);
     let volume = Volume::open(&image, &device_options).unwrap();
-    let file = volume.open_path("/synced", foliofs::vfs::OpenFlags::READ).unwrap();
+    let file = volume.inodes().open_path("/synced", foliofs::vfs::OpenFlags::READ).unwrap();
     let mut found = vec![0u8; synced.len()];
     assert_eq!(file.read_at(&mut found, 0).unwrap(), synced.len());
     assert!(found == synced, "the fsynced file differs after the forced unmount");

@@ -263,9 +263,9 @@ fn a_cached_listing_sees_library_changes() {
         assert_eq!(sorted_names(&dir), ["a"]);
         let parent = std::fs::metadata(&dir).unwrap().ino();
         let owner = foliofs::Owner { uid: 0, gid: 0 };
-        mount.volume.create(parent, b"b", 0o644, owner).unwrap();
+        mount.volume.inodes().create(parent, b"b", 0o644, owner).unwrap();
         let added = sorted_names(&dir);
-        mount.volume.unlink(parent, b"a").unwrap();
+        mount.volume.inodes().unlink(parent, b"a").unwrap();
         let removed = sorted_names(&dir);
         // And the changes made through the mount, which the kernel sees.
         std::fs::write(dir.join("c"), b"x").unwrap();

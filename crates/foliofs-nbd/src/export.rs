@@ -57,7 +57,7 @@ pub type CommandResult<T> = Result<T, CommandError>;
 impl Export {
     pub fn open(volume: &Volume, name: &str, path: &str, read_only: bool) -> foliofs::Result<Self> {
         let flags = if read_only { OpenFlags::READ } else { OpenFlags::READ_WRITE };
-        let open = |flags: OpenFlags| volume.open_path(path, flags);
+        let open = |flags: OpenFlags| volume.inodes().open_path(path, flags);
         let buffered = open(flags)?;
         let size_bytes = buffered.attr()?.size;
         Ok(Self {
@@ -124,7 +124,7 @@ impl Export {
             // Nothing was written; a read-only volume has nothing to commit.
             return Ok(());
         }
-        Ok(self.buffered.fdatasync()?)
+        Ok(self.buffered.sync_data()?)
     }
 
     pub fn trim(&self, offset: u64, length: u32, fua: bool) -> CommandResult<()> {
@@ -168,7 +168,7 @@ impl Export {
         only_one: bool,
     ) -> CommandResult<Vec<BlockStatus>> {
         let end = offset + u64::from(length);
-        let extents = volume.fiemap(self.buffered.ino())?;
+        let extents = volume.inodes().fiemap(self.buffered.ino())?;
         let mut descriptors: Vec<BlockStatus> = Vec::new();
         let mut push = |start: u64, stop: u64, flags: u32| {
             if stop <= start {
@@ -206,7 +206,7 @@ impl Export {
 
     /// Closes the handles, reporting the first error (a failed writeback).
     pub fn close(self) -> foliofs::Result<()> {
-        let flushed = if self.read_only { Ok(()) } else { self.buffered.fdatasync() };
+        let flushed = if self.read_only { Ok(()) } else { self.buffered.sync_data() };
         // Every handle is closed, whatever the first error.
         let mut result = flushed;
         for file in [self.direct, self.direct_dsync, self.buffered_dsync, self.buffered] {

@@ -60,11 +60,11 @@ impl Served {
         let image = dir.path().join("vol.img");
         Volume::mkfs_path(&image, Some(128 << 20), &MkfsOptions::default(), &options()).unwrap();
         let volume = Volume::open(&image, &options()).unwrap();
-        let ino = volume.create(1, b"disk.raw", 0o644, Owner::current()).unwrap().ino;
-        let file = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+        let ino = volume.inodes().create(1, b"disk.raw", 0o644, Owner::current()).unwrap().ino;
+        let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
         file.set_len(DISK_BYTES).unwrap();
         prepare(&file);
-        file.fsync().unwrap();
+        file.sync_all().unwrap();
         file.close().unwrap();
         let device = Arc::clone(volume.device());
         let export = ExportSpec { name: "disk.raw".into(), path: "/disk.raw".into() };
@@ -188,8 +188,8 @@ fn discard_punches_and_write_zeroes_zeroes_in_the_extent_map() {
     qemu_io(&served, &["discard 128k 64k", "write -z 256k 64k", "read -P 0 128k 64k"]);
     qemu_io(&served, &["read -P 0 256k 64k", "read -P 7 0 128k"]);
     let (_dir, volume) = served.stop();
-    let ino = volume.resolve("/disk.raw").unwrap();
-    let extents = volume.fiemap(ino).unwrap();
+    let ino = volume.inodes().resolve("/disk.raw").unwrap();
+    let extents = volume.inodes().fiemap(ino).unwrap();
     let kind_at = |offset: u64| {
         extents
             .iter()
@@ -227,7 +227,7 @@ fn a_read_only_export_refuses_writes_and_an_unknown_name_lists_the_exports() {
     let text = String::from_utf8_lossy(&output.stderr);
     assert!(text.contains("no export named \"nope\" (exports: disk.raw)"), "{text}");
     let (_dir, volume) = served.stop();
-    let file = volume.open_path("/disk.raw", OpenFlags::READ).unwrap();
+    let file = volume.inodes().open_path("/disk.raw", OpenFlags::READ).unwrap();
     let mut data = vec![0; 8192];
     file.read_at(&mut data, 0).unwrap();
     assert!(data.iter().all(|byte| *byte == 9), "nothing changed");
@@ -259,15 +259,15 @@ fn a_volume_lives_on_a_file_served_from_another_volume() {
     let uri = PathBuf::from(format!("{}&connections=2", served.uri()));
     Volume::mkfs_path(&uri, None, &MkfsOptions::default(), &options()).unwrap();
     let inner = Volume::open(&uri, &options()).unwrap();
-    let ino = inner.create(1, b"nested", 0o644, Owner::current()).unwrap().ino;
-    let file = inner.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let ino = inner.inodes().create(1, b"nested", 0o644, Owner::current()).unwrap().ino;
+    let file = inner.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     let data: Vec<u8> = (0..1_000_000u32).map(|index| (index % 241) as u8).collect();
     file.write_at(&data, 12345).unwrap();
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     drop(file);
     inner.close().unwrap();
     let inner = Volume::open(&uri, &options()).unwrap();
-    let file = inner.open_file(ino, OpenFlags::READ).unwrap();
+    let file = inner.inodes().open_file(ino, OpenFlags::READ).unwrap();
     let mut back = vec![0; data.len()];
     assert_eq!(file.read_at(&mut back, 12345).unwrap(), data.len());
     assert!(back == data, "the nested file differs");

@@ -249,9 +249,7 @@ impl Volume {
     /// os.rename (replaces what is at `destination`).
     fn rename(&self, py: Python<'_>, source: String, destination: String) -> PyResult<()> {
         self.call(py, |volume| {
-            volume
-                .rename_path(&source, &destination)
-                .map_err(|error| os_error(error, Some(&source)))
+            volume.rename(&source, &destination).map_err(|error| os_error(error, Some(&source)))
         })
     }
 

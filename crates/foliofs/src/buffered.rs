@@ -561,7 +561,7 @@ pub fn set_size(engine: &Engine, inode: &InodeCache, new_size: u64) -> Result<()
     let data = DataPath::new(engine);
     data.zero_block_tail(inode.ino, kept_end)?;
     {
-        let _serial = inode.writeback_lock.lock();
+        let _serial = inode.lock_writeback();
         inode.remove_range(dropped_from, u64::MAX);
     }
     data.commit_size(inode.ino, new_size)?;

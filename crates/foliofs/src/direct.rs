@@ -240,7 +240,9 @@ fn pieces_for(
     plan: &mut WritePlan,
 ) -> Result<Pieces> {
     if plan.pure_overwrite {
-        return Ok(std::mem::take(&mut plan.pieces));
+        let pieces = std::mem::take(&mut plan.pieces);
+        assert_pieces_cover(&pieces, length, ino, pos);
+        return Ok(pieces);
     }
     // Holes become Unwritten space as the walk reaches them.
     let mut pieces = Pieces::new();
@@ -262,7 +264,29 @@ fn pieces_for(
             }
         }
     }
+    assert_pieces_cover(&pieces, length, ino, pos);
     Ok(pieces)
+}
+
+/// What a write's pieces promise the submission: they cover the request's
+/// `length` bytes in order, with neither gap nor overlap, and each has
+/// device space to write to.
+fn assert_pieces_cover(pieces: &[MappedRange], length: u64, ino: u64, pos: u64) {
+    let mut covered = 0;
+    for piece in pieces {
+        assert!(
+            piece.start == covered,
+            "inode {ino}: write at {pos}: piece {piece:?} after {covered}"
+        );
+        assert!(piece.end > piece.start, "inode {ino}: write at {pos}: empty piece {piece:?}");
+        assert!(piece.mapping.kind != MapKind::Hole, "inode {ino}: write at {pos} into a hole");
+        assert!(
+            piece.mapping.kind != MapKind::Delalloc,
+            "inode {ino}: write at {pos} into unallocated space"
+        );
+        covered = piece.end;
+    }
+    assert!(covered == length, "inode {ino}: write at {pos}: {covered} of {length} bytes mapped");
 }
 
 /// After the device completed (or failed) the pieces of a write under the

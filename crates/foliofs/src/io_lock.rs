@@ -20,6 +20,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::lock_order::{Level, Ordered};
+
 /// Granularity of the timestamps a data write advances: like the kernel's
 /// coarse clock, a file written many times a millisecond updates its mtime
 /// once, and the metadata lock is not taken for every write.
@@ -40,15 +42,15 @@ impl InodeIo {
         Self::default()
     }
 
-    pub fn shared(&self) -> RwLockReadGuard<'_, ()> {
-        self.lock.read()
+    pub fn shared(&self) -> Ordered<RwLockReadGuard<'_, ()>> {
+        Ordered::lock(Level::InodeIo, || self.lock.read())
     }
 
     /// The lock held exclusively, with no direct I/O left in flight.
     /// `unplug` hands every request the device holds in a plug to the kernel
     /// (`Device::unplug`); it runs only when there is something to drain.
-    pub fn exclusive(&self, unplug: impl FnOnce()) -> RwLockWriteGuard<'_, ()> {
-        let guard = self.lock.write();
+    pub fn exclusive(&self, unplug: impl FnOnce()) -> Ordered<RwLockWriteGuard<'_, ()>> {
+        let guard = Ordered::lock(Level::InodeIo, || self.lock.write());
         // New direct I/O starts only under the shared lock, and reaches the
         // device before that lock is let go, so the count can only fall from
         // here once the plugs are released.

@@ -19,7 +19,7 @@ use crate::extent::{ExtentKind, ExtentMap, Lookup};
 use crate::format::{ExtentState, Record};
 use crate::meta::{MetaState, MetaStore, Txn};
 
-/// What backs a range of a file, as `Volume::fiemap` reports it.
+/// What backs a range of a file, as `Inodes::fiemap` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MapKind {
     /// No space: reads as zeros.
@@ -180,18 +180,23 @@ fn begin(
     // `pos`, ends no later than the block holding the range's last byte,
     // and is in whole blocks; a hole has no device address.
     let range_end = (pos + length).div_ceil(block_bytes) * block_bytes;
+    let context = || format!("inode {ino}: mapping {mapping:?} for {length} bytes at {pos}");
+    assert!(mapping.length > 0, "empty mapping: {}", context());
+    assert!(mapping.offset <= pos, "mapping starts after the position: {}", context());
+    assert!(mapping.end() > pos, "mapping ends before the position: {}", context());
+    assert!(mapping.end() <= range_end, "mapping runs past the request: {}", context());
+    assert!(mapping.offset.is_multiple_of(block_bytes), "unaligned offset: {}", context());
+    assert!(mapping.length.is_multiple_of(block_bytes), "unaligned length: {}", context());
     assert!(
-        mapping.length > 0
-            && mapping.offset <= pos
-            && mapping.end() > pos
-            && mapping.end() <= range_end
-            && mapping.offset.is_multiple_of(block_bytes)
-            && mapping.length.is_multiple_of(block_bytes)
-            && mapping.dev_offset.is_multiple_of(block_bytes)
-            && (mapping.kind != MapKind::Hole || (mapping.dev_offset == 0 && !mapping.new))
-            && (intent != Intent::Write || mapping.kind != MapKind::Hole),
-        "inode {ino}: mapping {mapping:?} for {length} bytes at {pos} ({intent:?})"
+        mapping.dev_offset.is_multiple_of(block_bytes),
+        "unaligned device offset: {}",
+        context()
     );
+    if mapping.kind == MapKind::Hole {
+        assert!(mapping.dev_offset == 0, "a hole with a device address: {}", context());
+        assert!(!mapping.new, "a hole marked newly allocated: {}", context());
+        assert!(intent != Intent::Write, "a write left a hole unallocated: {}", context());
+    }
     Ok(mapping)
 }
 

@@ -30,15 +30,17 @@
 //! # }
 //! ```
 //!
-//! Beside the path-based calls, [`Volume`] has the inode-level calls a FUSE
-//! front end needs (`lookup`, `create`, `open_file` by inode number, the
-//! root being [`ROOT_INO`]), and files opened `direct` take asynchronous
-//! requests ([`File::read_at_async`], [`File::write_at_async`]) that any
-//! executor, or [`block_on`], drives.
+//! The path calls are spelled as `std::fs` spells them (`create_dir_all`,
+//! `read_dir`, `rename`, `remove_file`, `read_link`, `File::sync_all`, ...).
+//! A front end that speaks in inode numbers, as FUSE does, finds the
+//! inode-level calls in [`Volume::inodes`] (`lookup`, `getattr`, `mknod`,
+//! `open_file`, ..., the root being [`ROOT_INO`]). Files opened `direct`
+//! take asynchronous requests ([`File::read_at_async`],
+//! [`File::write_at_async`]) that any executor, or [`block_on`], drives.
 //!
-//! `ARCHITECTURE.md` maps the layers below. Their modules are public for
-//! the front ends and tests of this workspace but hidden from these docs:
-//! they are not a stable interface.
+//! `ARCHITECTURE.md` maps the layers below; they are private, except what
+//! the workspace's own tools use behind the `internals` feature, which is
+//! not a stable interface.
 
 #![warn(missing_docs)]
 // unsafe lives at the OS boundary only: `dev` (syscalls, io_uring, aligned
@@ -96,6 +98,7 @@ mod io_lock;
 mod iomap;
 mod journal;
 mod layout;
+mod lock_order;
 mod meta;
 mod passthru;
 mod space;

@@ -77,7 +77,7 @@ fn sizes(engine: &Engine, ino: u64) -> Result<(u64, u64)> {
 /// Writes back the cached folios overlapping `[start, end)` and drops them.
 fn flush_and_drop(engine: &Engine, inode: &InodeCache, start: u64, end: u64) -> Result<()> {
     writeback::write_back(engine, inode, start, end)?;
-    let _serial = inode.writeback_lock.lock();
+    let _serial = inode.lock_writeback();
     inode.remove_range(start, end);
     Ok(())
 }
@@ -394,7 +394,7 @@ pub fn seek(engine: &Engine, inode: &InodeCache, pos: u64, whence: Whence) -> Re
     }
     // Writeback takes dirty bits before it converts the blocks under them:
     // between the two, data would look like a hole.
-    let _serial = inode.writeback_lock.lock();
+    let _serial = inode.lock_writeback();
     let want_data = whence == Whence::Data;
     let report = iomap::report_range(&engine.meta, ino, pos, size - pos, engine.block_bytes)?;
     for range in &report.ranges {

@@ -91,7 +91,7 @@ pub(crate) fn write_back_sparing(
     // Under the lock: a writeback in progress has already taken the dirty
     // bits of what it is writing, and returning before it ends would let an
     // fsync or a direct read overtake data not yet on disk.
-    let _serial = inode.writeback_lock.lock();
+    let _serial = inode.lock_writeback();
     // Any writeback that leaves the file clean lets the on-disk size catch
     // up, not only a whole-file one: a range writeback (a direct read's, a
     // truncate's) may be the retry that cleans a file whose size growth an
@@ -602,7 +602,7 @@ pub fn sync_for_direct(
     let end = pos.saturating_add(length);
     write_back(engine, inode, pos, end)?;
     if invalidate {
-        let _serial = inode.writeback_lock.lock();
+        let _serial = inode.lock_writeback();
         inode.remove_range(pos, end);
     }
     Ok(())

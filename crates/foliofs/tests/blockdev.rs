@@ -82,16 +82,16 @@ fn mkfs(device: &Path, size_bytes: Option<u64>, block_bytes: u32) -> foliofs::Re
 }
 
 fn write_file(volume: &Volume, name: &[u8], data: &[u8]) -> u64 {
-    let ino = volume.create(ROOT, name, 0o644, OWNER).unwrap().ino;
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let ino = volume.inodes().create(ROOT, name, 0o644, OWNER).unwrap().ino;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     file.write_at(data, 0).unwrap();
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     ino
 }
 
 fn read_file(volume: &Volume, name: &[u8], length: usize) -> Vec<u8> {
-    let ino = volume.lookup(ROOT, name).unwrap().ino;
-    let file = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let ino = volume.inodes().lookup(ROOT, name).unwrap().ino;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
     let mut data = vec![0; length];
     assert_eq!(file.read_at(&mut data, 0).unwrap(), length);
     data
@@ -194,7 +194,7 @@ fn discard_reaches_the_device() {
     volume.sync().unwrap();
     let with_file = device.backing_allocated_bytes();
 
-    volume.unlink(ROOT, b"big").unwrap();
+    volume.inodes().unlink(ROOT, b"big").unwrap();
     volume.sync().unwrap();
     let removed = device.backing_allocated_bytes();
     assert!(

@@ -32,13 +32,13 @@ fn data_region_bytes(volume: &Volume) -> std::ops::Range<u64> {
 }
 
 fn create(volume: &Volume, name: &str) -> u64 {
-    volume.create(ROOT, name.as_bytes(), 0o644, owner()).expect("create").ino
+    volume.inodes().create(ROOT, name.as_bytes(), 0o644, owner()).expect("create").ino
 }
 
 fn read_all(volume: &Volume, ino: u64) -> Vec<u8> {
-    let size = volume.getattr(ino).expect("getattr").size as usize;
+    let size = volume.inodes().getattr(ino).expect("getattr").size as usize;
     let mut content = vec![0; size];
-    let file = volume.open_file(ino, OpenFlags::READ).expect("open");
+    let file = volume.inodes().open_file(ino, OpenFlags::READ).expect("open");
     assert_eq!(file.read_at(&mut content, 0).expect("read"), size);
     content
 }
@@ -50,8 +50,8 @@ fn random_ops_match_a_model_with(seed: u64, block_bytes: u32, list: &str) {
     let options = options_with(list);
     let (device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
     let ino = create(&volume, "model");
-    let buffered = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
-    let direct = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+    let buffered = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let direct = volume.inodes().open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut model: Vec<u8> = Vec::new();
     let file_bytes_max = 1usize << 20;
@@ -91,7 +91,7 @@ fn random_ops_match_a_model_with(seed: u64, block_bytes: u32, list: &str) {
                 model.resize(size, 0);
             }
             68..=75 => {
-                if rng.random_bool(0.5) { buffered.fsync() } else { buffered.fdatasync() }
+                if rng.random_bool(0.5) { buffered.sync_all() } else { buffered.sync_data() }
                     .unwrap_or_else(|error| panic!("{context}: fsync: {error}"));
             }
             76..=87 => {
@@ -115,7 +115,11 @@ fn random_ops_match_a_model_with(seed: u64, block_bytes: u32, list: &str) {
                 assert!(buffer[..read] == *expected, "{context}: direct read at {pos}");
             }
         }
-        assert_eq!(volume.getattr(ino).unwrap().size, model.len() as u64, "{context}: size");
+        assert_eq!(
+            volume.inodes().getattr(ino).unwrap().size,
+            model.len() as u64,
+            "{context}: size"
+        );
     }
     drop((buffered, direct));
     volume.close().unwrap();
@@ -185,9 +189,9 @@ fn written_file(list: &str, block_bytes: u32, file_bytes: usize) -> (Arc<FaultDe
     let options = options_with(list);
     let (device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
     let ino = create(&volume, "file");
-    let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
     file.write_at(&pattern(5, file_bytes), 0).unwrap();
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     drop(file);
     volume.close().unwrap();
     let (device, volume) = open_image_with(device.image(), &options).unwrap();
@@ -215,11 +219,11 @@ fn dirty_blocks_alone_are_written_back(block_bytes: u32) {
         [("dirty=block,folio_max=64k", block.max(4096)), ("dirty=folio,folio_max=64k", 65536)];
     for (list, bytes_per_write) in cases {
         let (_device, volume, ino) = written_and_cached(list, block_bytes, 1 << 20);
-        let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+        let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
         let before = volume.device().stats();
         for index in 0..16u64 {
             file.write_at(&[index as u8; 4096], index * 65536 + 8192).unwrap();
-            file.fdatasync().unwrap();
+            file.sync_data().unwrap();
         }
         let delta = volume.device().stats().since(&before);
         assert_eq!(delta.bytes_read, 0, "{list}: the file was cached");
@@ -232,7 +236,7 @@ fn dirty_blocks_alone_are_written_back(block_bytes: u32) {
 fn a_partial_block_write_reads_only_that_block(block_bytes: u32) {
     let block = block_bytes as usize;
     let (_device, volume, ino) = written_file("", block_bytes, 256 << 10);
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     let before = volume.device().stats();
     file.write_at(b"x", 100_000).unwrap();
     let delta = volume.device().stats().since(&before);
@@ -253,7 +257,7 @@ fn a_partial_block_write_reads_only_that_block(block_bytes: u32) {
 
 fn sequential_reads_grow_the_readahead_window(block_bytes: u32) {
     let (_device, volume, ino) = written_file("", block_bytes, 8 << 20);
-    let file = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
     let before = volume.device().stats();
     let mut buffer = vec![0; 4096];
     for index in 0..2048u64 {
@@ -274,7 +278,7 @@ fn sequential_reads_grow_the_readahead_window(block_bytes: u32) {
 /// costs no device read.
 fn a_sequential_reader_is_read_ahead_in_the_background(block_bytes: u32) {
     let (_device, volume, ino) = written_file("", block_bytes, 8 << 20);
-    let file = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
     let before = volume.device().stats();
     let mut buffer = vec![0; 64 << 10];
     assert_eq!(file.read_at(&mut buffer, 0).unwrap(), buffer.len());
@@ -306,7 +310,7 @@ fn a_sequential_reader_is_read_ahead_in_the_background(block_bytes: u32) {
 /// window.
 fn random_reads_read_only_their_own_blocks(block_bytes: u32) {
     let (_device, volume, ino) = written_file("", block_bytes, 8 << 20);
-    let file = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
     let expected = pattern(5, 8 << 20);
     let unit = u64::from(block_bytes).max(4096);
     let stride = 512u64 << 10;
@@ -321,7 +325,7 @@ fn random_reads_read_only_their_own_blocks(block_bytes: u32) {
     assert_eq!(delta.bytes_read, 16 * unit, "16 random reads of {unit} bytes");
     assert_eq!(delta.read_requests, 16);
     // Another handle's stream left two units cached before this read.
-    let stream = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let stream = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
     let start = 4 * stride;
     let mut two = vec![0; 2 * unit as usize];
     assert_eq!(stream.read_at(&mut two, start).unwrap(), two.len());
@@ -339,8 +343,8 @@ fn buffered_and_direct_see_each_other(block_bytes: u32) {
     let (_device, volume) =
         new_volume_with_options(16 << 20, block_bytes, None, &common::options());
     let ino = create(&volume, "shared");
-    let buffered = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
-    let direct = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+    let buffered = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let direct = volume.inodes().open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
     buffered.write_at(&pattern(1, 20_000), 0).unwrap();
     let mut seen = AlignedBuf::zeroed(20_480);
     assert_eq!(direct.read_at(&mut seen, 0).unwrap(), 20_000, "dirty data written back first");
@@ -358,14 +362,14 @@ fn truncation_drops_cached_bytes_past_the_end(block_bytes: u32) {
     let options = common::options();
     let (device, volume) = new_volume_with_options(32 << 20, block_bytes, None, &options);
     let ino = create(&volume, "t");
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     file.write_at(&pattern(3, 100_000), 0).unwrap();
     file.set_len(50_001).unwrap();
     file.set_len(120_000).unwrap();
     let mut expected = pattern(3, 50_001);
     expected.resize(120_000, 0);
     assert!(read_all(&volume, ino) == expected, "cached");
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     drop(file);
     volume.close().unwrap();
     let (_, volume) = open_image_with(device.image(), &options).unwrap();
@@ -383,14 +387,14 @@ fn seed_001_sequence_leaves_no_delalloc(block_bytes: u32) {
     let (_device, volume) =
         new_volume_with_options(16 << 20, block_bytes, None, &common::options());
     let ino = create(&volume, "testfile");
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     file.set_len(4096).unwrap();
     let mut mapped = vec![0; 4096];
     assert_eq!(file.read_at(&mut mapped, 0).unwrap(), 4096);
     file.write_at(b"a", 0).unwrap();
     file.write_at(b"b", 2048).unwrap();
-    file.fsync().unwrap();
-    let extents = volume.fiemap(ino).unwrap();
+    file.sync_all().unwrap();
+    let extents = volume.inodes().fiemap(ino).unwrap();
     assert!(extents.iter().all(|extent| extent.kind == MapKind::Written), "{extents:?}");
     let blocks: Vec<u64> = extents
         .iter()
@@ -414,7 +418,7 @@ fn a_full_volume_fails_the_write_not_the_writeback(block_bytes: u32) {
     let mut acknowledged = 0u64;
     'fill: for index in 0.. {
         let ino = create(&volume, &format!("f{index}"));
-        let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+        let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
         let mut size = 0;
         for chunk in 0..8u64 {
             match file.write_at(&pattern(index * 8 + chunk, 100_000), chunk * 100_000) {
@@ -459,19 +463,19 @@ fn writeback_errors_reach_every_handle_once_and_data_is_retried(block_bytes: u32
     let options = common::options();
     let (device, volume) = new_volume_with_options(16 << 20, block_bytes, None, &options);
     let ino = create(&volume, "e");
-    let first = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
-    let second = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let first = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let second = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
     first.write_at(&pattern(9, 50_000), 0).unwrap();
     device.add_rule(FaultRule::next(FaultOp::Write, 1).in_range(data_region_bytes(&volume)));
-    let error = first.fsync().unwrap_err();
+    let error = first.sync_all().unwrap_err();
     assert_eq!(error.errno(), libc::EIO, "{error}");
     assert!(error.to_string().contains("writeback"), "names what failed: {error}");
-    first.fsync().expect("the retry succeeds and the failure was reported already");
-    let error = second.fsync().unwrap_err();
+    first.sync_all().expect("the retry succeeds and the failure was reported already");
+    let error = second.sync_all().unwrap_err();
     assert_eq!(error.errno(), libc::EIO, "the other handle hears of it too");
-    second.fsync().unwrap();
-    let third = volume.open_file(ino, OpenFlags::READ).unwrap();
-    third.fsync().expect("a handle opened after the report has nothing to hear");
+    second.sync_all().unwrap();
+    let third = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
+    third.sync_all().expect("a handle opened after the report has nothing to hear");
     drop((first, second, third));
     volume.close().unwrap();
     let (_, volume) = open_image_with(device.image(), &options).unwrap();
@@ -484,7 +488,7 @@ fn writes_larger_than_the_cache_survive_remount(block_bytes: u32) {
     let options = options_with(list);
     let (device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
     let ino = create(&volume, "big");
-    let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
     let data = pattern(11, 24 << 20);
     for (index, chunk) in data.chunks(100_000).enumerate() {
         file.write_at(chunk, index as u64 * 100_000).unwrap();
@@ -510,7 +514,7 @@ fn buffered_writers_are_paced_by_the_measured_write_bandwidth() {
     let ino = create(&volume, "paced");
     let disk_bytes_per_s: u64 = 32 << 20;
     device.limit_write_bandwidth(Some(disk_bytes_per_s));
-    let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
     let data = pattern(21, 24 << 20);
     for (index, chunk) in data.chunks(64 << 10).enumerate() {
         file.write_at(chunk, index as u64 * (64 << 10)).unwrap();
@@ -533,7 +537,7 @@ fn buffered_writers_are_paced_by_the_measured_write_bandwidth() {
 }
 
 fn cached_bytes_of(volume: &Volume, ino: u64) -> u64 {
-    volume.cached_folios(ino).iter().map(|&(_, bytes)| bytes as u64).sum()
+    volume.inodes().cached_folios(ino).iter().map(|&(_, bytes)| bytes as u64).sum()
 }
 
 /// A sequential stream longer than the dirty limit drops its written-back
@@ -546,24 +550,24 @@ fn a_long_stream_recycles_its_folios_behind_it(block_bytes: u32) {
     let (device, volume) = new_volume_with_options(128 << 20, block_bytes, None, &options);
     let small = create(&volume, "small");
     let small_data = pattern(5, 3 << 20);
-    let file = volume.open_file(small, OpenFlags::WRITE).unwrap();
+    let file = volume.inodes().open_file(small, OpenFlags::WRITE).unwrap();
     for (index, chunk) in small_data.chunks(256 << 10).enumerate() {
         file.write_at(chunk, index as u64 * (256 << 10)).unwrap();
     }
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     drop(file);
     let ino = create(&volume, "stream");
     let data = pattern(6, 32 << 20);
-    let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
     for (index, chunk) in data.chunks(1 << 20).enumerate() {
         file.write_at(chunk, index as u64 * (1 << 20)).unwrap();
         if index % 2 == 1 {
-            file.fsync().unwrap();
+            file.sync_all().unwrap();
         }
     }
     let stream_cached_bytes = cached_bytes_of(&volume, ino);
     assert!(stream_cached_bytes <= 6 << 20, "the stream keeps {stream_cached_bytes} bytes cached");
-    let first_cached = volume.cached_folios(ino)[0].0;
+    let first_cached = volume.inodes().cached_folios(ino)[0].0;
     assert!(first_cached >= 26 << 20, "the stream's tail stays cached, from {first_cached}");
     assert_eq!(cached_bytes_of(&volume, small), 3 << 20, "the small file stays cached");
     let stats = volume.cache_stats();
@@ -590,23 +594,23 @@ fn a_stream_that_comes_round_again_recycles_the_last_pass_tail(block_bytes: u32)
         options_with("cache_bytes=64M,dirty_bytes=4M,folio_max=1M,writeback_interval_ms=0");
     let (device, volume) = new_volume_with_options(128 << 20, block_bytes, None, &options);
     let ino = create(&volume, "ring");
-    let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
     let mut data = pattern(7, 32 << 20);
     let write_pass = |data: &[u8], bytes: u64| {
         for index in 0..bytes / MIB {
             let at = index * MIB;
             file.write_at(&data[at as usize..(at + MIB) as usize], at).unwrap();
             if index % 2 == 1 {
-                file.fsync().unwrap();
+                file.sync_all().unwrap();
             }
         }
     };
     write_pass(&data, 32 * MIB);
-    let tail_start = volume.cached_folios(ino)[0].0;
+    let tail_start = volume.inodes().cached_folios(ino)[0].0;
     assert!(tail_start >= 20 * MIB, "the first pass keeps its tail cached, from {tail_start}");
     data[..8 << 20].copy_from_slice(&pattern(8, 8 << 20));
     write_pass(&data, 8 * MIB);
-    let cached = volume.cached_folios(ino);
+    let cached = volume.inodes().cached_folios(ino);
     let (last_cached, _) = *cached.last().unwrap();
     assert!(
         last_cached < 16 * MIB,
@@ -623,7 +627,7 @@ fn a_stream_that_comes_round_again_recycles_the_last_pass_tail(block_bytes: u32)
 /// The folios of `ino` tile the file without overlapping, each a power of
 /// two aligned to its size, at least a block and at most `folio_max_bytes`.
 fn assert_folios_well_formed(volume: &Volume, ino: u64, block_bytes: usize, folio_max: usize) {
-    let folios = volume.cached_folios(ino);
+    let folios = volume.inodes().cached_folios(ino);
     for pair in folios.windows(2) {
         assert!(pair[0].0 + pair[0].1 as u64 <= pair[1].0, "overlapping folios: {pair:?}");
     }
@@ -641,12 +645,12 @@ fn a_small_write_into_a_new_file_makes_a_small_folio(block_bytes: u32) {
     let (_device, volume) =
         new_volume_with_options(64 << 20, block_bytes, None, &common::options());
     let ino = create(&volume, "small");
-    let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
     file.write_at(&pattern(1, 4096), 0).unwrap();
-    assert_eq!(volume.cached_folios(ino), vec![(0, block.max(4096))]);
+    assert_eq!(volume.inodes().cached_folios(ino), vec![(0, block.max(4096))]);
     let tiny = create(&volume, "tiny");
-    volume.open_file(tiny, OpenFlags::WRITE).unwrap().write_at(&[9; 100], 0).unwrap();
-    assert_eq!(volume.cached_folios(tiny), vec![(0, block)]);
+    volume.inodes().open_file(tiny, OpenFlags::WRITE).unwrap().write_at(&[9; 100], 0).unwrap();
+    assert_eq!(volume.inodes().cached_folios(tiny), vec![(0, block)]);
     let stats = volume.cache_stats();
     assert_eq!((stats.folios, stats.cached_bytes), (2, (block.max(4096) + block) as u64));
     drop(file);
@@ -663,13 +667,13 @@ fn sequential_writes_grow_folios_up_to_folio_max(block_bytes: u32) {
     let options = options_with("folio_max=256k");
     let (_device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
     let ino = create(&volume, "stream");
-    let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
     let data = pattern(3, 2 << 20);
     for (index, chunk) in data.chunks(4096).enumerate() {
         file.write_at(chunk, index as u64 * 4096).unwrap();
     }
     assert_folios_well_formed(&volume, ino, block, folio_max);
-    let folios = volume.cached_folios(ino);
+    let folios = volume.inodes().cached_folios(ino);
     let sizes: Vec<usize> = folios.iter().map(|&(_, bytes)| bytes).collect();
     // Each folio at a power of two as large as its offset (the first one
     // the write), until folio_max: 4k 4k 8k ... 128k, then 256k.
@@ -683,7 +687,7 @@ fn sequential_writes_grow_folios_up_to_folio_max(block_bytes: u32) {
     assert_eq!(volume.cache_stats().cached_bytes, 2 << 20, "no folio past the data");
     // A write elsewhere starts small again.
     file.write_at(&[1; 4096], 16 << 20).unwrap();
-    assert_eq!(volume.cached_folios(ino).last(), Some(&(16 << 20, first)));
+    assert_eq!(volume.inodes().cached_folios(ino).last(), Some(&(16 << 20, first)));
     drop(file);
     let mut expected_data = data;
     expected_data.resize(16 << 20, 0);
@@ -703,7 +707,7 @@ fn many_small_files_stay_within_twice_their_data(block_bytes: u32) {
     let mut inos = Vec::new();
     for index in 0..files {
         let ino = create(&volume, &format!("f{index}"));
-        let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+        let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
         file.write_at(&data, 0).unwrap();
         file.close().unwrap();
         inos.push(ino);
@@ -729,7 +733,7 @@ fn mixed_folio_sizes_and_overlaps_read_back_exact(block_bytes: u32) {
     let options = options_with("folio_max=1M");
     let (device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
     let ino = create(&volume, "mixed");
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     let mut model = Vec::new();
     let write = |data: Vec<u8>, pos: usize, model: &mut Vec<u8>| {
         assert_eq!(file.write_at(&data, pos as u64).unwrap(), data.len());
@@ -751,14 +755,14 @@ fn mixed_folio_sizes_and_overlaps_read_back_exact(block_bytes: u32) {
     write(pattern(99, 1_000_000), 3_000_000, &mut model);
     assert_folios_well_formed(&volume, ino, block, 1 << 20);
     assert!(read_all(&volume, ino) == model, "cached content");
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     // Drop the folios past 3.5 MB and part of one, then read ranges that
     // readahead fills around the folios left.
     file.set_len(3_500_000).unwrap();
     model.truncate(3_500_000);
     file.set_len(4 << 20).unwrap();
     model.resize(4 << 20, 0);
-    let direct = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+    let direct = volume.inodes().open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
     let unit = common::direct_unit(block_bytes);
     let overwrite = AlignedBuf::from_slice(&pattern(7, 64 * unit));
     direct.write_at(&overwrite, (1_500_000 / unit * unit) as u64).unwrap();
@@ -789,23 +793,24 @@ fn dirty_folio_writes_back_whole_folios_of_a_file_written_small(block_bytes: u32
         let options = options_with(list);
         let (device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
         let ino = create(&volume, "file");
-        let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+        let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
         let data = pattern(5, 1 << 20);
         for (index, chunk) in data.chunks(4096).enumerate() {
             file.write_at(chunk, index as u64 * 4096).unwrap();
         }
-        file.fsync().unwrap();
+        file.sync_all().unwrap();
         drop(file);
         volume.close().unwrap();
         let (_device, volume) = open_image_with(device.image(), &options).unwrap();
         assert!(read_all(&volume, ino) == data);
-        let sizes: Vec<usize> = volume.cached_folios(ino).iter().map(|&(_, bytes)| bytes).collect();
+        let sizes: Vec<usize> =
+            volume.inodes().cached_folios(ino).iter().map(|&(_, bytes)| bytes).collect();
         assert_eq!(sizes, vec![65536; 16], "{list}: the pre-read caches 64 KiB folios");
-        let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+        let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
         let before = volume.device().stats();
         for index in 0..16u64 {
             file.write_at(&[index as u8; 4096], index * 65536 + 8192).unwrap();
-            file.fdatasync().unwrap();
+            file.sync_data().unwrap();
         }
         let delta = volume.device().stats().since(&before);
         assert_eq!(delta.bytes_read, 0, "{list}: the file was cached");
@@ -825,14 +830,14 @@ fn drop_behind_keeps_no_copy_of_what_was_read_or_written_back(block_bytes: u32) 
     let (_device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
     let ino = create(&volume, "cached-by-the-kernel");
     let data = pattern(21, 4 << 20);
-    let writer = volume.open_file(ino, OpenFlags::WRITE.with_drop_behind()).unwrap();
+    let writer = volume.inodes().open_file(ino, OpenFlags::WRITE.with_drop_behind()).unwrap();
     writer.write_at(&data, 0).unwrap();
     assert!(volume.cache_stats().cached_bytes >= data.len() as u64, "dirty data stays cached");
-    writer.fsync().unwrap();
-    assert_eq!(volume.cached_folios(ino), vec![], "written back, then dropped");
+    writer.sync_all().unwrap();
+    assert_eq!(volume.inodes().cached_folios(ino), vec![], "written back, then dropped");
     drop(writer);
 
-    let reader = volume.open_file(ino, OpenFlags::READ.with_drop_behind()).unwrap();
+    let reader = volume.inodes().open_file(ino, OpenFlags::READ.with_drop_behind()).unwrap();
     let request = 64 << 10;
     let mut buffer = vec![0; request];
     for pos in (0..folio_max + request).step_by(request) {
@@ -840,19 +845,22 @@ fn drop_behind_keeps_no_copy_of_what_was_read_or_written_back(block_bytes: u32) 
         assert!(buffer == data[pos..pos + request], "bytes at {pos}");
     }
     // The reads ended inside the second folio: it stays, the first went.
-    let cached = volume.cached_folios(ino);
+    let cached = volume.inodes().cached_folios(ino);
     assert!(cached.iter().all(|&(pos, _)| pos >= folio_max as u64), "{cached:?}");
     assert!(cached.iter().any(|&(pos, _)| pos == folio_max as u64), "{cached:?}");
     for pos in (folio_max + request..data.len()).step_by(request) {
         assert_eq!(reader.read_at(&mut buffer, pos as u64).unwrap(), request);
         assert!(buffer == data[pos..pos + request], "bytes at {pos}");
     }
-    assert_eq!(volume.cached_folios(ino), vec![], "read to the end of file: nothing kept");
+    assert_eq!(volume.inodes().cached_folios(ino), vec![], "read to the end of file: nothing kept");
     drop(reader);
 
-    let keeper = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let keeper = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
     assert_eq!(keeper.read_at(&mut buffer, 0).unwrap(), request);
-    assert!(!volume.cached_folios(ino).is_empty(), "without drop-behind the read is cached");
+    assert!(
+        !volume.inodes().cached_folios(ino).is_empty(),
+        "without drop-behind the read is cached"
+    );
 }
 
 /// `File::read_in_place` hands out the file's bytes where one cached folio
@@ -865,12 +873,12 @@ fn reads_in_place_hand_out_the_cached_bytes_of_one_folio(block_bytes: u32) {
     let (device, volume) = new_volume_with_options(64 << 20, block_bytes, None, &options);
     let ino = create(&volume, "served");
     let data = pattern(23, 2 * folio_max + 1000);
-    let writer = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    let writer = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
     writer.write_at(&data, 0).unwrap();
     drop(writer);
     volume.close().unwrap();
     let (_, volume) = open_image_with(device.image(), &options).unwrap();
-    let reader = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let reader = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
     let in_place = |pos: usize, length: usize| {
         reader.read_in_place(pos as u64, length, |bytes| bytes.to_vec()).unwrap()
     };
@@ -883,7 +891,7 @@ fn reads_in_place_hand_out_the_cached_bytes_of_one_folio(block_bytes: u32) {
     reader.read_at(&mut buffer, 2 * folio_max as u64).unwrap();
     let tail = in_place(2 * folio_max, 1 << 20).expect("the last folio");
     assert!(tail == data[2 * folio_max..], "clipped at the end of file");
-    let direct = volume.open_file(ino, OpenFlags::READ.with_direct()).unwrap();
+    let direct = volume.inodes().open_file(ino, OpenFlags::READ.with_direct()).unwrap();
     let mut called = false;
     assert_eq!(direct.read_in_place(0, 4096, |_| called = true).unwrap(), None);
     assert!(!called);

@@ -30,17 +30,20 @@ block_size_tests!(
 /// A volume with a checkpoint and journal groups after it, and its tree.
 fn built_image(block_bytes: u32) -> (Vec<u8>, Superblock, Tree) {
     let (device, volume) = new_volume(8 << 20, block_bytes);
-    let dir = volume.mkdir(ROOT, b"dir", 0o755, owner()).unwrap();
+    let dir = volume.inodes().mkdir(ROOT, b"dir", 0o755, owner()).unwrap();
     for index in 0..6u64 {
-        let attr = volume.create(dir.ino, format!("f{index}").as_bytes(), 0o644, owner()).unwrap();
-        let file = volume.open_file(attr.ino, OpenFlags::WRITE).unwrap();
+        let attr = volume
+            .inodes()
+            .create(dir.ino, format!("f{index}").as_bytes(), 0o644, owner())
+            .unwrap();
+        let file = volume.inodes().open_file(attr.ino, OpenFlags::WRITE).unwrap();
         file.write_at(&pattern(index, 3000 * index as usize + 1), 0).unwrap();
-        file.fsync().unwrap();
+        file.sync_all().unwrap();
         if index == 2 {
             volume.checkpoint().unwrap();
         }
     }
-    volume.symlink(ROOT, b"link", b"dir/f1", owner()).unwrap();
+    volume.inodes().symlink(ROOT, b"link", b"dir/f1", owner()).unwrap();
     volume.sync().unwrap();
     let tree = tree_of(&volume);
     let image = device.image();
@@ -53,22 +56,23 @@ fn tree_of(volume: &Volume) -> Tree {
     let mut out = Vec::new();
     let mut stack = vec![(String::new(), ROOT)];
     while let Some((path, dir)) = stack.pop() {
-        for entry in volume.readdir(dir).unwrap() {
+        for entry in volume.inodes().readdir(dir).unwrap() {
             let child = format!("{path}/{}", String::from_utf8_lossy(&entry.name));
             let content = match entry.kind {
                 InodeKind::Dir => {
                     stack.push((child.clone(), entry.ino));
                     Vec::new()
                 }
-                InodeKind::Symlink => volume.readlink(entry.ino).unwrap(),
+                InodeKind::Symlink => volume.inodes().readlink(entry.ino).unwrap(),
                 InodeKind::Fifo
                 | InodeKind::Socket
                 | InodeKind::CharDevice
                 | InodeKind::BlockDevice => Vec::new(),
                 InodeKind::File => {
-                    let size = volume.getattr(entry.ino).unwrap().size as usize;
+                    let size = volume.inodes().getattr(entry.ino).unwrap().size as usize;
                     let mut data = vec![0u8; size];
                     volume
+                        .inodes()
                         .open_file(entry.ino, OpenFlags::READ)
                         .unwrap()
                         .read_at(&mut data, 0)
@@ -214,9 +218,10 @@ fn stale_groups_behind_a_damaged_one_never_replay(block_bytes: u32) {
     let superblock = volume.superblock().clone();
     let mut group_offsets = Vec::new();
     for index in 1..=5 {
-        let attr = volume.create(ROOT, format!("a{index}").as_bytes(), 0o644, owner()).unwrap();
+        let attr =
+            volume.inodes().create(ROOT, format!("a{index}").as_bytes(), 0o644, owner()).unwrap();
         let before = device.log_len();
-        volume.open_file(attr.ino, OpenFlags::READ).unwrap().fsync().unwrap();
+        volume.inodes().open_file(attr.ino, OpenFlags::READ).unwrap().sync_all().unwrap();
         let log = device.log();
         let group = log[before..].iter().find_map(|entry| match entry {
             foliofs::dev::fault::LogEntry::Write { offset, fua: true, .. } => Some(*offset),
@@ -233,15 +238,15 @@ fn stale_groups_behind_a_damaged_one_never_replay(block_bytes: u32) {
 
     let (device, volume) = open_image(image).unwrap();
     let names: Vec<Vec<u8>> =
-        volume.readdir(ROOT).unwrap().into_iter().map(|entry| entry.name).collect();
+        volume.inodes().readdir(ROOT).unwrap().into_iter().map(|entry| entry.name).collect();
     assert_eq!(names, vec![b"a1".to_vec(), b"a2".to_vec()], "replay stops at the damaged group");
-    let attr = volume.create(ROOT, b"b3", 0o644, owner()).unwrap();
-    volume.open_file(attr.ino, OpenFlags::READ).unwrap().fsync().unwrap();
+    let attr = volume.inodes().create(ROOT, b"b3", 0o644, owner()).unwrap();
+    volume.inodes().open_file(attr.ino, OpenFlags::READ).unwrap().sync_all().unwrap();
     let image = device.image();
     drop(volume);
 
     let (_, volume) = open_image(image).unwrap();
     let names: Vec<Vec<u8>> =
-        volume.readdir(ROOT).unwrap().into_iter().map(|entry| entry.name).collect();
+        volume.inodes().readdir(ROOT).unwrap().into_iter().map(|entry| entry.name).collect();
     assert_eq!(names, vec![b"a1".to_vec(), b"a2".to_vec(), b"b3".to_vec()]);
 }

@@ -48,13 +48,13 @@ fn read_tree(volume: &Volume) -> Tree {
     let mut tree = Tree::new();
     let mut stack = vec![(String::new(), ROOT)];
     while let Some((path, dir)) = stack.pop() {
-        for entry in volume.readdir(dir).expect("readdir") {
+        for entry in volume.inodes().readdir(dir).expect("readdir") {
             let child = format!("{path}/{}", String::from_utf8_lossy(&entry.name));
             let content = match entry.kind {
                 InodeKind::File => {
-                    let size = volume.getattr(entry.ino).expect("getattr").size as usize;
+                    let size = volume.inodes().getattr(entry.ino).expect("getattr").size as usize;
                     let mut content = vec![0u8; size];
-                    let file = volume.open_file(entry.ino, OpenFlags::READ).expect("open");
+                    let file = volume.inodes().open_file(entry.ino, OpenFlags::READ).expect("open");
                     assert_eq!(file.read_at(&mut content, 0).expect("read"), size);
                     content
                 }
@@ -80,10 +80,10 @@ fn read_tree(volume: &Volume) -> Tree {
 fn freed_blocks_are_reused_only_after_their_free_is_durable(block_bytes: u32) {
     let (device, volume) = new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(JOURNAL_BYTES));
     let old_data = pattern(1, 40 << 10);
-    let old = volume.create(ROOT, b"old", 0o644, owner()).unwrap();
-    volume.open_file(old.ino, OpenFlags::WRITE).unwrap().write_at(&old_data, 0).unwrap();
-    let filler = volume.create(ROOT, b"filler", 0o644, owner()).unwrap();
-    let filler_file = volume.open_file(filler.ino, OpenFlags::WRITE).unwrap();
+    let old = volume.inodes().create(ROOT, b"old", 0o644, owner()).unwrap();
+    volume.inodes().open_file(old.ino, OpenFlags::WRITE).unwrap().write_at(&old_data, 0).unwrap();
+    let filler = volume.inodes().create(ROOT, b"filler", 0o644, owner()).unwrap();
+    let filler_file = volume.inodes().open_file(filler.ino, OpenFlags::WRITE).unwrap();
     let mut filled = 0u64;
     for chunk in [1 << 20, block_bytes as usize] {
         while filler_file.write_at(&vec![0x5A; chunk], filled).is_ok_and(|written| written == chunk)
@@ -96,11 +96,15 @@ fn freed_blocks_are_reused_only_after_their_free_is_durable(block_bytes: u32) {
     assert!(volume.statfs().available_blocks < 10, "the volume is full");
     device.reset_log();
 
-    volume.unlink(ROOT, b"old").unwrap();
+    volume.inodes().unlink(ROOT, b"old").unwrap();
     let new_data = pattern(2, 40 << 10);
-    let new = volume.create(ROOT, b"new", 0o644, owner()).unwrap();
-    let written =
-        volume.open_file(new.ino, OpenFlags::WRITE).unwrap().write_at(&new_data, 0).unwrap();
+    let new = volume.inodes().create(ROOT, b"new", 0o644, owner()).unwrap();
+    let written = volume
+        .inodes()
+        .open_file(new.ino, OpenFlags::WRITE)
+        .unwrap()
+        .write_at(&new_data, 0)
+        .unwrap();
     assert_eq!(written, new_data.len(), "the freed space is reused after a commit");
 
     for cut in 0..=device.log_len() {
@@ -130,11 +134,11 @@ fn shifted_blocks_are_overwritten_only_after_the_shift_is_durable(block_bytes: u
     for mode in [FallocateMode::CollapseRange, FallocateMode::InsertRange] {
         let (device, volume) =
             new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(JOURNAL_BYTES));
-        let ino = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
-        let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+        let ino = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+        let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
         let before = pattern(1, 8 * block);
         file.write_at(&before, 0).unwrap();
-        file.fsync().unwrap();
+        file.sync_all().unwrap();
         device.reset_log();
         // Blocks 4.. move to 2.. (collapse) or to 6.. (insert); the first of
         // them is then overwritten at its new place.
@@ -180,10 +184,12 @@ fn buffered_appends_recover_as_exact_prefixes(block_bytes: u32) {
         let names = ["a", "b", "c"];
         let inos: Vec<u64> = names
             .iter()
-            .map(|name| volume.create(ROOT, name.as_bytes(), 0o644, owner()).unwrap().ino)
+            .map(|name| volume.inodes().create(ROOT, name.as_bytes(), 0o644, owner()).unwrap().ino)
             .collect();
-        let handles: Vec<_> =
-            inos.iter().map(|&ino| volume.open_file(ino, OpenFlags::WRITE).unwrap()).collect();
+        let handles: Vec<_> = inos
+            .iter()
+            .map(|&ino| volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap())
+            .collect();
         volume.sync().unwrap();
         device.reset_log();
         let mut contents: Vec<Vec<u8>> = vec![Vec::new(); names.len()];
@@ -199,7 +205,7 @@ fn buffered_appends_recover_as_exact_prefixes(block_bytes: u32) {
                     contents[file].extend_from_slice(&data);
                 }
                 7..=8 => {
-                    handles[file].fsync().unwrap();
+                    handles[file].sync_all().unwrap();
                     synced.push((device.log_len(), file, contents[file].len()));
                 }
                 // What the flusher would do at any moment.
@@ -219,10 +225,10 @@ fn buffered_appends_recover_as_exact_prefixes(block_bytes: u32) {
                 });
                 let (_, recovered) = open_image(image).unwrap();
                 for (file, name) in names.iter().enumerate() {
-                    let ino = recovered.lookup(ROOT, name.as_bytes()).unwrap().ino;
-                    let size = recovered.getattr(ino).unwrap().size as usize;
+                    let ino = recovered.inodes().lookup(ROOT, name.as_bytes()).unwrap().ino;
+                    let size = recovered.inodes().getattr(ino).unwrap().size as usize;
                     let mut found = vec![0u8; size];
-                    let handle = recovered.open_file(ino, OpenFlags::READ).unwrap();
+                    let handle = recovered.inodes().open_file(ino, OpenFlags::READ).unwrap();
                     assert_eq!(handle.read_at(&mut found, 0).unwrap(), size);
                     let context =
                         format!("seed {seed}, crash at {cut}, variant {variant}, file {name}");
@@ -260,8 +266,8 @@ fn syncfs_waits_for_writeback_already_in_progress(block_bytes: u32) {
             &options,
         );
         let data = pattern(round, 5 << 20);
-        let ino = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
-        let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+        let ino = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+        let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
         assert_eq!(file.write_at(&data, 0).unwrap(), data.len());
         volume.sync().unwrap();
         let image = device.crash_image(device.log_len(), &|_| Keep::Nothing);
@@ -278,17 +284,18 @@ fn syncfs_waits_for_writeback_already_in_progress(block_bytes: u32) {
 /// `foliofs crashtest` with O_DSYNC writes (seed 4006, 4 KiB blocks).
 fn dsync_direct_write_past_the_disk_size_is_durable(block_bytes: u32) {
     let (device, volume) = new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(JOURNAL_BYTES));
-    let ino = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let ino = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap().ino;
     let block = block_bytes as usize;
     // Buffered, past where the direct write goes, and not written back.
     let far = pattern(1, 1000);
-    let buffered = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+    let buffered = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
     assert_eq!(buffered.write_at(&far, 4 * block as u64 + 17).unwrap(), far.len());
     for (round, pos) in [(2u64, 2 * block), (3, block / 2)] {
         // Whole blocks, then sectors (sub-block where blocks are larger).
         let length = if round == 2 { block } else { 512 };
         let data = pattern(round, length);
-        let direct = volume.open_file(ino, OpenFlags::WRITE.with_direct().with_dsync()).unwrap();
+        let direct =
+            volume.inodes().open_file(ino, OpenFlags::WRITE.with_direct().with_dsync()).unwrap();
         let buffer = foliofs::dev::AlignedBuf::from_slice(&data);
         assert_eq!(direct.write_at(&buffer, pos as u64).unwrap(), length);
         let image = device.crash_image(device.log_len(), &|_| Keep::Nothing);
@@ -315,13 +322,13 @@ fn dsync_direct_overwrite_commits_the_metadata_it_depends_on(block_bytes: u32) {
     for round in 0..2u64 {
         let (device, volume) =
             new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(JOURNAL_BYTES));
-        let ino = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+        let ino = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap().ino;
         let first = pattern(round + 10, 3 * block);
         if round == 0 {
-            let buffered = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+            let buffered = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
             assert_eq!(buffered.write_at(&first, 0).unwrap(), first.len());
         } else {
-            let direct = volume.open_file(ino, OpenFlags::WRITE.with_direct()).unwrap();
+            let direct = volume.inodes().open_file(ino, OpenFlags::WRITE.with_direct()).unwrap();
             let buffer = foliofs::dev::AlignedBuf::from_slice(&first);
             assert_eq!(direct.write_at(&buffer, 0).unwrap(), first.len());
         }
@@ -329,7 +336,8 @@ fn dsync_direct_overwrite_commits_the_metadata_it_depends_on(block_bytes: u32) {
         // would be the same path).
         let data = pattern(round + 20, 512);
         let pos = block + block / 2 - block / 2 % 512;
-        let dsync = volume.open_file(ino, OpenFlags::WRITE.with_direct().with_dsync()).unwrap();
+        let dsync =
+            volume.inodes().open_file(ino, OpenFlags::WRITE.with_direct().with_dsync()).unwrap();
         let buffer = foliofs::dev::AlignedBuf::from_slice(&data);
         assert_eq!(dsync.write_at(&buffer, pos as u64).unwrap(), data.len());
         let image = device.crash_image(device.log_len(), &|_| Keep::Nothing);
@@ -352,18 +360,19 @@ fn dsync_direct_overwrite_commits_the_metadata_it_depends_on(block_bytes: u32) {
 fn inode_flags_and_unnamed_files_recover_at_every_crash_point(block_bytes: u32) {
     use foliofs::format::{INODE_FLAG_APPEND, INODE_FLAG_IMMUTABLE, INODE_FLAG_NODUMP};
     let (device, volume) = new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(JOURNAL_BYTES));
-    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let file = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap().ino;
     volume.sync().unwrap();
     device.reset_log();
 
-    volume.set_flags(file, INODE_FLAG_NODUMP, true).unwrap();
-    volume.set_flags(file, INODE_FLAG_IMMUTABLE, true).unwrap();
-    volume.fsync_inode(file, false).unwrap();
+    volume.inodes().set_flags(file, INODE_FLAG_NODUMP, true).unwrap();
+    volume.inodes().set_flags(file, INODE_FLAG_IMMUTABLE, true).unwrap();
+    volume.inodes().fsync_inode(file, false).unwrap();
     let fsynced_at = device.log_len();
-    let temp = volume.create_unnamed(ROOT, 0o600, owner(), OpenFlags::READ_WRITE, true).unwrap();
+    let temp =
+        volume.inodes().create_unnamed(ROOT, 0o600, owner(), OpenFlags::READ_WRITE, true).unwrap();
     temp.write_at(&pattern(3, 64 << 10), 0).unwrap();
-    temp.fsync().unwrap();
-    volume.set_flags(file, INODE_FLAG_APPEND, true).unwrap();
+    temp.sync_all().unwrap();
+    volume.inodes().set_flags(file, INODE_FLAG_APPEND, true).unwrap();
     volume.sync().unwrap();
     let inodes_before = volume.statfs().inodes;
 
@@ -371,14 +380,17 @@ fn inode_flags_and_unnamed_files_recover_at_every_crash_point(block_bytes: u32) 
         for keep in [Keep::All, Keep::Nothing] {
             let image = device.crash_image(cut, &|_| keep.clone());
             let (_, recovered) = open_image(image).unwrap();
-            let flags = recovered.flags(file).unwrap();
+            let flags = recovered.inodes().flags(file).unwrap();
             let allowed: &[u32] = if cut >= fsynced_at {
                 &[INODE_FLAG_IMMUTABLE, INODE_FLAG_APPEND]
             } else {
                 &[0, INODE_FLAG_NODUMP, INODE_FLAG_IMMUTABLE, INODE_FLAG_APPEND]
             };
             assert!(allowed.contains(&flags), "crash at {cut}: flags {flags:#x}");
-            assert!(recovered.getattr(temp.ino()).is_err(), "crash at {cut}: the unnamed file");
+            assert!(
+                recovered.inodes().getattr(temp.ino()).is_err(),
+                "crash at {cut}: the unnamed file"
+            );
             assert!(recovered.statfs().inodes < inodes_before, "crash at {cut}: its inode");
             let report = foliofs::fsck::check(recovered.device().clone());
             assert!(report.is_clean(), "crash at {cut}: {:?}", report.problems);
@@ -402,14 +414,14 @@ fn range_writeback_moves_the_disk_size_only_over_data_on_disk(block_bytes: u32) 
     volume_options.apply_list(&format!("folio_max={block_bytes}")).unwrap();
     let (device, volume) =
         new_volume_with_options(VOLUME_BYTES, block_bytes, Some(JOURNAL_BYTES), &volume_options);
-    let log = volume.create(ROOT, b"log", 0o644, owner()).unwrap();
-    let other = volume.create(ROOT, b"other", 0o644, owner()).unwrap();
-    let log_file = volume.open_file(log.ino, OpenFlags::READ_WRITE).unwrap();
-    let other_file = volume.open_file(other.ino, OpenFlags::READ_WRITE).unwrap();
+    let log = volume.inodes().create(ROOT, b"log", 0o644, owner()).unwrap();
+    let other = volume.inodes().create(ROOT, b"other", 0o644, owner()).unwrap();
+    let log_file = volume.inodes().open_file(log.ino, OpenFlags::READ_WRITE).unwrap();
+    let other_file = volume.inodes().open_file(other.ino, OpenFlags::READ_WRITE).unwrap();
     // Half of block 0 on disk, fsynced.
     let first = pattern(1, (block / 2) as usize);
     log_file.write_at(&first, 0).unwrap();
-    log_file.fsync().unwrap();
+    log_file.sync_all().unwrap();
     // The rest of block 0 and half of block 1, in memory.
     let second = pattern(2, block as usize);
     log_file.write_at(&second, block / 2).unwrap();
@@ -417,13 +429,13 @@ fn range_writeback_moves_the_disk_size_only_over_data_on_disk(block_bytes: u32) 
     log_file.fallocate(FallocateMode::Allocate { keep_size: true }, block, block).unwrap();
     // Another file's fdatasync commits the journal, the log's records too.
     other_file.write_at(b"x", 0).unwrap();
-    other_file.fdatasync().unwrap();
+    other_file.sync_data().unwrap();
 
     let image = device.crash_image(device.log_len(), &|_| Keep::Nothing);
     let (_, recovered) = open_image(image).unwrap();
-    let size = recovered.getattr(log.ino).unwrap().size as usize;
+    let size = recovered.inodes().getattr(log.ino).unwrap().size as usize;
     let mut content = vec![0; size];
-    let file = recovered.open_file(log.ino, OpenFlags::READ).unwrap();
+    let file = recovered.inodes().open_file(log.ino, OpenFlags::READ).unwrap();
     assert_eq!(file.read_at(&mut content, 0).unwrap(), size);
     let mut appended = first.clone();
     appended.extend_from_slice(&second);
@@ -499,8 +511,8 @@ fn appends_racing_writeback_on_a_slow_device_recover_as_prefixes() {
     let mut volume_options = options();
     volume_options.apply_list("folio_max=4k").unwrap();
     let volume = Volume::open_device(device, &volume_options).unwrap();
-    let log = volume.create(ROOT, b"log", 0o644, owner()).unwrap();
-    let handle = volume.open_file(log.ino, OpenFlags::WRITE).unwrap();
+    let log = volume.inodes().create(ROOT, b"log", 0o644, owner()).unwrap();
+    let handle = volume.inodes().open_file(log.ino, OpenFlags::WRITE).unwrap();
     volume.sync().unwrap();
     raw.reset_log();
     let appending = AtomicBool::new(true);
@@ -527,9 +539,9 @@ fn appends_racing_writeback_on_a_slow_device_recover_as_prefixes() {
     for &cut in &points {
         let image = raw.crash_image(cut, &|_| Keep::Nothing);
         let (_, recovered) = open_image(image).unwrap();
-        let size = recovered.getattr(log.ino).unwrap().size as usize;
+        let size = recovered.inodes().getattr(log.ino).unwrap().size as usize;
         let mut content = vec![0; size];
-        let file = recovered.open_file(log.ino, OpenFlags::READ).unwrap();
+        let file = recovered.inodes().open_file(log.ino, OpenFlags::READ).unwrap();
         assert_eq!(file.read_at(&mut content, 0).unwrap(), size);
         assert!(
             content == appended[..size],

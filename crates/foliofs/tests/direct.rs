@@ -36,9 +36,9 @@ fn aligned(data: &[u8]) -> AlignedBuf {
 }
 
 fn read_all(volume: &Volume, ino: u64) -> Vec<u8> {
-    let size = volume.getattr(ino).unwrap().size as usize;
+    let size = volume.inodes().getattr(ino).unwrap().size as usize;
     let mut buffer = AlignedBuf::zeroed(size.div_ceil(SECTOR) * SECTOR);
-    let file = volume.open_file(ino, DIRECT_RW).unwrap();
+    let file = volume.inodes().open_file(ino, DIRECT_RW).unwrap();
     assert_eq!(file.read_at(&mut buffer, 0).unwrap(), size);
     buffer[..size].to_vec()
 }
@@ -82,8 +82,8 @@ fn file_volume(
 /// The rule is the device's sector, whatever the block size.
 fn misaligned_direct_io_is_einval_and_changes_nothing(block_bytes: u32) {
     let (_, volume) = new_volume(32 << 20, block_bytes);
-    let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-    let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+    let attr = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
+    let file = volume.inodes().open_file(attr.ino, DIRECT_RW).unwrap();
     let buffer = AlignedBuf::zeroed(8192);
     for (pos, range) in [(100u64, 0..512), (0, 0..100), (0, 1..513)] {
         let error = file.write_at(&buffer[range.clone()], pos).unwrap_err();
@@ -94,7 +94,7 @@ fn misaligned_direct_io_is_einval_and_changes_nothing(block_bytes: u32) {
     assert_eq!(file.read_at(&mut read_buffer[1..513], 0).unwrap_err().errno(), libc::EINVAL);
     let (result, _) = block_on(file.write_at_async(AlignedBuf::zeroed(100), 0));
     assert_eq!(result.unwrap_err().errno(), libc::EINVAL);
-    assert_eq!(volume.getattr(attr.ino).unwrap().size, 0, "nothing was written");
+    assert_eq!(volume.inodes().getattr(attr.ino).unwrap().size, 0, "nothing was written");
 }
 
 /// Threads that each own some `unit`-sized pieces write them over and over;
@@ -111,7 +111,7 @@ fn concurrent_piece_writers(
         .map(|thread| {
             let volume = Arc::clone(volume);
             std::thread::spawn(move || {
-                let file = volume.open_file(ino, DIRECT_RW).unwrap();
+                let file = volume.inodes().open_file(ino, DIRECT_RW).unwrap();
                 for round in 0..rounds {
                     for piece in (thread..pieces).step_by(threads) {
                         let data = aligned(&pattern((piece * 1000 + round) as u64, unit));
@@ -135,8 +135,8 @@ fn concurrent_sub_block_overwrites_of_one_block_lose_nothing(block_bytes: u32) {
     for policy in [DioUnaligned::Overwrite, DioUnaligned::Exclusive] {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
         let volume = Arc::new(file_volume(&dir, "uring", policy, block_bytes));
-        let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-        let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+        let attr = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
+        let file = volume.inodes().open_file(attr.ino, DIRECT_RW).unwrap();
         file.write_at(&AlignedBuf::zeroed(2 * pieces * unit), 0).unwrap();
         let expected = concurrent_piece_writers(&volume, attr.ino, (unit, pieces), 8, 50);
         assert_eq!(read_all(&volume, attr.ino)[..pieces * unit], expected[..], "{policy:?}");
@@ -146,9 +146,9 @@ fn concurrent_sub_block_overwrites_of_one_block_lose_nothing(block_bytes: u32) {
 fn concurrent_sub_block_writes_into_holes_zero_the_rest_once(block_bytes: u32) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let volume = Arc::new(file_volume(&dir, "uring", DioUnaligned::Overwrite, block_bytes));
-    let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
+    let attr = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
     let block = block_bytes as usize;
-    volume.open_file(attr.ino, DIRECT_RW).unwrap().set_len(16 * block as u64).unwrap();
+    volume.inodes().open_file(attr.ino, DIRECT_RW).unwrap().set_len(16 * block as u64).unwrap();
     // 16 blocks of holes inside EOF; threads write every other piece, so the
     // zeroing of the first write into each block must not eat a neighbour's.
     let unit = direct_unit(block_bytes);
@@ -157,7 +157,7 @@ fn concurrent_sub_block_writes_into_holes_zero_the_rest_once(block_bytes: u32) {
         .map(|thread| {
             let volume = Arc::clone(&volume);
             std::thread::spawn(move || {
-                let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+                let file = volume.inodes().open_file(attr.ino, DIRECT_RW).unwrap();
                 for piece in (thread * 2..pieces).step_by(16) {
                     let data = aligned(&pattern(piece as u64, unit));
                     file.write_at(&data, (piece * unit) as u64).unwrap();
@@ -182,10 +182,10 @@ fn concurrent_sub_block_writes_into_holes_zero_the_rest_once(block_bytes: u32) {
 fn concurrent_extending_sub_block_writes_lose_nothing(block_bytes: u32) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let volume = Arc::new(file_volume(&dir, "threads", DioUnaligned::Overwrite, block_bytes));
-    let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
+    let attr = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
     let unit = direct_unit(block_bytes);
     let expected = concurrent_piece_writers(&volume, attr.ino, (unit, 96), 6, 1);
-    assert_eq!(volume.getattr(attr.ino).unwrap().size, 96 * unit as u64);
+    assert_eq!(volume.inodes().getattr(attr.ino).unwrap().size, 96 * unit as u64);
     assert_eq!(read_all(&volume, attr.ino), expected);
     let path = dir.path().join("vol.img");
     drop(volume);
@@ -197,9 +197,9 @@ fn concurrent_extending_sub_block_writes_lose_nothing(block_bytes: u32) {
 /// blocks (and crosses one boundary on 1 KiB blocks).
 fn direct_and_simple_paths_see_each_others_writes(block_bytes: u32) {
     let (_, volume) = new_volume(32 << 20, block_bytes);
-    let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-    let plain = volume.open_file(attr.ino, OpenFlags::READ_WRITE).unwrap();
-    let direct = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+    let attr = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
+    let plain = volume.inodes().open_file(attr.ino, OpenFlags::READ_WRITE).unwrap();
+    let direct = volume.inodes().open_file(attr.ino, DIRECT_RW).unwrap();
     let size = (10_000usize).max(2 * block_bytes as usize + block_bytes as usize / 2 + 100);
     let original = pattern(1, size);
     plain.write_at(&original, 0).unwrap();
@@ -233,11 +233,11 @@ fn dsync_overwrite_is_one_fua_write_native_and_write_plus_flush_emulated(block_b
             ..VolumeOptions::parse(&format!("fua={fua}")).unwrap()
         };
         let volume = Volume::open(&dir.path().join("vol.img"), &options).unwrap();
-        let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-        let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+        let attr = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
+        let file = volume.inodes().open_file(attr.ino, DIRECT_RW).unwrap();
         file.write_at(&AlignedBuf::zeroed(file_bytes as usize), 0).unwrap();
         volume.sync().unwrap();
-        let dsync = volume.open_file(attr.ino, DIRECT_RW.with_dsync()).unwrap();
+        let dsync = volume.inodes().open_file(attr.ino, DIRECT_RW.with_dsync()).unwrap();
         for (pos, length) in writes {
             let before = volume.device().stats();
             dsync.write_at(&aligned(&pattern(pos, length as usize)), pos).unwrap();
@@ -253,9 +253,9 @@ fn dsync_overwrite_is_one_fua_write_native_and_write_plus_flush_emulated(block_b
 
 fn dsync_write_into_a_hole_survives_a_crash_right_after_it(block_bytes: u32) {
     let (device, volume) = new_volume(32 << 20, block_bytes);
-    let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
+    let attr = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
     volume.sync().unwrap();
-    let file = volume.open_file(attr.ino, DIRECT_RW.with_dsync()).unwrap();
+    let file = volume.inodes().open_file(attr.ino, DIRECT_RW.with_dsync()).unwrap();
     let unit = direct_unit(block_bytes);
     for (pos, length) in [(0, 16 * unit), (32 * unit as u64, 4 * unit), (80 * unit as u64, unit)] {
         file.write_at(&aligned(&pattern(pos, length)), pos).unwrap();
@@ -275,8 +275,8 @@ fn hundreds_of_async_requests_in_flight_from_one_thread(block_bytes: u32) {
     for engine in ["uring", "threads", "sync"] {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
         let volume = file_volume(&dir, engine, DioUnaligned::Overwrite, block_bytes);
-        let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-        let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+        let attr = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
+        let file = volume.inodes().open_file(attr.ino, DIRECT_RW).unwrap();
         file.write_at(&AlignedBuf::zeroed(256 * slot), 0).unwrap();
         let writes: Vec<_> = (0..256u64)
             .map(|index| {
@@ -308,8 +308,8 @@ fn hundreds_of_async_requests_in_flight_from_one_thread(block_bytes: u32) {
 fn async_writes_into_holes_and_past_eof_complete_and_persist(block_bytes: u32) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let volume = file_volume(&dir, "uring", DioUnaligned::Overwrite, block_bytes);
-    let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-    let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+    let attr = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
+    let file = volume.inodes().open_file(attr.ino, DIRECT_RW).unwrap();
     // 8 KiB written every 16 KiB as on 4 KiB blocks, never less than two
     // whole blocks.
     let write = (2 * block_bytes as usize).max(8192);
@@ -326,7 +326,7 @@ fn async_writes_into_holes_and_past_eof_complete_and_persist(block_bytes: u32) {
     let (extended, _) =
         block_on(file.write_at_async(aligned(&pattern(99, 3 * unit)), (sparse + unit) as u64));
     extended.unwrap();
-    assert_eq!(volume.getattr(attr.ino).unwrap().size, (sparse + 4 * unit) as u64);
+    assert_eq!(volume.inodes().getattr(attr.ino).unwrap().size, (sparse + 4 * unit) as u64);
     let content = read_all(&volume, attr.ino);
     for index in 0..64usize {
         let at = index * stride;
@@ -395,7 +395,7 @@ fn queue_of_hole_writes_and_overwrites(
     let what = format!("{engine}, {policy:?}, {submitters} submitter(s)");
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let volume = Arc::new(file_volume(&dir, engine, policy, block_bytes));
-    let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
+    let attr = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
     let unit = direct_unit(block_bytes);
     // A slot is one or more whole blocks; each submitter owns a region of
     // `written_slots` slots written up front (overwritten in turn, so no two
@@ -406,7 +406,7 @@ fn queue_of_hole_writes_and_overwrites(
     let written_slots = 2 * QUEUE_DEPTH;
     let region_slots = written_slots + requests / 2;
     let file_bytes = submitters * region_slots * slot;
-    let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+    let file = volume.inodes().open_file(attr.ino, DIRECT_RW).unwrap();
     file.set_len(file_bytes as u64).unwrap();
     let mut model = vec![0u8; file_bytes];
     for region in 0..submitters {
@@ -446,7 +446,7 @@ fn queue_of_hole_writes_and_overwrites(
         .map(|region| {
             let (volume, writes) = (Arc::clone(&volume), plan(region));
             std::thread::spawn(move || {
-                let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+                let file = volume.inodes().open_file(attr.ino, DIRECT_RW).unwrap();
                 let mut in_flight = VecDeque::new();
                 for (pos, data) in writes {
                     if in_flight.len() == QUEUE_DEPTH {
@@ -465,7 +465,7 @@ fn queue_of_hole_writes_and_overwrites(
     for worker in workers {
         worker.join().unwrap();
     }
-    assert_eq!(volume.getattr(attr.ino).unwrap().size, file_bytes as u64, "{what}");
+    assert_eq!(volume.inodes().getattr(attr.ino).unwrap().size, file_bytes as u64, "{what}");
     let content = read_all(&volume, attr.ino);
     if let Some(at) = (0..file_bytes).find(|&at| content[at] != model[at]) {
         panic!("{what}: the file differs from the model first at byte {at:#x}");
@@ -484,8 +484,8 @@ fn buffered_read_after_a_direct_write_sees_it_despite_racing_readers(block_bytes
         within_watchdog(what.clone(), move || {
             let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
             let volume = Arc::new(file_volume(&dir, engine, DioUnaligned::Overwrite, block_bytes));
-            let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-            let writer = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+            let attr = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
+            let writer = volume.inodes().open_file(attr.ino, DIRECT_RW).unwrap();
             let patterns = [aligned(&[0x55; RANGE_BYTES]), aligned(&[0xAA; RANGE_BYTES])];
             writer.write_at(&patterns[0], 0).unwrap();
             let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -493,7 +493,7 @@ fn buffered_read_after_a_direct_write_sees_it_despite_racing_readers(block_bytes
                 .map(|_| {
                     let (volume, stop) = (Arc::clone(&volume), Arc::clone(&stop));
                     std::thread::spawn(move || {
-                        let file = volume.open_file(attr.ino, OpenFlags::READ).unwrap();
+                        let file = volume.inodes().open_file(attr.ino, OpenFlags::READ).unwrap();
                         let mut buffer = vec![0; RANGE_BYTES];
                         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                             file.read_at(&mut buffer, 0).unwrap();
@@ -501,7 +501,7 @@ fn buffered_read_after_a_direct_write_sees_it_despite_racing_readers(block_bytes
                     })
                 })
                 .collect();
-            let checker = volume.open_file(attr.ino, OpenFlags::READ).unwrap();
+            let checker = volume.inodes().open_file(attr.ino, OpenFlags::READ).unwrap();
             let mut seen = vec![0; RANGE_BYTES];
             let mut stale = None;
             for cycle in 1..=CYCLES {
@@ -543,12 +543,12 @@ fn dsync_direct_write_over_fragmented_free_space_converts_every_piece() {
     const PIECES: u64 = 64;
     let (device, volume) = new_volume(16 << 20, BLOCK as u32);
     // A comb: 2 x 200 blocks, then every other block punched out.
-    let comb = volume.create(ROOT, b"comb", 0o644, owner()).unwrap();
-    let comb_file = volume.open_file(comb.ino, OpenFlags::READ_WRITE).unwrap();
+    let comb = volume.inodes().create(ROOT, b"comb", 0o644, owner()).unwrap();
+    let comb_file = volume.inodes().open_file(comb.ino, OpenFlags::READ_WRITE).unwrap();
     comb_file.fallocate(FallocateMode::Allocate { keep_size: false }, 0, 400 * BLOCK).unwrap();
     // The rest of the free space taken, so the comb's holes are all that is left.
-    let filler = volume.create(ROOT, b"filler", 0o644, owner()).unwrap();
-    let filler_file = volume.open_file(filler.ino, OpenFlags::READ_WRITE).unwrap();
+    let filler = volume.inodes().create(ROOT, b"filler", 0o644, owner()).unwrap();
+    let filler_file = volume.inodes().open_file(filler.ino, OpenFlags::READ_WRITE).unwrap();
     let free_blocks = volume.statfs().free_blocks;
     filler_file
         .fallocate(FallocateMode::Allocate { keep_size: false }, 0, free_blocks * BLOCK)
@@ -558,14 +558,14 @@ fn dsync_direct_write_over_fragmented_free_space_converts_every_piece() {
     }
     volume.sync().unwrap();
 
-    let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
+    let attr = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
     volume.sync().unwrap();
-    let file = volume.open_file(attr.ino, DIRECT_RW.with_dsync()).unwrap();
+    let file = volume.inodes().open_file(attr.ino, DIRECT_RW.with_dsync()).unwrap();
     file.set_len(PIECES * BLOCK).unwrap();
     let data = pattern(7, (PIECES * BLOCK) as usize);
     assert_eq!(file.write_at(&aligned(&data), 0).unwrap(), data.len());
 
-    let extents = volume.fiemap(attr.ino).unwrap();
+    let extents = volume.inodes().fiemap(attr.ino).unwrap();
     assert!(extents.len() as u64 > 12, "the write took {} pieces, not > 12", extents.len());
     assert!(extents.iter().all(|extent| extent.kind == MapKind::Written), "{extents:?}");
     assert_eq!(extents.iter().map(|extent| extent.length).sum::<u64>(), PIECES * BLOCK);
@@ -585,14 +585,14 @@ fn dsync_direct_write_over_fragmented_free_space_converts_every_piece() {
 fn direct_write_larger_than_free_space_is_enospc_and_keeps_nothing() {
     const BLOCK: u64 = 4096;
     let (_, volume) = new_volume(16 << 20, BLOCK as u32);
-    let filler = volume.create(ROOT, b"filler", 0o644, owner()).unwrap();
-    let filler_file = volume.open_file(filler.ino, OpenFlags::READ_WRITE).unwrap();
+    let filler = volume.inodes().create(ROOT, b"filler", 0o644, owner()).unwrap();
+    let filler_file = volume.inodes().open_file(filler.ino, OpenFlags::READ_WRITE).unwrap();
     let free_blocks = volume.statfs().free_blocks;
     filler_file
         .fallocate(FallocateMode::Allocate { keep_size: false }, 0, (free_blocks - 8) * BLOCK)
         .unwrap();
-    let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-    let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+    let attr = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
+    let file = volume.inodes().open_file(attr.ino, DIRECT_RW).unwrap();
     file.set_len(64 * BLOCK).unwrap();
     volume.sync().unwrap();
     let free_before = volume.statfs().free_blocks;
@@ -600,7 +600,7 @@ fn direct_write_larger_than_free_space_is_enospc_and_keeps_nothing() {
 
     let error = file.write_at(&aligned(&pattern(3, 64 * BLOCK as usize)), 0).unwrap_err();
     assert_eq!(error.errno(), libc::ENOSPC, "{error}");
-    assert_eq!(volume.fiemap(attr.ino).unwrap(), vec![], "nothing left mapped");
+    assert_eq!(volume.inodes().fiemap(attr.ino).unwrap(), vec![], "nothing left mapped");
     volume.sync().unwrap();
     assert_eq!(volume.statfs().free_blocks, free_before, "the space went back");
     let report = foliofs::fsck::check(volume.device().clone());
@@ -635,8 +635,8 @@ fn settles(future: &mut foliofs::direct::DirectFuture, within: Duration) -> bool
 fn sequential_requests_wait_for_the_unplug_of_a_thread_that_promised_it() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let volume = file_volume(&dir, "uring", DioUnaligned::Overwrite, 4096);
-    let attr = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-    let file = volume.open_file(attr.ino, DIRECT_RW).unwrap();
+    let attr = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
+    let file = volume.inodes().open_file(attr.ino, DIRECT_RW).unwrap();
     file.write_at(&AlignedBuf::zeroed(1 << 20), 0).unwrap();
     let block = 4096usize;
     let write = |index: u64, pos: u64| file.write_at_async(aligned(&pattern(index, block)), pos);

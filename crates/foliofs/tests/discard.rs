@@ -21,6 +21,7 @@ fn discard_options(discard: bool) -> VolumeOptions {
 /// The device byte ranges holding `ino`'s data.
 fn device_ranges(volume: &Volume, ino: u64) -> Vec<(u64, u64)> {
     let mut ranges: Vec<(u64, u64)> = volume
+        .inodes()
         .fiemap(ino)
         .unwrap()
         .iter()
@@ -38,10 +39,10 @@ fn trimmed(image: &[u8], (start, end): (u64, u64)) -> bool {
 fn freed_blocks_are_discarded_once_the_free_is_durable() {
     let (device, volume) =
         new_volume_with_options(16 << 20, BLOCK_BYTES, None, &discard_options(true));
-    let ino = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let ino = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     file.write_at(&pattern(1, FILE_BYTES), 0).unwrap();
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     let ranges = device_ranges(&volume, ino);
     let (start, end) = (ranges[0].0, ranges.last().unwrap().1);
     assert_eq!(end - start, FILE_BYTES as u64, "one contiguous run: {ranges:?}");
@@ -63,7 +64,7 @@ fn freed_blocks_are_discarded_once_the_free_is_durable() {
     assert!(trimmed(&device.image(), (start + (512 << 10), end)), "the cut tail is discarded");
 
     drop(file);
-    volume.unlink(ROOT, b"f").unwrap();
+    volume.inodes().unlink(ROOT, b"f").unwrap();
     assert_eq!(device.discard_requests(), 2, "the unlink is not durable yet");
     volume.sync().unwrap();
     // The two runs left (before and after the hole) are one discard each.
@@ -73,10 +74,10 @@ fn freed_blocks_are_discarded_once_the_free_is_durable() {
     assert_eq!((stats.discard_requests, stats.bytes_discarded), (4, FILE_BYTES as u64));
 
     // The freed space is reused, and the new file reads its own data.
-    let ino = volume.create(ROOT, b"g", 0o644, owner()).unwrap().ino;
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let ino = volume.inodes().create(ROOT, b"g", 0o644, owner()).unwrap().ino;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     file.write_at(&pattern(2, FILE_BYTES), 0).unwrap();
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     let mut back = vec![0; FILE_BYTES];
     file.read_at(&mut back, 0).unwrap();
     assert!(back == pattern(2, FILE_BYTES));
@@ -88,14 +89,14 @@ fn freed_blocks_are_discarded_once_the_free_is_durable() {
 fn without_the_option_nothing_is_discarded() {
     let (device, volume) =
         new_volume_with_options(16 << 20, BLOCK_BYTES, None, &discard_options(false));
-    let ino = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let ino = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     file.write_at(&pattern(1, FILE_BYTES), 0).unwrap();
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     let ranges = device_ranges(&volume, ino);
     file.fallocate(FallocateMode::PunchHole, 0, 64 << 10).unwrap();
     drop(file);
-    volume.unlink(ROOT, b"f").unwrap();
+    volume.inodes().unlink(ROOT, b"f").unwrap();
     volume.sync().unwrap();
     assert_eq!(device.discard_requests(), 0);
     assert_eq!(volume.device().stats().discard_requests, 0);

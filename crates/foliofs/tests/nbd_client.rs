@@ -82,11 +82,11 @@ fn options(fua: FuaMode) -> VolumeOptions {
 /// After the server failed a write: the fsync that needed it reports EIO,
 /// and metadata cannot be written either, so the volume turns read-only.
 fn fsync_fails_and_the_volume_turns_read_only(volume: &Volume, file: &foliofs::File) {
-    let error = file.fsync().unwrap_err();
+    let error = file.sync_all().unwrap_err();
     assert_eq!(error.errno(), libc::EIO, "{error}");
     let error = volume.checkpoint().unwrap_err();
     assert!([libc::EIO, libc::EROFS].contains(&error.errno()), "{error}");
-    let error = volume.create(1, b"refused", 0o644, Owner::current()).unwrap_err();
+    let error = volume.inodes().create(1, b"refused", 0o644, Owner::current()).unwrap_err();
     assert_eq!(error.errno(), libc::EROFS, "{error}");
 }
 fn mkfs(uri: &Path) {
@@ -118,11 +118,12 @@ fn requests_for_one_durable_write(
 ) -> Vec<(String, bool)> {
     mkfs(&server.uri());
     let volume = Volume::open(&server.uri(), &options(fua)).unwrap();
-    let ino = volume.create(1, b"f", 0o644, Owner::current()).unwrap().ino;
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+    let ino = volume.inodes().create(1, b"f", 0o644, Owner::current()).unwrap().ino;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
     file.write_at(&AlignedBuf::from_slice(&[1; 64 << 10]), 0).unwrap();
-    file.fsync().unwrap();
-    let dsync = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct().with_dsync()).unwrap();
+    file.sync_all().unwrap();
+    let dsync =
+        volume.inodes().open_file(ino, OpenFlags::READ_WRITE.with_direct().with_dsync()).unwrap();
     let before = logged_requests(log).len();
     let device_before = volume.device().stats();
     dsync.write_at(&AlignedBuf::from_slice(&[2; 4096]), 8192).unwrap();
@@ -188,8 +189,8 @@ fn reads_are_in_flight_together_on_one_connection() {
     let Some(server) = Nbdkit::start(dir.path(), "depth", &args) else { return };
     mkfs(&server.uri());
     let volume = Volume::open(&server.uri(), &options(FuaMode::Native)).unwrap();
-    let ino = volume.create(1, b"f", 0o644, Owner::current()).unwrap().ino;
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+    let ino = volume.inodes().create(1, b"f", 0o644, Owner::current()).unwrap().ino;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
     file.write_at(&AlignedBuf::from_slice(&[3; 1 << 20]), 0).unwrap();
     let futures: Vec<_> = (0..16u64)
         .map(|index| file.read_at_async(AlignedBuf::zeroed(4096), index * 65536))
@@ -230,12 +231,12 @@ fn server_write_errors_are_eio_then_read_only_and_nothing_fsynced_is_lost() {
     let Some(server) = Nbdkit::start(dir.path(), "error", &args) else { return };
     mkfs(&server.uri());
     let volume = Volume::open(&server.uri(), &options(FuaMode::Native)).unwrap();
-    let kept = volume.create(1, b"kept", 0o644, Owner::current()).unwrap().ino;
-    let handle = volume.open_file(kept, OpenFlags::READ_WRITE).unwrap();
+    let kept = volume.inodes().create(1, b"kept", 0o644, Owner::current()).unwrap().ino;
+    let handle = volume.inodes().open_file(kept, OpenFlags::READ_WRITE).unwrap();
     handle.write_at(&[4; 100_000], 0).unwrap();
-    handle.fsync().unwrap();
-    let later = volume.create(1, b"later", 0o644, Owner::current()).unwrap().ino;
-    let other = volume.open_file(later, OpenFlags::READ_WRITE).unwrap();
+    handle.sync_all().unwrap();
+    let later = volume.inodes().create(1, b"later", 0o644, Owner::current()).unwrap().ino;
+    let other = volume.inodes().open_file(later, OpenFlags::READ_WRITE).unwrap();
     other.write_at(&[5; 10_000], 0).unwrap();
     std::fs::write(&inject, b"").unwrap();
     fsync_fails_and_the_volume_turns_read_only(&volume, &other);
@@ -244,7 +245,7 @@ fn server_write_errors_are_eio_then_read_only_and_nothing_fsynced_is_lost() {
     let _ = volume.close();
     // Remounting replays: what was fsynced is there, and fsck is clean.
     let volume = Volume::open(&server.uri(), &options(FuaMode::Native)).unwrap();
-    let handle = volume.open_file(kept, OpenFlags::READ).unwrap();
+    let handle = volume.inodes().open_file(kept, OpenFlags::READ).unwrap();
     let mut data = vec![0; 100_000];
     assert_eq!(handle.read_at(&mut data, 0).unwrap(), 100_000);
     assert!(data.iter().all(|byte| *byte == 4));
@@ -261,12 +262,12 @@ fn server_write_errors_are_eio_then_read_only_and_nothing_fsynced_is_lost() {
 fn write_then_delete(uri: &Path, discard: bool) -> u64 {
     mkfs(uri);
     let volume = Volume::open(uri, &VolumeOptions { discard, ..options(FuaMode::Native) }).unwrap();
-    let ino = volume.create(1, b"big", 0o644, Owner::current()).unwrap().ino;
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let ino = volume.inodes().create(1, b"big", 0o644, Owner::current()).unwrap().ino;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     file.write_at(&vec![9; 8 << 20], 0).unwrap();
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     drop(file);
-    volume.unlink(1, b"big").unwrap();
+    volume.inodes().unlink(1, b"big").unwrap();
     volume.sync().unwrap();
     let stats = volume.device().stats();
     assert_eq!(stats.bytes_discarded, if discard { 8 << 20 } else { 0 }, "{stats:?}");
@@ -354,17 +355,18 @@ fn killing_a_volatile_cache_server_keeps_every_fsynced_byte() {
             } else {
                 1 + choices.below(400_000) as usize
             };
-            let ino = volume.create(1, name.as_bytes(), 0o644, Owner::current()).unwrap().ino;
+            let ino =
+                volume.inodes().create(1, name.as_bytes(), 0o644, Owner::current()).unwrap().ino;
             let flags =
                 if direct { OpenFlags::READ_WRITE.with_direct() } else { OpenFlags::READ_WRITE };
-            let handle = volume.open_file(ino, flags).unwrap();
+            let handle = volume.inodes().open_file(ino, flags).unwrap();
             if direct {
                 handle.write_at(&AlignedBuf::from_slice(&vec![fill; length]), 0).unwrap();
             } else {
                 handle.write_at(&vec![fill; length], 0).unwrap();
             }
             if choices.below(3) != 0 {
-                handle.fsync().unwrap();
+                handle.sync_all().unwrap();
                 synced.push((name, fill, length));
             }
             open.push(handle);
@@ -372,7 +374,7 @@ fn killing_a_volatile_cache_server_keeps_every_fsynced_byte() {
         server.kill();
         for handle in &open {
             // Whatever was not yet durable cannot be made so now.
-            let error = handle.fsync().err();
+            let error = handle.sync_all().err();
             assert!(error.is_none_or(|error| error.errno() == libc::EIO));
         }
         drop(open);
@@ -383,7 +385,7 @@ fn killing_a_volatile_cache_server_keeps_every_fsynced_byte() {
             Nbdkit::start(dir.path(), &format!("check{round}"), &["file", &file_arg]).unwrap();
         let volume = Volume::open(&server.uri(), &options(FuaMode::Native)).unwrap();
         for (name, fill, length) in &synced {
-            let handle = volume.open_path(&format!("/{name}"), OpenFlags::READ).unwrap();
+            let handle = volume.inodes().open_path(&format!("/{name}"), OpenFlags::READ).unwrap();
             let mut data = vec![0; *length + 1];
             assert_eq!(handle.read_at(&mut data, 0).unwrap(), *length, "round {round}: {name}");
             assert!(data[..*length].iter().all(|byte| byte == fill), "round {round}: {name}");
@@ -452,10 +454,10 @@ fn blkdebug_write_errors_on_qemu_nbd_turn_the_volume_read_only_and_lose_nothing_
     let healthy = KillOnDrop(qemu);
     mkfs(&uri);
     let volume = Volume::open(&uri, &options(FuaMode::Native)).unwrap();
-    let kept = volume.create(1, b"kept", 0o644, Owner::current()).unwrap().ino;
-    let handle = volume.open_file(kept, OpenFlags::READ_WRITE).unwrap();
+    let kept = volume.inodes().create(1, b"kept", 0o644, Owner::current()).unwrap().ino;
+    let handle = volume.inodes().open_file(kept, OpenFlags::READ_WRITE).unwrap();
     handle.write_at(&[4; 100_000], 0).unwrap();
-    handle.fsync().unwrap();
+    handle.sync_all().unwrap();
     drop(handle);
     volume.close().unwrap();
     drop(healthy);
@@ -475,8 +477,8 @@ fn blkdebug_write_errors_on_qemu_nbd_turn_the_volume_read_only_and_lose_nothing_
     };
     let faulty = KillOnDrop(qemu);
     let volume = Volume::open(&uri, &options(FuaMode::Native)).unwrap();
-    let later = volume.create(1, b"later", 0o644, Owner::current()).unwrap().ino;
-    let other = volume.open_file(later, OpenFlags::READ_WRITE).unwrap();
+    let later = volume.inodes().create(1, b"later", 0o644, Owner::current()).unwrap().ino;
+    let other = volume.inodes().open_file(later, OpenFlags::READ_WRITE).unwrap();
     other.write_at(&[5; 10_000], 0).unwrap();
     fsync_fails_and_the_volume_turns_read_only(&volume, &other);
     drop(other);
@@ -486,7 +488,7 @@ fn blkdebug_write_errors_on_qemu_nbd_turn_the_volume_read_only_and_lose_nothing_
     let Some((qemu, uri)) = qemu_nbd(dir.path(), &disk) else { return };
     let _healthy = KillOnDrop(qemu);
     let volume = Volume::open(&uri, &options(FuaMode::Native)).unwrap();
-    let handle = volume.open_file(kept, OpenFlags::READ).unwrap();
+    let handle = volume.inodes().open_file(kept, OpenFlags::READ).unwrap();
     let mut data = vec![0; 100_001];
     assert_eq!(handle.read_at(&mut data, 0).unwrap(), 100_000);
     assert!(data[..100_000].iter().all(|byte| *byte == 4));
@@ -519,11 +521,16 @@ fn mixed_workload(uri: &Path) {
                 let volume = &volume;
                 scope.spawn(move || {
                     let name = format!("t{thread}");
-                    let ino =
-                        volume.create(1, name.as_bytes(), 0o644, Owner::current()).unwrap().ino;
-                    let buffered = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
-                    let direct =
-                        volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+                    let ino = volume
+                        .inodes()
+                        .create(1, name.as_bytes(), 0o644, Owner::current())
+                        .unwrap()
+                        .ino;
+                    let buffered = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
+                    let direct = volume
+                        .inodes()
+                        .open_file(ino, OpenFlags::READ_WRITE.with_direct())
+                        .unwrap();
                     let mut model = Vec::new();
                     let mut choices = Choices(thread + 100);
                     for op in 0..60u64 {
@@ -541,7 +548,7 @@ fn mixed_workload(uri: &Path) {
                             write_model(&mut model, offset, &data);
                         }
                         if choices.below(8) == 0 {
-                            buffered.fsync().unwrap();
+                            buffered.sync_all().unwrap();
                         }
                     }
                     (ino, model)
@@ -553,7 +560,7 @@ fn mixed_workload(uri: &Path) {
     volume.close().unwrap();
     let volume = Volume::open(uri, &options(FuaMode::Native)).unwrap();
     for (ino, model) in models {
-        let handle = volume.open_file(ino, OpenFlags::READ).unwrap();
+        let handle = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
         let mut data = vec![0; model.len() + 1];
         assert_eq!(handle.read_at(&mut data, 0).unwrap(), model.len());
         assert!(data[..model.len()] == model[..], "file {ino} differs from its model");

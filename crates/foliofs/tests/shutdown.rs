@@ -25,12 +25,12 @@ block_size_tests!(
 /// through the cache, after the last fsync): None when the name is gone.
 fn shut_down_with(block_bytes: u32, mode: ShutdownMode) -> Option<Vec<u8>> {
     let (raw, volume) = new_volume(VOLUME_BYTES, block_bytes);
-    let synced = volume.create(ROOT, b"synced", 0o644, owner()).expect("create synced");
-    let file = volume.open_file(synced.ino, OpenFlags::WRITE).expect("open synced");
+    let synced = volume.inodes().create(ROOT, b"synced", 0o644, owner()).expect("create synced");
+    let file = volume.inodes().open_file(synced.ino, OpenFlags::WRITE).expect("open synced");
     file.write_all_at(&pattern(1, DATA_BYTES), 0).expect("write synced");
-    file.fsync().expect("fsync synced");
-    let later = volume.create(ROOT, b"later", 0o644, owner()).expect("create later");
-    let file = volume.open_file(later.ino, OpenFlags::WRITE).expect("open later");
+    file.sync_all().expect("fsync synced");
+    let later = volume.inodes().create(ROOT, b"later", 0o644, owner()).expect("create later");
+    let file = volume.inodes().open_file(later.ino, OpenFlags::WRITE).expect("open later");
     file.write_all_at(&pattern(2, DATA_BYTES), 0).expect("write later");
 
     volume.shutdown(mode).expect("shutdown");
@@ -46,9 +46,9 @@ fn shut_down_with(block_bytes: u32, mode: ShutdownMode) -> Option<Vec<u8>> {
 }
 
 fn read_file(volume: &Volume, name: &[u8]) -> Option<Vec<u8>> {
-    let attr = volume.lookup(ROOT, name).ok()?;
+    let attr = volume.inodes().lookup(ROOT, name).ok()?;
     let mut content = vec![0; attr.size as usize];
-    let file = volume.open_file(attr.ino, OpenFlags::READ).expect("open");
+    let file = volume.inodes().open_file(attr.ino, OpenFlags::READ).expect("open");
     file.read_exact_at(&mut content, 0).expect("read");
     Some(content)
 }
@@ -69,10 +69,10 @@ fn immediate_mode_keeps_only_what_was_durable(block_bytes: u32) {
 
 fn after_a_shutdown_everything_fails_eio_and_nothing_reaches_the_device(block_bytes: u32) {
     let (raw, volume) = new_volume(VOLUME_BYTES, block_bytes);
-    let attr = volume.create(ROOT, b"file", 0o644, owner()).expect("create");
-    let file = volume.open_file(attr.ino, OpenFlags::READ_WRITE).expect("open");
+    let attr = volume.inodes().create(ROOT, b"file", 0o644, owner()).expect("create");
+    let file = volume.inodes().open_file(attr.ino, OpenFlags::READ_WRITE).expect("open");
     file.write_all_at(&pattern(3, DATA_BYTES), 0).expect("write");
-    file.fsync().expect("fsync");
+    file.sync_all().expect("fsync");
     // Cached and dirty: answers the cache could give are refused too.
     file.write_all_at(&pattern(4, 100), 0).expect("write");
 
@@ -86,15 +86,15 @@ fn after_a_shutdown_everything_fails_eio_and_nothing_reaches_the_device(block_by
     let mut buffer = vec![0; 100];
     eio(file.read_at(&mut buffer, 0).map(drop), "read");
     eio(file.write_at(&buffer, 0).map(drop), "write");
-    eio(file.fsync(), "fsync");
+    eio(file.sync_all(), "fsync");
     eio(file.set_len(0), "truncate");
     eio(file.attr().map(drop), "fstat");
-    eio(volume.getattr(attr.ino).map(drop), "getattr");
-    eio(volume.lookup(ROOT, b"file").map(drop), "lookup");
-    eio(volume.readdir(ROOT).map(drop), "readdir");
-    eio(volume.open_file(attr.ino, OpenFlags::READ).map(drop), "open");
-    eio(volume.create(ROOT, b"new", 0o644, owner()).map(drop), "create");
-    eio(volume.unlink(ROOT, b"file"), "unlink");
+    eio(volume.inodes().getattr(attr.ino).map(drop), "getattr");
+    eio(volume.inodes().lookup(ROOT, b"file").map(drop), "lookup");
+    eio(volume.inodes().readdir(ROOT).map(drop), "readdir");
+    eio(volume.inodes().open_file(attr.ino, OpenFlags::READ).map(drop), "open");
+    eio(volume.inodes().create(ROOT, b"new", 0o644, owner()).map(drop), "create");
+    eio(volume.inodes().unlink(ROOT, b"file"), "unlink");
     eio(volume.sync(), "syncfs");
     eio(volume.checkpoint(), "checkpoint");
     volume.shutdown(ShutdownMode::Sync).expect("a second shutdown does nothing");

@@ -43,9 +43,9 @@ fn random_mode(rng: &mut ChaCha8Rng) -> FallocateMode {
 fn model_check(seed: u64, block_bytes: u32) {
     let options = options();
     let (device, volume) = new_volume_with_options(48 << 20, block_bytes, None, &options);
-    let ino = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
-    let direct = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+    let ino = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let direct = volume.inodes().open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
     let block = u64::from(block_bytes) as usize;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut model: Vec<u8> = Vec::new();
@@ -104,7 +104,7 @@ fn model_check(seed: u64, block_bytes: u32) {
                 file.set_len(size as u64).unwrap();
                 model.resize(size, 0);
             }
-            75..=79 => file.fsync().unwrap(),
+            75..=79 => file.sync_all().unwrap(),
             80..=89 => {
                 let pos = rng.random_range(0..model.len().max(1));
                 let mut buffer = vec![0xEE; rng.random_range(1..200_000)];
@@ -151,10 +151,14 @@ fn model_check(seed: u64, block_bytes: u32) {
                 }
             }
         }
-        assert_eq!(volume.getattr(ino).unwrap().size, model.len() as u64, "{context}: size");
+        assert_eq!(
+            volume.inodes().getattr(ino).unwrap().size,
+            model.len() as u64,
+            "{context}: size"
+        );
     }
-    file.fsync().unwrap();
-    let extents = volume.fiemap(ino).unwrap();
+    file.sync_all().unwrap();
+    let extents = volume.inodes().fiemap(ino).unwrap();
     assert!(
         extents.iter().all(|extent| extent.kind != MapKind::Delalloc),
         "seed {seed}: delalloc after fsync"
@@ -162,9 +166,9 @@ fn model_check(seed: u64, block_bytes: u32) {
     drop((file, direct));
     volume.close().unwrap();
     let (_, reopened) = open_image_with(device.image(), &options).unwrap();
-    let size = reopened.getattr(ino).unwrap().size as usize;
+    let size = reopened.inodes().getattr(ino).unwrap().size as usize;
     let mut content = vec![0; size];
-    let handle = reopened.open_file(ino, OpenFlags::READ).unwrap();
+    let handle = reopened.inodes().open_file(ino, OpenFlags::READ).unwrap();
     assert_eq!(handle.read_at(&mut content, 0).unwrap(), size);
     assert!(content == model, "seed {seed}, block {block_bytes}: content after remount");
     let report = foliofs::fsck::check(reopened.device().clone());
@@ -186,14 +190,14 @@ fn fallocate_modes_match_a_model(block_bytes: u32) {
 fn preallocation_reads_zeros_and_keeps_space_promised(block_bytes: u32) {
     let block = u64::from(block_bytes);
     let (_device, volume) = new_volume_with_options(16 << 20, block_bytes, None, &options());
-    let ino = volume.create(ROOT, b"p", 0o644, owner()).unwrap().ino;
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let ino = volume.inodes().create(ROOT, b"p", 0o644, owner()).unwrap().ino;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     let free_before = volume.statfs().free_blocks;
     let promised = (1 << 20) / block;
     file.fallocate(FallocateMode::Allocate { keep_size: true }, 0, 1 << 20).unwrap();
-    assert_eq!(volume.getattr(ino).unwrap().size, 0, "KEEP_SIZE");
+    assert_eq!(volume.inodes().getattr(ino).unwrap().size, 0, "KEEP_SIZE");
     assert_eq!(free_before - volume.statfs().free_blocks, promised);
-    let extents = volume.fiemap(ino).unwrap();
+    let extents = volume.inodes().fiemap(ino).unwrap();
     assert_eq!(extents.len(), 1);
     assert_eq!((extents[0].kind, extents[0].length), (MapKind::Unwritten, 1 << 20));
     // A write of block 2 into preallocated space needs no new blocks, and
@@ -201,7 +205,7 @@ fn preallocation_reads_zeros_and_keeps_space_promised(block_bytes: u32) {
     file.fallocate(FallocateMode::Allocate { keep_size: false }, 0, 1 << 20).unwrap();
     let (at, length) = (2 * block as usize, block as usize);
     file.write_at(&vec![7; length], at as u64).unwrap();
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     assert_eq!(free_before - volume.statfs().free_blocks, promised);
     let mut back = vec![1; 4 * length];
     file.read_at(&mut back, 0).unwrap();
@@ -217,14 +221,14 @@ fn preallocation_reads_zeros_and_keeps_space_promised(block_bytes: u32) {
     let error =
         file.fallocate(FallocateMode::Allocate { keep_size: false }, 0, 64 << 20).unwrap_err();
     assert_eq!(error.errno(), libc::ENOSPC, "{error}");
-    assert_eq!(volume.getattr(ino).unwrap().size, 1 << 20);
+    assert_eq!(volume.inodes().getattr(ino).unwrap().size, 1 << 20);
     assert_eq!(free_before - volume.statfs().free_blocks, promised);
     // A zero range that does not fit starts inside the written block: the
     // shortage is found before its partial block is zeroed.
     let zero = FallocateMode::ZeroRange { keep_size: false };
     let error = file.fallocate(zero, at as u64 + 1, 64 << 20).unwrap_err();
     assert_eq!(error.errno(), libc::ENOSPC, "{error}");
-    assert_eq!(volume.getattr(ino).unwrap().size, 1 << 20);
+    assert_eq!(volume.inodes().getattr(ino).unwrap().size, 1 << 20);
     let mut block_two = vec![0; length];
     file.read_at(&mut block_two, at as u64).unwrap();
     assert!(block_two.iter().all(|&byte| byte == 7), "a refused zero range changed data");
@@ -233,10 +237,10 @@ fn preallocation_reads_zeros_and_keeps_space_promised(block_bytes: u32) {
 fn punching_frees_blocks_and_bad_arguments_are_refused(block_bytes: u32) {
     let block = u64::from(block_bytes);
     let (_device, volume) = new_volume_with_options(16 << 20, block_bytes, None, &options());
-    let ino = volume.create(ROOT, b"h", 0o644, owner()).unwrap().ino;
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let ino = volume.inodes().create(ROOT, b"h", 0o644, owner()).unwrap().ino;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     file.write_at(&pattern(3, 1 << 20), 0).unwrap();
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     let free_before = volume.statfs().free_blocks;
     file.fallocate(FallocateMode::PunchHole, 10_000, 500_000).unwrap();
     volume.sync().unwrap();
@@ -273,7 +277,7 @@ fn punching_frees_blocks_and_bad_arguments_are_refused(block_bytes: u32) {
         "punch needs KEEP_SIZE"
     );
     assert_eq!(file.seek_data(1 << 20).unwrap_err().errno(), libc::ENXIO);
-    let read_only = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let read_only = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
     let error = read_only.fallocate(FallocateMode::PunchHole, 0, block).unwrap_err();
     assert_eq!(error.errno(), libc::EBADF);
 }

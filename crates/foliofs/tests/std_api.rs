@@ -49,9 +49,9 @@ fn files_and_directories_by_path_survive_a_remount() {
     drop(log);
     assert_eq!(volume.read("/a/log").unwrap(), b"one\ntwo\n");
 
-    volume.symlink_path("b/c/data", "/a/link").unwrap();
+    volume.symlink("b/c/data", "/a/link").unwrap();
     volume.hard_link("/a/b/c/data", "/a/hard").unwrap();
-    volume.rename_path("/a/log", "/a/b/log").unwrap();
+    volume.rename("/a/log", "/a/b/log").unwrap();
     volume.set_permissions("/a/hard", Permissions::from_mode(0o600)).unwrap();
     volume.close().unwrap();
 
@@ -110,7 +110,7 @@ fn open_options_create_exclusively_truncate_and_refuse_what_std_refuses() {
     assert_eq!(errno(volume.create_dir("/f/sub")), libc::ENOTDIR);
     assert_eq!(errno(volume.remove_dir_all("/f")), libc::ENOTDIR);
     assert_eq!(errno(volume.create_dir("/")), libc::EINVAL);
-    volume.symlink_path("/loop", "/loop").unwrap();
+    volume.symlink("/loop", "/loop").unwrap();
     assert_eq!(errno(volume.metadata("/loop")), libc::ELOOP);
     assert_eq!(errno(OpenOptions::new().read(true).open(&volume, "/loop")), libc::ELOOP);
 }
@@ -124,15 +124,15 @@ fn create_or_open_decides_as_open_does() {
     let (_image, volume) = new_volume(&dir);
     let owner = foliofs::Owner::current();
     let create = OpenOptions::from_posix_flags(libc::O_RDWR | libc::O_CREAT);
-    let first = volume.create_or_open(ROOT_INO, b"f", 0o644, owner, &create).unwrap();
+    let first = volume.inodes().create_or_open(ROOT_INO, b"f", 0o644, owner, &create).unwrap();
     volume.write("/f", b"kept").unwrap();
-    let again = volume.create_or_open(ROOT_INO, b"f", 0o644, owner, &create).unwrap();
+    let again = volume.inodes().create_or_open(ROOT_INO, b"f", 0o644, owner, &create).unwrap();
     assert_eq!((again.ino, again.size), (first.ino, 4));
     let exclusive = OpenOptions::from_posix_flags(libc::O_RDWR | libc::O_CREAT | libc::O_EXCL);
-    let refused = volume.create_or_open(ROOT_INO, b"f", 0o644, owner, &exclusive);
+    let refused = volume.inodes().create_or_open(ROOT_INO, b"f", 0o644, owner, &exclusive);
     assert_eq!(errno(refused), libc::EEXIST);
     let truncate = OpenOptions::from_posix_flags(libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC);
-    let emptied = volume.create_or_open(ROOT_INO, b"f", 0o644, owner, &truncate).unwrap();
+    let emptied = volume.inodes().create_or_open(ROOT_INO, b"f", 0o644, owner, &truncate).unwrap();
     assert_eq!((emptied.ino, emptied.size), (first.ino, 0));
 }
 
@@ -150,12 +150,12 @@ fn access_honours_supplementary_groups() {
         gid: Some(100),
         ..Default::default()
     };
-    volume.setattr(ino, &changes).unwrap();
+    volume.inodes().setattr(ino, &changes).unwrap();
     let member = foliofs::Credentials { uid: 1001, gid: 5, groups: vec![100] };
-    volume.access(ino, &member, foliofs::Access::READ).unwrap();
-    assert_eq!(errno(volume.access(ino, &member, foliofs::Access::WRITE)), libc::EACCES);
+    volume.inodes().access(ino, &member, foliofs::Access::READ).unwrap();
+    assert_eq!(errno(volume.inodes().access(ino, &member, foliofs::Access::WRITE)), libc::EACCES);
     let stranger = foliofs::Credentials { uid: 1001, gid: 5, groups: vec![7] };
-    assert_eq!(errno(volume.access(ino, &stranger, foliofs::Access::READ)), libc::EACCES);
+    assert_eq!(errno(volume.inodes().access(ino, &stranger, foliofs::Access::READ)), libc::EACCES);
 }
 
 #[test]

@@ -16,17 +16,17 @@ const BLOCK_BYTES: u32 = 4096;
 const VOLUME_BYTES: u64 = 32 << 20;
 
 fn write_file(volume: &Volume, name: &[u8], data: &[u8]) -> u64 {
-    let ino = volume.create(ROOT, name, 0o644, owner()).unwrap().ino;
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let ino = volume.inodes().create(ROOT, name, 0o644, owner()).unwrap().ino;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     file.write_at(data, 0).unwrap();
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     ino
 }
 
 fn read_file(volume: &Volume, name: &[u8]) -> Option<Vec<u8>> {
-    let ino = volume.lookup(ROOT, name).ok()?.ino;
-    let size = volume.getattr(ino).unwrap().size as usize;
-    let file = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let ino = volume.inodes().lookup(ROOT, name).ok()?.ino;
+    let size = volume.inodes().getattr(ino).unwrap().size as usize;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
     let mut data = vec![0; size];
     assert_eq!(file.read_at(&mut data, 0).unwrap(), size);
     Some(data)
@@ -34,7 +34,7 @@ fn read_file(volume: &Volume, name: &[u8]) -> Option<Vec<u8>> {
 
 /// The device byte ranges holding `ino`'s data.
 fn device_ranges(volume: &Volume, ino: u64) -> Vec<(u64, u64)> {
-    let extents = volume.fiemap(ino).unwrap();
+    let extents = volume.inodes().fiemap(ino).unwrap();
     extents.iter().map(|extent| (extent.physical, extent.physical + extent.length)).collect()
 }
 
@@ -50,7 +50,7 @@ fn trim_discards_the_free_space_and_nothing_else() {
     let kept = pattern(1, 1 << 20);
     let kept_ino = write_file(&volume, b"kept", &kept);
     write_file(&volume, b"removed", &pattern(2, 1 << 20));
-    volume.unlink(ROOT, b"removed").unwrap();
+    volume.inodes().unlink(ROOT, b"removed").unwrap();
     volume.sync().unwrap();
     let statfs = volume.statfs();
     let free_bytes = statfs.free_blocks * u64::from(BLOCK_BYTES);
@@ -92,8 +92,8 @@ fn trim_honours_the_range_and_the_minimum_length() {
     let small = device_ranges(&volume, small_ino)[0];
     let large = device_ranges(&volume, large_ino)[0];
     assert_eq!((small.1 - small.0, large.1 - large.0), (8 << 10, 256 << 10));
-    volume.unlink(ROOT, b"small").unwrap();
-    volume.unlink(ROOT, b"large").unwrap();
+    volume.inodes().unlink(ROOT, b"small").unwrap();
+    volume.inodes().unlink(ROOT, b"large").unwrap();
     volume.sync().unwrap();
 
     // Only the run holding `small`, by range.
@@ -148,7 +148,7 @@ fn trim_leaves_space_whose_freeing_is_not_durable() {
     volume.sync().unwrap();
     device.reset_log();
 
-    volume.unlink(ROOT, b"f").unwrap();
+    volume.inodes().unlink(ROOT, b"f").unwrap();
     let free_before_commit = volume.trim(TrimRange::ALL).unwrap();
     volume.sync().unwrap();
     let free_after_commit = volume.trim(TrimRange::ALL).unwrap();
@@ -190,7 +190,7 @@ fn trim_beside_writers_never_wipes_new_data() {
     };
     for round in 0..40u64 {
         let name = format!("f{}", round % 4);
-        let _ = volume.unlink(ROOT, name.as_bytes());
+        let _ = volume.inodes().unlink(ROOT, name.as_bytes());
         let data = pattern(round, 256 << 10);
         write_file(&volume, name.as_bytes(), &data);
         volume.sync().unwrap();

@@ -25,9 +25,9 @@ fn more_orphans_than_one_journal_group_holds_are_freed_at_mount() {
     let mut handles = Vec::new();
     for index in 0..ORPHANS {
         let name = format!("f{index}");
-        let file = volume.create(ROOT, name.as_bytes(), 0o644, owner()).unwrap();
-        handles.push(volume.open_file(file.ino, OpenFlags::READ_WRITE).unwrap());
-        volume.unlink(ROOT, name.as_bytes()).unwrap();
+        let file = volume.inodes().create(ROOT, name.as_bytes(), 0o644, owner()).unwrap();
+        handles.push(volume.inodes().open_file(file.ino, OpenFlags::READ_WRITE).unwrap());
+        volume.inodes().unlink(ROOT, name.as_bytes()).unwrap();
     }
     volume.sync().unwrap();
     let crashed = device.image();
@@ -45,8 +45,8 @@ fn more_orphans_than_one_journal_group_holds_are_freed_at_mount() {
 #[test]
 fn fallocate_over_fragmented_free_space_is_refused_not_asserted() {
     let (_, volume) = new_volume_with_journal(64 << 20, 4096, Some(SMALL_JOURNAL_BYTES));
-    let comb = volume.create(ROOT, b"comb", 0o644, owner()).unwrap();
-    let comb_file = volume.open_file(comb.ino, OpenFlags::READ_WRITE).unwrap();
+    let comb = volume.inodes().create(ROOT, b"comb", 0o644, owner()).unwrap();
+    let comb_file = volume.inodes().open_file(comb.ino, OpenFlags::READ_WRITE).unwrap();
     for block in 0..2_000u64 {
         comb_file
             .fallocate(FallocateMode::Allocate { keep_size: false }, block * 8192, 8192)
@@ -56,8 +56,8 @@ fn fallocate_over_fragmented_free_space_is_refused_not_asserted() {
     for block in 0..2_000u64 {
         comb_file.fallocate(FallocateMode::PunchHole, block * 8192, 4096).unwrap();
     }
-    let big = volume.create(ROOT, b"big", 0o644, owner()).unwrap();
-    let big_file = volume.open_file(big.ino, OpenFlags::READ_WRITE).unwrap();
+    let big = volume.inodes().create(ROOT, b"big", 0o644, owner()).unwrap();
+    let big_file = volume.inodes().open_file(big.ino, OpenFlags::READ_WRITE).unwrap();
     let free_before = volume.statfs().free_blocks;
     let length = free_before * 4096;
     match big_file.fallocate(FallocateMode::Allocate { keep_size: false }, 0, length) {
@@ -65,7 +65,7 @@ fn fallocate_over_fragmented_free_space_is_refused_not_asserted() {
         Err(error) => {
             assert_eq!(error.errno(), libc::ENOSPC, "{error}");
             assert_eq!(volume.statfs().free_blocks, free_before, "nothing allocated");
-            assert_eq!(volume.getattr(big.ino).unwrap().size, 0);
+            assert_eq!(volume.inodes().getattr(big.ino).unwrap().size, 0);
         }
     }
     big_file.write_at(b"still works", 0).unwrap();
@@ -78,8 +78,8 @@ fn fallocate_over_fragmented_free_space_is_refused_not_asserted() {
 #[test]
 fn collapse_before_more_extents_than_a_group_holds_is_refused() {
     let (_, volume) = new_volume_with_journal(64 << 20, 4096, Some(SMALL_JOURNAL_BYTES));
-    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-    let handle = volume.open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
+    let file = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
+    let handle = volume.inodes().open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
     // Alternate written and unwritten blocks: extents that cannot merge.
     for block in 0..1_500u64 {
         handle.write_at(&[1u8; 4096], block * 8192).unwrap();
@@ -88,10 +88,10 @@ fn collapse_before_more_extents_than_a_group_holds_is_refused() {
             .unwrap();
     }
     handle.sync_all().unwrap();
-    let size = volume.getattr(file.ino).unwrap().size;
+    let size = volume.inodes().getattr(file.ino).unwrap().size;
     let error = handle.fallocate(FallocateMode::CollapseRange, 0, 4096).unwrap_err();
     assert_eq!(error.errno(), libc::ENOSPC, "{error}");
-    assert_eq!(volume.getattr(file.ino).unwrap().size, size, "nothing shifted");
+    assert_eq!(volume.inodes().getattr(file.ino).unwrap().size, size, "nothing shifted");
     let mut first = [0u8; 4];
     handle.read_at(&mut first, 0).unwrap();
     assert_eq!(first, [1u8; 4]);
@@ -103,13 +103,14 @@ fn collapse_before_more_extents_than_a_group_holds_is_refused() {
 #[test]
 fn an_xattr_larger_than_a_journal_group_is_enospc() {
     let (_, volume) = new_volume_with_journal(64 << 20, 4096, Some(SMALL_JOURNAL_BYTES));
-    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
+    let file = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
     let value = vec![7u8; 60_000];
     let error = volume
+        .inodes()
         .set_xattr(file.ino, b"user.big", &value, XattrFlags::default(), Privilege::SysAdmin)
         .unwrap_err();
     assert_eq!(error.errno(), libc::ENOSPC, "{error}");
     assert!(error.to_string().contains("journal"), "{error}");
-    assert!(volume.get_xattr(file.ino, b"user.big", Privilege::SysAdmin).is_err());
+    assert!(volume.inodes().get_xattr(file.ino, b"user.big", Privilege::SysAdmin).is_err());
     fsck_clean(&volume);
 }

@@ -9,6 +9,7 @@ use foliofs::{Error, InodeKind, OpenFlags, RenameFlags, SetAttr, TimeSet, Timest
 
 fn names(volume: &foliofs::Volume, dir: u64) -> Vec<String> {
     volume
+        .inodes()
         .readdir(dir)
         .unwrap()
         .into_iter()
@@ -34,36 +35,39 @@ block_size_tests!(
 
 fn data_and_namespace_survive_close_and_reopen(block_bytes: u32) {
     let (device, volume) = new_volume(64 << 20, block_bytes);
-    let dir = volume.mkdir(ROOT, b"dir", 0o750, owner()).unwrap();
-    let file = volume.create(dir.ino, b"file", 0o640, owner()).unwrap();
+    let dir = volume.inodes().mkdir(ROOT, b"dir", 0o750, owner()).unwrap();
+    let file = volume.inodes().create(dir.ino, b"file", 0o640, owner()).unwrap();
     let data = pattern(1, 100_000);
-    let handle = volume.open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
+    let handle = volume.inodes().open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
     assert_eq!(handle.write_at(&data, 12_345).unwrap(), data.len());
     handle.close().unwrap();
-    volume.symlink(ROOT, b"link", b"dir/file", owner()).unwrap();
+    volume.inodes().symlink(ROOT, b"link", b"dir/file", owner()).unwrap();
     volume.close().unwrap();
 
     let (_, volume) = open_image(device.image()).unwrap();
-    let ino = volume.resolve("/dir/file").unwrap();
-    let attr = volume.getattr(ino).unwrap();
+    let ino = volume.inodes().resolve("/dir/file").unwrap();
+    let attr = volume.inodes().getattr(ino).unwrap();
     assert_eq!(attr.size, 12_345 + 100_000);
     assert_eq!((attr.mode, attr.uid, attr.kind), (0o640, 1000, InodeKind::File));
-    let handle = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let handle = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
     let mut back = vec![0xAA; attr.size as usize + 10];
     assert_eq!(handle.read_at(&mut back, 0).unwrap(), attr.size as usize);
     assert!(back[..12_345].iter().all(|&byte| byte == 0), "the hole reads as zeros");
     assert_eq!(&back[12_345..attr.size as usize], &data[..]);
-    assert_eq!(volume.readlink(volume.resolve("/link").unwrap()).unwrap(), b"dir/file");
+    assert_eq!(
+        volume.inodes().readlink(volume.inodes().resolve("/link").unwrap()).unwrap(),
+        b"dir/file"
+    );
     assert_eq!(names(&volume, ROOT), ["dir", "link"]);
-    assert_eq!(volume.getattr(ROOT).unwrap().nlink, 3);
+    assert_eq!(volume.inodes().getattr(ROOT).unwrap().nlink, 3);
 }
 
 /// Writes that start or end inside blocks, including ones straddling the
 /// first and second block boundaries of each block size.
 fn partial_block_writes_read_modify_write(block_bytes: u32) {
     let (_, volume) = new_volume(32 << 20, block_bytes);
-    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-    let handle = volume.open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
+    let file = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
+    let handle = volume.inodes().open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
     let block = block_bytes as usize;
     let writes = [
         (0usize, 5000usize),
@@ -95,74 +99,80 @@ fn partial_block_writes_read_modify_write(block_bytes: u32) {
 
 fn truncate_down_then_up_exposes_zeros_not_old_bytes(block_bytes: u32) {
     let (_, volume) = new_volume(64 << 20, block_bytes);
-    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-    let handle = volume.open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
+    let file = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
+    let handle = volume.inodes().open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
     handle.write_at(&[0xEE; 200_000], 0).unwrap();
     handle.set_len(1000).unwrap();
     assert_eq!(handle.attr().unwrap().size, 1000);
-    let used = volume.getattr(file.ino).unwrap().blocks_512 * 512;
+    let used = volume.inodes().getattr(file.ino).unwrap().blocks_512 * 512;
     assert_eq!(used, 1000u64.div_ceil(u64::from(block_bytes)) * u64::from(block_bytes));
     handle.set_len(300_000).unwrap();
     let mut back = vec![1u8; 300_000];
     handle.read_at(&mut back, 0).unwrap();
     assert!(back[..1000].iter().all(|&byte| byte == 0xEE));
     assert!(back[1000..].iter().all(|&byte| byte == 0));
-    let attr = volume.setattr(file.ino, &SetAttr { size: Some(5), ..SetAttr::default() }).unwrap();
+    let attr = volume
+        .inodes()
+        .setattr(file.ino, &SetAttr { size: Some(5), ..SetAttr::default() })
+        .unwrap();
     assert_eq!(attr.size, 5);
 }
 
 fn namespace_errors_are_the_posix_ones(block_bytes: u32) {
     let (_, volume) = new_volume(32 << 20, block_bytes);
-    let dir = volume.mkdir(ROOT, b"d", 0o755, owner()).unwrap();
-    volume.create(dir.ino, b"f", 0o644, owner()).unwrap();
+    let dir = volume.inodes().mkdir(ROOT, b"d", 0o755, owner()).unwrap();
+    volume.inodes().create(dir.ino, b"f", 0o644, owner()).unwrap();
     fn errno<T: std::fmt::Debug>(result: foliofs::Result<T>) -> i32 {
         result.unwrap_err().errno()
     }
-    assert_eq!(errno(volume.create(dir.ino, b"f", 0o644, owner())), libc::EEXIST);
-    assert_eq!(errno(volume.rmdir(ROOT, b"d")), libc::ENOTEMPTY);
-    assert_eq!(errno(volume.unlink(ROOT, b"d")), libc::EISDIR);
-    assert_eq!(errno(volume.rmdir(dir.ino, b"f")), libc::ENOTDIR);
-    assert_eq!(errno(volume.lookup(ROOT, b"missing")), libc::ENOENT);
-    assert_eq!(errno(volume.create(ROOT, &[b'x'; 256], 0o644, owner())), libc::ENAMETOOLONG);
-    assert_eq!(errno(volume.create(ROOT, b"a/b", 0o644, owner())), libc::EINVAL);
-    assert_eq!(errno(volume.create(ROOT, b"..", 0o644, owner())), libc::EINVAL);
-    let file = volume.resolve("/d/f").unwrap();
-    assert_eq!(errno(volume.create(file, b"x", 0o644, owner())), libc::ENOTDIR);
-    assert_eq!(errno(volume.link(dir.ino, ROOT, b"dirlink")), libc::EPERM);
+    assert_eq!(errno(volume.inodes().create(dir.ino, b"f", 0o644, owner())), libc::EEXIST);
+    assert_eq!(errno(volume.inodes().rmdir(ROOT, b"d")), libc::ENOTEMPTY);
+    assert_eq!(errno(volume.inodes().unlink(ROOT, b"d")), libc::EISDIR);
+    assert_eq!(errno(volume.inodes().rmdir(dir.ino, b"f")), libc::ENOTDIR);
+    assert_eq!(errno(volume.inodes().lookup(ROOT, b"missing")), libc::ENOENT);
     assert_eq!(
-        errno(volume.rename(ROOT, b"d", dir.ino, b"inside", RenameFlags::default())),
+        errno(volume.inodes().create(ROOT, &[b'x'; 256], 0o644, owner())),
+        libc::ENAMETOOLONG
+    );
+    assert_eq!(errno(volume.inodes().create(ROOT, b"a/b", 0o644, owner())), libc::EINVAL);
+    assert_eq!(errno(volume.inodes().create(ROOT, b"..", 0o644, owner())), libc::EINVAL);
+    let file = volume.inodes().resolve("/d/f").unwrap();
+    assert_eq!(errno(volume.inodes().create(file, b"x", 0o644, owner())), libc::ENOTDIR);
+    assert_eq!(errno(volume.inodes().link(dir.ino, ROOT, b"dirlink")), libc::EPERM);
+    assert_eq!(
+        errno(volume.inodes().rename(ROOT, b"d", dir.ino, b"inside", RenameFlags::default())),
         libc::EINVAL
     );
-    assert_eq!(errno(volume.open_file(dir.ino, OpenFlags::READ)), libc::EISDIR);
-    assert!(matches!(volume.resolve("/d/f/x"), Err(Error::NotDir(_))));
+    assert_eq!(errno(volume.inodes().open_file(dir.ino, OpenFlags::READ)), libc::EISDIR);
+    assert!(matches!(volume.inodes().resolve("/d/f/x"), Err(Error::NotDir(_))));
 }
 
 fn rename_replaces_exchanges_and_keeps_link_counts(block_bytes: u32) {
     let (_, volume) = new_volume(32 << 20, block_bytes);
-    let a = volume.mkdir(ROOT, b"a", 0o755, owner()).unwrap();
-    let b = volume.mkdir(ROOT, b"b", 0o755, owner()).unwrap();
-    let sub = volume.mkdir(a.ino, b"sub", 0o755, owner()).unwrap();
-    let f1 = volume.create(a.ino, b"f1", 0o644, owner()).unwrap();
-    let f2 = volume.create(b.ino, b"f2", 0o644, owner()).unwrap();
-    volume.rename(a.ino, b"f1", b.ino, b"f2", RenameFlags::default()).unwrap();
-    assert_eq!(volume.lookup(b.ino, b"f2").unwrap().ino, f1.ino);
-    assert!(volume.getattr(f2.ino).is_err(), "the replaced file is freed");
+    let a = volume.inodes().mkdir(ROOT, b"a", 0o755, owner()).unwrap();
+    let b = volume.inodes().mkdir(ROOT, b"b", 0o755, owner()).unwrap();
+    let sub = volume.inodes().mkdir(a.ino, b"sub", 0o755, owner()).unwrap();
+    let f1 = volume.inodes().create(a.ino, b"f1", 0o644, owner()).unwrap();
+    let f2 = volume.inodes().create(b.ino, b"f2", 0o644, owner()).unwrap();
+    volume.inodes().rename(a.ino, b"f1", b.ino, b"f2", RenameFlags::default()).unwrap();
+    assert_eq!(volume.inodes().lookup(b.ino, b"f2").unwrap().ino, f1.ino);
+    assert!(volume.inodes().getattr(f2.ino).is_err(), "the replaced file is freed");
     let no_replace = RenameFlags { no_replace: true, ..RenameFlags::default() };
-    volume.create(a.ino, b"f3", 0o644, owner()).unwrap();
+    volume.inodes().create(a.ino, b"f3", 0o644, owner()).unwrap();
     assert_eq!(
-        volume.rename(a.ino, b"f3", b.ino, b"f2", no_replace).unwrap_err().errno(),
+        volume.inodes().rename(a.ino, b"f3", b.ino, b"f2", no_replace).unwrap_err().errno(),
         libc::EEXIST
     );
-    volume.rename(a.ino, b"sub", b.ino, b"sub2", RenameFlags::default()).unwrap();
-    assert_eq!(volume.getattr(a.ino).unwrap().nlink, 2);
-    assert_eq!(volume.getattr(b.ino).unwrap().nlink, 3);
-    assert_eq!(volume.resolve("/b/sub2/..").unwrap(), b.ino);
+    volume.inodes().rename(a.ino, b"sub", b.ino, b"sub2", RenameFlags::default()).unwrap();
+    assert_eq!(volume.inodes().getattr(a.ino).unwrap().nlink, 2);
+    assert_eq!(volume.inodes().getattr(b.ino).unwrap().nlink, 3);
+    assert_eq!(volume.inodes().resolve("/b/sub2/..").unwrap(), b.ino);
     let exchange = RenameFlags { exchange: true, ..RenameFlags::default() };
-    volume.rename(a.ino, b"f3", b.ino, b"sub2", exchange).unwrap();
-    assert_eq!(volume.lookup(a.ino, b"f3").unwrap().ino, sub.ino);
-    assert_eq!(volume.getattr(a.ino).unwrap().nlink, 3);
-    assert_eq!(volume.getattr(b.ino).unwrap().nlink, 2);
-    assert_eq!(volume.resolve("/a/f3/..").unwrap(), a.ino);
+    volume.inodes().rename(a.ino, b"f3", b.ino, b"sub2", exchange).unwrap();
+    assert_eq!(volume.inodes().lookup(a.ino, b"f3").unwrap().ino, sub.ino);
+    assert_eq!(volume.inodes().getattr(a.ino).unwrap().nlink, 3);
+    assert_eq!(volume.inodes().getattr(b.ino).unwrap().nlink, 2);
+    assert_eq!(volume.inodes().resolve("/a/f3/..").unwrap(), a.ino);
     let report = foliofs::fsck::check(volume.device().clone());
     assert!(report.is_clean(), "{:?}", report.problems);
 }
@@ -172,30 +182,30 @@ fn rename_replaces_exchanges_and_keeps_link_counts(block_bytes: u32) {
 /// 0, made in the rename's own transaction.
 fn rename_whiteout_leaves_a_whiteout_device_that_survives_reopen(block_bytes: u32) {
     let (device, volume) = new_volume(32 << 20, block_bytes);
-    let dir = volume.mkdir(ROOT, b"d", 0o755, owner()).unwrap();
-    let moved = volume.create(dir.ino, b"src", 0o644, owner()).unwrap();
-    let replaced = volume.create(ROOT, b"dst", 0o644, owner()).unwrap();
+    let dir = volume.inodes().mkdir(ROOT, b"d", 0o755, owner()).unwrap();
+    let moved = volume.inodes().create(dir.ino, b"src", 0o644, owner()).unwrap();
+    let replaced = volume.inodes().create(ROOT, b"dst", 0o644, owner()).unwrap();
     let caller = foliofs::Owner { uid: 0, gid: 0 };
     let whiteout = RenameFlags { whiteout: Some(caller), ..RenameFlags::default() };
     let exchange_too = RenameFlags { exchange: true, ..whiteout };
     assert_eq!(
-        volume.rename(dir.ino, b"src", ROOT, b"dst", exchange_too).unwrap_err().errno(),
+        volume.inodes().rename(dir.ino, b"src", ROOT, b"dst", exchange_too).unwrap_err().errno(),
         libc::EINVAL
     );
-    volume.rename(dir.ino, b"src", ROOT, b"dst", whiteout).unwrap();
-    assert_eq!(volume.lookup(ROOT, b"dst").unwrap().ino, moved.ino);
-    assert!(volume.getattr(replaced.ino).is_err(), "the replaced file is freed");
-    let left = volume.lookup(dir.ino, b"src").unwrap();
+    volume.inodes().rename(dir.ino, b"src", ROOT, b"dst", whiteout).unwrap();
+    assert_eq!(volume.inodes().lookup(ROOT, b"dst").unwrap().ino, moved.ino);
+    assert!(volume.inodes().getattr(replaced.ino).is_err(), "the replaced file is freed");
+    let left = volume.inodes().lookup(dir.ino, b"src").unwrap();
     assert_eq!((left.kind, left.mode & 0o7777, left.rdev), (InodeKind::CharDevice, 0, 0));
     assert_eq!((left.uid, left.gid, left.nlink), (0, 0, 1));
     let no_replace = RenameFlags { no_replace: true, ..whiteout };
-    volume.create(ROOT, b"taken", 0o644, owner()).unwrap();
+    volume.inodes().create(ROOT, b"taken", 0o644, owner()).unwrap();
     assert_eq!(
-        volume.rename(ROOT, b"dst", ROOT, b"taken", no_replace).unwrap_err().errno(),
+        volume.inodes().rename(ROOT, b"dst", ROOT, b"taken", no_replace).unwrap_err().errno(),
         libc::EEXIST
     );
     assert_eq!(
-        volume.lookup(ROOT, b"dst").unwrap().ino,
+        volume.inodes().lookup(ROOT, b"dst").unwrap().ino,
         moved.ino,
         "a refused rename changes nothing"
     );
@@ -203,19 +213,19 @@ fn rename_whiteout_leaves_a_whiteout_device_that_survives_reopen(block_bytes: u3
     let image = device.image();
     drop(volume);
     let (_, volume) = open_image(image).unwrap();
-    let dir = volume.lookup(ROOT, b"d").unwrap();
-    assert_eq!(volume.lookup(dir.ino, b"src").unwrap().kind, InodeKind::CharDevice);
+    let dir = volume.inodes().lookup(ROOT, b"d").unwrap();
+    assert_eq!(volume.inodes().lookup(dir.ino, b"src").unwrap().kind, InodeKind::CharDevice);
     let report = foliofs::fsck::check(volume.device().clone());
     assert!(report.is_clean(), "{:?}", report.problems);
 }
 
 fn unlinked_open_file_lives_until_closed_and_orphans_are_freed_at_mount(block_bytes: u32) {
     let (device, volume) = new_volume(32 << 20, block_bytes);
-    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-    let handle = volume.open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
+    let file = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
+    let handle = volume.inodes().open_file(file.ino, OpenFlags::READ_WRITE).unwrap();
     handle.write_at(&[7u8; 50_000], 0).unwrap();
     let free_before = volume.statfs().free_blocks;
-    volume.unlink(ROOT, b"f").unwrap();
+    volume.inodes().unlink(ROOT, b"f").unwrap();
     let mut back = [0u8; 10];
     assert_eq!(handle.read_at(&mut back, 0).unwrap(), 10);
     assert_eq!(back, [7u8; 10]);
@@ -224,30 +234,30 @@ fn unlinked_open_file_lives_until_closed_and_orphans_are_freed_at_mount(block_by
     handle.close().unwrap();
     volume.sync().unwrap();
     assert!(volume.statfs().free_blocks > free_before, "space freed on the last close");
-    assert!(volume.getattr(file.ino).is_err());
+    assert!(volume.inodes().getattr(file.ino).is_err());
     drop(volume);
 
     // A crash while the orphan was open: fsck notes it, mount frees it.
     let report = foliofs::fsck::check(open_image(crashed.clone()).unwrap().1.device().clone());
     assert!(report.is_clean(), "{:?}", report.problems);
     let (_, volume) = open_image(crashed).unwrap();
-    assert!(volume.getattr(file.ino).is_err(), "orphan freed at mount");
+    assert!(volume.inodes().getattr(file.ino).is_err(), "orphan freed at mount");
 }
 
 fn hard_links_share_data_and_count(block_bytes: u32) {
     let (_, volume) = new_volume(32 << 20, block_bytes);
-    let file = volume.create(ROOT, b"one", 0o644, owner()).unwrap();
-    volume.link(file.ino, ROOT, b"two").unwrap();
-    assert_eq!(volume.getattr(file.ino).unwrap().nlink, 2);
-    volume.open_file(file.ino, OpenFlags::WRITE).unwrap().write_at(b"shared", 0).unwrap();
-    volume.unlink(ROOT, b"one").unwrap();
-    let two = volume.lookup(ROOT, b"two").unwrap();
+    let file = volume.inodes().create(ROOT, b"one", 0o644, owner()).unwrap();
+    volume.inodes().link(file.ino, ROOT, b"two").unwrap();
+    assert_eq!(volume.inodes().getattr(file.ino).unwrap().nlink, 2);
+    volume.inodes().open_file(file.ino, OpenFlags::WRITE).unwrap().write_at(b"shared", 0).unwrap();
+    volume.inodes().unlink(ROOT, b"one").unwrap();
+    let two = volume.inodes().lookup(ROOT, b"two").unwrap();
     assert_eq!((two.ino, two.nlink, two.size), (file.ino, 1, 6));
 }
 
 fn setattr_changes_mode_owner_and_times(block_bytes: u32) {
     let (_, volume) = new_volume(32 << 20, block_bytes);
-    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
+    let file = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
     let at = Timestamp { secs: 1_000_000, nanos: 123_456_789 };
     let changes = SetAttr {
         mode: Some(0o4711),
@@ -258,20 +268,20 @@ fn setattr_changes_mode_owner_and_times(block_bytes: u32) {
         size: None,
         ctime: None,
     };
-    let attr = volume.setattr(file.ino, &changes).unwrap();
+    let attr = volume.inodes().setattr(file.ino, &changes).unwrap();
     assert_eq!((attr.mode, attr.uid, attr.gid, attr.atime, attr.mtime), (0o4711, 7, 8, at, at));
     assert!(attr.ctime > at);
 }
 
 fn full_volume_reports_enospc_and_keeps_earlier_files(block_bytes: u32) {
     let (_, volume) = new_volume(16 << 20, block_bytes);
-    let keep = volume.create(ROOT, b"keep", 0o644, owner()).unwrap();
+    let keep = volume.inodes().create(ROOT, b"keep", 0o644, owner()).unwrap();
     let keep_data = pattern(5, 100_000);
-    volume.open_file(keep.ino, OpenFlags::WRITE).unwrap().write_at(&keep_data, 0).unwrap();
+    volume.inodes().open_file(keep.ino, OpenFlags::WRITE).unwrap().write_at(&keep_data, 0).unwrap();
     volume.sync().unwrap();
     let available_before = volume.statfs().available_blocks;
-    let big = volume.create(ROOT, b"big", 0o644, owner()).unwrap();
-    let handle = volume.open_file(big.ino, OpenFlags::WRITE).unwrap();
+    let big = volume.inodes().create(ROOT, b"big", 0o644, owner()).unwrap();
+    let handle = volume.inodes().open_file(big.ino, OpenFlags::WRITE).unwrap();
     let chunk = vec![1u8; 1 << 20];
     let mut error = None;
     for index in 0..64u64 {
@@ -287,10 +297,10 @@ fn full_volume_reports_enospc_and_keeps_earlier_files(block_bytes: u32) {
     let error = error.expect("a 16 MiB volume cannot take 64 MiB");
     assert_eq!(error.errno(), libc::ENOSPC, "{error}");
     let mut back = vec![0u8; keep_data.len()];
-    volume.open_file(keep.ino, OpenFlags::READ).unwrap().read_at(&mut back, 0).unwrap();
+    volume.inodes().open_file(keep.ino, OpenFlags::READ).unwrap().read_at(&mut back, 0).unwrap();
     assert_eq!(back, keep_data);
     drop(handle);
-    volume.unlink(ROOT, b"big").unwrap();
+    volume.inodes().unlink(ROOT, b"big").unwrap();
     volume.sync().unwrap();
     assert_eq!(
         volume.statfs().available_blocks,
@@ -307,16 +317,17 @@ fn many_files_force_checkpoints_and_reload(block_bytes: u32) {
     let (device, volume) = new_volume_with_journal(volume_bytes, block_bytes, Some(1 << 20));
     for index in 0..3000u32 {
         let name = format!("file-with-a-long-name-{index:05}");
-        let attr = volume.create(ROOT, name.as_bytes(), 0o644, owner()).unwrap();
+        let attr = volume.inodes().create(ROOT, name.as_bytes(), 0o644, owner()).unwrap();
         if index % 7 == 0 {
             volume
+                .inodes()
                 .open_file(attr.ino, OpenFlags::WRITE)
                 .unwrap()
                 .write_at(&index.to_le_bytes(), 0)
                 .unwrap();
         }
         if index % 3 == 0 {
-            volume.unlink(ROOT, name.as_bytes()).unwrap();
+            volume.inodes().unlink(ROOT, name.as_bytes()).unwrap();
         }
         if index % 50 == 0 {
             volume.sync().unwrap();
@@ -331,9 +342,9 @@ fn many_files_force_checkpoints_and_reload(block_bytes: u32) {
         "the journal wrapped through checkpoints"
     );
     assert_eq!(names(&volume, ROOT), expected);
-    let ino = volume.resolve("/file-with-a-long-name-00007").unwrap();
+    let ino = volume.inodes().resolve("/file-with-a-long-name-00007").unwrap();
     let mut back = [0u8; 4];
-    volume.open_file(ino, OpenFlags::READ).unwrap().read_at(&mut back, 0).unwrap();
+    volume.inodes().open_file(ino, OpenFlags::READ).unwrap().read_at(&mut back, 0).unwrap();
     assert_eq!(u32::from_le_bytes(back), 7);
 }
 
@@ -342,15 +353,15 @@ fn many_files_force_checkpoints_and_reload(block_bytes: u32) {
 /// inode is not found (the handle is stale).
 fn dot_and_dot_dot_find_an_inode_and_its_parent_by_number(block_bytes: u32) {
     let (_, volume) = new_volume(32 << 20, block_bytes);
-    let dir = volume.mkdir(ROOT, b"dir", 0o755, owner()).unwrap();
-    let file = volume.create(dir.ino, b"file", 0o644, owner()).unwrap();
-    assert_eq!(volume.lookup(file.ino, b".").unwrap().ino, file.ino);
-    assert_eq!(volume.lookup(dir.ino, b".").unwrap().ino, dir.ino);
-    assert_eq!(volume.lookup(dir.ino, b"..").unwrap().ino, ROOT);
-    assert_eq!(volume.lookup(ROOT, b"..").unwrap().ino, ROOT);
-    assert_eq!(volume.lookup(file.ino, b"..").unwrap_err().errno(), libc::ENOTDIR);
-    volume.unlink(dir.ino, b"file").unwrap();
-    assert_eq!(volume.lookup(file.ino, b".").unwrap_err().errno(), libc::ENOENT);
+    let dir = volume.inodes().mkdir(ROOT, b"dir", 0o755, owner()).unwrap();
+    let file = volume.inodes().create(dir.ino, b"file", 0o644, owner()).unwrap();
+    assert_eq!(volume.inodes().lookup(file.ino, b".").unwrap().ino, file.ino);
+    assert_eq!(volume.inodes().lookup(dir.ino, b".").unwrap().ino, dir.ino);
+    assert_eq!(volume.inodes().lookup(dir.ino, b"..").unwrap().ino, ROOT);
+    assert_eq!(volume.inodes().lookup(ROOT, b"..").unwrap().ino, ROOT);
+    assert_eq!(volume.inodes().lookup(file.ino, b"..").unwrap_err().errno(), libc::ENOTDIR);
+    volume.inodes().unlink(dir.ino, b"file").unwrap();
+    assert_eq!(volume.inodes().lookup(file.ino, b".").unwrap_err().errno(), libc::ENOENT);
 }
 
 /// A handle's buffered reads keep a copy of the file's size and use it
@@ -361,9 +372,9 @@ fn a_readers_size_follows_changes_made_through_other_paths(block_bytes: u32) {
     use foliofs::FallocateMode;
     let (_, volume) = new_volume(64 << 20, block_bytes);
     let block = block_bytes as usize;
-    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
-    let writer = volume.open_file(file, OpenFlags::READ_WRITE).unwrap();
-    let reader = volume.open_file(file, OpenFlags::READ).unwrap();
+    let file = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let writer = volume.inodes().open_file(file, OpenFlags::READ_WRITE).unwrap();
+    let reader = volume.inodes().open_file(file, OpenFlags::READ).unwrap();
     let mut buffer = vec![0u8; 8 * block];
     let read = |buffer: &mut [u8]| reader.read_at(buffer, 0).unwrap();
     assert_eq!(read(&mut buffer), 0);
@@ -371,12 +382,17 @@ fn a_readers_size_follows_changes_made_through_other_paths(block_bytes: u32) {
     assert_eq!(read(&mut buffer), 2 * block, "a buffered write through another handle");
     assert_eq!(buffer[..2 * block], pattern(1, 2 * block)[..]);
     assert_eq!(read(&mut buffer), 2 * block, "the same again, from the copy");
-    volume.setattr(file, &SetAttr { size: Some(block as u64 + 5), ..SetAttr::default() }).unwrap();
+    volume
+        .inodes()
+        .setattr(file, &SetAttr { size: Some(block as u64 + 5), ..SetAttr::default() })
+        .unwrap();
     assert_eq!(read(&mut buffer), block + 5, "a truncate");
     writer.fallocate(FallocateMode::Allocate { keep_size: false }, 0, 3 * block as u64).unwrap();
     assert_eq!(read(&mut buffer), 3 * block, "a fallocate that grows the file");
-    let direct =
-        volume.open_file(file, OpenFlags { direct: true, ..OpenFlags::READ_WRITE }).unwrap();
+    let direct = volume
+        .inodes()
+        .open_file(file, OpenFlags { direct: true, ..OpenFlags::READ_WRITE })
+        .unwrap();
     let data = foliofs::dev::AlignedBuf::from_slice(&pattern(2, block));
     direct.write_at(&data, 4 * block as u64).unwrap();
     assert_eq!(read(&mut buffer), 5 * block, "a direct write past the end");
@@ -386,7 +402,7 @@ fn a_readers_size_follows_changes_made_through_other_paths(block_bytes: u32) {
     if seen.unwrap().is_some() {
         assert_eq!(in_place, pattern(2, block));
     }
-    volume.setattr(file, &SetAttr { size: Some(0), ..SetAttr::default() }).unwrap();
+    volume.inodes().setattr(file, &SetAttr { size: Some(0), ..SetAttr::default() }).unwrap();
     assert_eq!(read(&mut buffer), 0, "a truncate to nothing");
     assert_eq!(reader.read_in_place(0, block, |_| ()).unwrap(), None);
 }

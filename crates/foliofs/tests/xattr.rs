@@ -78,11 +78,12 @@ fn errno<T: std::fmt::Debug>(result: foliofs::Result<T>) -> i32 {
 
 fn all_xattrs(volume: &Volume, ino: u64) -> BTreeMap<Vec<u8>, Vec<u8>> {
     volume
+        .inodes()
         .list_xattr(ino, ADMIN)
         .unwrap()
         .into_iter()
         .map(|name| {
-            let value = volume.get_xattr(ino, &name, ADMIN).unwrap();
+            let value = volume.inodes().get_xattr(ino, &name, ADMIN).unwrap();
             (name, value)
         })
         .collect()
@@ -98,118 +99,150 @@ fn fsck(image: Vec<u8>) -> foliofs::fsck::FsckReport {
 #[test]
 fn set_get_list_and_remove() {
     let (_, volume) = new_volume(VOLUME_BYTES, 4096);
-    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap();
-    let before = volume.getattr(file.ino).unwrap().ctime;
-    volume.set_xattr(file.ino, b"user.mime", b"text/plain", ANY, USER).unwrap();
-    assert!(volume.getattr(file.ino).unwrap().ctime >= before);
-    volume.set_xattr(file.ino, b"security.selinux", b"u:r:t:s0\0", ANY, USER).unwrap();
-    volume.set_xattr(file.ino, b"trusted.overlay", b"", ANY, ADMIN).unwrap();
-    volume.set_xattr(file.ino, b"user.empty", b"", CREATE, USER).unwrap();
-    assert_eq!(volume.get_xattr(file.ino, b"user.mime", USER).unwrap(), b"text/plain");
-    assert_eq!(volume.get_xattr(file.ino, b"user.empty", USER).unwrap(), b"");
+    let file = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap();
+    let before = volume.inodes().getattr(file.ino).unwrap().ctime;
+    volume.inodes().set_xattr(file.ino, b"user.mime", b"text/plain", ANY, USER).unwrap();
+    assert!(volume.inodes().getattr(file.ino).unwrap().ctime >= before);
+    volume.inodes().set_xattr(file.ino, b"security.selinux", b"u:r:t:s0\0", ANY, USER).unwrap();
+    volume.inodes().set_xattr(file.ino, b"trusted.overlay", b"", ANY, ADMIN).unwrap();
+    volume.inodes().set_xattr(file.ino, b"user.empty", b"", CREATE, USER).unwrap();
+    assert_eq!(volume.inodes().get_xattr(file.ino, b"user.mime", USER).unwrap(), b"text/plain");
+    assert_eq!(volume.inodes().get_xattr(file.ino, b"user.empty", USER).unwrap(), b"");
     let names: Vec<&[u8]> =
         vec![b"security.selinux", b"trusted.overlay", b"user.empty", b"user.mime"];
-    assert_eq!(volume.list_xattr(file.ino, ADMIN).unwrap(), names);
+    assert_eq!(volume.inodes().list_xattr(file.ino, ADMIN).unwrap(), names);
     // An unprivileged caller neither sees nor reads trusted names.
-    assert_eq!(volume.list_xattr(file.ino, USER).unwrap(), vec![names[0], names[2], names[3]]);
-    assert_eq!(errno(volume.get_xattr(file.ino, b"trusted.overlay", USER)), libc::ENODATA);
-    volume.set_xattr(file.ino, b"user.mime", b"text/html", REPLACE, USER).unwrap();
-    assert_eq!(volume.get_xattr(file.ino, b"user.mime", USER).unwrap(), b"text/html");
-    volume.remove_xattr(file.ino, b"user.mime", USER).unwrap();
-    assert_eq!(errno(volume.get_xattr(file.ino, b"user.mime", USER)), libc::ENODATA);
-    assert_eq!(errno(volume.remove_xattr(file.ino, b"user.mime", USER)), libc::ENODATA);
-    let dir = volume.mkdir(ROOT, b"d", 0o755, owner()).unwrap();
-    volume.set_xattr(dir.ino, b"user.tag", b"1", ANY, USER).unwrap();
-    volume.set_xattr(dir.ino, b"system.posix_acl_default", &minimal_acl(), ANY, USER).unwrap();
     assert_eq!(
-        errno(volume.set_xattr(dir.ino, b"system.posix_acl_default", b"\x02\0\0\0", ANY, USER)),
+        volume.inodes().list_xattr(file.ino, USER).unwrap(),
+        vec![names[0], names[2], names[3]]
+    );
+    assert_eq!(errno(volume.inodes().get_xattr(file.ino, b"trusted.overlay", USER)), libc::ENODATA);
+    volume.inodes().set_xattr(file.ino, b"user.mime", b"text/html", REPLACE, USER).unwrap();
+    assert_eq!(volume.inodes().get_xattr(file.ino, b"user.mime", USER).unwrap(), b"text/html");
+    volume.inodes().remove_xattr(file.ino, b"user.mime", USER).unwrap();
+    assert_eq!(errno(volume.inodes().get_xattr(file.ino, b"user.mime", USER)), libc::ENODATA);
+    assert_eq!(errno(volume.inodes().remove_xattr(file.ino, b"user.mime", USER)), libc::ENODATA);
+    let dir = volume.inodes().mkdir(ROOT, b"d", 0o755, owner()).unwrap();
+    volume.inodes().set_xattr(dir.ino, b"user.tag", b"1", ANY, USER).unwrap();
+    volume
+        .inodes()
+        .set_xattr(dir.ino, b"system.posix_acl_default", &minimal_acl(), ANY, USER)
+        .unwrap();
+    assert_eq!(
+        errno(volume.inodes().set_xattr(
+            dir.ino,
+            b"system.posix_acl_default",
+            b"\x02\0\0\0",
+            ANY,
+            USER
+        )),
         libc::EINVAL
     );
-    assert_eq!(volume.list_xattr(dir.ino, USER).unwrap().len(), 2);
+    assert_eq!(volume.inodes().list_xattr(dir.ino, USER).unwrap().len(), 2);
 }
 
 #[test]
 fn limits_and_errnos_are_linux_s() {
     let (_, volume) = new_volume(VOLUME_BYTES, 4096);
-    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let file = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap().ino;
     let name_of = |length: usize| [&b"user."[..], &vec![b'n'; length - 5]].concat();
-    volume.set_xattr(file, &name_of(255), b"v", ANY, USER).unwrap();
-    assert_eq!(errno(volume.set_xattr(file, &name_of(256), b"v", ANY, USER)), libc::ERANGE);
-    assert_eq!(errno(volume.set_xattr(file, b"", b"v", ANY, USER)), libc::ERANGE);
-    assert_eq!(errno(volume.get_xattr(file, &name_of(256), USER)), libc::ERANGE);
-    volume.set_xattr(file, b"user.big", &vec![7; 65536], ANY, USER).unwrap();
-    assert_eq!(volume.get_xattr(file, b"user.big", USER).unwrap().len(), 65536);
-    assert_eq!(errno(volume.set_xattr(file, b"user.big", &vec![7; 65537], ANY, USER)), libc::E2BIG);
-    assert_eq!(errno(volume.set_xattr(file, b"os2.x", b"v", ANY, USER)), libc::EOPNOTSUPP);
-    assert_eq!(errno(volume.set_xattr(file, b"system.foo", b"v", ANY, USER)), libc::EOPNOTSUPP);
-    assert_eq!(errno(volume.get_xattr(file, b"xfs.x", USER)), libc::EOPNOTSUPP);
-    assert_eq!(errno(volume.set_xattr(file, b"user.", b"v", ANY, USER)), libc::EINVAL);
-    assert_eq!(errno(volume.set_xattr(file, b"user.big", b"v", CREATE, USER)), libc::EEXIST);
-    assert_eq!(errno(volume.set_xattr(file, b"user.none", b"v", REPLACE, USER)), libc::ENODATA);
+    volume.inodes().set_xattr(file, &name_of(255), b"v", ANY, USER).unwrap();
+    assert_eq!(
+        errno(volume.inodes().set_xattr(file, &name_of(256), b"v", ANY, USER)),
+        libc::ERANGE
+    );
+    assert_eq!(errno(volume.inodes().set_xattr(file, b"", b"v", ANY, USER)), libc::ERANGE);
+    assert_eq!(errno(volume.inodes().get_xattr(file, &name_of(256), USER)), libc::ERANGE);
+    volume.inodes().set_xattr(file, b"user.big", &vec![7; 65536], ANY, USER).unwrap();
+    assert_eq!(volume.inodes().get_xattr(file, b"user.big", USER).unwrap().len(), 65536);
+    assert_eq!(
+        errno(volume.inodes().set_xattr(file, b"user.big", &vec![7; 65537], ANY, USER)),
+        libc::E2BIG
+    );
+    assert_eq!(errno(volume.inodes().set_xattr(file, b"os2.x", b"v", ANY, USER)), libc::EOPNOTSUPP);
+    assert_eq!(
+        errno(volume.inodes().set_xattr(file, b"system.foo", b"v", ANY, USER)),
+        libc::EOPNOTSUPP
+    );
+    assert_eq!(errno(volume.inodes().get_xattr(file, b"xfs.x", USER)), libc::EOPNOTSUPP);
+    assert_eq!(errno(volume.inodes().set_xattr(file, b"user.", b"v", ANY, USER)), libc::EINVAL);
+    assert_eq!(
+        errno(volume.inodes().set_xattr(file, b"user.big", b"v", CREATE, USER)),
+        libc::EEXIST
+    );
+    assert_eq!(
+        errno(volume.inodes().set_xattr(file, b"user.none", b"v", REPLACE, USER)),
+        libc::ENODATA
+    );
     assert_eq!(errno(XattrFlags::from_bits(0x10)), libc::EINVAL);
-    assert_eq!(errno(volume.set_xattr(file, b"trusted.x", b"v", ANY, USER)), libc::EPERM);
-    assert_eq!(errno(volume.remove_xattr(file, b"trusted.x", USER)), libc::EPERM);
-    assert_eq!(errno(volume.set_xattr(999, b"user.x", b"v", ANY, USER)), libc::ENOENT);
+    assert_eq!(errno(volume.inodes().set_xattr(file, b"trusted.x", b"v", ANY, USER)), libc::EPERM);
+    assert_eq!(errno(volume.inodes().remove_xattr(file, b"trusted.x", USER)), libc::EPERM);
+    assert_eq!(errno(volume.inodes().set_xattr(999, b"user.x", b"v", ANY, USER)), libc::ENOENT);
     // user.* lives on regular files and directories only.
-    let link = volume.symlink(ROOT, b"l", b"f", owner()).unwrap().ino;
-    let fifo = volume.mknod(ROOT, b"p", InodeKind::Fifo, 0o644, 0, owner()).unwrap().ino;
+    let link = volume.inodes().symlink(ROOT, b"l", b"f", owner()).unwrap().ino;
+    let fifo = volume.inodes().mknod(ROOT, b"p", InodeKind::Fifo, 0o644, 0, owner()).unwrap().ino;
     for ino in [link, fifo] {
-        assert_eq!(errno(volume.set_xattr(ino, b"user.x", b"v", ANY, USER)), libc::EPERM);
-        assert_eq!(errno(volume.get_xattr(ino, b"user.x", USER)), libc::ENODATA);
-        volume.set_xattr(ino, b"security.x", b"v", ANY, USER).unwrap();
-        volume.set_xattr(ino, b"trusted.x", b"v", ANY, ADMIN).unwrap();
+        assert_eq!(errno(volume.inodes().set_xattr(ino, b"user.x", b"v", ANY, USER)), libc::EPERM);
+        assert_eq!(errno(volume.inodes().get_xattr(ino, b"user.x", USER)), libc::ENODATA);
+        volume.inodes().set_xattr(ino, b"security.x", b"v", ANY, USER).unwrap();
+        volume.inodes().set_xattr(ino, b"trusted.x", b"v", ANY, ADMIN).unwrap();
     }
     assert_eq!(
-        errno(volume.set_xattr(file, b"system.posix_acl_default", b"", ANY, USER)),
+        errno(volume.inodes().set_xattr(file, b"system.posix_acl_default", b"", ANY, USER)),
         libc::EPERM,
         "a default ACL only on directories"
     );
     // The names of one inode fit listxattr's 64 KiB: 255 such names of
     // 256 bytes with their NULs are 65280 bytes; the 256th fills it.
-    let other = volume.create(ROOT, b"many", 0o644, owner()).unwrap().ino;
+    let other = volume.inodes().create(ROOT, b"many", 0o644, owner()).unwrap().ino;
     for index in 0..256 {
         let name = [format!("user.{index:03}").into_bytes(), vec![b'x'; 247]].concat();
-        volume.set_xattr(other, &name, b"", ANY, USER).unwrap();
+        volume.inodes().set_xattr(other, &name, b"", ANY, USER).unwrap();
     }
-    let listed: usize = volume.list_xattr(other, USER).unwrap().iter().map(|n| n.len() + 1).sum();
+    let listed: usize =
+        volume.inodes().list_xattr(other, USER).unwrap().iter().map(|n| n.len() + 1).sum();
     assert_eq!(listed, 65536);
-    assert_eq!(errno(volume.set_xattr(other, b"user.one_more", b"", ANY, USER)), libc::ENOSPC);
+    assert_eq!(
+        errno(volume.inodes().set_xattr(other, b"user.one_more", b"", ANY, USER)),
+        libc::ENOSPC
+    );
     // Replacing the value of an existing name needs no list room.
     let first = [b"user.000".to_vec(), vec![b'x'; 247]].concat();
-    volume.set_xattr(other, &first, b"new", ANY, USER).unwrap();
+    volume.inodes().set_xattr(other, &first, b"new", ANY, USER).unwrap();
 }
 
 #[test]
 fn failed_changes_change_nothing_and_read_only_volumes_refuse() {
     // A 64 KiB journal has 16 KiB groups: a 64 KiB value cannot be logged.
     let (device, volume) = new_volume_with_journal(VOLUME_BYTES, 4096, Some(64 << 10));
-    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
-    volume.set_xattr(file, b"user.small", &vec![1; 8000], ANY, USER).unwrap();
-    let error = volume.set_xattr(file, b"user.big", &vec![7; 65536], ANY, USER).unwrap_err();
+    let file = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    volume.inodes().set_xattr(file, b"user.small", &vec![1; 8000], ANY, USER).unwrap();
+    let error =
+        volume.inodes().set_xattr(file, b"user.big", &vec![7; 65536], ANY, USER).unwrap_err();
     assert_eq!(error.errno(), libc::ENOSPC);
     assert!(error.to_string().contains("larger journal"), "{error}");
-    assert_eq!(volume.list_xattr(file, USER).unwrap(), vec![b"user.small".to_vec()]);
+    assert_eq!(volume.inodes().list_xattr(file, USER).unwrap(), vec![b"user.small".to_vec()]);
     volume.close().unwrap();
     let options = VolumeOptions { read_only: true, ..common::options() };
     let (_, volume) = open_image_with(device.image(), &options).unwrap();
-    assert_eq!(volume.get_xattr(file, b"user.small", USER).unwrap(), vec![1; 8000]);
-    assert_eq!(errno(volume.set_xattr(file, b"user.x", b"v", ANY, USER)), libc::EROFS);
-    assert_eq!(errno(volume.remove_xattr(file, b"user.small", USER)), libc::EROFS);
+    assert_eq!(volume.inodes().get_xattr(file, b"user.small", USER).unwrap(), vec![1; 8000]);
+    assert_eq!(errno(volume.inodes().set_xattr(file, b"user.x", b"v", ANY, USER)), libc::EROFS);
+    assert_eq!(errno(volume.inodes().remove_xattr(file, b"user.small", USER)), libc::EROFS);
 }
 
 fn attributes_survive_remount_checkpoint_and_fsck(block_bytes: u32) {
     let (device, volume) = new_volume(VOLUME_BYTES, block_bytes);
     let empty_metadata = volume.statfs().metadata_bytes;
-    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
-    let dir = volume.mkdir(ROOT, b"d", 0o755, owner()).unwrap().ino;
-    volume.set_xattr(file, b"user.a", b"one", ANY, USER).unwrap();
-    volume.set_xattr(file, b"trusted.b", &vec![2; 65536], ANY, ADMIN).unwrap();
-    volume.set_xattr(dir, b"security.c", b"three", ANY, USER).unwrap();
+    let file = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let dir = volume.inodes().mkdir(ROOT, b"d", 0o755, owner()).unwrap().ino;
+    volume.inodes().set_xattr(file, b"user.a", b"one", ANY, USER).unwrap();
+    volume.inodes().set_xattr(file, b"trusted.b", &vec![2; 65536], ANY, ADMIN).unwrap();
+    volume.inodes().set_xattr(dir, b"security.c", b"three", ANY, USER).unwrap();
     // Half before the checkpoint, half replayed from the journal.
     volume.checkpoint().unwrap();
-    volume.set_xattr(file, b"user.a", b"uno", ANY, USER).unwrap();
-    volume.set_xattr(dir, b"user.d", b"four", ANY, USER).unwrap();
-    volume.remove_xattr(dir, b"security.c", USER).unwrap();
+    volume.inodes().set_xattr(file, b"user.a", b"uno", ANY, USER).unwrap();
+    volume.inodes().set_xattr(dir, b"user.d", b"four", ANY, USER).unwrap();
+    volume.inodes().remove_xattr(dir, b"security.c", USER).unwrap();
     let expected_file = all_xattrs(&volume, file);
     let expected_dir = all_xattrs(&volume, dir);
     volume.sync().unwrap();
@@ -226,10 +259,10 @@ fn attributes_survive_remount_checkpoint_and_fsck(block_bytes: u32) {
     }
     // Freed with the inode: the metadata goes back to what it was.
     let (device, volume) = open_image(device.image()).unwrap();
-    volume.unlink(ROOT, b"f").unwrap();
-    volume.remove_xattr(dir, b"user.a".as_slice(), USER).unwrap_err();
-    volume.remove_xattr(dir, b"user.d", USER).unwrap();
-    volume.rmdir(ROOT, b"d").unwrap();
+    volume.inodes().unlink(ROOT, b"f").unwrap();
+    volume.inodes().remove_xattr(dir, b"user.a".as_slice(), USER).unwrap_err();
+    volume.inodes().remove_xattr(dir, b"user.d", USER).unwrap();
+    volume.inodes().rmdir(ROOT, b"d").unwrap();
     assert_eq!(volume.statfs().metadata_bytes, empty_metadata);
     volume.close().unwrap();
     assert_eq!(fsck(device.image()).xattrs, 0);
@@ -245,9 +278,9 @@ fn attribute_changes_are_crash_consistent(block_bytes: u32) {
     for seed in 0..2u64 {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ u64::from(block_bytes));
         let (device, volume) = new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(256 << 10));
-        let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
-        let dir = volume.mkdir(ROOT, b"d", 0o755, owner()).unwrap().ino;
-        let handle = volume.open_file(file, OpenFlags::READ).unwrap();
+        let file = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+        let dir = volume.inodes().mkdir(ROOT, b"d", 0o755, owner()).unwrap().ino;
+        let handle = volume.inodes().open_file(file, OpenFlags::READ).unwrap();
         volume.sync().unwrap();
         device.reset_log();
         let inos = [file, dir];
@@ -266,17 +299,17 @@ fn attribute_changes_are_crash_consistent(block_bytes: u32) {
                     let name = format!("user.k{}", rng.random_range(0..5)).into_bytes();
                     let length = [0, 10, 3000, 20_000][rng.random_range(0..4)];
                     let value = common::pattern(seed * 1000 + step, length);
-                    volume.set_xattr(ino, &name, &value, ANY, USER).unwrap();
+                    volume.inodes().set_xattr(ino, &name, &value, ANY, USER).unwrap();
                     current[which].insert(name, value);
                 }
                 7..=8 => {
                     let Some(name) = current[which].keys().next().cloned() else { continue };
-                    volume.remove_xattr(ino, &name, USER).unwrap();
+                    volume.inodes().remove_xattr(ino, &name, USER).unwrap();
                     current[which].remove(&name);
                 }
                 9 => volume.checkpoint().unwrap(),
                 10 => {
-                    handle.fsync().unwrap();
+                    handle.sync_all().unwrap();
                     synced.push((device.log_len(), states.len() - 1, false));
                 }
                 _ => {
@@ -329,7 +362,7 @@ fn attribute_changes_are_crash_consistent(block_bytes: u32) {
 
 fn special_files_survive_remount_crash_and_fsck(block_bytes: u32) {
     let (device, volume) = new_volume(VOLUME_BYTES, block_bytes);
-    let dir = volume.mkdir(ROOT, b"dev", 0o755, owner()).unwrap().ino;
+    let dir = volume.inodes().mkdir(ROOT, b"dev", 0o755, owner()).unwrap().ino;
     let tty = 5 << 8 | 1; // makedev(5, 1)
     let sda = 8 << 8; // makedev(8, 0)
     let big = (0x123 << 8) | 0x45 | (0xABC << 12 << 8); // major 0x123, minor 0xABC45
@@ -341,30 +374,39 @@ fn special_files_survive_remount_crash_and_fsck(block_bytes: u32) {
         (b"wide", InodeKind::CharDevice, 0o600, big, big),
     ];
     for &(name, kind, mode, rdev, _) in &nodes {
-        let attr = volume.mknod(dir, name, kind, mode | 0o170000, rdev, owner()).unwrap();
+        let attr = volume.inodes().mknod(dir, name, kind, mode | 0o170000, rdev, owner()).unwrap();
         assert_eq!((attr.kind, attr.mode, attr.nlink, attr.size), (kind, mode, 1, 0));
     }
-    assert_eq!(volume.mknod(dir, b"reg", InodeKind::File, 0o644, 9, owner()).unwrap().rdev, 0);
-    assert_eq!(errno(volume.mknod(dir, b"x", InodeKind::Dir, 0o755, 0, owner())), libc::EINVAL);
-    assert_eq!(errno(volume.mknod(dir, b"fifo", InodeKind::Fifo, 0o644, 0, owner())), libc::EEXIST);
-    let fifo = volume.lookup(dir, b"fifo").unwrap().ino;
-    assert_eq!(errno(volume.open_file(fifo, OpenFlags::READ)), libc::EINVAL);
+    assert_eq!(
+        volume.inodes().mknod(dir, b"reg", InodeKind::File, 0o644, 9, owner()).unwrap().rdev,
+        0
+    );
+    assert_eq!(
+        errno(volume.inodes().mknod(dir, b"x", InodeKind::Dir, 0o755, 0, owner())),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno(volume.inodes().mknod(dir, b"fifo", InodeKind::Fifo, 0o644, 0, owner())),
+        libc::EEXIST
+    );
+    let fifo = volume.inodes().lookup(dir, b"fifo").unwrap().ino;
+    assert_eq!(errno(volume.inodes().open_file(fifo, OpenFlags::READ)), libc::EINVAL);
     // Special files are linked, renamed and carry attributes like others.
-    volume.link(fifo, ROOT, b"fifo-link").unwrap();
-    volume.rename(dir, b"sock", ROOT, b"sock2", Default::default()).unwrap();
-    volume.set_xattr(fifo, b"security.label", b"x", ANY, USER).unwrap();
-    let sda_ino = volume.lookup(dir, b"sda").unwrap().ino;
-    volume.fsync_inode(sda_ino, false).unwrap();
+    volume.inodes().link(fifo, ROOT, b"fifo-link").unwrap();
+    volume.inodes().rename(dir, b"sock", ROOT, b"sock2", Default::default()).unwrap();
+    volume.inodes().set_xattr(fifo, b"security.label", b"x", ANY, USER).unwrap();
+    let sda_ino = volume.inodes().lookup(dir, b"sda").unwrap().ino;
+    volume.inodes().fsync_inode(sda_ino, false).unwrap();
     let expect = |volume: &Volume| {
         for &(name, kind, mode, _, rdev) in &nodes {
             let parent = if name == b"sock" { ROOT } else { dir };
             let name = if name == b"sock" { &b"sock2"[..] } else { name };
-            let attr = volume.lookup(parent, name).unwrap();
+            let attr = volume.inodes().lookup(parent, name).unwrap();
             assert_eq!((attr.kind, attr.mode, attr.rdev), (kind, mode, rdev), "{name:?}");
-            let listed = volume.readdir(parent).unwrap();
+            let listed = volume.inodes().readdir(parent).unwrap();
             assert!(listed.iter().any(|entry| entry.name == name && entry.kind == kind));
         }
-        assert_eq!(volume.getattr(fifo).unwrap().nlink, 2);
+        assert_eq!(volume.inodes().getattr(fifo).unwrap().nlink, 2);
     };
     expect(&volume);
     volume.sync().unwrap();
@@ -383,10 +425,10 @@ fn special_files_survive_remount_crash_and_fsck(block_bytes: u32) {
     // Unlinking frees them; fsck stays clean.
     let (device, volume) = open_image(device.image()).unwrap();
     for name in [&b"fifo"[..], b"console", b"sda", b"wide", b"reg"] {
-        volume.unlink(dir, name).unwrap();
+        volume.inodes().unlink(dir, name).unwrap();
     }
-    volume.unlink(ROOT, b"fifo-link").unwrap();
-    volume.unlink(ROOT, b"sock2").unwrap();
+    volume.inodes().unlink(ROOT, b"fifo-link").unwrap();
+    volume.inodes().unlink(ROOT, b"sock2").unwrap();
     volume.close().unwrap();
     let report = fsck(device.image());
     assert_eq!((report.special_files, report.xattrs), (0, 0));
@@ -395,38 +437,44 @@ fn special_files_survive_remount_crash_and_fsck(block_bytes: u32) {
 #[test]
 fn access_acls_set_the_mode_and_chmod_rewrites_them() {
     let (device, volume) = new_volume(VOLUME_BYTES, 4096);
-    let file = volume.create(ROOT, b"f", 0o4644, owner()).unwrap().ino;
-    volume.set_xattr(file, ACL_ACCESS, &named_acl(6, 4), ANY, USER).unwrap();
+    let file = volume.inodes().create(ROOT, b"f", 0o4644, owner()).unwrap().ino;
+    volume.inodes().set_xattr(file, ACL_ACCESS, &named_acl(6, 4), ANY, USER).unwrap();
     // The mask gives the group bits; the setuid bit stays.
-    assert_eq!(volume.getattr(file).unwrap().mode, 0o4764);
-    assert_eq!(volume.get_xattr(file, ACL_ACCESS, USER).unwrap(), named_acl(6, 4));
+    assert_eq!(volume.inodes().getattr(file).unwrap().mode, 0o4764);
+    assert_eq!(volume.inodes().get_xattr(file, ACL_ACCESS, USER).unwrap(), named_acl(6, 4));
     // chmod rewrites owner, mask and other; named entries stay.
     let chmod = foliofs::SetAttr { mode: Some(0o710), ..Default::default() };
-    volume.setattr(file, &chmod).unwrap();
-    assert_eq!(volume.get_xattr(file, ACL_ACCESS, USER).unwrap(), named_acl(1, 0));
+    volume.inodes().setattr(file, &chmod).unwrap();
+    assert_eq!(volume.inodes().get_xattr(file, ACL_ACCESS, USER).unwrap(), named_acl(1, 0));
     // Set by a caller outside the group without CAP_FSETID: setgid goes.
-    volume.setattr(file, &foliofs::SetAttr { mode: Some(0o2770), ..Default::default() }).unwrap();
-    volume.set_xattr(file, ACL_ACCESS, &named_acl(7, 0), ANY, USER).unwrap();
-    assert_eq!(volume.getattr(file).unwrap().mode, 0o2770);
-    volume.set_xattr(file, ACL_ACCESS, &named_acl(5, 0), KILL_SGID, USER).unwrap();
-    assert_eq!(volume.getattr(file).unwrap().mode, 0o750);
+    volume
+        .inodes()
+        .setattr(file, &foliofs::SetAttr { mode: Some(0o2770), ..Default::default() })
+        .unwrap();
+    volume.inodes().set_xattr(file, ACL_ACCESS, &named_acl(7, 0), ANY, USER).unwrap();
+    assert_eq!(volume.inodes().getattr(file).unwrap().mode, 0o2770);
+    volume.inodes().set_xattr(file, ACL_ACCESS, &named_acl(5, 0), KILL_SGID, USER).unwrap();
+    assert_eq!(volume.inodes().getattr(file).unwrap().mode, 0o750);
     // An ACL the mode says whole is not kept.
-    volume.set_xattr(file, ACL_ACCESS, &minimal_acl(), ANY, USER).unwrap();
-    assert_eq!(volume.getattr(file).unwrap().mode & 0o777, 0o755);
-    assert_eq!(errno(volume.get_xattr(file, ACL_ACCESS, USER)), libc::ENODATA);
+    volume.inodes().set_xattr(file, ACL_ACCESS, &minimal_acl(), ANY, USER).unwrap();
+    assert_eq!(volume.inodes().getattr(file).unwrap().mode & 0o777, 0o755);
+    assert_eq!(errno(volume.inodes().get_xattr(file, ACL_ACCESS, USER)), libc::ENODATA);
     for bad in [b"\x02\0\0\0".to_vec(), named_acl(8, 0), acl(&[(USER_OBJ, 7, 0), (OTHER, 0, 0)])] {
-        assert_eq!(errno(volume.set_xattr(file, ACL_ACCESS, &bad, ANY, USER)), libc::EINVAL);
+        assert_eq!(
+            errno(volume.inodes().set_xattr(file, ACL_ACCESS, &bad, ANY, USER)),
+            libc::EINVAL
+        );
     }
-    let link = volume.symlink(ROOT, b"l", b"f", owner()).unwrap().ino;
+    let link = volume.inodes().symlink(ROOT, b"l", b"f", owner()).unwrap().ino;
     assert_eq!(
-        errno(volume.set_xattr(link, ACL_ACCESS, &named_acl(6, 4), ANY, USER)),
+        errno(volume.inodes().set_xattr(link, ACL_ACCESS, &named_acl(6, 4), ANY, USER)),
         libc::EOPNOTSUPP
     );
-    volume.set_xattr(file, ACL_ACCESS, &named_acl(7, 5), ANY, USER).unwrap();
+    volume.inodes().set_xattr(file, ACL_ACCESS, &named_acl(7, 5), ANY, USER).unwrap();
     volume.close().unwrap();
     let (_, volume) = open_image(device.image()).unwrap();
-    assert_eq!(volume.getattr(file).unwrap().mode & 0o777, 0o775);
-    assert_eq!(volume.get_xattr(file, ACL_ACCESS, USER).unwrap(), named_acl(7, 5));
+    assert_eq!(volume.inodes().getattr(file).unwrap().mode & 0o777, 0o775);
+    assert_eq!(volume.inodes().get_xattr(file, ACL_ACCESS, USER).unwrap(), named_acl(7, 5));
     drop(volume);
     fsck(device.image());
 }
@@ -434,35 +482,45 @@ fn access_acls_set_the_mode_and_chmod_rewrites_them() {
 #[test]
 fn default_acls_are_inherited_instead_of_the_umask() {
     let (device, volume) = new_volume(VOLUME_BYTES, 4096);
-    let plain = volume.mkdir(ROOT, b"plain", 0o755, owner()).unwrap().ino;
-    assert_eq!(volume.creation_mode(plain, 0o666, 0o022), 0o644);
-    let dir = volume.mkdir(ROOT, b"d", 0o755, owner()).unwrap().ino;
-    volume.set_xattr(dir, ACL_DEFAULT, &named_acl(7, 5), ANY, USER).unwrap();
-    assert_eq!(volume.creation_mode(dir, 0o666, 0o022), 0o666, "no umask under a default ACL");
+    let plain = volume.inodes().mkdir(ROOT, b"plain", 0o755, owner()).unwrap().ino;
+    assert_eq!(volume.inodes().creation_mode(plain, 0o666, 0o022), 0o644);
+    let dir = volume.inodes().mkdir(ROOT, b"d", 0o755, owner()).unwrap().ino;
+    volume.inodes().set_xattr(dir, ACL_DEFAULT, &named_acl(7, 5), ANY, USER).unwrap();
+    assert_eq!(
+        volume.inodes().creation_mode(dir, 0o666, 0o022),
+        0o666,
+        "no umask under a default ACL"
+    );
     // A file asking for rw-rw-rw-: owner rw-, mask rw- (the named entries
     // stay), other r-x & rw- = r--.
-    let file = volume.create(dir, b"f", 0o666, owner()).unwrap();
+    let file = volume.inodes().create(dir, b"f", 0o666, owner()).unwrap();
     assert_eq!(file.mode, 0o664);
-    assert_eq!(volume.get_xattr(file.ino, ACL_ACCESS, USER).unwrap(), owned_named_acl(6, 6, 4));
-    assert_eq!(errno(volume.get_xattr(file.ino, ACL_DEFAULT, USER)), libc::ENODATA);
+    assert_eq!(
+        volume.inodes().get_xattr(file.ino, ACL_ACCESS, USER).unwrap(),
+        owned_named_acl(6, 6, 4)
+    );
+    assert_eq!(errno(volume.inodes().get_xattr(file.ino, ACL_DEFAULT, USER)), libc::ENODATA);
     // A directory inherits the default as its default too.
-    let sub = volume.mkdir(dir, b"sub", 0o750, owner()).unwrap();
+    let sub = volume.inodes().mkdir(dir, b"sub", 0o750, owner()).unwrap();
     assert_eq!(sub.mode, 0o750);
-    assert_eq!(volume.get_xattr(sub.ino, ACL_ACCESS, USER).unwrap(), named_acl(5, 0));
-    assert_eq!(volume.get_xattr(sub.ino, ACL_DEFAULT, USER).unwrap(), named_acl(7, 5));
-    let deeper = volume.create(sub.ino, b"g", 0o600, owner()).unwrap();
+    assert_eq!(volume.inodes().get_xattr(sub.ino, ACL_ACCESS, USER).unwrap(), named_acl(5, 0));
+    assert_eq!(volume.inodes().get_xattr(sub.ino, ACL_DEFAULT, USER).unwrap(), named_acl(7, 5));
+    let deeper = volume.inodes().create(sub.ino, b"g", 0o600, owner()).unwrap();
     assert_eq!(deeper.mode, 0o600);
     // Special files inherit; symlinks do not.
-    let fifo = volume.mknod(dir, b"p", InodeKind::Fifo, 0o640, 0, owner()).unwrap();
-    assert_eq!(volume.get_xattr(fifo.ino, ACL_ACCESS, USER).unwrap(), owned_named_acl(6, 4, 0));
-    let link = volume.symlink(dir, b"l", b"f", owner()).unwrap();
-    assert!(volume.list_xattr(link.ino, USER).unwrap().is_empty());
+    let fifo = volume.inodes().mknod(dir, b"p", InodeKind::Fifo, 0o640, 0, owner()).unwrap();
+    assert_eq!(
+        volume.inodes().get_xattr(fifo.ino, ACL_ACCESS, USER).unwrap(),
+        owned_named_acl(6, 4, 0)
+    );
+    let link = volume.inodes().symlink(dir, b"l", b"f", owner()).unwrap();
+    assert!(volume.inodes().list_xattr(link.ino, USER).unwrap().is_empty());
     // A minimal default ACL gives a minimal access ACL: none is stored.
-    let minimal = volume.mkdir(ROOT, b"m", 0o755, owner()).unwrap().ino;
-    volume.set_xattr(minimal, ACL_DEFAULT, &minimal_acl(), ANY, USER).unwrap();
-    let file = volume.create(minimal, b"f", 0o666, owner()).unwrap();
+    let minimal = volume.inodes().mkdir(ROOT, b"m", 0o755, owner()).unwrap().ino;
+    volume.inodes().set_xattr(minimal, ACL_DEFAULT, &minimal_acl(), ANY, USER).unwrap();
+    let file = volume.inodes().create(minimal, b"f", 0o666, owner()).unwrap();
     assert_eq!(file.mode, 0o644);
-    assert!(volume.list_xattr(file.ino, USER).unwrap().is_empty());
+    assert!(volume.inodes().list_xattr(file.ino, USER).unwrap().is_empty());
     volume.close().unwrap();
     let report = fsck(device.image());
     assert_eq!(report.xattrs, 7);
@@ -478,13 +536,13 @@ block_size_tests!(acl_and_mode_changes_are_crash_consistent);
 fn acl_and_mode_changes_are_crash_consistent(block_bytes: u32) {
     let mut rng = ChaCha8Rng::seed_from_u64(u64::from(block_bytes));
     let (device, volume) = new_volume_with_journal(VOLUME_BYTES, block_bytes, Some(256 << 10));
-    let file = volume.create(ROOT, b"f", 0o644, owner()).unwrap().ino;
-    let handle = volume.open_file(file, OpenFlags::READ).unwrap();
+    let file = volume.inodes().create(ROOT, b"f", 0o644, owner()).unwrap().ino;
+    let handle = volume.inodes().open_file(file, OpenFlags::READ).unwrap();
     volume.sync().unwrap();
     device.reset_log();
     let state_of = |volume: &Volume| {
-        let mode = volume.getattr(file).unwrap().mode;
-        (mode, volume.get_xattr(file, ACL_ACCESS, USER).ok())
+        let mode = volume.inodes().getattr(file).unwrap().mode;
+        (mode, volume.inodes().get_xattr(file, ACL_ACCESS, USER).ok())
     };
     let mut states = vec![(0usize, state_of(&volume))];
     let mut synced = vec![(0usize, 0usize)];
@@ -493,19 +551,20 @@ fn acl_and_mode_changes_are_crash_consistent(block_bytes: u32) {
             0..=2 => {
                 let mode = rng.random_range(0..0o1000);
                 volume
+                    .inodes()
                     .setattr(file, &foliofs::SetAttr { mode: Some(mode), ..Default::default() })
                     .unwrap();
             }
             3..=4 => {
                 let value = named_acl(rng.random_range(0..8), rng.random_range(0..8));
-                volume.set_xattr(file, ACL_ACCESS, &value, ANY, USER).unwrap();
+                volume.inodes().set_xattr(file, ACL_ACCESS, &value, ANY, USER).unwrap();
             }
             5 => {
-                let _ = volume.remove_xattr(file, ACL_ACCESS, USER);
+                let _ = volume.inodes().remove_xattr(file, ACL_ACCESS, USER);
             }
             6 => volume.checkpoint().unwrap(),
             _ => {
-                handle.fsync().unwrap();
+                handle.sync_all().unwrap();
                 synced.push((device.log_len(), states.len() - 1));
             }
         }

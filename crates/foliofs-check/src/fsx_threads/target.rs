@@ -59,6 +59,7 @@ impl InProcess {
             .map(|file| {
                 let name = format!("fsx-threads-{file}");
                 volume
+                    .inodes()
                     .create(foliofs::ROOT_INO, name.as_bytes(), 0o644, owner())
                     .map(|attr| attr.ino)
                     .map_err(|error| format!("create {name}: {error}"))
@@ -74,6 +75,7 @@ impl Target for InProcess {
         let flags = if direct { flags.with_direct() } else { flags };
         let handle = self
             .volume
+            .inodes()
             .open_file(self.inos[file], flags)
             .map_err(|error| format!("open file {file}: {error}"))?;
         Ok(Box::new(LibraryHandle(handle)))

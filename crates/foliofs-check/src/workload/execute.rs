@@ -28,7 +28,7 @@ fn split(path: &str) -> (&str, &str) {
 }
 
 fn open(volume: &Volume, ino: u64, flags: OpenFlags) -> Result<foliofs::File, String> {
-    volume.open_file(ino, flags).map_err(|error| format!("open inode {ino}: {error}"))
+    volume.inodes().open_file(ino, flags).map_err(|error| format!("open inode {ino}: {error}"))
 }
 
 impl ThreadModel {
@@ -44,12 +44,14 @@ impl ThreadModel {
                 }
                 if matches!(op, Op::Mkdir { .. }) {
                     let attr = volume
+                        .inodes()
                         .mkdir(dir, name.as_bytes(), 0o755, owner())
                         .map_err(|error| format!("mkdir: {error}"))?;
                     self.dirs.push((path.clone(), attr.ino));
                     return Ok((vec![dir, attr.ino], SpanKind::Other));
                 }
                 let attr = volume
+                    .inodes()
                     .create(dir, name.as_bytes(), 0o644, owner())
                     .map_err(|error| format!("create: {error}"))?;
                 self.files.insert(path.clone(), attr.ino);
@@ -94,6 +96,7 @@ impl ThreadModel {
                     return skipped();
                 }
                 volume
+                    .inodes()
                     .link(ino, to_dir, to_name.as_bytes())
                     .map_err(|error| format!("link: {error}"))?;
                 if let Some(link) = self.symlinks.get(from).cloned() {
@@ -110,7 +113,10 @@ impl ThreadModel {
                 };
                 let (dir_path, name) = split(path);
                 let dir = self.dir_ino(dir_path).expect("a file's directory is known");
-                volume.unlink(dir, name.as_bytes()).map_err(|error| format!("unlink: {error}"))?;
+                volume
+                    .inodes()
+                    .unlink(dir, name.as_bytes())
+                    .map_err(|error| format!("unlink: {error}"))?;
                 self.files.remove(path);
                 self.symlinks.remove(path);
                 Ok((vec![ino, dir], SpanKind::Other))
@@ -122,6 +128,7 @@ impl ThreadModel {
                     return skipped();
                 }
                 let attr = volume
+                    .inodes()
                     .symlink(dir, name.as_bytes(), target.as_bytes(), owner())
                     .map_err(|error| format!("symlink: {error}"))?;
                 self.symlinks.insert(path.clone(), (attr.ino, target.clone()));
@@ -134,7 +141,7 @@ impl ThreadModel {
                 };
                 let (parent_path, name) = split(path);
                 let parent = self.dir_ino(parent_path).expect("a directory's parent is known");
-                let result = volume.rmdir(parent, name.as_bytes());
+                let result = volume.inodes().rmdir(parent, name.as_bytes());
                 if !self.is_empty_dir(path) {
                     return match result {
                         Err(error) if error.errno() == libc::ENOTEMPTY => skipped(),
@@ -148,7 +155,10 @@ impl ThreadModel {
             }
             Op::FsyncDir { path } => {
                 let Some(ino) = self.dir_ino(path) else { return skipped() };
-                volume.fsync_inode(ino, false).map_err(|error| format!("fsync dir: {error}"))?;
+                volume
+                    .inodes()
+                    .fsync_inode(ino, false)
+                    .map_err(|error| format!("fsync dir: {error}"))?;
                 Ok((Vec::new(), SpanKind::FsyncDir { ino }))
             }
             Op::Fsync { path, data_only } => self.fsync_op(volume, path, *data_only),
@@ -166,6 +176,7 @@ impl ThreadModel {
                 };
                 let (name, value) = (xattr_name(*name), pattern(*data, *len));
                 volume
+                    .inodes()
                     .set_xattr(ino, &name, &value, XattrFlags::default(), Privilege::Unprivileged)
                     .map_err(|error| format!("setxattr: {error}"))?;
                 let inode = self.inodes.get_mut(&ino).expect("known");
@@ -183,6 +194,7 @@ impl ThreadModel {
                     return skipped();
                 }
                 volume
+                    .inodes()
                     .remove_xattr(ino, &name, Privilege::Unprivileged)
                     .map_err(|error| format!("removexattr: {error}"))?;
                 inode.xattrs.remove(&name);
@@ -236,6 +248,7 @@ impl ThreadModel {
         }
         let target_ino = self.files.get(to).copied().or_else(|| self.symlink_ino(to));
         volume
+            .inodes()
             .rename(
                 from_dir,
                 from_name.as_bytes(),
@@ -263,7 +276,7 @@ impl ThreadModel {
             return skipped();
         };
         let file = open(volume, ino, OpenFlags::READ)?;
-        if data_only { file.fdatasync() } else { file.fsync() }
+        if data_only { file.sync_data() } else { file.sync_all() }
             .map_err(|error| format!("fsync: {error}"))?;
         let content = self.inodes[&ino].content.clone();
         let xattrs = self.inodes[&ino].xattrs.clone();
@@ -305,6 +318,7 @@ impl ThreadModel {
             return skipped();
         }
         volume
+            .inodes()
             .rename(
                 from_parent,
                 from_name.as_bytes(),

@@ -76,17 +76,17 @@ pub fn run(args: &FallocateArgs, options: &VolumeOptions) -> anyhow::Result<Exit
     let options = VolumeOptions { commit_interval_ms: 0, ..options.clone() };
     let volume = Volume::open(&target.image, &options)
         .with_context(|| format!("open {}", target.image.display()))?;
-    let ino = match volume.resolve(&target.path) {
+    let ino = match volume.inodes().resolve(&target.path) {
         Ok(ino) => ino,
         Err(Error::NotFound(_)) => {
             let (parent, name) =
                 target.split().ok_or_else(|| anyhow::anyhow!("{}: not a file", target.path))?;
-            let parent = volume.resolve(&parent)?;
-            volume.create(parent, name.as_bytes(), 0o644, Owner::current())?.ino
+            let parent = volume.inodes().resolve(&parent)?;
+            volume.inodes().create(parent, name.as_bytes(), 0o644, Owner::current())?.ino
         }
         Err(error) => return Err(error.into()),
     };
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE)?;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE)?;
     file.fallocate(mode, offset, length).with_context(|| {
         format!("fallocate --mode {} of {offset}+{length} on {}", args.mode.name(), target.path)
     })?;

@@ -51,10 +51,10 @@ fn mode_string(kind: InodeKind, mode: u32) -> String {
 pub fn ls(target: &str, long: bool, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
     let target = ImagePath::require(target)?;
     let volume = open_read_only(&target.image, options)?;
-    let ino = volume.resolve(&target.path)?;
-    let attr = volume.getattr(ino)?;
+    let ino = volume.inodes().resolve(&target.path)?;
+    let attr = volume.inodes().getattr(ino)?;
     let entries = if attr.kind == InodeKind::Dir {
-        volume.readdir(ino)?
+        volume.inodes().readdir(ino)?
     } else {
         let name = target.split().map_or_else(|| "/".into(), |(_, name)| name);
         vec![foliofs::DirEntry { name: name.into_bytes(), ino, kind: attr.kind }]
@@ -66,9 +66,9 @@ pub fn ls(target: &str, long: bool, options: &VolumeOptions) -> anyhow::Result<E
             writeln!(out, "{name}")?;
             continue;
         }
-        let attr = volume.getattr(entry.ino)?;
+        let attr = volume.inodes().getattr(entry.ino)?;
         let suffix = if attr.kind == InodeKind::Symlink {
-            format!(" -> {}", String::from_utf8_lossy(&volume.readlink(entry.ino)?))
+            format!(" -> {}", String::from_utf8_lossy(&volume.inodes().readlink(entry.ino)?))
         } else {
             String::new()
         };
@@ -90,7 +90,7 @@ pub fn ls(target: &str, long: bool, options: &VolumeOptions) -> anyhow::Result<E
 pub fn cat(target: &str, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
     let target = ImagePath::require(target)?;
     let volume = open_read_only(&target.image, options)?;
-    let file = volume.open_path(&target.path, OpenFlags::READ)?;
+    let file = volume.inodes().open_path(&target.path, OpenFlags::READ)?;
     copy_file_out(&file, &mut std::io::stdout().lock())?;
     Ok(ExitCode::SUCCESS)
 }
@@ -116,12 +116,13 @@ pub fn mkdir(target: &str, parents: bool, options: &VolumeOptions) -> anyhow::Re
     let components: Vec<&str> = target.path.split('/').filter(|part| !part.is_empty()).collect();
     for (index, component) in components.iter().enumerate() {
         let last = index + 1 == components.len();
-        match volume.lookup(dir, component.as_bytes()) {
+        match volume.inodes().lookup(dir, component.as_bytes()) {
             Ok(attr) if attr.kind == InodeKind::Dir && (parents || !last) => dir = attr.ino,
             Ok(_) if last => bail!("{}: file exists", target.path),
             Ok(_) => bail!("{}: not a directory", component),
             Err(foliofs::Error::NotFound(_)) if parents || last => {
-                dir = volume.mkdir(dir, component.as_bytes(), 0o755, Owner::current())?.ino;
+                dir =
+                    volume.inodes().mkdir(dir, component.as_bytes(), 0o755, Owner::current())?.ino;
             }
             Err(error) => return Err(error.into()),
         }
@@ -134,28 +135,28 @@ pub fn rm(target: &str, recursive: bool, options: &VolumeOptions) -> anyhow::Res
     let target = ImagePath::require(target)?;
     let Some((parent_path, name)) = target.split() else { bail!("refusing to remove the root") };
     let volume = open_writable(&target.image, options)?;
-    let parent = volume.resolve(&parent_path)?;
-    let attr = volume.lookup(parent, name.as_bytes())?;
+    let parent = volume.inodes().resolve(&parent_path)?;
+    let attr = volume.inodes().lookup(parent, name.as_bytes())?;
     if attr.kind == InodeKind::Dir {
         if !recursive {
             bail!("{}: is a directory (use -r)", target.path);
         }
         remove_tree(&volume, attr.ino)?;
-        volume.rmdir(parent, name.as_bytes())?;
+        volume.inodes().rmdir(parent, name.as_bytes())?;
     } else {
-        volume.unlink(parent, name.as_bytes())?;
+        volume.inodes().unlink(parent, name.as_bytes())?;
     }
     volume.close()?;
     Ok(ExitCode::SUCCESS)
 }
 
 fn remove_tree(volume: &Volume, dir: u64) -> anyhow::Result<()> {
-    for entry in volume.readdir(dir)? {
+    for entry in volume.inodes().readdir(dir)? {
         if entry.kind == InodeKind::Dir {
             remove_tree(volume, entry.ino)?;
-            volume.rmdir(dir, &entry.name)?;
+            volume.inodes().rmdir(dir, &entry.name)?;
         } else {
-            volume.unlink(dir, &entry.name)?;
+            volume.inodes().unlink(dir, &entry.name)?;
         }
     }
     Ok(())
@@ -194,12 +195,12 @@ fn copy_into_image(
         .file_name()
         .map(|name| name.as_bytes().to_vec())
         .ok_or_else(|| anyhow::anyhow!("{}: has no file name", source.display()))?;
-    let (parent, name) = match volume.resolve(&to.path) {
-        Ok(ino) if volume.getattr(ino)?.kind == InodeKind::Dir => (ino, source_name),
+    let (parent, name) = match volume.inodes().resolve(&to.path) {
+        Ok(ino) if volume.inodes().getattr(ino)?.kind == InodeKind::Dir => (ino, source_name),
         _ => {
             let (parent_path, name) =
                 to.split().ok_or_else(|| anyhow::anyhow!("bad destination"))?;
-            (volume.resolve(&parent_path)?, name.into_bytes())
+            (volume.inodes().resolve(&parent_path)?, name.into_bytes())
         }
     };
     let copied = copy_in(&volume, source, parent, &name, recursive, true);
@@ -226,10 +227,10 @@ fn copy_in(
     let mode = metadata.mode() & 0o7777;
     let file_type = metadata.file_type();
     if file_type.is_dir() {
-        let dir = match volume.lookup(parent, name) {
+        let dir = match volume.inodes().lookup(parent, name) {
             Ok(attr) if attr.kind == InodeKind::Dir => attr.ino,
             Ok(_) => bail!("{}: exists and is not a directory", String::from_utf8_lossy(name)),
-            Err(_) => volume.mkdir(parent, name, mode, Owner::current())?.ino,
+            Err(_) => volume.inodes().mkdir(parent, name, mode, Owner::current())?.ino,
         };
         let mut children: Vec<_> = std::fs::read_dir(source)?.collect::<Result<_, _>>()?;
         children.sort_by_key(|entry| entry.file_name());
@@ -238,7 +239,7 @@ fn copy_in(
         }
     } else if file_type.is_symlink() {
         let target = std::fs::read_link(source)?;
-        volume.symlink(parent, name, target.as_os_str().as_bytes(), Owner::current())?;
+        volume.inodes().symlink(parent, name, target.as_os_str().as_bytes(), Owner::current())?;
     } else if file_type.is_file() {
         copy_file_in(volume, source, parent, name, mode)?;
     } else {
@@ -254,12 +255,12 @@ fn copy_file_in(
     name: &[u8],
     mode: u32,
 ) -> anyhow::Result<()> {
-    let ino = match volume.lookup(parent, name) {
+    let ino = match volume.inodes().lookup(parent, name) {
         Ok(attr) if attr.kind == InodeKind::File => attr.ino,
         Ok(_) => bail!("{}: exists and is not a regular file", String::from_utf8_lossy(name)),
-        Err(_) => volume.create(parent, name, mode, Owner::current())?.ino,
+        Err(_) => volume.inodes().create(parent, name, mode, Owner::current())?.ino,
     };
-    let file = volume.open_file(ino, OpenFlags { truncate: true, ..OpenFlags::WRITE })?;
+    let file = volume.inodes().open_file(ino, OpenFlags { truncate: true, ..OpenFlags::WRITE })?;
     let mut input = std::fs::File::open(source).with_context(|| format!("{}", source.display()))?;
     let mut buffer = vec![0u8; COPY_CHUNK_BYTES];
     let mut pos = 0u64;
@@ -291,8 +292,8 @@ fn copy_out_of_image(
     options: &VolumeOptions,
 ) -> anyhow::Result<()> {
     let volume = open_read_only(&from.image, options)?;
-    let ino = volume.resolve(&from.path)?;
-    let attr = volume.getattr(ino)?;
+    let ino = volume.inodes().resolve(&from.path)?;
+    let attr = volume.inodes().getattr(ino)?;
     if attr.kind == InodeKind::Dir && !recursive {
         bail!("{}: is a directory (use -r)", from.path);
     }
@@ -303,13 +304,13 @@ fn copy_out_of_image(
 }
 
 fn copy_out(volume: &Volume, ino: u64, target: &Path) -> anyhow::Result<()> {
-    let attr = volume.getattr(ino)?;
+    let attr = volume.inodes().getattr(ino)?;
     match attr.kind {
         InodeKind::Dir => {
             if !target.is_dir() {
                 std::fs::create_dir(target).with_context(|| format!("{}", target.display()))?;
             }
-            for entry in volume.readdir(ino)? {
+            for entry in volume.inodes().readdir(ino)? {
                 copy_out(
                     volume,
                     entry.ino,
@@ -319,12 +320,12 @@ fn copy_out(volume: &Volume, ino: u64, target: &Path) -> anyhow::Result<()> {
             std::fs::set_permissions(target, std::fs::Permissions::from_mode(attr.mode))?;
         }
         InodeKind::Symlink => {
-            let link = volume.readlink(ino)?;
+            let link = volume.inodes().readlink(ino)?;
             std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&link), target)
                 .with_context(|| format!("{}", target.display()))?;
         }
         InodeKind::File => {
-            let file = volume.open_file(ino, OpenFlags::READ)?;
+            let file = volume.inodes().open_file(ino, OpenFlags::READ)?;
             let mut output =
                 std::fs::File::create(target).with_context(|| format!("{}", target.display()))?;
             copy_file_out(&file, &mut output)?;
@@ -340,10 +341,10 @@ fn copy_out(volume: &Volume, ino: u64, target: &Path) -> anyhow::Result<()> {
 pub fn fiemap(target: &str, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
     let target = ImagePath::require(target)?;
     let volume = open_read_only(&target.image, options)?;
-    let ino = volume.resolve(&target.path)?;
-    let attr = volume.getattr(ino)?;
+    let ino = volume.inodes().resolve(&target.path)?;
+    let attr = volume.inodes().getattr(ino)?;
     let block = u64::from(attr.block_bytes);
-    let extents = volume.fiemap(ino)?;
+    let extents = volume.inodes().fiemap(ino)?;
     let mut out = std::io::stdout().lock();
     writeln!(
         out,

@@ -95,17 +95,17 @@ fn note(text: &str) {
 }
 
 fn create_if_missing(volume: &Volume, target: &ImagePath, size_bytes: u64) -> anyhow::Result<()> {
-    match volume.resolve(&target.path) {
+    match volume.inodes().resolve(&target.path) {
         Ok(_) => return Ok(()),
         Err(Error::NotFound(_)) => {}
         Err(error) => return Err(error.into()),
     }
     let (parent, name) =
         target.split().ok_or_else(|| anyhow::anyhow!("{}: not a file", target.path))?;
-    let parent = volume.resolve(&parent)?;
-    let ino = volume.create(parent, name.as_bytes(), 0o644, Owner::current())?.ino;
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE)?;
+    let parent = volume.inodes().resolve(&parent)?;
+    let ino = volume.inodes().create(parent, name.as_bytes(), 0o644, Owner::current())?.ino;
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE)?;
     file.set_len(size_bytes)?;
-    file.fsync()?;
+    file.sync_all()?;
     Ok(file.close()?)
 }

@@ -29,6 +29,7 @@ pub use pool::BufferPool;
 pub use throttle::{DirtyLimits, DirtyThrottle};
 
 use crate::io_lock::InodeIo;
+use crate::lock_order::{Level, Ordered};
 use crate::options::{DirtyMode, VolumeOptions};
 
 /// Folios far ahead of a long stream that one write examines for
@@ -135,7 +136,7 @@ pub struct InodeCache {
     dirtied_at_ms: AtomicU64,
     /// Held by writeback of this file and by everything that drops its
     /// folios (truncate, invalidation), so folios under writeback stay put.
-    pub writeback_lock: Mutex<()>,
+    writeback_lock: Mutex<()>,
     errors: Mutex<ErrSeq>,
     /// The writes that bypass this cache (direct writes), as one word so a
     /// fill judges them with a single load: the low `BYPASS_IN_FLIGHT_BITS`
@@ -207,6 +208,12 @@ fn keys_overlapping(folios: &BTreeMap<u64, Arc<Folio>>, start: u64, end: u64) ->
 }
 
 impl InodeCache {
+    /// The file's writeback lock: held by writeback and by everything
+    /// that drops its folios; after the I/O lock in the lock order.
+    pub fn lock_writeback(&self) -> Ordered<MutexGuard<'_, ()>> {
+        Ordered::lock(Level::Writeback, || self.writeback_lock.lock())
+    }
+
     /// Counts a write that bypasses the cache as in flight, before it
     /// reads the extent map or touches the device.
     pub fn bypass_write_started(&self) {
@@ -714,7 +721,7 @@ impl PageCache {
     /// Drops every folio of a freed file (its data has nowhere to go).
     pub fn discard_inode(&self, ino: u64) {
         if let Some(entry) = self.existing_inode(ino) {
-            let _writeback = entry.writeback_lock.lock();
+            let _writeback = entry.lock_writeback();
             entry.remove_range(0, u64::MAX);
         }
         self.release_inode(ino, 0);

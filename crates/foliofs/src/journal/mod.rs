@@ -19,7 +19,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::dev::{AlignedBuf, Device};
 use crate::error::{Error, IoContext, Result};
@@ -30,6 +30,7 @@ use crate::format::journal::{
 };
 use crate::format::record::{decode_all, Record};
 use crate::format::{align_up, CheckpointHeader, Superblock, HEADER_BYTES};
+use crate::lock_order::{Level, Ordered};
 
 mod replay;
 #[cfg(test)]
@@ -155,6 +156,12 @@ pub struct JournalPosition {
 }
 
 impl Journal {
+    /// The journal's state, under its mutex (after the metadata lock in the
+    /// lock order).
+    fn inner(&self) -> Ordered<MutexGuard<'_, Inner>> {
+        Ordered::lock(Level::Journal, || self.inner.lock())
+    }
+
     pub fn new(device: Arc<Device>, geometry: JournalGeometry, position: JournalPosition) -> Self {
         let inner = Inner {
             pending: Vec::new(),
@@ -191,7 +198,7 @@ impl Journal {
     /// of the last record so far when `records` is empty). Callers append in
     /// the order they applied the records to the state.
     pub fn append(&self, records: &[Record]) -> u64 {
-        let mut inner = self.inner.lock();
+        let mut inner = self.inner();
         if records.is_empty() {
             return inner.next_lsn - 1;
         }
@@ -204,31 +211,41 @@ impl Journal {
             "a transaction of {} bytes exceeds the journal group limit",
             writer.len()
         );
+        let durable_before = inner.durable_lsn;
         inner.pending.extend_from_slice(writer.as_bytes());
         inner.next_lsn += records.len() as u64;
         let last_lsn = inner.next_lsn - 1;
         let end = inner.pending.len();
+        // Pending transactions are in lsn order, each ending after the one
+        // before: a group takes a prefix of them.
+        if let Some(&(previous_lsn, previous_end)) = inner.pending_txn_ends.last() {
+            assert!(previous_lsn < last_lsn, "lsn {last_lsn} appended after {previous_lsn}");
+            assert!(previous_end < end, "an empty transaction pending at lsn {last_lsn}");
+        }
         inner.pending_txn_ends.push((last_lsn, end));
+        // Appending makes nothing durable.
+        assert!(inner.durable_lsn == durable_before, "durable lsn moved by an append");
+        assert!(inner.durable_lsn < last_lsn, "lsn {last_lsn} durable before it was written");
         last_lsn
     }
 
     pub fn last_lsn(&self) -> u64 {
-        self.inner.lock().next_lsn - 1
+        self.inner().next_lsn - 1
     }
 
     pub fn durable_lsn(&self) -> u64 {
-        self.inner.lock().durable_lsn
+        self.inner().durable_lsn
     }
 
     pub fn pending_bytes(&self) -> usize {
-        self.inner.lock().pending.len()
+        self.inner().pending.len()
     }
 
     /// Shuts the journal and its device down (`Volume::shutdown`): records
     /// not yet committed stay in memory and no commit or checkpoint is
     /// written any more, as if the machine had stopped here.
     pub fn shut_down(&self) {
-        let mut inner = self.inner.lock();
+        let mut inner = self.inner();
         self.fail(&mut inner, "the volume was shut down".into());
         self.device.shut_down();
     }
@@ -237,7 +254,7 @@ impl Journal {
         if !self.has_failed.load(Ordering::Acquire) {
             return None;
         }
-        self.inner.lock().failed.clone()
+        self.inner().failed.clone()
     }
 
     /// Records the first failure (later ones keep it) and returns it.
@@ -254,7 +271,7 @@ impl Journal {
     /// is unknown, so a later flush that succeeds proves nothing about them
     /// and no later fsync may report them durable.
     pub fn flush_data(&self) -> Result<(), String> {
-        let mut inner = self.inner.lock();
+        let mut inner = self.inner();
         if let Some(failure) = &inner.failed {
             return Err(failure.clone());
         }
@@ -262,13 +279,13 @@ impl Journal {
         let Err(error) = self.device.flush_if_needed() else { return Ok(()) };
         let message = format!("flush failed, the volume is now read-only: {error}");
         tracing::error!("{message}");
-        inner = self.inner.lock();
+        inner = self.inner();
         Err(self.fail(&mut inner, message))
     }
 
     /// Fraction of the journal between tail and head (0.0 ..= 1.0).
     pub fn used_fraction(&self) -> f64 {
-        let inner = self.inner.lock();
+        let inner = self.inner();
         (inner.head - inner.tail) as f64 / self.geometry.journal_bytes as f64
     }
 
@@ -276,7 +293,7 @@ impl Journal {
     /// device write: the first becomes the leader and writes all pending
     /// records as one group; the others wait for it.
     pub fn commit(&self, lsn: u64) -> Result<(), CommitError> {
-        let mut inner = self.inner.lock();
+        let mut inner = self.inner();
         loop {
             if let Some(failure) = &inner.failed {
                 return Err(CommitError::Failed(failure.clone()));
@@ -285,11 +302,11 @@ impl Journal {
                 return Ok(());
             }
             if inner.leader_active {
-                self.commit_finished.wait(&mut inner);
+                self.commit_finished.wait(inner.guard_mut());
                 continue;
             }
             assert!(lsn < inner.next_lsn, "committing lsn {lsn}, which was never appended");
-            self.lead_one_group(&mut inner)?;
+            self.lead_one_group(inner.guard_mut())?;
         }
     }
 
@@ -379,7 +396,7 @@ impl Journal {
     /// The replay point of a checkpoint taken now. The caller must hold the
     /// metadata lock so no record is appended meanwhile.
     pub fn replay_point(&self) -> ReplayPoint {
-        let inner = self.inner.lock();
+        let inner = self.inner();
         ReplayPoint {
             virtual_offset: inner.head,
             seq: inner.next_seq,
@@ -407,7 +424,7 @@ impl Journal {
                 payload.len()
             )));
         }
-        let generation = self.inner.lock().checkpoint_generation + 1;
+        let generation = self.inner().checkpoint_generation + 1;
         let header = CheckpointHeader {
             uuid: self.geometry.uuid,
             generation,
@@ -433,10 +450,10 @@ impl Journal {
             }
             let message = format!("checkpoint write failed, the volume is now read-only: {error}");
             tracing::error!("{message}");
-            self.fail(&mut self.inner.lock(), message.clone());
+            self.fail(&mut self.inner(), message.clone());
             return Err(Error::ReadOnly(message));
         }
-        let mut inner = self.inner.lock();
+        let mut inner = self.inner();
         inner.checkpoint_generation = generation;
         inner.tail = inner.tail.max(point.virtual_offset);
         inner.durable_lsn = inner.durable_lsn.max(point.lsn_applied);

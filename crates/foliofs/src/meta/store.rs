@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::extent::Extent;
 use crate::format::{InodeAttrs, Record, Superblock, ROOT_INO};
 use crate::journal::{self, CommitError, Journal, JournalGeometry};
+use crate::lock_order::{Level, Ordered};
 
 use super::state::MetaState;
 
@@ -271,8 +272,8 @@ impl MetaStore {
         journal::write_initial_checkpoint(device, &geometry, state.next_ino, &payload, record_count)
     }
 
-    pub fn read(&self) -> RwLockReadGuard<'_, MetaState> {
-        self.state.read()
+    pub fn read(&self) -> Ordered<RwLockReadGuard<'_, MetaState>> {
+        Ordered::lock(Level::Metadata, || self.state.read())
     }
 
     /// How many times the state was locked for change (see `generation`);
@@ -283,8 +284,8 @@ impl MetaStore {
 
     /// The write lock, the only way to change the state: counts the change
     /// before the caller makes it.
-    fn write_state(&self) -> RwLockWriteGuard<'_, MetaState> {
-        let state = self.state.write();
+    fn write_state(&self) -> Ordered<RwLockWriteGuard<'_, MetaState>> {
+        let state = Ordered::lock(Level::Metadata, || self.state.write());
         self.generation.fetch_add(1, Ordering::AcqRel);
         state
     }
@@ -507,9 +508,9 @@ impl MetaStore {
         if let Some(refusal) = self.refusal() {
             return Err(refusal);
         }
-        let _only_one = self.checkpoint_lock.lock();
+        let _only_one = Ordered::lock(Level::Checkpoint, || self.checkpoint_lock.lock());
         let (point, next_ino, payload, record_count) = {
-            let state = self.state.read();
+            let state = self.read();
             let point = self.journal.replay_point();
             let (payload, record_count) = state.encode_snapshot();
             (point, state.next_ino, payload, record_count)

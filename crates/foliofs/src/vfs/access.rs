@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::format::InodeKind;
 
 use super::attr::Attr;
-use super::volume::Volume;
+use super::inodes::Inodes;
 
 /// Who is asking: the file-system user and group and the supplementary
 /// groups, as the kernel's `in_group_p` sees them.
@@ -75,7 +75,7 @@ impl Attr {
     }
 }
 
-impl Volume {
+impl Inodes<'_> {
     /// access(2) on inode `ino`: EACCES when the permission bits refuse
     /// `caller`.
     pub fn access(&self, ino: u64, caller: &Credentials, wanted: Access) -> Result<()> {

@@ -13,6 +13,7 @@
 //!   ACL masked by the requested mode, directories also as their default,
 //!   and the umask is not applied (`posix_acl_create`).
 
+use super::inodes::Inodes;
 use crate::error::{Error, Result};
 use crate::format::{InodeKind, Record};
 use crate::meta::{Inode, MetaState, Txn};
@@ -223,12 +224,12 @@ pub(crate) fn creation_mode(state: &MetaState, parent: u64, mode: u32, umask: u3
     }
 }
 
-impl super::volume::Volume {
+impl Inodes<'_> {
     /// The permission bits to create a node in `parent` with, from the
     /// mode and umask the caller passed: the umask applies unless `parent`
     /// has a default ACL, which masks the mode instead (POSIX.1e).
     pub fn creation_mode(&self, parent: u64, mode: u32, umask: u32) -> u32 {
-        creation_mode(&self.shared.meta.read(), parent, mode, umask)
+        creation_mode(&self.volume.shared.meta.read(), parent, mode, umask)
     }
 }
 

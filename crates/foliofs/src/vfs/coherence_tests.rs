@@ -83,8 +83,8 @@ fn a_fill_overtaken_by_a_direct_write_is_not_cached() {
     let device = Arc::new(Device::new(Arc::clone(&raw) as Arc<dyn RawDev>, FuaMode::Native));
     Volume::format(&device, &MkfsOptions::default()).unwrap();
     let volume = Volume::open_device(device, &VolumeOptions::default()).unwrap();
-    let ino = volume.create(1, b"f", 0o644, Owner { uid: 0, gid: 0 }).unwrap().ino;
-    let direct = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+    let ino = volume.inodes().create(1, b"f", 0o644, Owner { uid: 0, gid: 0 }).unwrap().ino;
+    let direct = volume.inodes().open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
     // The old bytes reach the device without passing through the cache.
     direct.write_at(&AlignedBuf::from_slice(&[OLD; FILE_BYTES]), 0).unwrap();
     direct.sync_all().unwrap();
@@ -102,7 +102,7 @@ fn a_fill_overtaken_by_a_direct_write_is_not_cached() {
         assert_eq!(written.unwrap(), FILE_BYTES);
         ran.store(true, Ordering::SeqCst);
     });
-    let buffered = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let buffered = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
     let mut first = vec![0u8; FILE_BYTES];
     assert_eq!(buffered.read_at(&mut first, 0).unwrap(), FILE_BYTES);
     assert!(hook_ran.load(Ordering::SeqCst), "the read did not fill from the device");

@@ -8,7 +8,8 @@ use crate::error::{Error, Result};
 use crate::format::InodeKind;
 
 use super::attr::{Attr, DirEntry};
-use super::volume::{Shared, Volume};
+use super::inodes::Inodes;
+use super::volume::Shared;
 
 /// An open directory. Closing (or dropping) the last handle of a removed
 /// directory frees it.
@@ -18,11 +19,11 @@ pub struct Dir {
     released: bool,
 }
 
-impl Volume {
+impl Inodes<'_> {
     /// Opens directory `ino` for listing (opendir).
     pub fn open_dir(&self, ino: u64) -> Result<Dir> {
-        self.shared.check_running()?;
-        self.shared.meta.update_memory(|state| {
+        self.volume.shared.check_running()?;
+        self.volume.shared.meta.update_memory(|state| {
             let inode =
                 state.inode_mut(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
             if inode.attrs.kind != InodeKind::Dir {
@@ -31,7 +32,7 @@ impl Volume {
             inode.open_handles += 1;
             Ok(())
         })?;
-        Ok(Dir { shared: Arc::clone(&self.shared), ino, released: false })
+        Ok(Dir { shared: Arc::clone(&self.volume.shared), ino, released: false })
     }
 }
 

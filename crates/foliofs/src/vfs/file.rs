@@ -19,11 +19,12 @@ use crate::space::{self, FallocateMode, Whence};
 use crate::writeback;
 
 use super::attr::{Attr, SetAttr};
+use super::inodes::Inodes;
 use super::metadata::{Metadata, Permissions};
 use super::observe::ChangeEvent;
-use super::volume::{Shared, Volume};
+use super::volume::Shared;
 
-/// How an inode-level open ([`Volume::open_file`]) opens a file; the path-based calls take [`OpenOptions`](super::OpenOptions).
+/// How an inode-level open ([`Inodes::open_file`](super::Inodes::open_file)) opens a file; the path-based calls take [`OpenOptions`](super::OpenOptions).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OpenFlags {
     /// Reads are allowed.
@@ -103,19 +104,19 @@ pub struct File {
     released: bool,
 }
 
-impl Volume {
+impl Inodes<'_> {
     /// Opens regular file `ino` (truncating it with `flags.truncate`).
     pub fn open_file(&self, ino: u64, flags: OpenFlags) -> Result<File> {
-        self.shared.check_running()?;
+        self.volume.shared.check_running()?;
         if flags.write {
-            if let Some(refusal) = self.shared.meta.refusal() {
+            if let Some(refusal) = self.volume.shared.meta.refusal() {
                 return Err(refusal);
             }
         }
         if flags.truncate && !flags.write {
             return Err(Error::invalid("O_TRUNC without write access"));
         }
-        self.shared.meta.update_memory(|state| {
+        self.volume.shared.meta.update_memory(|state| {
             let inode =
                 state.inode_mut(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
             if flags.write && inode.flags & INODE_FLAG_IMMUTABLE != 0 {
@@ -138,12 +139,12 @@ impl Volume {
             inode.open_handles += 1;
             Ok(())
         })?;
-        let inode = self.shared.inode_cache(ino);
+        let inode = self.volume.shared.inode_cache(ino);
         if flags.drop_behind {
             inode.set_drop_behind();
         }
         let file = File {
-            shared: Arc::clone(&self.shared),
+            shared: Arc::clone(&self.volume.shared),
             ino,
             errors_seen: AtomicU64::new(inode.error_sample()),
             inode,
@@ -205,8 +206,15 @@ impl File {
         let engine = &self.shared.engine;
         if self.flags.direct {
             let read = direct::read(engine, &self.inode, self.ino, buffer, pos);
-            if read.is_ok() && !buffer.is_empty() {
-                self.shared.accessed(self.ino);
+            if let Ok(count) = read {
+                assert!(
+                    count <= buffer.len(),
+                    "direct read of {count} bytes into {}",
+                    buffer.len()
+                );
+                if !buffer.is_empty() {
+                    self.shared.accessed(self.ino);
+                }
             }
             return read;
         }
@@ -221,6 +229,13 @@ impl File {
                 pos,
                 viewed.size_bytes,
             )?;
+            // Never more than asked, never past the end of file.
+            assert!(count <= buffer.len(), "read {count} bytes into {}", buffer.len());
+            assert!(
+                count as u64 <= viewed.size_bytes.saturating_sub(pos),
+                "read {count} bytes at {pos} past the size {}",
+                viewed.size_bytes
+            );
             if self.flags.drop_behind {
                 self.drop_consumed(pos, pos + count as u64)?;
             }
@@ -441,18 +456,6 @@ impl File {
         space::seek(&self.shared.engine, &self.inode, pos, Whence::Hole)
     }
 
-    /// Makes the file's data and metadata durable. A writeback failure since
-    /// this handle last looked is reported here, once.
-    pub fn fsync(&self) -> Result<()> {
-        self.sync_range(0, u64::MAX, false)
-    }
-
-    /// As fsync, without the metadata that reading the data back does not
-    /// need (timestamps).
-    pub fn fdatasync(&self) -> Result<()> {
-        self.sync_range(0, u64::MAX, true)
-    }
-
     fn sync_range(&self, start: u64, end: u64, data_only: bool) -> Result<()> {
         self.shared.check_running()?;
         let written = writeback::write_back(&self.shared.engine, &self.inode, start, end);
@@ -464,15 +467,16 @@ impl File {
     }
 
     /// Makes the file's data and metadata durable, as
-    /// `std::fs::File::sync_all` (fsync).
+    /// `std::fs::File::sync_all` (fsync). A writeback failure since this
+    /// handle last looked is reported here, once.
     pub fn sync_all(&self) -> Result<()> {
-        self.fsync()
+        self.sync_range(0, u64::MAX, false)
     }
 
     /// Makes the file's data durable, with the metadata needed to read it
     /// back, as `std::fs::File::sync_data` (fdatasync).
     pub fn sync_data(&self) -> Result<()> {
-        self.fdatasync()
+        self.sync_range(0, u64::MAX, true)
     }
 
     /// The file's attributes, as `std::fs::File::metadata`.
@@ -538,7 +542,7 @@ impl File {
             // in-flight direct I/O drains under the exclusive lock, writeback
             // under its own lock.
             let _exclusive = self.inode.io.exclusive(|| self.shared.engine.device.unplug());
-            let _serial = self.inode.writeback_lock.lock();
+            let _serial = self.inode.lock_writeback();
             let freed = self.shared.meta.transact(|txn| Ok(Shared::free_if_orphaned(txn, ino)));
             // Cached data goes only with the inode (someone may have opened
             // it by number meanwhile).

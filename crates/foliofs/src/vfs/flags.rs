@@ -23,7 +23,8 @@ use crate::format::record::{
 use crate::format::Record;
 use crate::meta::MetaState;
 
-use super::volume::{Shared, Volume};
+use super::inodes::Inodes;
+use super::volume::Shared;
 
 /// The flags only CAP_LINUX_IMMUTABLE may change.
 const PROTECTION_FLAGS: u32 = INODE_FLAG_IMMUTABLE | INODE_FLAG_APPEND;
@@ -78,11 +79,11 @@ impl Shared {
     }
 }
 
-impl Volume {
+impl Inodes<'_> {
     /// The inode's attribute flags (`INODE_FLAG_*`, FS_IOC_GETFLAGS values).
     pub fn flags(&self, ino: u64) -> Result<u32> {
-        self.shared.check_running()?;
-        flags_of(&self.shared.meta.read(), ino)
+        self.volume.shared.check_running()?;
+        flags_of(&self.volume.shared.meta.read(), ino)
     }
 
     /// open(2)'s rule for an append-only file, for a caller that positions
@@ -90,7 +91,7 @@ impl Volume {
     /// handle without `OpenFlags::append`: writable only with O_APPEND.
     /// (Without it, `File` refuses each write below the end of file.)
     pub fn check_append_only_open(&self, ino: u64, write: bool, o_append: bool) -> Result<()> {
-        let flags = flags_of(&self.shared.meta.read(), ino)?;
+        let flags = flags_of(&self.volume.shared.meta.read(), ino)?;
         if write && !o_append && flags & INODE_FLAG_APPEND != 0 {
             return Err(refused(ino, flags, "opening it for writing without O_APPEND"));
         }
@@ -107,7 +108,7 @@ impl Volume {
                 flags & !INODE_FLAGS_KNOWN
             )));
         }
-        self.shared.meta.transact(|txn| {
+        self.volume.shared.meta.transact(|txn| {
             let old = flags_of(txn.state(), ino)?;
             if (old ^ flags) & PROTECTION_FLAGS != 0 && !may_protect {
                 return Err(Error::NotPermitted(

@@ -11,8 +11,9 @@ use crate::meta::{MetaState, Txn};
 
 use super::attr::{Attr, DirEntry, Owner, SetAttr, TimeSet};
 use super::flags::{check_changeable, check_not_immutable};
+use super::inodes::Inodes;
 use super::observe::NamespaceEvent;
-use super::volume::{Shared, Volume};
+use super::volume::Shared;
 
 /// Most links a file may have (as ext4's EXT4_LINK_MAX).
 const LINK_COUNT_MAX: u32 = 65000;
@@ -221,10 +222,10 @@ fn is_ancestor(state: &MetaState, ancestor: u64, mut dir: u64) -> bool {
     false
 }
 
-impl Volume {
+impl Inodes<'_> {
     /// The attributes of inode `ino` (stat).
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
-        self.shared.attr_of(&self.shared.meta.read(), ino)
+        self.volume.shared.attr_of(&self.volume.shared.meta.read(), ino)
     }
 
     /// The inode `name` in directory `parent`. "." is `parent` itself,
@@ -232,25 +233,25 @@ impl Volume {
     /// kernel makes to turn a file handle back into an inode (FUSE export
     /// support, NFS re-export, open_by_handle_at).
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
-        let state = self.shared.meta.read();
+        let state = self.volume.shared.meta.read();
         let ino = match name {
             b"." => parent,
             b".." => parent_dir_of(&state, parent)?,
             _ => entry_of(&state, parent, name)?,
         };
-        self.shared.attr_of(&state, ino)
+        self.volume.shared.attr_of(&state, ino)
     }
 
     /// The directory that holds directory `dir` (the root holds itself).
     pub fn parent_of(&self, dir: u64) -> Result<u64> {
-        self.shared.check_running()?;
-        parent_dir_of(&self.shared.meta.read(), dir)
+        self.volume.shared.check_running()?;
+        parent_dir_of(&self.volume.shared.meta.read(), dir)
     }
 
     /// The inode at an absolute path; symlinks are not followed.
     pub fn resolve(&self, path: &str) -> Result<u64> {
-        self.shared.check_running()?;
-        let state = self.shared.meta.read();
+        self.volume.shared.check_running()?;
+        let state = self.volume.shared.meta.read();
         let mut ino = ROOT_INO;
         for component in path.split('/').filter(|part| !part.is_empty() && *part != ".") {
             ino = if component == ".." {
@@ -268,16 +269,16 @@ impl Volume {
 
     /// The entries of directory `dir`, without "." and "..".
     pub fn readdir(&self, dir: u64) -> Result<Vec<DirEntry>> {
-        self.shared.check_running()?;
-        let entries = list(&self.shared.meta.read(), dir)?;
-        self.shared.accessed(dir);
+        self.volume.shared.check_running()?;
+        let entries = list(&self.volume.shared.meta.read(), dir)?;
+        self.volume.shared.accessed(dir);
         Ok(entries)
     }
 
     /// The target of symlink `ino`.
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
-        self.shared.check_running()?;
-        let state = self.shared.meta.read();
+        self.volume.shared.check_running()?;
+        let state = self.volume.shared.meta.read();
         let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
         match &inode.body {
             crate::meta::InodeBody::Symlink(target) => Ok(target.clone()),
@@ -299,7 +300,7 @@ impl Volume {
         rdev: u32,
     ) -> Result<Attr> {
         check_name(name)?;
-        let (attr, _) = self.shared.meta.transact(|txn| {
+        let (attr, _) = self.volume.shared.meta.transact(|txn| {
             if dir_entries(txn.state(), parent)?.contains_key(name) {
                 return Err(Error::Exists(display(name)));
             }
@@ -328,18 +329,20 @@ impl Volume {
             }
             txn.apply(Record::DirAdd { dir: parent, name: name.to_vec(), ino });
             touch_dir(txn, parent, i32::from(is_dir), now);
-            self.shared.attr_of(txn.state(), ino)
+            self.volume.shared.attr_of(txn.state(), ino)
         })?;
-        self.shared.namespace_changed(&[NamespaceEvent::Entry { parent, name: name.to_vec() }]);
+        self.volume
+            .shared
+            .namespace_changed(&[NamespaceEvent::Entry { parent, name: name.to_vec() }]);
         Ok(attr)
     }
 
-    /// Creates regular file `name` in `parent` with permission bits `mode` (final: see [`Volume::creation_mode`]); EEXIST if the name is taken.
+    /// Creates regular file `name` in `parent` with permission bits `mode` (final: see [`Inodes::creation_mode`]); EEXIST if the name is taken.
     pub fn create(&self, parent: u64, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
         self.make_node(parent, name, InodeKind::File, mode, owner, None, 0)
     }
 
-    /// Creates directory `name` in `parent`, as [`Volume::create`] a file.
+    /// Creates directory `name` in `parent`, as [`Inodes::create`] a file.
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
         self.make_node(parent, name, InodeKind::Dir, mode, owner, None, 0)
     }
@@ -358,7 +361,7 @@ impl Volume {
     /// Adds the name `new_name` in `new_parent` for the existing inode `ino`.
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
         check_name(new_name)?;
-        let (attr, _) = self.shared.meta.transact(|txn| {
+        let (attr, _) = self.volume.shared.meta.transact(|txn| {
             let attrs = attrs_of(txn.state(), ino)?;
             if attrs.kind == InodeKind::Dir {
                 return Err(Error::NotPermitted("hard links to directories".into()));
@@ -391,9 +394,9 @@ impl Volume {
                 // Named once; losing that name again makes an orphan.
                 inode.linkable = false;
             }
-            self.shared.attr_of(txn.state(), ino)
+            self.volume.shared.attr_of(txn.state(), ino)
         })?;
-        self.shared.namespace_changed(&[
+        self.volume.shared.namespace_changed(&[
             NamespaceEvent::Entry { parent: new_parent, name: new_name.to_vec() },
             NamespaceEvent::Attributes { ino },
         ]);
@@ -412,13 +415,13 @@ impl Volume {
         // Its other names, if any, show one link fewer.
         let mut events = vec![NamespaceEvent::Entry { parent, name: name.to_vec() }];
         events.extend(unlinked.map(|ino| NamespaceEvent::Attributes { ino }));
-        self.shared.namespace_changed(&events);
+        self.volume.shared.namespace_changed(&events);
         Ok(())
     }
 
     /// Returns false, changing nothing, if `name` no longer names `victim`.
     fn unlink_entry(&self, parent: u64, name: &[u8], victim: Option<u64>) -> Result<bool> {
-        let (done, _) = self.shared.meta.transact(|txn| {
+        let (done, _) = self.volume.shared.meta.transact(|txn| {
             let ino = entry_of(txn.state(), parent, name)?;
             if Some(ino) != victim {
                 return Ok(false);
@@ -439,7 +442,7 @@ impl Volume {
 
     /// Removes the empty directory `name` from `parent`.
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
-        self.shared.meta.transact(|txn| {
+        self.volume.shared.meta.transact(|txn| {
             let ino = entry_of(txn.state(), parent, name)?;
             let entries = dir_entries(txn.state(), ino)?;
             // Before the emptiness check, as the kernel's may_delete.
@@ -454,7 +457,9 @@ impl Volume {
             drop_link(txn, ino, now);
             Ok(())
         })?;
-        self.shared.namespace_changed(&[NamespaceEvent::Entry { parent, name: name.to_vec() }]);
+        self.volume
+            .shared
+            .namespace_changed(&[NamespaceEvent::Entry { parent, name: name.to_vec() }]);
         Ok(())
     }
 
@@ -475,7 +480,7 @@ impl Volume {
         if flags.exchange && flags.whiteout.is_some() {
             return Err(Error::invalid("RENAME_EXCHANGE and RENAME_WHITEOUT together"));
         }
-        let moved = entry_of(&self.shared.meta.read(), parent, name).ok();
+        let moved = entry_of(&self.volume.shared.meta.read(), parent, name).ok();
         let mut replaced = None;
         self.with_quiesced_victim(new_parent, new_name, |victim| {
             let done = self.rename_entry(parent, name, new_parent, new_name, flags, victim)?;
@@ -491,7 +496,7 @@ impl Volume {
         events.extend(
             moved.into_iter().chain(replaced).map(|ino| NamespaceEvent::Attributes { ino }),
         );
-        self.shared.namespace_changed(&events);
+        self.volume.shared.namespace_changed(&events);
         Ok(())
     }
 
@@ -505,7 +510,7 @@ impl Volume {
         flags: RenameFlags,
         victim: Option<u64>,
     ) -> Result<bool> {
-        let (done, _) = self.shared.meta.transact(|txn| {
+        let (done, _) = self.volume.shared.meta.transact(|txn| {
             if entry_of(txn.state(), new_parent, new_name).ok() != victim {
                 return Ok(false);
             }
@@ -537,25 +542,26 @@ impl Volume {
     ) -> Result<()> {
         const ATTEMPTS_MAX: usize = 16;
         for _ in 0..ATTEMPTS_MAX {
-            let victim = entry_of(&self.shared.meta.read(), dir, name).ok();
-            let Some(cached) = victim.and_then(|ino| self.shared.cache.existing_inode(ino)) else {
+            let victim = entry_of(&self.volume.shared.meta.read(), dir, name).ok();
+            let Some(cached) = victim.and_then(|ino| self.volume.shared.cache.existing_inode(ino))
+            else {
                 if change(victim)? {
                     return Ok(());
                 }
                 continue;
             };
             let done = {
-                let _exclusive = cached.io.exclusive(|| self.shared.engine.device.unplug());
-                let _serial = cached.writeback_lock.lock();
+                let _exclusive = cached.io.exclusive(|| self.volume.shared.engine.device.unplug());
+                let _serial = cached.lock_writeback();
                 let done = change(victim);
-                if self.shared.meta.read().inode(cached.ino).is_none() {
+                if self.volume.shared.meta.read().inode(cached.ino).is_none() {
                     cached.remove_range(0, u64::MAX);
                 }
                 done
             };
             let ino = cached.ino;
             drop(cached);
-            self.shared.cache.release_inode(ino, 0);
+            self.volume.shared.cache.release_inode(ino, 0);
             if done? {
                 return Ok(());
             }
@@ -568,28 +574,28 @@ impl Volume {
 
     /// Changes attributes; a size change truncates or extends the file.
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
-        check_attr_change(&self.shared.meta.read(), ino, changes)?;
+        check_attr_change(&self.volume.shared.meta.read(), ino, changes)?;
         if let Some(size) = changes.size {
-            let kind = attrs_of(&self.shared.meta.read(), ino)?.kind;
+            let kind = attrs_of(&self.volume.shared.meta.read(), ino)?.kind;
             match kind {
                 InodeKind::Dir => return Err(Error::IsDir(format!("inode {ino}"))),
                 InodeKind::Symlink => return Err(Error::invalid("truncating a symlink")),
                 InodeKind::File => {}
                 _ => return Err(Error::invalid("truncating a special file")),
             }
-            if let Some(refusal) = self.shared.meta.refusal() {
+            if let Some(refusal) = self.volume.shared.meta.refusal() {
                 return Err(refusal);
             }
-            let inode = self.shared.inode_cache(ino);
+            let inode = self.volume.shared.inode_cache(ino);
             {
-                let _exclusive = inode.io.exclusive(|| self.shared.engine.device.unplug());
-                buffered::set_size(&self.shared.engine, &inode, size)?;
+                let _exclusive = inode.io.exclusive(|| self.volume.shared.engine.device.unplug());
+                buffered::set_size(&self.volume.shared.engine, &inode, size)?;
             }
             drop(inode);
-            self.shared.cache.release_inode(ino, 0);
-            self.shared.changed(super::observe::ChangeEvent::from_offset(ino, size));
+            self.volume.shared.cache.release_inode(ino, 0);
+            self.volume.shared.changed(super::observe::ChangeEvent::from_offset(ino, size));
         }
-        self.shared.change_attrs(ino, changes)
+        self.volume.shared.change_attrs(ino, changes)
     }
 
     /// Takes away what a write, truncate or fallocate by `caller` must take
@@ -612,10 +618,10 @@ impl Volume {
         };
         // Most files have neither, and this runs before every write: a read
         // lock decides.
-        if to_remove(&self.shared.meta.read())? == (0, false) {
+        if to_remove(&self.volume.shared.meta.read())? == (0, false) {
             return Ok(false);
         }
-        let (dropped, _) = self.shared.meta.transact(|txn| {
+        let (dropped, _) = self.volume.shared.meta.transact(|txn| {
             let (dropped, capability) = to_remove(txn.state())?;
             if dropped == 0 && !capability {
                 return Ok(false);
@@ -636,7 +642,7 @@ impl Volume {
     /// What a truncate or a chown by `caller` takes away before the
     /// setattr that makes it, where the kernel leaves this to the file
     /// system (FUSE_HANDLE_KILLPRIV_V2): a truncate as a data change
-    /// ([`Volume::remove_privileges`] with the set-ID rule); a chown the
+    /// ([`Inodes::remove_privileges`] with the set-ID rule); a chown the
     /// file capabilities, and from a regular file set-user-ID always and
     /// set-group-ID where group execute is set, root's too (the kernel's
     /// chown rule, `setattr_should_drop_sgid`). Returns the mode the
@@ -656,7 +662,7 @@ impl Volume {
         if !chown {
             return Ok(None);
         }
-        let attrs = attrs_of(&self.shared.meta.read(), ino)?;
+        let attrs = attrs_of(&self.volume.shared.meta.read(), ino)?;
         if attrs.kind != InodeKind::File {
             return Ok(None);
         }
@@ -671,7 +677,7 @@ impl Volume {
     /// Makes the inode's changes durable: all of them (fsync), or only those
     /// needed to read its data back (fdatasync).
     pub fn fsync_inode(&self, ino: u64, data_only: bool) -> Result<()> {
-        self.shared.fsync_inode(ino, data_only)
+        self.volume.shared.fsync_inode(ino, data_only)
     }
 }
 

@@ -149,20 +149,20 @@ mod tests {
         let reader = Arc::downgrade(&volume);
         volume.set_change_observer(Some(Arc::new(move |event: ChangeEvent| {
             // Made before it is reported: the size already shows it.
-            let size = reader.upgrade().unwrap().getattr(event.ino).unwrap().size;
+            let size = reader.upgrade().unwrap().inodes().getattr(event.ino).unwrap().size;
             record.lock().unwrap().push((event, size));
         })));
-        let ino = volume.create(1, b"f", 0o644, Owner { uid: 0, gid: 0 }).unwrap().ino;
-        let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+        let ino = volume.inodes().create(1, b"f", 0o644, Owner { uid: 0, gid: 0 }).unwrap().ino;
+        let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
         file.write_at(b"hello", 10).unwrap();
         file.set_len(8192).unwrap();
         file.fallocate(FallocateMode::PunchHole, 4096, 4096).unwrap();
-        let direct = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+        let direct = volume.inodes().open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
         direct.write_at(&AlignedBuf::zeroed(4096), 8192).unwrap();
         let (written, _) =
             crate::completion::block_on(direct.write_at_async(AlignedBuf::zeroed(4096), 16384));
         written.unwrap();
-        volume.setattr(ino, &SetAttr { size: Some(100), ..SetAttr::default() }).unwrap();
+        volume.inodes().setattr(ino, &SetAttr { size: Some(100), ..SetAttr::default() }).unwrap();
         let event = |offset, length| ChangeEvent::range(ino, offset, length);
         let expected = [
             (event(10, 5), 15),

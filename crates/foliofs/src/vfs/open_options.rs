@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 
 use super::attr::{Attr, Owner, SetAttr};
 use super::file::{File, OpenFlags};
+use super::inodes::Inodes;
 use super::volume::Volume;
 
 /// Options to open a file with, as `std::fs::OpenOptions` (plus O_DIRECT
@@ -175,14 +176,14 @@ impl OpenOptions {
     }
 }
 
-impl Volume {
+impl Inodes<'_> {
     /// open(2) of `name` in directory `parent`, as far as the namespace goes:
     /// with `create_new`, creates it or fails with EEXIST; with `create`,
     /// creates it or finds the one another opener made meanwhile; otherwise
     /// looks it up. `truncate` empties an existing file. `mode` is final
-    /// (see [`Volume::creation_mode`] for the umask and default ACLs).
+    /// (see [`Inodes::creation_mode`] for the umask and default ACLs).
     /// Returns the file's attributes; open a handle with
-    /// [`Volume::open_file`].
+    /// [`Inodes::open_file`].
     pub fn create_or_open(
         &self,
         parent: u64,
@@ -206,14 +207,16 @@ impl Volume {
             other => other,
         }
     }
+}
 
+impl Volume {
     fn open_with(&self, path: &Path, options: &OpenOptions) -> Result<File> {
         let flags = options.flags()?;
         if !options.creates() {
-            return self.open_file(self.walk(path, true)?, flags);
+            return self.inodes().open_file(self.walk(path, true)?, flags);
         }
         let (parent, name) = self.parent_and_name(path)?;
-        let existing = match self.lookup(parent, name) {
+        let existing = match self.inodes().lookup(parent, name) {
             Ok(attr) => Some(attr),
             Err(Error::NotFound(_)) => None,
             Err(error) => return Err(error),
@@ -223,11 +226,11 @@ impl Volume {
             // An existing name is opened as open(2) does: through symlinks.
             Some(_) => self.walk(path, true)?,
             None => {
-                let mode = self.creation_mode(parent, options.mode, DEFAULT_UMASK);
-                self.create_or_open(parent, name, mode, Owner::current(), options)?.ino
+                let mode = self.inodes().creation_mode(parent, options.mode, DEFAULT_UMASK);
+                self.inodes().create_or_open(parent, name, mode, Owner::current(), options)?.ino
             }
         };
-        self.open_file(ino, flags)
+        self.inodes().open_file(ino, flags)
     }
 }
 

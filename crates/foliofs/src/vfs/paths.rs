@@ -49,15 +49,15 @@ impl Volume {
         for (index, component) in components.iter().enumerate() {
             let last = index + 1 == components.len();
             if *component == b".." {
-                dir = self.parent_of(dir)?;
+                dir = self.inodes().parent_of(dir)?;
                 continue;
             }
-            let attr = self.lookup(dir, component)?;
+            let attr = self.inodes().lookup(dir, component)?;
             let ino = if attr.kind == InodeKind::Symlink && (follow_last || !last) {
                 *links_left = links_left
                     .checked_sub(1)
                     .ok_or_else(|| Error::Loop(String::from_utf8_lossy(component).into()))?;
-                let target = self.readlink(attr.ino)?;
+                let target = self.inodes().readlink(attr.ino)?;
                 self.walk_from(dir, &target, true, links_left)?
             } else {
                 attr.ino
@@ -86,13 +86,13 @@ impl Volume {
     /// The attributes of the node at `path`, following symlinks, as
     /// `std::fs::metadata`.
     pub fn metadata(&self, path: impl AsRef<Path>) -> Result<Metadata> {
-        Ok(self.getattr(self.walk(path.as_ref(), true)?)?.into())
+        Ok(self.inodes().getattr(self.walk(path.as_ref(), true)?)?.into())
     }
 
     /// As [`Volume::metadata`], but a symlink at the end is described
     /// itself, as `std::fs::symlink_metadata`.
     pub fn symlink_metadata(&self, path: impl AsRef<Path>) -> Result<Metadata> {
-        Ok(self.getattr(self.walk(path.as_ref(), false)?)?.into())
+        Ok(self.inodes().getattr(self.walk(path.as_ref(), false)?)?.into())
     }
 
     /// Whether `path` names something (following symlinks); errors other
@@ -113,8 +113,8 @@ impl Volume {
     }
 
     fn mkdir_in(&self, parent: u64, name: &[u8]) -> Result<u64> {
-        let mode = self.creation_mode(parent, 0o777, DEFAULT_UMASK);
-        Ok(self.mkdir(parent, name, mode, Owner::current())?.ino)
+        let mode = self.inodes().creation_mode(parent, 0o777, DEFAULT_UMASK);
+        Ok(self.inodes().mkdir(parent, name, mode, Owner::current())?.ino)
     }
 
     /// Creates a directory and every missing parent, as
@@ -127,21 +127,21 @@ impl Volume {
                 continue;
             }
             if component == b".." {
-                dir = self.parent_of(dir)?;
+                dir = self.inodes().parent_of(dir)?;
                 continue;
             }
-            dir = match self.lookup(dir, component) {
+            dir = match self.inodes().lookup(dir, component) {
                 Ok(_) => {
                     self.walk_from(dir, component, true, &mut SYMLINKS_FOLLOWED_MAX.clone())?
                 }
                 Err(Error::NotFound(_)) => match self.mkdir_in(dir, component) {
                     // Made meanwhile by someone else: fine, as std.
-                    Err(Error::Exists(_)) => self.lookup(dir, component)?.ino,
+                    Err(Error::Exists(_)) => self.inodes().lookup(dir, component)?.ino,
                     other => other?,
                 },
                 Err(error) => return Err(error),
             };
-            if self.getattr(dir)?.kind != InodeKind::Dir {
+            if self.inodes().getattr(dir)?.kind != InodeKind::Dir {
                 return Err(Error::NotDir(path.display().to_string()));
             }
         }
@@ -151,29 +151,29 @@ impl Volume {
     /// The entries of the directory at `path` (without "." and ".."), as
     /// `std::fs::read_dir`.
     pub fn read_dir(&self, path: impl AsRef<Path>) -> Result<ReadDir> {
-        let entries = self.readdir(self.walk(path.as_ref(), true)?)?;
+        let entries = self.inodes().readdir(self.walk(path.as_ref(), true)?)?;
         Ok(ReadDir { entries: entries.into_iter() })
     }
 
     /// Renames `from` to `to`, replacing a file (or empty directory) there,
     /// as `std::fs::rename`.
-    pub fn rename_path(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> Result<()> {
+    pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> Result<()> {
         let (from_parent, from_name) = self.parent_and_name(from.as_ref())?;
         let (to_parent, to_name) = self.parent_and_name(to.as_ref())?;
-        self.rename(from_parent, from_name, to_parent, to_name, RenameFlags::default())
+        self.inodes().rename(from_parent, from_name, to_parent, to_name, RenameFlags::default())
     }
 
     /// Removes a file (or a symlink, not what it points to), as
     /// `std::fs::remove_file`.
     pub fn remove_file(&self, path: impl AsRef<Path>) -> Result<()> {
         let (parent, name) = self.parent_and_name(path.as_ref())?;
-        self.unlink(parent, name)
+        self.inodes().unlink(parent, name)
     }
 
     /// Removes an empty directory, as `std::fs::remove_dir`.
     pub fn remove_dir(&self, path: impl AsRef<Path>) -> Result<()> {
         let (parent, name) = self.parent_and_name(path.as_ref())?;
-        self.rmdir(parent, name)
+        self.inodes().rmdir(parent, name)
     }
 
     /// Removes a directory and everything in it, as
@@ -181,21 +181,21 @@ impl Volume {
     pub fn remove_dir_all(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let (parent, name) = self.parent_and_name(path)?;
-        let attr = self.lookup(parent, name)?;
+        let attr = self.inodes().lookup(parent, name)?;
         if attr.kind != InodeKind::Dir {
             return Err(Error::NotDir(path.display().to_string()));
         }
         self.empty_tree(attr.ino)?;
-        self.rmdir(parent, name)
+        self.inodes().rmdir(parent, name)
     }
 
     fn empty_tree(&self, dir: u64) -> Result<()> {
-        for entry in self.readdir(dir)? {
+        for entry in self.inodes().readdir(dir)? {
             if entry.kind == InodeKind::Dir {
                 self.empty_tree(entry.ino)?;
-                self.rmdir(dir, &entry.name)?;
+                self.inodes().rmdir(dir, &entry.name)?;
             } else {
-                self.unlink(dir, &entry.name)?;
+                self.inodes().unlink(dir, &entry.name)?;
             }
         }
         Ok(())
@@ -207,21 +207,21 @@ impl Volume {
     pub fn hard_link(&self, original: impl AsRef<Path>, link: impl AsRef<Path>) -> Result<()> {
         let ino = self.walk(original.as_ref(), false)?;
         let (parent, name) = self.parent_and_name(link.as_ref())?;
-        self.link(ino, parent, name).map(drop)
+        self.inodes().link(ino, parent, name).map(drop)
     }
 
     /// Makes `link` a symlink to `original` (stored as given; a relative
     /// target resolves from the link's directory), as
     /// `std::os::unix::fs::symlink`.
-    pub fn symlink_path(&self, original: impl AsRef<Path>, link: impl AsRef<Path>) -> Result<()> {
+    pub fn symlink(&self, original: impl AsRef<Path>, link: impl AsRef<Path>) -> Result<()> {
         let (parent, name) = self.parent_and_name(link.as_ref())?;
         let target = original.as_ref().as_os_str().as_bytes();
-        self.symlink(parent, name, target, Owner::current()).map(drop)
+        self.inodes().symlink(parent, name, target, Owner::current()).map(drop)
     }
 
     /// The target of the symlink at `path`, as `std::fs::read_link`.
     pub fn read_link(&self, path: impl AsRef<Path>) -> Result<PathBuf> {
-        let target = self.readlink(self.walk(path.as_ref(), false)?)?;
+        let target = self.inodes().readlink(self.walk(path.as_ref(), false)?)?;
         Ok(PathBuf::from(OsStr::from_bytes(&target)))
     }
 
@@ -230,12 +230,12 @@ impl Volume {
     pub fn set_permissions(&self, path: impl AsRef<Path>, permissions: Permissions) -> Result<()> {
         let ino = self.walk(path.as_ref(), true)?;
         let changes = SetAttr { mode: Some(permissions.mode()), ..SetAttr::default() };
-        self.setattr(ino, &changes).map(drop)
+        self.inodes().setattr(ino, &changes).map(drop)
     }
 
     /// The whole contents of the file at `path`, as `std::fs::read`.
     pub fn read(&self, path: impl AsRef<Path>) -> Result<Vec<u8>> {
-        let file = self.open_file(self.walk(path.as_ref(), true)?, OpenFlags::READ)?;
+        let file = self.inodes().open_file(self.walk(path.as_ref(), true)?, OpenFlags::READ)?;
         let mut contents = vec![0; usize::try_from(file.attr()?.size).unwrap_or(usize::MAX)];
         let mut filled = 0;
         while filled < contents.len() {

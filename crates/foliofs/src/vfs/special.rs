@@ -7,9 +7,9 @@ use crate::error::{Error, Result};
 use crate::format::InodeKind;
 
 use super::attr::{Attr, Owner};
-use super::volume::Volume;
+use super::inodes::Inodes;
 
-impl Volume {
+impl Inodes<'_> {
     /// Creates a node of `kind` named `name` in `parent` (mknod(2)): a
     /// regular file, FIFO, socket or device node. `rdev` is kept for device
     /// nodes only (Linux's `dev_t` encoding, as `makedev` makes it).

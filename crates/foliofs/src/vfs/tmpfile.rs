@@ -10,10 +10,11 @@ use crate::format::{InodeKind, Timestamp};
 
 use super::attr::Owner;
 use super::file::{File, OpenFlags};
+use super::inodes::Inodes;
 use super::namespace::{apply_new_inode, NewInode};
-use super::volume::{Shared, Volume};
+use super::volume::Shared;
 
-impl Volume {
+impl Inodes<'_> {
     /// Creates a regular file with no name in directory `parent` (whose
     /// default ACL and set-group-ID bit it inherits, as a named file) and
     /// opens it with `flags`. `linkable`: whether `link` may name it later
@@ -30,7 +31,7 @@ impl Volume {
             // As open(2): O_TMPFILE needs O_WRONLY or O_RDWR.
             return Err(Error::invalid("an unnamed file must be opened for writing"));
         }
-        let (ino, _) = self.shared.meta.transact(|txn| {
+        let (ino, _) = self.volume.shared.meta.transact(|txn| {
             let state = txn.state();
             let dir = state
                 .inode(parent)
@@ -56,7 +57,7 @@ impl Volume {
         // Nothing frees it before this open: only closing one of its handles
         // or mounting frees an inode with no links, and it has no handles.
         self.open_file(ino, flags).inspect_err(|_| {
-            let _ = self.shared.meta.transact(|txn| Ok(Shared::free_if_orphaned(txn, ino)));
+            let _ = self.volume.shared.meta.transact(|txn| Ok(Shared::free_if_orphaned(txn, ino)));
         })
     }
 }

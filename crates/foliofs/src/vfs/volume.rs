@@ -21,6 +21,7 @@ use crate::options::{AtimePolicy, VolumeOptions};
 use crate::writeback;
 
 use super::attr::{Attr, Owner, StatFs};
+use super::inodes::Inodes;
 
 /// Under relatime an access time is advanced at least this often (a day, as
 /// the kernel).
@@ -423,12 +424,6 @@ impl Volume {
         }
     }
 
-    /// The folios cached for `ino`, as `(file offset, bytes)` in order.
-    pub fn cached_folios(&self, ino: u64) -> Vec<(u64, usize)> {
-        let Some(inode) = self.shared.cache.existing_inode(ino) else { return Vec::new() };
-        inode.folios_in(0, u64::MAX).iter().map(|folio| (folio.pos(), folio.bytes())).collect()
-    }
-
     /// Volume figures. Space freed by a transaction not yet durable cannot
     /// be reused until it is: when some waits, the journal is committed
     /// first, so space freed by `rm` shows as free at once (FUSE passes no
@@ -454,45 +449,6 @@ impl Volume {
             metadata_bytes: state.persisted_bytes_estimate(),
             metadata_bytes_max: self.shared.meta.journal().geometry().slot_payload_bytes_max(),
         }
-    }
-
-    /// The extents of a file, like FIEMAP: file offset, device offset, length
-    /// and state, holes omitted.
-    pub fn fiemap(&self, ino: u64) -> Result<Vec<FiemapExtent>> {
-        self.shared.check_running()?;
-        let block_bytes = self.shared.block_bytes;
-        let end_block = {
-            let state = self.shared.meta.read();
-            let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
-            let extents =
-                inode.extents().ok_or_else(|| Error::invalid("fiemap of a non-regular file"))?;
-            extents.end_block()
-        };
-        let mut out = Vec::new();
-        let walk = iomap::walk(
-            &self.shared.meta,
-            ino,
-            0,
-            end_block * block_bytes,
-            Intent::Report,
-            block_bytes,
-        );
-        for range in walk {
-            let mapping = range?.mapping;
-            if mapping.kind != MapKind::Hole {
-                out.push(FiemapExtent {
-                    logical: mapping.offset,
-                    physical: mapping.dev_offset,
-                    length: mapping.length,
-                    kind: mapping.kind,
-                    last: false,
-                });
-            }
-        }
-        if let Some(last) = out.last_mut() {
-            last.last = true;
-        }
-        Ok(out)
     }
 
     /// Commits, checkpoints and stops the background committer; reports errors.
@@ -526,6 +482,53 @@ impl Volume {
         }
         self.shared.sync()?;
         self.shared.meta.checkpoint()
+    }
+}
+
+impl Inodes<'_> {
+    /// The folios cached for `ino`, as `(file offset, bytes)` in order.
+    pub fn cached_folios(&self, ino: u64) -> Vec<(u64, usize)> {
+        let Some(inode) = self.volume.shared.cache.existing_inode(ino) else { return Vec::new() };
+        inode.folios_in(0, u64::MAX).iter().map(|folio| (folio.pos(), folio.bytes())).collect()
+    }
+
+    /// The extents of a file, like FIEMAP: file offset, device offset, length
+    /// and state, holes omitted.
+    pub fn fiemap(&self, ino: u64) -> Result<Vec<FiemapExtent>> {
+        self.volume.shared.check_running()?;
+        let block_bytes = self.volume.shared.block_bytes;
+        let end_block = {
+            let state = self.volume.shared.meta.read();
+            let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            let extents =
+                inode.extents().ok_or_else(|| Error::invalid("fiemap of a non-regular file"))?;
+            extents.end_block()
+        };
+        let mut out = Vec::new();
+        let walk = iomap::walk(
+            &self.volume.shared.meta,
+            ino,
+            0,
+            end_block * block_bytes,
+            Intent::Report,
+            block_bytes,
+        );
+        for range in walk {
+            let mapping = range?.mapping;
+            if mapping.kind != MapKind::Hole {
+                out.push(FiemapExtent {
+                    logical: mapping.offset,
+                    physical: mapping.dev_offset,
+                    length: mapping.length,
+                    kind: mapping.kind,
+                    last: false,
+                });
+            }
+        }
+        if let Some(last) = out.last_mut() {
+            last.last = true;
+        }
+        Ok(out)
     }
 }
 
@@ -693,8 +696,8 @@ mod writeback_tests {
         // it), which is not what this test is about.
         let volume = quiet_volume(&format!("dirty_expire_ms={}", expire.as_millis()));
         let engine = &volume.shared.engine;
-        let old_ino = volume.create(ROOT_INO, b"old", 0o644, owner).unwrap().ino;
-        let old = volume.open_file(old_ino, OpenFlags::WRITE).unwrap();
+        let old_ino = volume.inodes().create(ROOT_INO, b"old", 0o644, owner).unwrap().ino;
+        let old = volume.inodes().open_file(old_ino, OpenFlags::WRITE).unwrap();
         old.write_at(&[1; 4096], 0).unwrap();
         let first_write = std::time::Instant::now();
         let old_inode = volume.shared.inode_cache(old_ino);
@@ -703,8 +706,8 @@ mod writeback_tests {
             old.write_at(&[2; 4096], 4096).unwrap();
             std::thread::sleep(Duration::from_millis(20));
         }
-        let new_ino = volume.create(ROOT_INO, b"new", 0o644, owner).unwrap().ino;
-        let new = volume.open_file(new_ino, OpenFlags::WRITE).unwrap();
+        let new_ino = volume.inodes().create(ROOT_INO, b"new", 0o644, owner).unwrap().ino;
+        let new = volume.inodes().open_file(new_ino, OpenFlags::WRITE).unwrap();
         new.write_at(b"just now", 0).unwrap();
         let new_inode = volume.shared.inode_cache(new_ino);
         assert!(old_inode.dirty_age().unwrap() >= expire);
@@ -736,8 +739,8 @@ mod writeback_tests {
         const MIB: u64 = 1 << 20;
         let owner = Owner { uid: 0, gid: 0 };
         let volume = quiet_volume("folio_max=2M");
-        let ino = volume.create(ROOT_INO, b"stream", 0o644, owner).unwrap().ino;
-        let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+        let ino = volume.inodes().create(ROOT_INO, b"stream", 0o644, owner).unwrap().ino;
+        let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
         // Folios of 1, 1 and 2 MiB (a sequential stream's grow); the last
         // write ends half-way through the third.
         for index in 0..3 {
@@ -802,7 +805,10 @@ mod committer_tests {
         let half_group = journal.geometry().group_bytes_max() / 2;
         let owner = Owner { uid: 0, gid: 0 };
         for created in 1..=100_000 {
-            volume.create(ROOT_INO, format!("f{created}").as_bytes(), 0o644, owner).unwrap();
+            volume
+                .inodes()
+                .create(ROOT_INO, format!("f{created}").as_bytes(), 0o644, owner)
+                .unwrap();
             if journal.pending_bytes() as u64 > half_group || journal.durable_lsn() > durable_before
             {
                 return created;

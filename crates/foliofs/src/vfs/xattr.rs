@@ -19,8 +19,8 @@ use crate::format::{
 use crate::meta::Inode;
 
 use super::acl;
+use super::inodes::Inodes;
 use super::observe::NamespaceEvent;
-use super::volume::Volume;
 
 /// setxattr(2)'s flags.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -132,7 +132,7 @@ fn inode_of(state: &crate::meta::MetaState, ino: u64) -> Result<&Inode> {
     state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
 }
 
-impl Volume {
+impl Inodes<'_> {
     /// Sets `name` to `value` on `ino` (setxattr). Durable at the next
     /// commit, or at an fsync of the inode.
     pub fn set_xattr(
@@ -155,7 +155,7 @@ impl Volume {
         // InodeSet, or for a default ACL the two copies a mkdir under it
         // inherits with the new inode's records. Only a journal smaller than
         // mkfs's default makes that fail.
-        let group_bytes_max = self.shared.meta.journal().geometry().group_bytes_max();
+        let group_bytes_max = self.volume.shared.meta.journal().geometry().group_bytes_max();
         let copies = if name == acl::DEFAULT { 2 } else { 1 };
         let transaction_bytes = copies * record_bytes + GROUP_HEADER_BYTES as u64 + 1024;
         if transaction_bytes > group_bytes_max {
@@ -165,7 +165,7 @@ impl Volume {
                 value.len()
             )));
         }
-        self.shared.meta.transact(|txn| {
+        self.volume.shared.meta.transact(|txn| {
             txn.ensure_metadata_room(record_bytes)?;
             let inode = inode_of(txn.state(), ino)?;
             if let Some(why) = refusal(namespace, inode.attrs.kind, privilege, name) {
@@ -208,15 +208,15 @@ impl Volume {
             Ok(())
         })?;
         // The ctime, and the mode where an access ACL changed.
-        self.shared.namespace_changed(&[NamespaceEvent::Attributes { ino }]);
+        self.volume.shared.namespace_changed(&[NamespaceEvent::Attributes { ino }]);
         Ok(())
     }
 
     /// The value of `name` on `ino` (getxattr).
     pub fn get_xattr(&self, ino: u64, name: &[u8], privilege: Privilege) -> Result<Vec<u8>> {
-        self.shared.check_running()?;
+        self.volume.shared.check_running()?;
         let namespace = namespace_of(name)?;
-        let state = self.shared.meta.read();
+        let state = self.volume.shared.meta.read();
         let inode = inode_of(&state, ino)?;
         if refusal(namespace, inode.attrs.kind, privilege, name).is_some() {
             return Err(Error::NoAttribute(shown(name)));
@@ -227,8 +227,8 @@ impl Volume {
     /// The names of the attributes of `ino` that `privilege` may see
     /// (listxattr; `trusted.` names only for CAP_SYS_ADMIN), in byte order.
     pub fn list_xattr(&self, ino: u64, privilege: Privilege) -> Result<Vec<Vec<u8>>> {
-        self.shared.check_running()?;
-        let state = self.shared.meta.read();
+        self.volume.shared.check_running()?;
+        let state = self.volume.shared.meta.read();
         let inode = inode_of(&state, ino)?;
         Ok(inode
             .xattrs
@@ -241,7 +241,7 @@ impl Volume {
     /// Removes `name` from `ino` (removexattr).
     pub fn remove_xattr(&self, ino: u64, name: &[u8], privilege: Privilege) -> Result<()> {
         let namespace = namespace_of(name)?;
-        self.shared.meta.transact(|txn| {
+        self.volume.shared.meta.transact(|txn| {
             let inode = inode_of(txn.state(), ino)?;
             if let Some(why) = refusal(namespace, inode.attrs.kind, privilege, name) {
                 return Err(Error::NotPermitted(why));
@@ -257,7 +257,7 @@ impl Volume {
             Ok(())
         })?;
         // The ctime, and the mode where an access ACL changed.
-        self.shared.namespace_changed(&[NamespaceEvent::Attributes { ino }]);
+        self.volume.shared.namespace_changed(&[NamespaceEvent::Attributes { ino }]);
         Ok(())
     }
 }

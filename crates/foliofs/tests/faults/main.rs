@@ -150,9 +150,9 @@ pub(crate) fn assert_names_the_cause(error: &Error) {
 }
 
 pub(crate) fn read_all(volume: &Volume, ino: u64) -> Vec<u8> {
-    let size = volume.getattr(ino).unwrap().size as usize;
+    let size = volume.inodes().getattr(ino).unwrap().size as usize;
     let mut data = vec![0u8; size];
-    let file = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
     let mut done = 0;
     while done < size {
         let count = file.read_at(&mut data[done..], done as u64).unwrap();
@@ -168,7 +168,7 @@ pub(crate) fn fsck_clean(device: &Arc<Device>, what: &str) {
 }
 
 pub(crate) fn create(volume: &Volume, name: &str) -> u64 {
-    volume.create(ROOT, name.as_bytes(), 0o644, owner()).unwrap().ino
+    volume.inodes().create(ROOT, name.as_bytes(), 0o644, owner()).unwrap().ino
 }
 
 pub(crate) fn direct_buffer(data: &[u8]) -> AlignedBuf {

@@ -77,7 +77,7 @@ impl Workload {
             workload.create_file();
         }
         for index in 0..workload.files.len() {
-            workload.files[index].buffered.fsync().unwrap();
+            workload.files[index].buffered.sync_all().unwrap();
             workload.files[index].durable = Some(Vec::new());
             workload.files[index].named_durably = true;
         }
@@ -236,7 +236,7 @@ impl Workload {
     pub(crate) fn create_file(&mut self) {
         let name = format!("file{}", self.next_name);
         self.next_name += 1;
-        let result = self.volume.create(ROOT, name.as_bytes(), 0o644, owner());
+        let result = self.volume.inodes().create(ROOT, name.as_bytes(), 0o644, owner());
         self.log.push(format!("create {name}"));
         let ino = match result {
             Ok(attr) => {
@@ -246,13 +246,13 @@ impl Workload {
             Err(error) => {
                 self.check_error("create", &error);
                 // The record may have been applied before its commit failed.
-                match self.volume.lookup(ROOT, name.as_bytes()) {
+                match self.volume.inodes().lookup(ROOT, name.as_bytes()) {
                     Ok(attr) => attr.ino,
                     Err(_) => return,
                 }
             }
         };
-        let open = |flags| self.volume.open_file(ino, flags);
+        let open = |flags| self.volume.inodes().open_file(ino, flags);
         let (Ok(buffered), Ok(direct)) =
             (open(OpenFlags::READ_WRITE), open(OpenFlags::READ_WRITE.with_direct()))
         else {
@@ -414,7 +414,7 @@ impl Workload {
         let file = &self.files[index];
         let target = if handle == 0 { &file.buffered } else { &file.direct };
         let injected_before = self.raw.failures_injected();
-        let result = if data_only { target.fdatasync() } else { target.fsync() };
+        let result = if data_only { target.sync_data() } else { target.sync_all() };
         let owed = std::mem::replace(&mut self.files[index].owed[handle], false);
         match result {
             Ok(()) => {
@@ -529,9 +529,14 @@ impl Workload {
                 if !file.named_durably {
                     continue;
                 }
-                let ino = volume.lookup(ROOT, file.name.as_bytes()).unwrap_or_else(|error| {
-                    panic!("{what}: fsynced {} is gone: {error} ({})", file.name, self.context())
-                });
+                let ino =
+                    volume.inodes().lookup(ROOT, file.name.as_bytes()).unwrap_or_else(|error| {
+                        panic!(
+                            "{what}: fsynced {} is gone: {error} ({})",
+                            file.name,
+                            self.context()
+                        )
+                    });
                 assert_eq!(ino.ino, file.ino);
                 if let Some(durable) = &file.durable {
                     let content = read_all(&volume, file.ino);

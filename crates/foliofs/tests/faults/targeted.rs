@@ -13,32 +13,32 @@ pub(crate) fn writeback_errors_reach_every_handle_once_and_nothing_is_dropped(bl
     let (raw, volume) = new_volume_with_options(16 << 20, block_bytes, None, &options());
     let areas = areas(&volume);
     let ino = create(&volume, "f");
-    let buffered = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
-    let direct = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
-    let reader = volume.open_file(ino, OpenFlags::READ).unwrap();
+    let buffered = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let direct = volume.inodes().open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+    let reader = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
     let data = pattern(1, 3 * block_bytes as usize + 77);
     buffered.write_at(&data, 0).unwrap();
-    buffered.fsync().unwrap();
+    buffered.sync_all().unwrap();
     let update = pattern(2, block_bytes as usize + 10);
     buffered.write_at(&update, 100).unwrap();
     let mut expected = data.clone();
     expected[100..100 + update.len()].copy_from_slice(&update);
 
     raw.add_rule(FaultRule::next(FaultOp::Write, 2).in_range(areas.data.clone()));
-    let error = expect_eio(buffered.fdatasync(), "fdatasync over a failing data write");
+    let error = expect_eio(buffered.sync_data(), "fdatasync over a failing data write");
     assert!(error.to_string().contains("writeback"), "names what failed: {error}");
     // The second failure is consumed by this retry, which the handle has
     // not seen yet.
-    expect_eio(buffered.fsync(), "the retry fails too");
-    buffered.fsync().expect("the retry succeeds; both failures were reported");
-    buffered.fsync().unwrap();
+    expect_eio(buffered.sync_all(), "the retry fails too");
+    buffered.sync_all().expect("the retry succeeds; both failures were reported");
+    buffered.sync_all().unwrap();
     // Every other handle hears of it exactly once, whatever its mode.
-    expect_eio(direct.fsync(), "the direct handle");
-    direct.fsync().unwrap();
-    expect_eio(reader.fdatasync(), "the read-only handle");
-    reader.fdatasync().unwrap();
-    let later = volume.open_file(ino, OpenFlags::READ).unwrap();
-    later.fsync().expect("a handle opened after every report has nothing to hear");
+    expect_eio(direct.sync_all(), "the direct handle");
+    direct.sync_all().unwrap();
+    expect_eio(reader.sync_data(), "the read-only handle");
+    reader.sync_data().unwrap();
+    let later = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
+    later.sync_all().expect("a handle opened after every report has nothing to hear");
     assert_eq!(read_all(&volume, ino), expected, "nothing was dropped from the cache");
 
     let image = raw.crash_image(raw.log_len(), &|_| Keep::Nothing);
@@ -55,11 +55,11 @@ pub(crate) fn direct_write_errors_fail_the_write_only(block_bytes: u32) {
     let (raw, volume) = new_volume_with_options(16 << 20, block_bytes, None, &options());
     let areas = areas(&volume);
     let ino = create(&volume, "d");
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
     let block = block_bytes as usize;
     let old = pattern(3, 4 * block);
     file.write_at(&direct_buffer(&old), 0).unwrap();
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     for (pos, length) in [(block, block), (0, 4 * block), (3 * block, 2 * block), (512, 1024)] {
         let new = pattern(pos as u64 + 9, length);
         raw.add_rule(FaultRule::next(FaultOp::Write, 1).in_range(areas.data.clone()));
@@ -79,8 +79,8 @@ pub(crate) fn direct_write_errors_fail_the_write_only(block_bytes: u32) {
         file.set_len(old.len() as u64).unwrap();
         file.write_at(&direct_buffer(&old), 0).unwrap();
     }
-    file.fsync().unwrap();
-    volume.create(ROOT, b"still-writable", 0o644, owner()).unwrap();
+    file.sync_all().unwrap();
+    volume.inodes().create(ROOT, b"still-writable", 0o644, owner()).unwrap();
     drop(file);
     volume.close().unwrap();
     let (_, volume) = open_image(raw.image()).unwrap();
@@ -90,10 +90,10 @@ pub(crate) fn direct_write_errors_fail_the_write_only(block_bytes: u32) {
 /// Everything a read-only volume must refuse, and what it must still do.
 pub(crate) fn assert_read_only(volume: &Volume, ino: u64, expected: &[u8], block_bytes: u32) {
     let refusals: Vec<(&str, foliofs::Result<()>)> = vec![
-        ("create", volume.create(ROOT, b"new", 0o644, owner()).map(|_| ())),
-        ("mkdir", volume.mkdir(ROOT, b"newdir", 0o755, owner()).map(|_| ())),
-        ("unlink", volume.unlink(ROOT, b"f")),
-        ("open for writing", volume.open_file(ino, OpenFlags::WRITE).map(|_| ())),
+        ("create", volume.inodes().create(ROOT, b"new", 0o644, owner()).map(|_| ())),
+        ("mkdir", volume.inodes().mkdir(ROOT, b"newdir", 0o755, owner()).map(|_| ())),
+        ("unlink", volume.inodes().unlink(ROOT, b"f")),
+        ("open for writing", volume.inodes().open_file(ino, OpenFlags::WRITE).map(|_| ())),
         ("checkpoint", volume.checkpoint()),
     ];
     for (what, result) in refusals {
@@ -103,7 +103,7 @@ pub(crate) fn assert_read_only(volume: &Volume, ino: u64, expected: &[u8], block
     }
     assert!(volume.sync().is_err(), "syncfs fails");
     assert_eq!(read_all(volume, ino), expected, "reads still work");
-    let direct = volume.open_file(ino, OpenFlags::READ.with_direct()).unwrap();
+    let direct = volume.inodes().open_file(ino, OpenFlags::READ.with_direct()).unwrap();
     let mut buffer = AlignedBuf::zeroed(block_bytes as usize);
     direct.read_at(&mut buffer, 0).expect("direct reads still work");
     assert_eq!(&buffer[..], &expected[..block_bytes as usize]);
@@ -129,7 +129,7 @@ pub(crate) fn assert_handles_refuse(buffered: &File, direct: &File, block_bytes:
         assert_eq!(error.errno(), libc::EROFS, "{what}: {error}");
         assert_names_the_cause(&error);
     }
-    for (what, result) in [("fsync", buffered.fsync()), ("fdatasync", direct.fdatasync())] {
+    for (what, result) in [("fsync", buffered.sync_all()), ("fdatasync", direct.sync_data())] {
         let error = result.expect_err(what);
         assert!([libc::EIO, libc::EROFS].contains(&error.errno()), "{what}: {error}");
     }
@@ -143,11 +143,11 @@ pub(crate) fn metadata_fault_setup(
     let (raw, volume) = new_volume_with_options(16 << 20, block_bytes, journal_bytes, &options());
     let areas = areas(&volume);
     let ino = create(&volume, "f");
-    let buffered = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
-    let direct = volume.open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+    let buffered = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let direct = volume.inodes().open_file(ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
     let data = pattern(5, 2 * block_bytes as usize + 300);
     buffered.write_at(&data, 0).unwrap();
-    buffered.fsync().unwrap();
+    buffered.sync_all().unwrap();
     (raw, volume, areas, ino, data, buffered, direct)
 }
 
@@ -178,27 +178,28 @@ pub(crate) fn a_flush_failure_that_drops_the_disk_cache_loses_nothing_fsynced(bl
         raw.drop_cache_on_failed_flush(true);
         let synced = create(&volume, "synced");
         let synced_data = pattern(round, 3 * block + 100);
-        let handle = volume.open_file(synced, OpenFlags::READ_WRITE).unwrap();
+        let handle = volume.inodes().open_file(synced, OpenFlags::READ_WRITE).unwrap();
         handle.write_at(&synced_data, 0).unwrap();
-        handle.fsync().unwrap();
+        handle.sync_all().unwrap();
         drop(handle);
         // Written, not yet durable: a buffered file, a direct one.
         let lost = create(&volume, "lost");
         let lost_data = pattern(round + 100, 2 * block + 7);
-        let buffered = volume.open_file(lost, OpenFlags::READ_WRITE).unwrap();
+        let buffered = volume.inodes().open_file(lost, OpenFlags::READ_WRITE).unwrap();
         buffered.write_at(&lost_data, 0).unwrap();
         let direct_ino = create(&volume, "direct");
         let direct_data = pattern(round + 200, 2 * block);
-        let direct = volume.open_file(direct_ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
+        let direct =
+            volume.inodes().open_file(direct_ino, OpenFlags::READ_WRITE.with_direct()).unwrap();
         direct.write_at(&direct_buffer(&direct_data), 0).unwrap();
         let dropped_before = raw.writes_dropped();
         raw.add_rule(FaultRule::next(FaultOp::Flush, 1 + round % 3));
-        let failed = if round < 3 { buffered.fsync() } else { direct.fsync() };
+        let failed = if round < 3 { buffered.sync_all() } else { direct.sync_all() };
         expect_eio(failed, "fsync whose flush fails");
         assert!(raw.writes_dropped() > dropped_before, "round {round}: the cache was dropped");
         raw.clear_rules();
         // No fsync may now claim what the disk lost.
-        let later = [buffered.fsync(), direct.fsync(), volume.sync()];
+        let later = [buffered.sync_all(), direct.sync_all(), volume.sync()];
         let image = raw.crash_image(raw.log_len(), &|_| Keep::Nothing);
         let (_, recovered) = open_image(image).unwrap();
         for (index, (ino, data)) in
@@ -233,19 +234,19 @@ pub(crate) fn an_overwrite_lost_with_the_disk_cache_is_never_reported_durable(bl
         let first = pattern(1, 4 * block);
         let flags =
             if direct { OpenFlags::READ_WRITE.with_direct() } else { OpenFlags::READ_WRITE };
-        let handle = volume.open_file(ino, flags).unwrap();
+        let handle = volume.inodes().open_file(ino, flags).unwrap();
         handle.write_at(&direct_buffer(&first), 0).unwrap();
-        handle.fsync().unwrap();
+        handle.sync_all().unwrap();
         raw.drop_cache_on_failed_flush(true);
         let second = pattern(2, 4 * block);
         let dropped_before = raw.writes_dropped();
         raw.add_rule(FaultRule::next(FaultOp::Flush, 1));
         let written = handle.write_at(&direct_buffer(&second), 0);
-        let failed = written.and_then(|_| handle.fdatasync());
+        let failed = written.and_then(|_| handle.sync_data());
         expect_eio(failed, "the overwrite's fdatasync whose flush fails");
         assert!(raw.writes_dropped() > dropped_before, "direct {direct}: the cache was dropped");
         raw.clear_rules();
-        let later = handle.fdatasync();
+        let later = handle.sync_data();
         let image = raw.crash_image(raw.log_len(), &|_| Keep::Nothing);
         let (_, recovered) = open_image(image).unwrap();
         let on_disk = read_all(&recovered, ino);
@@ -261,8 +262,8 @@ pub(crate) fn journal_write_error_makes_the_volume_read_only(block_bytes: u32) {
     let (raw, volume, areas, ino, data, buffered, direct) = metadata_fault_setup(block_bytes, None);
     let other = create(&volume, "g");
     raw.add_rule(FaultRule::next(FaultOp::Write, 1).in_range(areas.journal.clone()));
-    let handle = volume.open_file(other, OpenFlags::READ).unwrap();
-    let error = expect_eio(handle.fsync(), "fsync whose journal write fails");
+    let handle = volume.inodes().open_file(other, OpenFlags::READ).unwrap();
+    let error = expect_eio(handle.sync_all(), "fsync whose journal write fails");
     assert!(error.to_string().contains("journal write failed"), "{error}");
     assert_eq!(raw.failures_injected(), 1);
     raw.clear_rules();
@@ -295,8 +296,9 @@ pub(crate) fn checkpoint_write_error_makes_the_volume_read_only(block_bytes: u32
     for index in 0..400 {
         let name = format!("n{index}");
         let result = volume
+            .inodes()
             .create(ROOT, name.as_bytes(), 0o644, owner())
-            .and_then(|attr| volume.fsync_inode(attr.ino, false));
+            .and_then(|attr| volume.inodes().fsync_inode(attr.ino, false));
         if let Err(error) = result {
             failed = Some(error);
             break;
@@ -321,9 +323,9 @@ pub(crate) fn read_errors_fail_the_read_and_cache_nothing(block_bytes: u32) {
     let ino = create(&volume, "r");
     let data = pattern(7, 6 * block_bytes as usize + 5);
     {
-        let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+        let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
         file.write_at(&data, 0).unwrap();
-        file.fsync().unwrap();
+        file.sync_all().unwrap();
     }
     drop(volume);
     let image = raw.image();
@@ -331,7 +333,7 @@ pub(crate) fn read_errors_fail_the_read_and_cache_nothing(block_bytes: u32) {
     let mut injected = 0;
     for (pos, length) in [(0usize, 10usize), (block + 3, 2 * block), (5 * block, block + 5)] {
         let (raw, volume) = open_image(image.clone()).unwrap();
-        let buffered = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+        let buffered = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
         raw.add_rule(FaultRule::next(FaultOp::Read, 1).in_range(areas.data.clone()));
         let mut buffer = vec![0u8; length];
         expect_eio(buffered.read_at(&mut buffer, pos as u64), "buffered read");
@@ -353,7 +355,7 @@ pub(crate) fn read_errors_fail_the_read_and_cache_nothing(block_bytes: u32) {
         injected += raw.failures_injected();
     }
     let (raw, volume) = open_image(image).unwrap();
-    let direct = volume.open_file(ino, OpenFlags::READ.with_direct()).unwrap();
+    let direct = volume.inodes().open_file(ino, OpenFlags::READ.with_direct()).unwrap();
     raw.add_rule(FaultRule::next(FaultOp::Read, 1).in_range(areas.data.clone()));
     let mut buffer = AlignedBuf::zeroed(2 * block);
     expect_eio(direct.read_at(&mut buffer, 0), "direct read");
@@ -370,10 +372,10 @@ pub(crate) fn wrapped_volume(block_bytes: u32) -> (Vec<u8>, Vec<(String, Vec<u8>
     for index in 0..60u64 {
         let name = format!("w{index}");
         let ino = create(&volume, &name);
-        let file = volume.open_file(ino, OpenFlags::WRITE).unwrap();
+        let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
         let data = pattern(index, 100 + index as usize * 37);
         file.write_at(&data, 0).unwrap();
-        file.fsync().unwrap();
+        file.sync_all().unwrap();
         files.push((name, data));
     }
     let image = raw.image();
@@ -405,6 +407,7 @@ pub(crate) fn read_errors_while_mounting_fail_with_eio_never_an_older_state(bloc
             Ok(volume) => {
                 for (name, data) in &files {
                     let ino = volume
+                        .inodes()
                         .lookup(ROOT, name.as_bytes())
                         .unwrap_or_else(|error| {
                             panic!("read {nth} failing: {name} lost on mount: {error}")
@@ -428,7 +431,7 @@ pub(crate) fn read_errors_while_mounting_fail_with_eio_never_an_older_state(bloc
 pub(crate) fn superblock_read_errors_fail_the_mount_with_eio(block_bytes: u32) {
     let (raw, volume) = new_volume_with_options(16 << 20, block_bytes, None, &options());
     let ino = create(&volume, "s");
-    volume.open_file(ino, OpenFlags::READ).unwrap().fsync().unwrap();
+    volume.inodes().open_file(ino, OpenFlags::READ).unwrap().sync_all().unwrap();
     let superblocks = areas(&volume).superblocks;
     drop(volume);
     let image = raw.image();
@@ -446,7 +449,7 @@ pub(crate) fn superblock_read_errors_fail_the_mount_with_eio(block_bytes: u32) {
             }
             Ok(volume) => {
                 assert!(!fails, "mounted with no readable superblock");
-                volume.lookup(ROOT, b"s").unwrap();
+                volume.inodes().lookup(ROOT, b"s").unwrap();
             }
         }
     }
@@ -471,7 +474,7 @@ pub(crate) fn superblock_write_errors_fail_mkfs_cleanly(block_bytes: u32) {
             Err(error) => assert_eq!(copy, 0, "{error}"),
             Ok(volume) => {
                 assert_eq!(copy, 1);
-                assert!(volume.readdir(ROOT).unwrap().is_empty());
+                assert!(volume.inodes().readdir(ROOT).unwrap().is_empty());
             }
         }
     }
@@ -491,7 +494,7 @@ pub(crate) fn writeback_failure_of_several_runs_keeps_them_dirty(block_bytes: u3
     let (raw, volume) = new_volume_with_options(16 << 20, block_bytes, None, &options);
     let areas = areas(&volume);
     let ino = create(&volume, "runs");
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     let block = block_bytes as usize;
     let mut expected = vec![0u8; 7 * block];
     for run in [0, 2, 4, 6] {
@@ -500,9 +503,9 @@ pub(crate) fn writeback_failure_of_several_runs_keeps_them_dirty(block_bytes: u3
         expected[run * block..(run + 1) * block].copy_from_slice(&data);
     }
     raw.add_rule(FaultRule::every_nth(FaultOp::Write, 1).in_range(areas.data.clone()));
-    expect_eio(file.fsync(), "every run fails");
+    expect_eio(file.sync_all(), "every run fails");
     raw.clear_rules();
-    file.fsync().expect("the retry writes every run");
+    file.sync_all().expect("the retry writes every run");
     assert_eq!(read_all(&volume, ino), expected);
     drop(file);
     let image = raw.crash_image(raw.log_len(), &|_| Keep::Nothing);
@@ -522,11 +525,11 @@ pub(crate) fn failed_truncate_leaves_the_file_as_it_was(block_bytes: u32) {
     let (raw, volume) = new_volume_with_options(16 << 20, block_bytes, None, &options);
     let areas = areas(&volume);
     let ino = create(&volume, "t");
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
     let block = block_bytes as usize;
     let mut expected = pattern(11, 4 * block);
     file.write_at(&expected, 0).unwrap();
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     let update = pattern(12, 2 * block);
     file.write_at(&update, 2 * block as u64).unwrap();
     expected[2 * block..].copy_from_slice(&update);
@@ -539,7 +542,7 @@ pub(crate) fn failed_truncate_leaves_the_file_as_it_was(block_bytes: u32) {
         raw.clear_rules();
         assert_eq!(read_all(&volume, ino), expected, "{op:?}: nothing was lost");
     }
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     file.set_len(block as u64 + 100).unwrap();
     expected.truncate(block + 100);
     drop(file);
@@ -556,15 +559,16 @@ pub(crate) fn size_held_back_by_a_failure_catches_up_at_syncfs(block_bytes: u32)
     let options = VolumeOptions { folio_max_bytes: block_bytes.into(), ..options() };
     let (raw, volume) = new_volume_with_options(16 << 20, block_bytes, None, &options);
     let ino = create(&volume, "grow");
-    let file = volume.open_file(ino, OpenFlags::READ_WRITE).unwrap();
-    let direct = volume.open_file(ino, OpenFlags::READ.with_direct()).unwrap();
+    let file = volume.inodes().open_file(ino, OpenFlags::READ_WRITE).unwrap();
+    let direct = volume.inodes().open_file(ino, OpenFlags::READ.with_direct()).unwrap();
     let block = block_bytes as usize;
     let mut expected = pattern(21, 2 * block);
     file.write_at(&expected, 0).unwrap();
-    file.fsync().unwrap();
+    file.sync_all().unwrap();
     // Run 1 overwrites block 1, whose device place is known; run 2 appends
     // blocks 3 and 4 after a hole.
     let block_1 = volume
+        .inodes()
         .fiemap(ino)
         .unwrap()
         .iter()
@@ -581,7 +585,7 @@ pub(crate) fn size_held_back_by_a_failure_catches_up_at_syncfs(block_bytes: u32)
     expected.resize(3 * block, 0);
     expected.extend_from_slice(&append);
     raw.add_rule(FaultRule::next(FaultOp::Write, 1).in_range(block_1..block_1 + block as u64));
-    expect_eio(file.fsync(), "run 1 fails");
+    expect_eio(file.sync_all(), "run 1 fails");
     raw.clear_rules();
     let mut buffer = AlignedBuf::zeroed(block);
     direct.read_at(&mut buffer, block as u64).unwrap();

@@ -140,15 +140,15 @@ pub(crate) fn build_seed_image(block_bytes: u32, journal_bytes: Option<u64>) -> 
     Volume::format(&device, &mkfs).unwrap();
     let volume = Volume::open_device(device, &common::options()).unwrap();
     let block = u64::from(block_bytes);
-    let dir = volume.mkdir(ROOT, b"dir", 0o755, owner()).unwrap();
-    let sub = volume.mkdir(dir.ino, b"sub", 0o700, owner()).unwrap();
+    let dir = volume.inodes().mkdir(ROOT, b"dir", 0o755, owner()).unwrap();
+    let sub = volume.inodes().mkdir(dir.ino, b"sub", 0o700, owner()).unwrap();
     let write_file = |parent: u64, name: &[u8], pieces: &[(u64, usize)]| {
-        let attr = volume.create(parent, name, 0o644, owner()).unwrap();
-        let file = volume.open_file(attr.ino, OpenFlags::READ_WRITE).unwrap();
+        let attr = volume.inodes().create(parent, name, 0o644, owner()).unwrap();
+        let file = volume.inodes().open_file(attr.ino, OpenFlags::READ_WRITE).unwrap();
         for (index, &(pos, length)) in pieces.iter().enumerate() {
             file.write_at(&pattern(attr.ino * 16 + index as u64, length), pos).unwrap();
         }
-        file.fsync().unwrap();
+        file.sync_all().unwrap();
         (attr.ino, file)
     };
     let (small, _) = write_file(ROOT, b"small", &[(0, 100)]);
@@ -156,10 +156,13 @@ pub(crate) fn build_seed_image(block_bytes: u32, journal_bytes: Option<u64>) -> 
     let (_, prealloc) = write_file(sub.ino, b"prealloc", &[(block, 200)]);
     prealloc.fallocate(FallocateMode::Allocate { keep_size: false }, 0, 4 * block).unwrap();
     prealloc.fallocate(FallocateMode::PunchHole, 2 * block, block).unwrap();
-    prealloc.fsync().unwrap();
+    prealloc.sync_all().unwrap();
     let set = |ino: u64, name: &[u8], length: usize| {
         let value = pattern(ino ^ name.len() as u64, length);
-        volume.set_xattr(ino, name, &value, XattrFlags::default(), Privilege::SysAdmin).unwrap();
+        volume
+            .inodes()
+            .set_xattr(ino, name, &value, XattrFlags::default(), Privilege::SysAdmin)
+            .unwrap();
     };
     set(small, b"user.mime", 10);
     set(small, b"trusted.big", 3000);
@@ -171,34 +174,38 @@ pub(crate) fn build_seed_image(block_bytes: u32, journal_bytes: Option<u64>) -> 
     ];
     let flags = XattrFlags::default();
     volume
+        .inodes()
         .set_xattr(dir.ino, b"system.posix_acl_default", acl, flags, Privilege::SysAdmin)
         .unwrap();
-    volume.mkdir(dir.ino, b"inherits", 0o755, owner()).unwrap();
-    let fifo = volume.mknod(sub.ino, b"fifo", InodeKind::Fifo, 0o644, 0, owner()).unwrap();
+    volume.inodes().mkdir(dir.ino, b"inherits", 0o755, owner()).unwrap();
+    let fifo = volume.inodes().mknod(sub.ino, b"fifo", InodeKind::Fifo, 0o644, 0, owner()).unwrap();
     set(fifo.ino, b"security.fifo", 5);
     volume.checkpoint().unwrap();
-    let tty = volume.mknod(dir.ino, b"tty", InodeKind::CharDevice, 0o620, 0x0501, owner()).unwrap();
-    volume.mknod(ROOT, b"sock", InodeKind::Socket, 0o755, 0, owner()).unwrap();
-    volume.mknod(ROOT, b"sda", InodeKind::BlockDevice, 0o660, 0x0800, owner()).unwrap();
+    let tty = volume
+        .inodes()
+        .mknod(dir.ino, b"tty", InodeKind::CharDevice, 0o620, 0x0501, owner())
+        .unwrap();
+    volume.inodes().mknod(ROOT, b"sock", InodeKind::Socket, 0o755, 0, owner()).unwrap();
+    volume.inodes().mknod(ROOT, b"sda", InodeKind::BlockDevice, 0o660, 0x0800, owner()).unwrap();
     set(tty.ino, b"trusted.tty", 1);
     set(small, b"user.mime", 20);
-    volume.remove_xattr(dir.ino, b"security.label", Privilege::SysAdmin).unwrap();
-    volume.symlink(dir.ino, b"link", b"../small", owner()).unwrap();
-    volume.link(small, sub.ino, b"hard").unwrap();
+    volume.inodes().remove_xattr(dir.ino, b"security.label", Privilege::SysAdmin).unwrap();
+    volume.inodes().symlink(dir.ino, b"link", b"../small", owner()).unwrap();
+    volume.inodes().link(small, sub.ino, b"hard").unwrap();
     let (_, _) = write_file(ROOT, b"later", &[(0, 3000), (5000, 10)]);
     for index in 0..40u64 {
         // Enough groups to wrap the small journal.
         let name = format!("n{index}");
-        let attr = volume.create(sub.ino, name.as_bytes(), 0o600, owner()).unwrap();
-        volume.open_file(attr.ino, OpenFlags::READ).unwrap().fsync().unwrap();
+        let attr = volume.inodes().create(sub.ino, name.as_bytes(), 0o600, owner()).unwrap();
+        volume.inodes().open_file(attr.ino, OpenFlags::READ).unwrap().sync_all().unwrap();
         if index % 3 != 0 {
-            volume.unlink(sub.ino, name.as_bytes()).unwrap();
+            volume.inodes().unlink(sub.ino, name.as_bytes()).unwrap();
         }
     }
     let (orphan, open) = write_file(dir.ino, b"orphan", &[(0, 1500)]);
-    volume.unlink(dir.ino, b"orphan").unwrap();
+    volume.inodes().unlink(dir.ino, b"orphan").unwrap();
     volume.sync().unwrap();
-    open.fsync().unwrap();
+    open.sync_all().unwrap();
     let _ = orphan;
     // The image as a power cut leaves it now: the orphan is still open.
     let image = raw.image();

@@ -64,32 +64,32 @@ pub(crate) fn live_changes() -> bool {
 /// A bit of every kind of change on the files and directories found.
 pub(crate) fn change_everything(volume: &Volume, files: &[FoundFile], dirs: &[u64]) {
     let owner = owner();
-    let _ = volume.create(ROOT, b"fuzz-new", 0o644, owner).and_then(|attr| {
-        let file = volume.open_file(attr.ino, OpenFlags::READ_WRITE)?;
+    let _ = volume.inodes().create(ROOT, b"fuzz-new", 0o644, owner).and_then(|attr| {
+        let file = volume.inodes().open_file(attr.ino, OpenFlags::READ_WRITE)?;
         file.write_at(&pattern(1, 10_000), 0)?;
-        file.fsync()
+        file.sync_all()
     });
     for &dir in dirs.iter().take(3) {
-        let _ = volume.mkdir(dir, b"fuzz-dir", 0o755, owner);
-        let _ = volume.symlink(dir, b"fuzz-link", b"target", owner);
-        let _ = volume.rmdir(dir, b"fuzz-dir");
+        let _ = volume.inodes().mkdir(dir, b"fuzz-dir", 0o755, owner);
+        let _ = volume.inodes().symlink(dir, b"fuzz-link", b"target", owner);
+        let _ = volume.inodes().rmdir(dir, b"fuzz-dir");
     }
     for (index, (parent, ino, name)) in files.iter().take(4).enumerate() {
-        let Ok(file) = volume.open_file(*ino, OpenFlags::READ_WRITE) else { continue };
+        let Ok(file) = volume.inodes().open_file(*ino, OpenFlags::READ_WRITE) else { continue };
         let size = file.attr().map_or(0, |attr| attr.size);
         let _ = file.write_at(b"overwrite", 0);
         let _ = file.write_at(&pattern(2, 5000), size.min(1 << 20));
         let _ = file.fallocate(FallocateMode::PunchHole, 100, 5000);
         let _ = file.fallocate(FallocateMode::ZeroRange { keep_size: false }, 0, 3000);
         let _ = file.set_len(size / 2);
-        let _ = file.fsync();
-        if let Ok(direct) = volume.open_file(*ino, OpenFlags::READ_WRITE.with_direct()) {
+        let _ = file.sync_all();
+        if let Ok(direct) = volume.inodes().open_file(*ino, OpenFlags::READ_WRITE.with_direct()) {
             let _ = direct.write_at(&AlignedBuf::zeroed(4096), 0);
-            let _ = direct.fdatasync();
+            let _ = direct.sync_data();
         }
         drop(file);
-        let _ = volume.link(*ino, ROOT, format!("fuzz-hard{index}").as_bytes());
-        let _ = volume.rename(
+        let _ = volume.inodes().link(*ino, ROOT, format!("fuzz-hard{index}").as_bytes());
+        let _ = volume.inodes().rename(
             *parent,
             name,
             ROOT,
@@ -97,19 +97,26 @@ pub(crate) fn change_everything(volume: &Volume, files: &[FoundFile], dirs: &[u6
             foliofs::RenameFlags::default(),
         );
         if index % 2 == 0 {
-            let _ = volume.unlink(ROOT, format!("fuzz-moved{index}").as_bytes());
+            let _ = volume.inodes().unlink(ROOT, format!("fuzz-moved{index}").as_bytes());
         }
     }
     for &dir in dirs.iter().skip(1).take(2) {
-        if let Ok(parent) = volume.parent_of(dir) {
+        if let Ok(parent) = volume.inodes().parent_of(dir) {
             let name = volume
+                .inodes()
                 .readdir(parent)
                 .ok()
                 .and_then(|entries| entries.into_iter().find(|entry| entry.ino == dir))
                 .map(|entry| entry.name);
             if let Some(name) = name {
-                let _ = volume.rename(parent, &name, ROOT, b"fuzz-dir-moved", Default::default());
-                let _ = volume.rmdir(ROOT, b"fuzz-dir-moved");
+                let _ = volume.inodes().rename(
+                    parent,
+                    &name,
+                    ROOT,
+                    b"fuzz-dir-moved",
+                    Default::default(),
+                );
+                let _ = volume.inodes().rmdir(ROOT, b"fuzz-dir-moved");
             }
         }
     }
@@ -128,15 +135,17 @@ pub(crate) fn walk(volume: &Volume, image_bytes: usize) -> (Vec<FoundFile>, Vec<
     let mut dirs = vec![ROOT];
     let mut seen = HashSet::from([ROOT]);
     let mut stack = vec![ROOT];
-    let _ = volume.resolve("/dir/sub/../link");
+    let _ = volume.inodes().resolve("/dir/sub/../link");
     while let Some(dir) = stack.pop() {
-        let _ = volume.parent_of(dir);
-        let Ok(entries) = volume.readdir(dir) else { continue };
+        let _ = volume.inodes().parent_of(dir);
+        let Ok(entries) = volume.inodes().readdir(dir) else { continue };
         for entry in entries {
-            let _ = volume.lookup(dir, &entry.name);
-            let _ = volume.getattr(entry.ino);
-            for name in volume.list_xattr(entry.ino, Privilege::SysAdmin).unwrap_or_default() {
-                let _ = volume.get_xattr(entry.ino, &name, Privilege::SysAdmin);
+            let _ = volume.inodes().lookup(dir, &entry.name);
+            let _ = volume.inodes().getattr(entry.ino);
+            for name in
+                volume.inodes().list_xattr(entry.ino, Privilege::SysAdmin).unwrap_or_default()
+            {
+                let _ = volume.inodes().get_xattr(entry.ino, &name, Privilege::SysAdmin);
             }
             match entry.kind {
                 InodeKind::Dir => {
@@ -146,13 +155,13 @@ pub(crate) fn walk(volume: &Volume, image_bytes: usize) -> (Vec<FoundFile>, Vec<
                     }
                 }
                 InodeKind::Symlink => {
-                    let _ = volume.readlink(entry.ino);
+                    let _ = volume.inodes().readlink(entry.ino);
                 }
                 InodeKind::Fifo
                 | InodeKind::Socket
                 | InodeKind::CharDevice
                 | InodeKind::BlockDevice => {
-                    let _ = volume.open_file(entry.ino, OpenFlags::READ);
+                    let _ = volume.inodes().open_file(entry.ino, OpenFlags::READ);
                 }
                 InodeKind::File => {
                     if seen.insert(entry.ino) {
@@ -167,10 +176,10 @@ pub(crate) fn walk(volume: &Volume, image_bytes: usize) -> (Vec<FoundFile>, Vec<
 }
 
 pub(crate) fn read_file(volume: &Volume, ino: u64, image_bytes: usize) {
-    let Ok(attr) = volume.getattr(ino) else { return };
+    let Ok(attr) = volume.inodes().getattr(ino) else { return };
     let size = attr.size;
-    let _ = volume.fiemap(ino);
-    if let Ok(file) = volume.open_file(ino, OpenFlags::READ) {
+    let _ = volume.inodes().fiemap(ino);
+    if let Ok(file) = volume.inodes().open_file(ino, OpenFlags::READ) {
         // All of a small file; of a large (or hostile) one the start, a
         // piece in the middle and the end.
         let head = size.min(256 << 10).min(image_bytes as u64) as usize;
@@ -186,7 +195,7 @@ pub(crate) fn read_file(volume: &Volume, ino: u64, image_bytes: usize) {
         let _ = file.seek_data(size / 2);
         let _ = file.attr();
     }
-    if let Ok(file) = volume.open_file(ino, OpenFlags::READ.with_direct()) {
+    if let Ok(file) = volume.inodes().open_file(ino, OpenFlags::READ.with_direct()) {
         let mut buffer = AlignedBuf::zeroed(8192);
         let _ = file.read_at(&mut buffer, 0);
         let _ = file.read_at(&mut buffer, size & !4095);

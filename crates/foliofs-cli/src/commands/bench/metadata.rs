@@ -140,16 +140,18 @@ fn create_and_write(
     file_bytes: usize,
     fsync: bool,
 ) -> anyhow::Result<Latencies> {
-    let dir = volume.mkdir(1, format!("job{job}").as_bytes(), 0o755, Owner::current())?.ino;
+    let dir =
+        volume.inodes().mkdir(1, format!("job{job}").as_bytes(), 0o755, Owner::current())?.ino;
     let data = vec![0xABu8; file_bytes];
     let mut latencies = Latencies::new();
     for index in 0..files {
         let started = Instant::now();
-        let attr = volume.create(dir, format!("f{index}").as_bytes(), 0o644, Owner::current())?;
-        let file = volume.open_file(attr.ino, OpenFlags::WRITE)?;
+        let attr =
+            volume.inodes().create(dir, format!("f{index}").as_bytes(), 0o644, Owner::current())?;
+        let file = volume.inodes().open_file(attr.ino, OpenFlags::WRITE)?;
         file.write_at(&data, 0)?;
         if fsync {
-            file.fsync()?;
+            file.sync_all()?;
         }
         file.close()?;
         latencies.record(started.elapsed());
