@@ -316,7 +316,8 @@ fn map_runs(engine: &Engine, ino: u64, runs: &[Run], failures: &mut Failures) ->
             match range {
                 Ok(range) => {
                     // Runs are whole blocks, so each piece starts its mapping.
-                    debug_assert_eq!(range.mapping.offset, run.pos + range.start);
+                    assert_eq!(range.mapping.offset, run.pos + range.start);
+                    assert!(range.start == mapped_bytes, "a gap in the mapping of a run");
                     let mapping = range.mapping;
                     pieces.push(Piece {
                         run: index,
@@ -351,8 +352,11 @@ fn split_requests(pieces: &[Piece], runs: &[Run], held: &[Held<'_>]) -> Vec<Requ
                 bytes,
                 dev_offset: piece.mapping.dev_offset + done,
             });
+            // A request carries at least a block: the walk cannot stall.
+            assert!(bytes > 0, "an empty writeback request in piece {index}");
             done += bytes;
         }
+        assert!(done == piece.bytes, "piece {index}: {done} of {} bytes requested", piece.bytes);
     }
     requests
 }
@@ -461,6 +465,15 @@ fn dirty_runs(held: &[Held<'_>], block_bytes: u64) -> Vec<Run> {
                 _ => runs.push(Run { pos, bytes: bytes as u64, segments: vec![segment] }),
             }
         }
+    }
+    // Runs are whole blocks in ascending file order, never touching (two
+    // that touch are one run): what mapping them in order relies on.
+    for pair in runs.windows(2) {
+        assert!(pair[0].pos + pair[0].bytes < pair[1].pos, "dirty runs out of order or touching");
+    }
+    for run in &runs {
+        assert!(run.pos.is_multiple_of(block_bytes), "dirty run at {} not on a block", run.pos);
+        assert!(run.bytes.is_multiple_of(block_bytes), "dirty run of {} bytes", run.bytes);
     }
     runs
 }

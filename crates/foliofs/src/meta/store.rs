@@ -349,6 +349,9 @@ impl MetaStore {
         state.release_displaced(&not_remapped(displaced, &remapped), lsn);
         for (ino, data) in touched {
             if let Some(inode) = state.inode_mut(ino) {
+                // fsync waits for an inode's lsns: they only move forward.
+                assert!(inode.meta_lsn <= lsn, "inode {ino}: lsn {lsn} after {}", inode.meta_lsn);
+                assert!(inode.data_lsn <= lsn, "inode {ino}: lsn {lsn} after {}", inode.data_lsn);
                 inode.meta_lsn = lsn;
                 if data {
                     inode.data_lsn = lsn;
