@@ -669,6 +669,26 @@ unsafe fn with_path(
     }))
 }
 
+/// Runs a call of the volume that takes two paths (rename, link, symlink).
+///
+/// # Safety
+///
+/// As those: `volume` is open; `first` and `second` are NUL-terminated
+/// strings.
+unsafe fn with_two_paths(
+    volume: *const FoliofsVolume,
+    first: *const c_char,
+    second: *const c_char,
+    call: impl FnOnce(&Volume, &Path, &Path) -> foliofs::Result<()>,
+) -> c_int {
+    status(guarded(|| {
+        // SAFETY: forwarded from the caller's contract.
+        let (volume, first, second) =
+            unsafe { (volume_ref(volume)?, path_of(first)?, path_of(second)?) };
+        call(volume, first, second).map(|()| 0)
+    }))
+}
+
 /// Creates the directory `path` (mode 0777 less the umask). 0 or -errno.
 ///
 /// # Safety
@@ -717,13 +737,7 @@ pub unsafe extern "C" fn foliofs_rename(
     to: *const c_char,
 ) -> c_int {
     // SAFETY: forwarded from this function's contract.
-    unsafe {
-        with_path(volume, from, |volume, from| {
-            // SAFETY: forwarded from this function's contract.
-            let to = path_of(to)?;
-            volume.rename(from, to)
-        })
-    }
+    unsafe { with_two_paths(volume, from, to, |volume, from, to| volume.rename(from, to)) }
 }
 
 /// Sets the permission bits of the node at `path` (symlinks followed) to
@@ -760,9 +774,7 @@ pub unsafe extern "C" fn foliofs_link(
 ) -> c_int {
     // SAFETY: forwarded from this function's contract.
     unsafe {
-        with_path(volume, original, |volume, original| {
-            // SAFETY: forwarded from this function's contract.
-            let link = path_of(link)?;
+        with_two_paths(volume, original, link, |volume, original, link| {
             volume.hard_link(original, link)
         })
     }
@@ -782,11 +794,7 @@ pub unsafe extern "C" fn foliofs_symlink(
 ) -> c_int {
     // SAFETY: forwarded from this function's contract.
     unsafe {
-        with_path(volume, link, |volume, link| {
-            // SAFETY: forwarded from this function's contract.
-            let target = path_of(target)?;
-            volume.symlink(target, link)
-        })
+        with_two_paths(volume, target, link, |volume, target, link| volume.symlink(target, link))
     }
 }
 
