@@ -61,17 +61,6 @@ impl Held {
             level,
         }
     }
-
-    /// A lock of `level` obtained without waiting (a `try_lock`): it cannot
-    /// deadlock, but locks taken while holding it are checked against it.
-    pub fn without_waiting(level: Level) -> Self {
-        #[cfg(debug_assertions)]
-        HELD.with(|held| held.borrow_mut().push(level));
-        Self {
-            #[cfg(debug_assertions)]
-            level,
-        }
-    }
 }
 
 impl Drop for Held {
@@ -104,11 +93,6 @@ impl<G> Ordered<G> {
     /// which lets the lock go and takes it back at the same level).
     pub fn guard_mut(&mut self) -> &mut G {
         &mut self.guard
-    }
-
-    /// `guard` (of a lock of `level`) obtained without waiting.
-    pub fn without_waiting(level: Level, guard: G) -> Self {
-        Self { _held: Held::without_waiting(level), guard }
     }
 }
 
@@ -150,13 +134,5 @@ mod tests {
     fn a_lock_taken_below_one_held_panics() {
         let _meta = Held::before_waiting(Level::Metadata);
         let _io = Held::before_waiting(Level::InodeIo);
-    }
-
-    #[test]
-    #[cfg(debug_assertions)]
-    #[should_panic(expected = "taking the Writeback lock while holding the Some(Journal) lock")]
-    fn a_lock_held_without_waiting_still_orders_what_follows() {
-        let _journal = Ordered::without_waiting(Level::Journal, ());
-        let _writeback = Held::before_waiting(Level::Writeback);
     }
 }
