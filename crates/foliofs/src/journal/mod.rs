@@ -16,7 +16,7 @@
 //! - a checkpoint follows the same flush-then-FUA rule and frees journal space
 //!   only after it is durable.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -131,6 +131,10 @@ pub struct Journal {
     /// failed, and a flag read is cheaper than the lock, whose cache line
     /// the rest of the change has usually pushed out by then.
     has_failed: AtomicBool,
+    /// `Inner::durable_lsn`, readable without the lock: every transaction
+    /// asks whether frees became durable, and must not queue on the
+    /// journal's mutex for it.
+    durable_lsn: AtomicU64,
     commit_finished: Condvar,
 }
 
@@ -182,6 +186,7 @@ impl Journal {
             geometry,
             inner: Mutex::new(inner),
             has_failed: AtomicBool::new(false),
+            durable_lsn: AtomicU64::new(position.next_lsn - 1),
             commit_finished: Condvar::new(),
         }
     }
@@ -198,22 +203,30 @@ impl Journal {
     /// of the last record so far when `records` is empty). Callers append in
     /// the order they applied the records to the state.
     pub fn append(&self, records: &[Record]) -> u64 {
-        let mut inner = self.inner();
-        if records.is_empty() {
-            return inner.next_lsn - 1;
-        }
         let mut writer = Writer::with_capacity(records.iter().map(Record::encoded_bytes_max).sum());
         for record in records {
             record.encode(&mut writer);
         }
+        self.append_encoded(writer.as_bytes(), records.len() as u64).0
+    }
+
+    /// Appends one transaction's `record_count` records, encoded by the
+    /// caller outside the lock; returns the lsn of the last one (or of the
+    /// last record so far when there are none) and the bytes now pending.
+    pub fn append_encoded(&self, encoded: &[u8], record_count: u64) -> (u64, usize) {
         assert!(
-            writer.len() as u64 <= self.geometry.group_payload_bytes_max(),
+            encoded.len() as u64 <= self.geometry.group_payload_bytes_max(),
             "a transaction of {} bytes exceeds the journal group limit",
-            writer.len()
+            encoded.len()
         );
+        assert_eq!(record_count == 0, encoded.is_empty(), "records and their bytes go together");
+        let mut inner = self.inner();
+        if record_count == 0 {
+            return (inner.next_lsn - 1, inner.pending.len());
+        }
         let durable_before = inner.durable_lsn;
-        inner.pending.extend_from_slice(writer.as_bytes());
-        inner.next_lsn += records.len() as u64;
+        inner.pending.extend_from_slice(encoded);
+        inner.next_lsn += record_count;
         let last_lsn = inner.next_lsn - 1;
         let end = inner.pending.len();
         // Pending transactions are in lsn order, each ending after the one
@@ -226,7 +239,7 @@ impl Journal {
         // Appending makes nothing durable.
         assert!(inner.durable_lsn == durable_before, "durable lsn moved by an append");
         assert!(inner.durable_lsn < last_lsn, "lsn {last_lsn} durable before it was written");
-        last_lsn
+        (last_lsn, end)
     }
 
     pub fn last_lsn(&self) -> u64 {
@@ -234,7 +247,13 @@ impl Journal {
     }
 
     pub fn durable_lsn(&self) -> u64 {
-        self.inner().durable_lsn
+        self.durable_lsn.load(Ordering::Acquire)
+    }
+
+    /// Moves the durable lsn, under the lock, and its lock-free copy.
+    fn set_durable(&self, inner: &mut Inner, lsn: u64) {
+        inner.durable_lsn = inner.durable_lsn.max(lsn);
+        self.durable_lsn.store(inner.durable_lsn, Ordering::Release);
     }
 
     pub fn pending_bytes(&self) -> usize {
@@ -357,7 +376,7 @@ impl Journal {
                 inner.head = position + group_stored;
                 inner.next_seq = seq + 1;
                 inner.last_header_crc = header_crc;
-                inner.durable_lsn = inner.durable_lsn.max(last_lsn);
+                self.set_durable(inner, last_lsn);
                 Ok(())
             }
             Err(error) => {
@@ -393,8 +412,9 @@ impl Journal {
         self.device.write(device_offset, &buffer, true).context(|| format!("write {what}"))
     }
 
-    /// The replay point of a checkpoint taken now. The caller must hold the
-    /// metadata lock so no record is appended meanwhile.
+    /// The replay point of a checkpoint taken now. The caller must hold
+    /// every metadata shard so no transaction is part-way and none appends
+    /// meanwhile.
     pub fn replay_point(&self) -> ReplayPoint {
         let inner = self.inner();
         ReplayPoint {
@@ -456,7 +476,7 @@ impl Journal {
         let mut inner = self.inner();
         inner.checkpoint_generation = generation;
         inner.tail = inner.tail.max(point.virtual_offset);
-        inner.durable_lsn = inner.durable_lsn.max(point.lsn_applied);
+        self.set_durable(&mut inner, point.lsn_applied);
         self.commit_finished.notify_all();
         Ok(())
     }
