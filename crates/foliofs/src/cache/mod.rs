@@ -605,13 +605,32 @@ pub enum FlusherRound {
     Interval,
 }
 
-pub struct PageCache {
-    policy: CachePolicy,
+/// Shards of the cache's file table: opens, closes and new folios of
+/// unrelated files take different locks (on 2 CPUs, two threads creating
+/// small files waited on the one map's lock more than on anything else).
+const CACHE_SHARDS: usize = 64;
+
+/// The shard of file `ino` (Fibonacci hashing, as the metadata's shards).
+fn cache_shard_of(ino: u64) -> usize {
+    (ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - CACHE_SHARDS.trailing_zeros())) as usize
+}
+
+/// One shard of the file table, on cache lines of its own.
+#[repr(align(128))]
+#[derive(Default)]
+struct CacheShard {
     inodes: Mutex<FxHashMap<u64, Arc<InodeCache>>>,
-    accounting: Arc<Accounting>,
-    /// Every inserted folio, in CLOCK order; entries of dropped folios are
+    /// The shard's folios, in CLOCK order; entries of dropped folios are
     /// discarded as the hand meets them.
     clock: Mutex<VecDeque<(Weak<InodeCache>, Weak<Folio>)>>,
+}
+
+pub struct PageCache {
+    policy: CachePolicy,
+    shards: Box<[CacheShard]>,
+    /// Where the next eviction starts: shards take turns.
+    clock_hand: AtomicUsize,
+    accounting: Arc<Accounting>,
     flusher: Mutex<FlusherState>,
     flusher_wake: Condvar,
     /// Signalled when writeback made progress (throttled writers wait on it).
@@ -631,9 +650,9 @@ impl PageCache {
         });
         Self {
             policy,
-            inodes: Mutex::new(FxHashMap::default()),
+            shards: (0..CACHE_SHARDS).map(|_| CacheShard::default()).collect(),
+            clock_hand: AtomicUsize::new(0),
             accounting,
-            clock: Mutex::new(VecDeque::new()),
             flusher: Mutex::new(FlusherState { wake: false, stop: false }),
             flusher_wake: Condvar::new(),
             progress: Condvar::new(),
@@ -672,7 +691,7 @@ impl PageCache {
     /// The file's cache entry, created on first use. One per inode, so every
     /// handle shares the same I/O lock and folios.
     pub fn inode(&self, ino: u64) -> Arc<InodeCache> {
-        let mut inodes = self.inodes.lock();
+        let mut inodes = self.shard(ino).inodes.lock();
         let entry = inodes.entry(ino).or_insert_with(|| {
             Arc::new(InodeCache {
                 ino,
@@ -702,14 +721,14 @@ impl PageCache {
 
     /// The entry of `ino` if it exists.
     pub fn existing_inode(&self, ino: u64) -> Option<Arc<InodeCache>> {
-        self.inodes.lock().get(&ino).cloned()
+        self.shard(ino).inodes.lock().get(&ino).cloned()
     }
 
     /// Forgets the entry of `ino` if nothing uses it (no handle, no I/O, no
     /// folio) but the map and the `held_by_caller` references of a caller
     /// about to let go.
     pub fn release_inode(&self, ino: u64, held_by_caller: usize) {
-        let mut inodes = self.inodes.lock();
+        let mut inodes = self.shard(ino).inodes.lock();
         let idle = inodes.get(&ino).is_some_and(|entry| {
             Arc::strong_count(entry) == 1 + held_by_caller && !entry.has_folios()
         });
@@ -731,12 +750,22 @@ impl PageCache {
     /// bits it has already taken), for the flusher and syncfs: syncfs must
     /// wait for such a writeback, or it returns before that data is durable.
     pub fn dirty_inodes(&self) -> Vec<Arc<InodeCache>> {
-        self.inodes
-            .lock()
-            .values()
-            .filter(|entry| entry.dirty_bytes() > 0 || entry.writeback_lock.is_locked())
-            .cloned()
-            .collect()
+        let mut dirty = Vec::new();
+        for shard in self.shards.iter() {
+            dirty.extend(
+                shard
+                    .inodes
+                    .lock()
+                    .values()
+                    .filter(|entry| entry.dirty_bytes() > 0 || entry.writeback_lock.is_locked())
+                    .cloned(),
+            );
+        }
+        dirty
+    }
+
+    fn shard(&self, ino: u64) -> &CacheShard {
+        &self.shards[cache_shard_of(ino)]
     }
 
     /// The folio containing `pos`, or a new one: the largest power of two up
@@ -783,11 +812,12 @@ impl PageCache {
             inode.folio_count.fetch_add(1, Ordering::AcqRel);
             folio
         };
-        let mut clock = self.clock.lock();
+        let mut clock = self.shard(inode.ino).clock.lock();
         clock.push_back((Arc::downgrade(inode), Arc::downgrade(&folio)));
         // Entries of dropped folios go when the hand meets them, which only
         // happens under memory pressure: compact now and then instead.
-        if clock.len() > 2 * self.accounting.live_folios.load(Ordering::Relaxed) + 1024 {
+        let live_per_shard = self.accounting.live_folios.load(Ordering::Relaxed) / CACHE_SHARDS;
+        if clock.len() > 2 * live_per_shard + 1024 {
             clock.retain(|(_, folio)| folio.strong_count() > 0);
         }
         drop(clock);
@@ -882,23 +912,31 @@ impl PageCache {
         if self.cached_bytes() + bytes <= self.policy.cache_bytes {
             return;
         }
-        let mut clock = self.clock.lock();
-        let mut budget = clock.len() * 2;
-        while self.cached_bytes() + bytes > self.policy.cache_bytes && budget > 0 {
-            budget -= 1;
-            let Some((inode, folio)) = clock.pop_front() else { break };
-            let (Some(inode_strong), Some(folio_strong)) = (inode.upgrade(), folio.upgrade())
-            else {
-                continue;
-            };
-            if folio_strong.take_referenced() || !self.try_evict(&inode_strong, &folio_strong) {
-                clock.push_back((inode, folio));
-                continue;
+        // Shard by shard from the hand, each shard's CLOCK as one cache's.
+        let first = self.clock_hand.fetch_add(1, Ordering::Relaxed);
+        for step in 0..CACHE_SHARDS {
+            if self.cached_bytes() + bytes <= self.policy.cache_bytes {
+                break;
             }
-            drop(folio_strong);
-            if !inode_strong.has_folios() {
-                drop(inode_strong);
-                self.release_inode_from_clock(&inode);
+            let shard = &self.shards[(first + step) % CACHE_SHARDS];
+            let mut clock = shard.clock.lock();
+            let mut budget = clock.len() * 2;
+            while self.cached_bytes() + bytes > self.policy.cache_bytes && budget > 0 {
+                budget -= 1;
+                let Some((inode, folio)) = clock.pop_front() else { break };
+                let (Some(inode_strong), Some(folio_strong)) = (inode.upgrade(), folio.upgrade())
+                else {
+                    continue;
+                };
+                if folio_strong.take_referenced() || !self.try_evict(&inode_strong, &folio_strong) {
+                    clock.push_back((inode, folio));
+                    continue;
+                }
+                drop(folio_strong);
+                if !inode_strong.has_folios() {
+                    drop(inode_strong);
+                    self.release_inode_from_clock(&inode);
+                }
             }
         }
         if self.dirty_bytes() > 0 && self.cached_bytes() + bytes > self.policy.cache_bytes {
