@@ -10,21 +10,89 @@
 //! file on disk while it already holds the new owner's data.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::format::Region;
+
+/// What free space is promised to: the blocks reserved by delayed
+/// allocations, and the free blocks no one was promised. Atomic, so that a
+/// buffered write reserves its blocks without the allocator's lock (every
+/// write into a hole reserves), and exact: every reservation and every
+/// allocation claims from `unpromised` with one compare-and-swap, so
+/// `unpromised == free - reserved` whenever no claim is half done, and no
+/// two claims can both take the last block.
+#[derive(Debug)]
+pub struct Promises {
+    unpromised: AtomicU64,
+    reserved: AtomicU64,
+}
+
+impl Promises {
+    /// Takes up to `count` unpromised blocks; returns how many.
+    fn claim_up_to(&self, count: u64) -> u64 {
+        let mut claimed = 0;
+        let _ = self.unpromised.fetch_update(Ordering::AcqRel, Ordering::Acquire, |unpromised| {
+            claimed = count.min(unpromised);
+            Some(unpromised - claimed)
+        });
+        claimed
+    }
+
+    fn give_back(&self, count: u64) {
+        self.unpromised.fetch_add(count, Ordering::AcqRel);
+    }
+
+    /// Promises up to `count` blocks to a delayed allocation; returns how
+    /// many it got (fewer when space is short).
+    pub fn reserve_up_to(&self, count: u64) -> u64 {
+        let granted = self.claim_up_to(count);
+        self.reserved.fetch_add(granted, Ordering::AcqRel);
+        granted
+    }
+
+    /// Promises exactly `count` blocks, or none (false).
+    pub fn reserve(&self, count: u64) -> bool {
+        let taken =
+            self.unpromised.fetch_update(Ordering::AcqRel, Ordering::Acquire, |unpromised| {
+                unpromised.checked_sub(count)
+            });
+        if taken.is_ok() {
+            self.reserved.fetch_add(count, Ordering::AcqRel);
+        }
+        taken.is_ok()
+    }
+
+    /// A delayed allocation gives up `count` blocks of its reservation.
+    pub fn unreserve(&self, count: u64) {
+        let before = self.reserved.fetch_sub(count, Ordering::AcqRel);
+        assert!(count <= before, "unreserving {count} blocks of {before} reserved");
+        self.give_back(count);
+    }
+
+    /// Free blocks not promised to a reservation.
+    pub fn available_blocks(&self) -> u64 {
+        self.unpromised.load(Ordering::Acquire)
+    }
+
+    pub fn reserved_blocks(&self) -> u64 {
+        self.reserved.load(Ordering::Acquire)
+    }
+}
 
 /// How far past the goal we look for a fitting free extent before falling
 /// back to best fit anywhere. Bounds the cost of an allocation.
 const GOAL_SCAN_EXTENTS_MAX: usize = 64;
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Allocator {
     region: Region,
     by_start: BTreeMap<u64, u64>,
     by_length: BTreeSet<(u64, u64)>,
     free_blocks: u64,
-    /// Blocks promised to delayed allocations; not allocatable by others.
-    reserved_blocks: u64,
+    /// Reservations and unpromised space, shared with whoever reserves
+    /// without this allocator's lock.
+    promises: Arc<Promises>,
     /// Where the last allocation ended: the goal for a file with no extents,
     /// so new files are laid out one after another.
     cursor: u64,
@@ -45,7 +113,10 @@ impl Allocator {
             by_start: BTreeMap::new(),
             by_length: BTreeSet::new(),
             free_blocks: 0,
-            reserved_blocks: 0,
+            promises: Arc::new(Promises {
+                unpromised: AtomicU64::new(region.block_count),
+                reserved: AtomicU64::new(0),
+            }),
             cursor: region.start_block,
         };
         allocator.insert_free(region.start_block, region.block_count);
@@ -65,14 +136,26 @@ impl Allocator {
     }
 
     pub fn reserved_blocks(&self) -> u64 {
-        self.reserved_blocks
+        self.promises.reserved_blocks()
     }
 
     /// Free blocks not promised to a reservation.
     pub fn available_blocks(&self) -> u64 {
-        // Between an allocation that uses a reservation and the displacement
-        // of its delayed extent (one transaction) reserved may exceed free.
-        self.free_blocks.saturating_sub(self.reserved_blocks)
+        self.promises.available_blocks()
+    }
+
+    /// The reservations, for those who reserve without this lock.
+    pub fn promises(&self) -> &Arc<Promises> {
+        &self.promises
+    }
+
+    /// Promises exactly `count` blocks to a delayed allocation, or none.
+    pub fn reserve(&mut self, count: u64) -> bool {
+        self.promises.reserve(count)
+    }
+
+    pub fn unreserve(&mut self, count: u64) {
+        self.promises.unreserve(count);
     }
 
     pub fn free_extent_count(&self) -> usize {
@@ -83,6 +166,39 @@ impl Allocator {
     /// free or lies outside the data region. Mount uses this to rebuild free
     /// space, so a failure means two files claim the same block.
     pub fn mark_used(&mut self, run: BlockRun) -> Result<(), String> {
+        self.check_free(run)?;
+        let claimed = self.promises.claim_up_to(run.count);
+        assert_eq!(claimed, run.count, "free blocks promised to reservations taken");
+        self.take_free(run);
+        Ok(())
+    }
+
+    /// Takes the free `run`, whose blocks the caller claimed from the
+    /// unpromised ones ([`Allocator::claim_up_to`]).
+    pub fn take_claimed(&mut self, run: BlockRun) -> Result<(), String> {
+        self.check_free(run)?;
+        self.take_free(run);
+        Ok(())
+    }
+
+    /// Claims up to `count` unpromised blocks for [`Allocator::take_claimed`];
+    /// what is not taken goes back with [`Allocator::return_claimed`].
+    pub fn claim_up_to(&mut self, count: u64) -> u64 {
+        self.promises.claim_up_to(count)
+    }
+
+    pub fn return_claimed(&mut self, count: u64) {
+        self.promises.give_back(count);
+    }
+
+    fn take_free(&mut self, run: BlockRun) {
+        let (&free_start, &free_count) =
+            self.by_start.range(..=run.start).next_back().expect("checked free");
+        self.take(free_start, free_count, run);
+    }
+
+    /// Whether `run` lies in the data region and is all free.
+    fn check_free(&self, run: BlockRun) -> Result<(), String> {
         let outside = run.start < self.region.start_block
             || run.start.checked_add(run.count).is_none_or(|end| end > self.region.end_block());
         if run.count == 0 || outside {
@@ -100,25 +216,30 @@ impl Allocator {
                 .unwrap_or(run.start);
             return Err(format!("block {first_used} is mapped twice"));
         }
-        self.take(free_start, free_count, run);
         Ok(())
     }
 
     /// Allocates up to `count` contiguous blocks, preferably at or after `goal`.
     /// Returns a shorter run only when no free extent is long enough.
-    /// `from_reserved` blocks of the caller's own reservation may be used: the
-    /// caller is replacing a delayed allocation, whose displacement then
-    /// returns the reservation (`unreserve`), so no block is counted twice.
+    /// Up to `from_reserved` blocks come out of the caller's own reservation
+    /// (a delayed allocation being replaced), which shrinks by as many; the
+    /// rest are claimed from the unpromised blocks.
     pub fn allocate(&mut self, goal: u64, count: u64, from_reserved: u64) -> Option<BlockRun> {
-        debug_assert!(from_reserved <= count && from_reserved <= self.reserved_blocks);
-        let count = count.min(from_reserved + self.available_blocks());
-        if count == 0 {
+        debug_assert!(from_reserved <= count);
+        let claimed = self.promises.claim_up_to(count - from_reserved);
+        let count = from_reserved + claimed;
+        let found = (count > 0)
+            .then(|| self.find_near(goal, count).or_else(|| self.find_best_fit(count)))
+            .flatten();
+        let Some(run) = found else {
+            self.promises.give_back(claimed);
             return None;
-        }
-        let run = self.find_near(goal, count).or_else(|| self.find_best_fit(count))?;
-        let (&free_start, &free_count) =
-            self.by_start.range(..=run.start).next_back().expect("run lies in a free extent");
-        self.take(free_start, free_count, run);
+        };
+        let from_reservation = from_reserved.min(run.count);
+        let before = self.promises.reserved.fetch_sub(from_reservation, Ordering::AcqRel);
+        assert!(from_reservation <= before, "allocating {from_reservation} reserved of {before}");
+        self.promises.give_back(claimed - (run.count - from_reservation));
+        self.take_free(run);
         self.cursor = run.start + run.count;
         Some(run)
     }
@@ -161,6 +282,11 @@ impl Allocator {
 
     /// Returns `run` to free space, merging with its neighbours.
     pub fn free(&mut self, run: BlockRun) {
+        self.free_run(run);
+        self.promises.give_back(run.count);
+    }
+
+    fn free_run(&mut self, run: BlockRun) {
         assert!(run.count > 0);
         assert!(
             run.start >= self.region.start_block
@@ -184,20 +310,6 @@ impl Allocator {
             }
         }
         self.insert_free(start, count);
-    }
-
-    /// Promises `count` blocks to a delayed allocation; false if not available.
-    pub fn reserve(&mut self, count: u64) -> bool {
-        if count > self.available_blocks() {
-            return false;
-        }
-        self.reserved_blocks += count;
-        true
-    }
-
-    pub fn unreserve(&mut self, count: u64) {
-        assert!(count <= self.reserved_blocks, "unreserving more than reserved");
-        self.reserved_blocks -= count;
     }
 
     fn insert_free(&mut self, start: u64, count: u64) {
@@ -286,16 +398,17 @@ mod tests {
         assert!(allocator.reserve(995));
         assert!(!allocator.reserve(6));
         assert_eq!(allocator.allocate(0, 10, 0).map(|run| run.count), Some(5));
-        // A delayed allocation of 100 blocks gets its space, then gives its
-        // reservation back when its extent is displaced.
+        assert_eq!(allocator.available_blocks(), 0);
+        // A delayed allocation of 100 blocks gets its space out of its
+        // reservation, which shrinks by as much: no block counted twice.
         let run = allocator.allocate(0, 100, 100).unwrap();
         assert_eq!(run.count, 100);
         assert_eq!(allocator.free_blocks(), 895);
-        allocator.unreserve(100);
         assert_eq!(allocator.reserved_blocks(), 895);
         assert_eq!(allocator.available_blocks(), 0);
         allocator.unreserve(895);
         assert_eq!(allocator.available_blocks(), 895);
+        assert_eq!(allocator.promises().reserve_up_to(1000), 895, "all that is left");
     }
 
     #[test]

@@ -526,11 +526,9 @@ fn write_into_folio(
     // The size grows before the folio unlocks: writeback (which locks it)
     // then never finds dirty bytes past the size.
     if end > size {
-        engine.meta.update_memory(|state| {
-            if let Some(inode) = state.inode_mut(inode.ino) {
-                inode.size = inode.size.max(end);
-            }
-        });
+        if let Some(mut found) = engine.meta.inode_mut(inode.ino) {
+            found.size = found.size.max(end);
+        }
     }
     Ok(length)
 }
@@ -541,8 +539,8 @@ pub fn set_size(engine: &Engine, inode: &InodeCache, new_size: u64) -> Result<()
         return Err(Error::FileTooLarge(format!("inode {}: size {new_size}", inode.ino)));
     }
     let (size, disk_size) = {
-        let state = engine.meta.read();
-        let found = state
+        let found = engine
+            .meta
             .inode(inode.ino)
             .ok_or_else(|| Error::BadHandle(format!("inode {} is gone", inode.ino)))?;
         (found.size, found.attrs.size)

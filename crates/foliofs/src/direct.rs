@@ -328,8 +328,7 @@ fn finish_write(
     // written back first (`sync_for_direct`).
     let grows_disk_size = written
         && file_range.is_some_and(|(_, end)| {
-            let state = engine.meta.read();
-            state.inode(ino).is_some_and(|found| found.attrs.size < end.min(found.size))
+            engine.meta.inode(ino).is_some_and(|found| found.attrs.size < end.min(found.size))
         });
     // The conversions and the size in one transaction.
     let lsn = if completions.is_empty() && !grows_disk_size {
@@ -363,7 +362,7 @@ fn finish_write(
     // inode has no dirty metadata (found by `foliofs crashtest`: a
     // writeback for this very write converted the blocks, the FUA overwrite
     // returned, and a crash lost the file).
-    let data_lsn = engine.meta.read().inode(ino).map_or(0, |found| found.data_lsn);
+    let data_lsn = engine.meta.inode(ino).map_or(0, |found| found.data_lsn);
     let lsn = lsn.unwrap_or(0).max(data_lsn);
     if lsn > engine.meta.journal().durable_lsn() {
         return engine.meta.make_durable(lsn);
@@ -425,7 +424,7 @@ fn write_alone(
     }
     let written = DataPath::new(engine).write(ino, data, pos)?;
     if dsync {
-        let lsn = engine.meta.read().inode(ino).map_or(0, |inode| inode.data_lsn);
+        let lsn = engine.meta.inode(ino).map_or(0, |inode| inode.data_lsn);
         engine.meta.make_durable(lsn)?;
     }
     Ok(written)

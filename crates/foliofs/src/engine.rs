@@ -42,9 +42,8 @@ impl Drop for Engine {
 impl Engine {
     /// The size callers see.
     pub fn size_of(&self, ino: u64) -> Result<u64> {
-        let state = self.meta.read();
         let inode =
-            state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+            self.meta.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
         Ok(inode.size)
     }
 
@@ -60,7 +59,11 @@ impl Engine {
     /// A write changed data only: advance the file's times in memory.
     pub fn touch_times(&self, ino: u64) {
         let now = Timestamp::now();
-        self.meta.update_memory(|state| state.touch_times(ino, now));
+        if let Some(mut inode) = self.meta.inode_mut(ino) {
+            inode.attrs.mtime = now;
+            inode.attrs.ctime = now;
+            inode.times_dirty = true;
+        }
     }
 
     pub fn align_down(&self, value: u64) -> u64 {

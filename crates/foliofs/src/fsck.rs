@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::dev::Device;
 use crate::format::{InodeKind, ROOT_INO, XATTR_LIST_BYTES_MAX};
 use crate::layout;
-use crate::meta::{InodeBody, LoadReport, MetaState};
+use crate::meta::{InodeBody, LoadReport, MetaView};
 use crate::options::VolumeOptions;
 use crate::vfs::Volume;
 
@@ -52,7 +52,7 @@ pub fn check(device: Arc<Device>) -> FsckReport {
         }
     };
     report.load = Some(volume.load_report());
-    let state = volume.shared.meta.read();
+    let state = volume.shared.meta.view_all();
     check_tree(&state, &mut report);
     report
 }
@@ -74,7 +74,7 @@ fn check_superblock_copies(device: &Device, report: &mut FsckReport) {
 }
 
 /// Checks links, parents, reachability and symlinks.
-fn check_tree(state: &MetaState, report: &mut FsckReport) {
+fn check_tree(state: &MetaView<'_>, report: &mut FsckReport) {
     let Some(root) = state.inode(ROOT_INO) else {
         report.problems.push("the root directory is missing".into());
         return;
@@ -179,7 +179,7 @@ fn check_links(ino: u64, nlink: u32, names: usize, report: &mut FsckReport) {
 }
 
 fn check_dir(
-    state: &MetaState,
+    state: &MetaView<'_>,
     ino: u64,
     nlink: u32,
     parent: u64,
@@ -218,7 +218,7 @@ fn check_dir(
     }
 }
 
-fn check_reachable(state: &MetaState, report: &mut FsckReport) {
+fn check_reachable(state: &MetaView<'_>, report: &mut FsckReport) {
     let mut seen = std::collections::HashSet::from([ROOT_INO]);
     let mut stack = vec![ROOT_INO];
     while let Some(dir) = stack.pop() {

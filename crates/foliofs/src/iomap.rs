@@ -17,7 +17,7 @@ use crate::alloc::BlockRun;
 use crate::error::{Error, Result};
 use crate::extent::{ExtentKind, ExtentMap, Lookup};
 use crate::format::{ExtentState, Record};
-use crate::meta::{MetaState, MetaStore, Txn};
+use crate::meta::{InodeTable, MetaStore, Txn};
 
 /// What backs a range of a file, as `Inodes::fiemap` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,14 +264,15 @@ fn map_first_blocks(
 }
 
 /// The extent map of regular file `ino`, or the error a data path reports.
-pub fn file_extents(state: &MetaState, ino: u64) -> Result<&ExtentMap> {
+pub fn file_extents<T: InodeTable + ?Sized>(state: &T, ino: u64) -> Result<&ExtentMap> {
     let inode = state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
     inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))
 }
 
 fn lookup(meta: &MetaStore, ino: u64, file_block: u64) -> Result<Lookup> {
-    let state = meta.read();
-    Ok(file_extents(&state, ino)?.lookup(file_block))
+    let inode = meta.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+    let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
+    Ok(extents.lookup(file_block))
 }
 
 fn mapped(extent: crate::extent::Extent, wanted_blocks: u64, block_bytes: u64) -> Mapping {
@@ -306,19 +307,21 @@ fn allocate_unwritten(
     file_block: u64,
     block_count: u64,
 ) -> Result<Allocation> {
-    let (allocation, _) = meta.transact(|txn| {
+    let (allocation, _) = meta.transact(&[ino], |txn| {
         txn.ensure_metadata_room(64)?;
         let (goal, hole_blocks) = allocation_goal(txn, ino, file_block)?;
         let wanted = block_count.min(hole_blocks);
         if wanted == 0 {
             return Ok(Allocation::Raced);
         }
-        let Some(run) = txn.state_mut().alloc.allocate(goal, wanted, 0) else {
-            if txn.state().pending_free_blocks() > 0 {
+        let mut space = txn.space();
+        let Some(run) = space.alloc.allocate(goal, wanted, 0) else {
+            if space.pending_free_blocks() > 0 {
                 return Ok(Allocation::NeedsCommit);
             }
             return Err(Error::NoSpace(format!("no free blocks for inode {ino}")));
         };
+        drop(space);
         map_unwritten(txn, ino, file_block, run.start, run.count);
         Ok(Allocation::Mapped(run))
     })?;
@@ -330,7 +333,7 @@ fn allocate_unwritten(
 /// extent's own reservation (returned when the Delalloc extent is displaced).
 /// None if the block is no longer Delalloc.
 fn allocate_delalloc(meta: &MetaStore, ino: u64, file_block: u64) -> Result<Option<BlockRun>> {
-    let (run, _) = meta.transact(|txn| {
+    let (run, _) = meta.transact(&[ino], |txn| {
         txn.ensure_metadata_room(64)?;
         let delayed = match file_extents(txn.state(), ino)?.lookup(file_block) {
             Lookup::Mapped(extent) if extent.kind == ExtentKind::Delalloc => extent,
@@ -338,7 +341,7 @@ fn allocate_delalloc(meta: &MetaStore, ino: u64, file_block: u64) -> Result<Opti
         };
         let wanted = delayed.block_count.min(DELALLOC_CONVERT_BLOCKS_MAX);
         let (goal, _) = allocation_goal(txn, ino, file_block)?;
-        let run = txn.state_mut().alloc.allocate(goal, wanted, wanted).ok_or_else(|| {
+        let run = txn.allocate_reserved(goal, wanted).ok_or_else(|| {
             Error::NoSpace(format!("no free blocks for the reservation of inode {ino}"))
         })?;
         map_unwritten(txn, ino, file_block, run.start, run.count);
@@ -377,22 +380,20 @@ pub fn reserve(meta: &MetaStore, ino: u64, pos: u64, length: u64, block_bytes: u
     let block_count = (pos + length).div_ceil(block_bytes) - first_block;
     let metadata_bytes_max = meta.journal().geometry().slot_payload_bytes_max();
     for attempt in 0..2 {
-        let (mapped_blocks, pending_free_blocks) = meta.update_memory(|state| {
-            // The extents writeback will record must fit the checkpoint too.
-            if state.persisted_bytes_estimate() + 128 > metadata_bytes_max {
-                return (0, 0);
-            }
-            let mapped = state.reserve_delalloc(ino, first_block, block_count);
-            (mapped, state.pending_free_blocks())
-        });
+        // The extents writeback will record must fit the checkpoint too.
+        let mapped_blocks = if meta.persisted_bytes_estimate() + 128 > metadata_bytes_max {
+            0
+        } else {
+            meta.reserve_delalloc(ino, first_block, block_count)
+        };
         if mapped_blocks > 0 {
             let mapped_end = (first_block + mapped_blocks) * block_bytes;
             return Ok(mapped_end.min(pos + length) - pos);
         }
-        if attempt == 0 && pending_free_blocks > 0 {
+        if attempt == 0 && meta.space().pending_free_blocks() > 0 {
             // Freed space becomes usable once its transaction is durable.
             meta.commit_all()?;
-            meta.update_memory(|state| state.release_pending_frees(meta.journal().durable_lsn()));
+            meta.release_durable_frees();
         }
     }
     Err(Error::NoSpace(format!("no free blocks for a write to inode {ino}")))
@@ -412,7 +413,7 @@ fn allocation_goal(txn: &Txn<'_>, ino: u64, file_block: u64) -> Result<(u64, u64
         extents.range(0, file_block).filter(|extent| extent.kind != ExtentKind::Delalloc).last();
     let goal = match previous {
         Some(extent) => extent.dev_block + extent.block_count + (file_block - extent.file_end()),
-        None => txn.state().alloc.cursor(),
+        None => txn.space().alloc.cursor(),
     };
     Ok((goal, hole_blocks))
 }
@@ -451,7 +452,7 @@ pub fn end_write(
         // At least one transaction, for `also`.
         let chunk = chunks.next().unwrap_or(&[]);
         let last = chunks.peek().is_none();
-        let (_, lsn) = meta.transact(|txn| {
+        let (_, lsn) = meta.transact(&[ino], |txn| {
             for (mapping, completed_bytes) in chunk {
                 record_completion(txn, ino, mapping, *completed_bytes, block_bytes);
             }
@@ -513,9 +514,8 @@ pub fn report_range(
     length: u64,
     block_bytes: u64,
 ) -> Result<RangeReport> {
-    let state = meta.read();
-    let inode = state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
-    let extents = file_extents(&state, ino)?;
+    let inode = meta.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+    let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
     let end_block = (pos + length).div_ceil(block_bytes);
     let mut done = 0;
     let mut ranges = SmallVec::new();

@@ -181,7 +181,7 @@ impl<'a> DataPath<'a> {
     /// cached data, so that a failure there changes nothing.
     pub fn commit_size(&self, ino: u64, new_size: u64) -> Result<u64> {
         let first_gone_block = new_size.div_ceil(self.engine.block_bytes);
-        let (_, lsn) = self.engine.meta.transact(|txn| {
+        let (_, lsn) = self.engine.meta.transact(&[ino], |txn| {
             let now = Timestamp::now();
             let state = txn.state();
             let inode =

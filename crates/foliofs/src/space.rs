@@ -69,8 +69,8 @@ impl FallocateMode {
 }
 
 fn sizes(engine: &Engine, ino: u64) -> Result<(u64, u64)> {
-    let state = engine.meta.read();
-    let inode = state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+    let inode =
+        engine.meta.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
     Ok((inode.size, inode.attrs.size))
 }
 
@@ -124,7 +124,7 @@ pub fn fallocate(
             zero_edges(engine, ino, offset, end)?;
             let new_size = (!keep_size && end > size).then_some(end);
             if new_size.is_some() {
-                engine.meta.transact(|txn| {
+                engine.meta.transact(&[ino], |txn| {
                     touch(txn, ino, new_size);
                     Ok(())
                 })?;
@@ -135,7 +135,7 @@ pub fn fallocate(
             flush_and_drop(engine, inode, offset, end)?;
             zero_edges(engine, ino, offset, end)?;
             let (first, last) = (offset.div_ceil(block), end / block);
-            engine.meta.transact(|txn| {
+            engine.meta.transact(&[ino], |txn| {
                 if last > first {
                     txn.apply(Record::ExtentUnmap {
                         ino,
@@ -210,7 +210,7 @@ fn allocate(
     new_size: Option<u64>,
 ) -> Result<()> {
     match allocate_once(engine, ino, first, last, zero_written, new_size) {
-        Err(Error::NoSpace(_)) if engine.meta.read().pending_free_blocks() > 0 => {
+        Err(Error::NoSpace(_)) if engine.meta.space().pending_free_blocks() > 0 => {
             // Blocks a transaction freed are reusable only once it is
             // durable (a crash would otherwise hand them to two files). Like
             // XFS forcing its log, commit it now rather than fail while the
@@ -231,7 +231,7 @@ fn allocate_once(
     new_size: Option<u64>,
 ) -> Result<()> {
     let records_max = (engine.meta.journal().geometry().group_bytes_max() / 2 / 48) as usize;
-    engine.meta.transact(|txn| {
+    engine.meta.transact(&[ino], |txn| {
         let state = txn.state();
         let extents = iomap::file_extents(state, ino)?;
         let mut holes: Vec<(u64, u64)> = Vec::new();
@@ -254,31 +254,30 @@ fn allocate_once(
             }
         }
         let hole_blocks: u64 = holes.iter().map(|(_, count)| count).sum();
-        if hole_blocks > state.alloc.available_blocks() {
-            return Err(Error::NoSpace(format!(
-                "fallocate of inode {ino} needs {hole_blocks} blocks, {} are free",
-                state.alloc.available_blocks()
-            )));
-        }
         if holes.len() + written.len() > records_max {
             return Err(Error::NoSpace(format!(
                 "fallocate of inode {ino} spans more pieces than one journal transaction holds"
             )));
         }
         txn.ensure_metadata_room(48 * (holes.len() + written.len()) as u64 + 128)?;
-        // Allocate every run before the first record, so a shortage (free
-        // space in pieces smaller than promised cannot happen, but the check
-        // costs nothing) fails with nothing applied.
+        // Check and allocate every run under one hold of free space, before
+        // the first record, so a shortage fails with nothing applied.
+        let mut space = txn.space();
+        if hole_blocks > space.alloc.available_blocks() {
+            return Err(Error::NoSpace(format!(
+                "fallocate of inode {ino} needs {hole_blocks} blocks, {} are free",
+                space.alloc.available_blocks()
+            )));
+        }
         let mut runs: Vec<(u64, BlockRun)> = Vec::new();
         for &(hole_start, count) in &holes {
             let mut done = 0;
             while done < count {
-                let goal = runs
-                    .last()
-                    .map_or(txn.state().alloc.cursor(), |(_, run)| run.start + run.count);
-                let Some(run) = txn.state_mut().alloc.allocate(goal, count - done, 0) else {
+                let goal =
+                    runs.last().map_or(space.alloc.cursor(), |(_, run)| run.start + run.count);
+                let Some(run) = space.alloc.allocate(goal, count - done, 0) else {
                     for (_, run) in runs.drain(..) {
-                        txn.state_mut().alloc.free(run);
+                        space.alloc.free(run);
                     }
                     return Err(Error::NoSpace(format!(
                         "no free blocks for fallocate of inode {ino}"
@@ -288,6 +287,7 @@ fn allocate_once(
                 done += run.count;
             }
         }
+        drop(space);
         // Free space in pieces may need more runs than the holes: reserve
         // for the records these runs make.
         let room = if runs.len() + written.len() > records_max {
@@ -298,8 +298,9 @@ fn allocate_once(
             txn.ensure_metadata_room(48 * (runs.len() + written.len()) as u64 + 128)
         };
         if let Err(error) = room {
+            let mut space = txn.space();
             for (_, run) in runs.drain(..) {
-                txn.state_mut().alloc.free(run);
+                space.alloc.free(run);
             }
             return Err(error);
         }
@@ -329,7 +330,7 @@ fn shift(
 ) -> Result<()> {
     let records_max = (engine.meta.journal().geometry().group_bytes_max() / 2 / 48) as usize;
     let block = engine.block_bytes;
-    let ((), lsn) = engine.meta.transact(|txn| {
+    let ((), lsn) = engine.meta.transact(&[ino], |txn| {
         let state = txn.state();
         let extents = iomap::file_extents(state, ino)?;
         let kept_from = if collapse { first + count } else { first };

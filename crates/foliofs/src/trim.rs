@@ -60,7 +60,7 @@ pub fn trim_free_space(
     if let Some(refusal) = meta.refusal() {
         return Err(refusal);
     }
-    let region = meta.read().alloc.region();
+    let region = meta.space().alloc.region();
     if range.start_bytes >= volume_bytes {
         return Err(Error::invalid(format!(
             "trim: start {} is past the end of the volume ({volume_bytes} bytes)",
@@ -87,17 +87,17 @@ pub fn trim_free_space(
     let batch_blocks_max = (BATCH_BYTES_MAX / block_bytes)
         .min(region.block_count / BATCH_REGION_DIVISOR)
         .max(minimum_blocks);
-    let durable_lsn = || meta.journal().durable_lsn();
     let mut trimmed_bytes = 0;
     while cursor < end {
-        let (batch, next) = meta.update_memory(|state| {
-            // Frees made durable since the last transaction are free space
-            // too (a transaction would release them first).
-            state.release_pending_frees(durable_lsn());
-            take_batch(&mut state.alloc, cursor, end, minimum_blocks, batch_blocks_max)
-        });
+        // Frees made durable since the last transaction are free space too
+        // (a transaction would release them first).
+        meta.release_durable_frees();
+        let (batch, next) =
+            take_batch(&mut meta.space().alloc, cursor, end, minimum_blocks, batch_blocks_max);
         let discarded = discard_runs(device, &batch, block_bytes);
-        meta.update_memory(|state| batch.iter().for_each(|&run| state.alloc.free(run)));
+        let mut space = meta.space();
+        batch.iter().for_each(|&run| space.alloc.free(run));
+        drop(space);
         trimmed_bytes += discarded?;
         cursor = next;
     }
@@ -115,7 +115,10 @@ fn take_batch(
     minimum_blocks: u64,
     batch_blocks_max: u64,
 ) -> (Vec<BlockRun>, u64) {
-    let mut budget = batch_blocks_max.min(alloc.available_blocks().div_ceil(2));
+    // Claimed first, so that no reservation made meanwhile (reservations
+    // take no lock) finds its blocks gone.
+    let claimed = alloc.claim_up_to(batch_blocks_max.min(alloc.available_blocks().div_ceil(2)));
+    let mut budget = claimed;
     let mut batch = Vec::new();
     let mut next = end;
     for run in alloc.free_runs_from(cursor) {
@@ -140,8 +143,9 @@ fn take_batch(
         }
     }
     for &run in &batch {
-        alloc.mark_used(run).expect("the run was just found free");
+        alloc.take_claimed(run).expect("the run was just found free");
     }
+    alloc.return_claimed(budget);
     // No progress possible (every free block is promised): stop here.
     if batch.is_empty() {
         next = end;

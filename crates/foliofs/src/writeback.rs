@@ -101,14 +101,14 @@ pub(crate) fn write_back_sparing(
     if inode.dirty_bytes() == 0 {
         return settle_disk_size(engine, inode);
     }
-    if engine.meta.read().inode(inode.ino).is_none() {
+    if engine.meta.inode(inode.ino).is_none() {
         // Freed while cached: its data has nowhere to go.
         inode.remove_range(0, u64::MAX);
         return Ok(());
     }
     // A writeback that moves the on-disk size must not leave dirty data
     // below the new size behind it: it starts at the current on-disk size.
-    let disk_size = engine.meta.read().inode(inode.ino).map_or(0, |found| found.attrs.size);
+    let disk_size = engine.meta.inode(inode.ino).map_or(0, |found| found.attrs.size);
     let start = if end > disk_size { start.min(disk_size) } else { start };
     let mut size_may_grow = true;
     let mut result = Ok(());
@@ -519,8 +519,7 @@ fn size_growth_end(
     run_end: u64,
 ) -> Option<u64> {
     let (size, disk_size) = {
-        let state = engine.meta.read();
-        let found = state.inode(inode.ino)?;
+        let found = engine.meta.inode(inode.ino)?;
         (found.size, found.attrs.size)
     };
     // Writers mark blocks dirty before they grow the size, so every block
@@ -581,14 +580,13 @@ pub(crate) fn advance_disk_size(txn: &mut Txn<'_>, ino: u64, end: u64) {
 /// see is on disk (or a hole), so the on-disk size may catch up with it: the
 /// case of writes whose size growth was held back by an earlier failure.
 fn settle_disk_size(engine: &Engine, inode: &InodeCache) -> Result<()> {
-    let behind =
-        engine.meta.read().inode(inode.ino).is_some_and(|state| state.size > state.attrs.size);
+    let behind = engine.meta.inode(inode.ino).is_some_and(|state| state.size > state.attrs.size);
     // A read-only volume changes nothing, and a read (a direct read's
     // writeback) must not fail for it.
     if !behind || engine.meta.refusal().is_some() {
         return Ok(());
     }
-    engine.meta.transact(|txn| {
+    engine.meta.transact(&[inode.ino], |txn| {
         // Writers mark blocks dirty before they grow the size (under this
         // lock), so no dirty bytes here means the size covers written data.
         if inode.dirty_bytes() == 0 {

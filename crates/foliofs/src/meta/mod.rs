@@ -1,10 +1,21 @@
-//! Metadata: the in-memory state machine (`state`) and the store that makes
-//! its changes durable through the journal (`store`).
+//! Metadata: the inodes in shards, each under its own lock (`shards`), how
+//! records change them (`state`), free space (`space`), checkpoints that
+//! do not stop writers (`checkpoint`), the store that makes changes durable
+//! through the journal (`store`), and the handles' lock-free copies
+//! (`view`).
 
+mod checkpoint;
+mod inode;
+mod shards;
+mod space;
 mod state;
 mod store;
 mod view;
 
-pub use state::{Inode, InodeBody, MetaState};
+pub use inode::{Inode, InodeBody};
+pub use shards::{shard_of, InodeTable, MetaView};
+pub use state::check_limits;
+#[cfg(test)]
+pub use store::test_hooks;
 pub use store::{LoadReport, MetaStore, Txn};
 pub use view::{InodeView, Viewed};

@@ -1,26 +1,37 @@
-//! The metadata store: one lock around the state, transactions that apply
-//! records and log them in the same critical section, group commit, and
-//! checkpoints.
+//! The metadata store: the sharded inode table (`super::shards`), free
+//! space, transactions that lock the shards of the inodes they name, apply
+//! records and log them before letting go, group commit, and checkpoints.
 //!
-//! Because a transaction applies and appends under the write lock, the order
-//! of records in the log is the order in which the state changed, and a
-//! checkpoint taken under the read lock is exactly "the state after lsn L".
+//! Because a transaction appends its records while it still holds the
+//! shards of every inode they change, the records of one inode reach the
+//! log in the order they changed it; records of transactions that hold no
+//! shard in common change different inodes and commute (docs/format.md,
+//! "Log order"). A checkpoint's cut, taken with every shard held, is
+//! exactly "the state after lsn L" (`super::checkpoint`).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{
+    Condvar, MappedRwLockReadGuard, MappedRwLockWriteGuard, Mutex, MutexGuard, RwLockReadGuard,
+    RwLockWriteGuard,
+};
 
-use crate::alloc::BlockRun;
+use crate::alloc::{BlockRun, Promises};
 use crate::dev::{Device, DiscardMode};
 use crate::error::{Error, Result};
 use crate::extent::Extent;
+use crate::format::codec::Writer;
 use crate::format::{InodeAttrs, Record, Superblock, ROOT_INO};
 use crate::journal::{self, CommitError, Journal, JournalGeometry};
 use crate::lock_order::{Level, Ordered};
 
-use super::state::MetaState;
+use super::checkpoint;
+use super::inode::Inode;
+use super::shards::{shard_of, MetaCore, MetaState, MetaView, ShardSet, SHARD_COUNT};
+use super::space::Space;
 
 /// `runs` sorted and joined where one ends where the next starts, as
 /// (start, count): one discard per contiguous stretch.
@@ -66,12 +77,19 @@ pub struct LoadReport {
 }
 
 pub struct MetaStore {
-    state: RwLock<MetaState>,
-    /// Bumped by every write lock of `state`, once it is held and before
-    /// anything changes: a copy of state taken under the read lock at
-    /// generation G is still true while the generation reads G
-    /// ([`super::view::InodeView`]).
-    generation: AtomicU64,
+    core: MetaCore,
+    space: Mutex<Space>,
+    /// The allocator's reservations, reached without the space mutex.
+    promises: Arc<Promises>,
+    /// The lsn of the earliest record whose freed blocks wait in `space`
+    /// (u64::MAX when none do): a transaction takes the space mutex to
+    /// release them only when the journal has made that one durable.
+    first_pending_free_lsn: AtomicU64,
+    /// Renames that move a directory to another parent, one at a time, so
+    /// that no two of them can each move one directory under the other.
+    rename_lock: Mutex<()>,
+    /// This store among those a thread's inode batch may come from.
+    store_id: u64,
     journal: Journal,
     checkpoint_lock: Mutex<()>,
     read_only: bool,
@@ -111,7 +129,8 @@ pub const TXN_LOG_BYTES_UNRESERVED: u64 = 1024;
 /// short is caught at the operation that made it, never as a journal write
 /// that cannot be done.
 pub struct Txn<'a> {
-    state: &'a mut MetaState,
+    state: MetaState<'a>,
+    space: &'a Mutex<Space>,
     records: Vec<Record>,
     displaced: Vec<Extent>,
     /// Device blocks mapped by this transaction's records: a block that one
@@ -130,17 +149,36 @@ pub struct Txn<'a> {
     log_bytes_granted: u64,
     /// One journal group's payload.
     log_bytes_max: u64,
+    /// Blocks of delayed extents whose reservation an allocation took over
+    /// ([`Txn::allocate_reserved`]).
+    reservation_taken_over: u64,
 }
 
-impl Txn<'_> {
-    pub fn state(&self) -> &MetaState {
-        self.state
+impl<'a> Txn<'a> {
+    /// Allocates up to `count` blocks near `goal` for a delayed extent of
+    /// this transaction's inode, from its reservation (see
+    /// [`Space::allocate_reserved`]); the caller maps the run over it.
+    pub fn allocate_reserved(&mut self, goal: u64, count: u64) -> Option<BlockRun> {
+        let run = self.space().allocate_reserved(goal, count)?;
+        self.reservation_taken_over += run.count;
+        Some(run)
     }
 
-    /// For memory-only fields and the allocator; persistent fields change
-    /// only through [`Txn::apply`].
-    pub fn state_mut(&mut self) -> &mut MetaState {
-        self.state
+    /// The inodes the transaction named, write-locked.
+    pub fn state(&self) -> &MetaState<'a> {
+        &self.state
+    }
+
+    /// For memory-only fields; persistent fields change only through
+    /// [`Txn::apply`].
+    pub fn state_mut(&mut self) -> &mut MetaState<'a> {
+        &mut self.state
+    }
+
+    /// Free space, locked for as long as the guard lives: take it for the
+    /// allocation and let it go (it comes after every shard in the order).
+    pub fn space(&self) -> Ordered<MutexGuard<'a, Space>> {
+        Ordered::lock(Level::Space, || self.space.lock())
     }
 
     /// Applies `record` now and logs it at the end of the transaction.
@@ -230,19 +268,22 @@ impl MetaStore {
         read_only: bool,
     ) -> Result<(Self, LoadReport)> {
         let loaded = journal::load(&device, &geometry)?;
-        let mut state = MetaState::new(data_region);
-        for (index, record) in loaded.checkpoint_records.iter().enumerate() {
-            state
-                .apply(record)
-                .map_err(|error| Error::Corrupt(format!("checkpoint record {index}: {error}")))?;
-        }
-        for (index, record) in loaded.journal_records.iter().enumerate() {
-            state
-                .apply(record)
-                .map_err(|error| Error::Corrupt(format!("journal record {index}: {error}")))?;
-        }
-        state.finish_load().map_err(|error| Error::Corrupt(error.0))?;
-        state.next_ino = state.next_ino.max(loaded.checkpoint.next_ino);
+        let core = MetaCore::new(data_region, ROOT_INO + 1);
+        let alloc = {
+            let mut state = MetaState::lock(&core, ShardSet::ALL);
+            for (index, record) in loaded.checkpoint_records.iter().enumerate() {
+                state.apply(record).map_err(|error| {
+                    Error::Corrupt(format!("checkpoint record {index}: {error}"))
+                })?;
+            }
+            for (index, record) in loaded.journal_records.iter().enumerate() {
+                state
+                    .apply(record)
+                    .map_err(|error| Error::Corrupt(format!("journal record {index}: {error}")))?;
+            }
+            state.finish_load().map_err(|error| Error::Corrupt(error.0))?
+        };
+        core.next_ino.fetch_max(loaded.checkpoint.next_ino, Ordering::Relaxed);
         let report = LoadReport {
             checkpoint_generation: loaded.checkpoint.generation,
             checkpoint_records: loaded.checkpoint_records.len() as u64,
@@ -251,8 +292,12 @@ impl MetaStore {
         };
         let journal = Journal::new(device, geometry, loaded.position);
         let store = Self {
-            state: RwLock::new(state),
-            generation: AtomicU64::new(1),
+            core,
+            promises: Arc::clone(alloc.promises()),
+            space: Mutex::new(Space::new(alloc)),
+            first_pending_free_lsn: AtomicU64::new(u64::MAX),
+            rename_lock: Mutex::new(()),
+            store_id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
             journal,
             checkpoint_lock: Mutex::new(()),
             read_only,
@@ -265,36 +310,144 @@ impl MetaStore {
 
     /// Writes the first checkpoint of a new volume: an empty root directory.
     pub fn format(device: &Arc<Device>, superblock: &Superblock, root: InodeAttrs) -> Result<()> {
-        let mut state = MetaState::new(superblock.data);
+        let core = MetaCore::new(superblock.data, ROOT_INO + 1);
+        let mut state = MetaState::lock(&core, ShardSet::ALL);
         state.apply(&Record::InodeSet { ino: ROOT_INO, attrs: root }).expect("fresh state");
-        let (payload, record_count) = state.encode_snapshot();
+        let (payload, record_count) = checkpoint::assemble(&state.shard_parts());
+        let next_ino = core.next_ino.load(Ordering::Relaxed);
+        drop(state);
         let geometry = JournalGeometry::new(superblock);
-        journal::write_initial_checkpoint(device, &geometry, state.next_ino, &payload, record_count)
+        journal::write_initial_checkpoint(device, &geometry, next_ino, &payload, record_count)
     }
 
-    pub fn read(&self) -> Ordered<RwLockReadGuard<'_, MetaState>> {
-        Ordered::lock(Level::Metadata, || self.state.read())
+    /// Inode `ino`, read-locked (its shard) while the guard lives. Hold one
+    /// at a time, and none while taking another shard or starting a
+    /// transaction (debug builds check).
+    pub fn inode(&self, ino: u64) -> Option<InodeRef<'_>> {
+        self.core
+            .read_shard(shard_of(ino))
+            .try_map(|guard| RwLockReadGuard::try_map(guard, |shard| shard.inodes.get(&ino)))
     }
 
-    /// How many times the state was locked for change (see `generation`);
-    /// stable while a read lock is held.
-    pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
+    /// Inode `ino` for a change of memory-only fields (open handle counts,
+    /// in-memory sizes, times advanced in memory), without logging; works
+    /// on read-only volumes too. Counts as a change for the handles' copies.
+    pub fn inode_mut(&self, ino: u64) -> Option<InodeMut<'_>> {
+        let guard = self.core.write_shard(shard_of(ino)).try_map(|guard| {
+            RwLockWriteGuard::try_map(guard, |shard| shard.inodes.get_mut(&ino))
+        })?;
+        guard.note_changed();
+        Some(guard)
     }
 
-    /// The write lock, the only way to change the state: counts the change
-    /// before the caller makes it.
-    fn write_state(&self) -> Ordered<RwLockWriteGuard<'_, MetaState>> {
-        let state = Ordered::lock(Level::Metadata, || self.state.write());
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        state
+    /// The inodes `inos` (and whatever else their shards hold), read-locked
+    /// together: one consistent look at a few of them.
+    pub fn view(&self, inos: &[u64]) -> MetaView<'_> {
+        MetaView::lock(&self.core, ShardSet::of(inos))
     }
 
-    /// Changes memory-only fields (open handle counts, in-memory sizes) under
-    /// the write lock without logging; works on read-only volumes too. The
-    /// closure must not change persistent state.
-    pub fn update_memory<T>(&self, change: impl FnOnce(&mut MetaState) -> T) -> T {
-        change(&mut self.write_state())
+    /// Every inode, read-locked: what fsck and mount's orphan scan read.
+    /// Waits for every transaction in progress, and stops every writer
+    /// while held.
+    pub fn view_all(&self) -> MetaView<'_> {
+        MetaView::lock(&self.core, ShardSet::ALL)
+    }
+
+    /// Free space, locked while the guard lives (after any shard).
+    pub fn space(&self) -> Ordered<MutexGuard<'_, Space>> {
+        Ordered::lock(Level::Space, || self.space.lock())
+    }
+
+    /// The rename mutex: held across a rename that moves a directory to
+    /// another parent, from its ancestry check to its end, so that no other
+    /// such rename changes the ancestry meanwhile.
+    pub fn rename_lock(&self) -> Ordered<MutexGuard<'_, ()>> {
+        Ordered::lock(Level::Rename, || self.rename_lock.lock())
+    }
+
+    /// A fresh inode number. Each thread takes numbers in batches from the
+    /// shared counter, so creates on many cores do not all write one cache
+    /// line; numbers of a batch left unused are never used (they only grow).
+    /// At the end of the number space it keeps answering u64::MAX, which the
+    /// caller finds taken (an image using that number has none left).
+    pub fn take_ino(&self) -> u64 {
+        thread_local! {
+            /// (store, next, end) of this thread's batch.
+            static BATCH: Cell<(u64, u64, u64)> = const { Cell::new((0, 0, 0)) };
+        }
+        #[cfg(test)]
+        if let Some((store_id, peeked)) = INO_PEEKED.with(|peeked| peeked.take()) {
+            if store_id == self.store_id {
+                return peeked;
+            }
+        }
+        BATCH.with(|batch| {
+            let (store_id, next, end) = batch.get();
+            if store_id == self.store_id && next < end {
+                batch.set((store_id, next + 1, end));
+                return next;
+            }
+            let start = self
+                .core
+                .next_ino
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |first| {
+                    Some(first.saturating_add(INO_BATCH))
+                })
+                .expect("the update always answers");
+            let end = start.saturating_add(INO_BATCH);
+            if start == end {
+                return start;
+            }
+            batch.set((self.store_id, start + 1, end));
+            start
+        })
+    }
+
+    /// Inodes in the volume.
+    pub fn inode_count(&self) -> u64 {
+        self.core.inode_count()
+    }
+
+    /// The number this thread's next [`MetaStore::take_ino`] returns, not
+    /// taken (tests that must know which shard a create will lock).
+    #[cfg(test)]
+    pub fn peek_ino(&self) -> u64 {
+        let next = self.take_ino();
+        INO_PEEKED.with(|peeked| peeked.set(Some((self.store_id, next))));
+        next
+    }
+
+    /// The upper bound of the checkpoint payload the metadata encodes to.
+    pub fn persisted_bytes_estimate(&self) -> u64 {
+        self.core.persisted_bytes_estimate()
+    }
+
+    /// Delayed allocation for a buffered write: see
+    /// [`MetaState::reserve_delalloc`]. Returns the blocks mapped and the
+    /// blocks waiting in pending frees.
+    /// Reserves without the space mutex (`alloc::Promises`); returns the
+    /// blocks mapped.
+    pub fn reserve_delalloc(&self, ino: u64, file_block: u64, block_count: u64) -> u64 {
+        let mut state = MetaState::lock(&self.core, ShardSet::of(&[ino]));
+        let mapped = state.reserve_delalloc(&self.promises, ino, file_block, block_count);
+        state.publish_estimate();
+        mapped
+    }
+
+    /// Makes the blocks of records now durable allocatable.
+    pub fn release_durable_frees(&self) {
+        let durable_lsn = self.journal.durable_lsn();
+        if self.first_pending_free_lsn.load(Ordering::Acquire) > durable_lsn {
+            return;
+        }
+        let mut space = self.space();
+        space.release_pending_frees(durable_lsn);
+        self.note_first_pending(&space);
+    }
+
+    fn note_first_pending(&self, space: &Space) {
+        let first = if space.discard_freed { None } else { space.first_pending_lsn() };
+        self.first_pending_free_lsn.store(first.unwrap_or(u64::MAX), Ordering::Release);
     }
 
     pub fn journal(&self) -> &Journal {
@@ -312,19 +465,28 @@ impl MetaStore {
         self.journal.failure().map(Error::ReadOnly)
     }
 
-    /// Runs `change` as one transaction; returns its value and the lsn of the
-    /// transaction's last record.
-    pub fn transact<T>(&self, change: impl FnOnce(&mut Txn<'_>) -> Result<T>) -> Result<(T, u64)> {
+    /// Runs `change` as one transaction over the inodes `inos` (a create
+    /// names the new inode's number too); returns its value and the lsn of
+    /// the transaction's last record. The inodes' shards are write-locked
+    /// in ascending order before `change` runs and held until its records
+    /// are in the log, so records of one inode reach the log in the order
+    /// they changed it (docs/format.md, "Log order"). `change` may look at
+    /// inodes of those shards only.
+    pub fn transact<T>(
+        &self,
+        inos: &[u64],
+        change: impl FnOnce(&mut Txn<'_>) -> Result<T>,
+    ) -> Result<(T, u64)> {
         if let Some(refusal) = self.refusal() {
             return Err(refusal);
         }
         let metadata_bytes_max = self.journal.geometry().slot_payload_bytes_max();
         let log_bytes_max = self.journal.geometry().group_payload_bytes_max();
         debug_assert!(TXN_LOG_BYTES_UNRESERVED <= log_bytes_max);
-        let mut state = self.write_state();
-        state.release_pending_frees(self.journal.durable_lsn());
+        self.release_durable_frees();
         let mut txn = Txn {
-            state: &mut state,
+            state: MetaState::lock(&self.core, ShardSet::of(inos)),
+            space: &self.space,
             records: Vec::new(),
             displaced: Vec::new(),
             remapped: Vec::new(),
@@ -333,7 +495,10 @@ impl MetaStore {
             log_bytes: 0,
             log_bytes_granted: TXN_LOG_BYTES_UNRESERVED.min(log_bytes_max),
             log_bytes_max,
+            reservation_taken_over: 0,
         };
+        #[cfg(test)]
+        test_hooks::inside_transaction(inos);
         let value = match change(&mut txn) {
             Ok(value) => value,
             Err(error) => {
@@ -344,9 +509,29 @@ impl MetaStore {
                 return Err(error);
             }
         };
-        let Txn { records, displaced, remapped, touched, .. } = txn;
-        let lsn = self.journal.append(&records);
-        state.release_displaced(&not_remapped(displaced, &remapped), lsn);
+        let Txn {
+            mut state,
+            records,
+            displaced,
+            remapped,
+            touched,
+            log_bytes,
+            reservation_taken_over,
+            ..
+        } = txn;
+        // Encoded before the journal's mutex: under it, only a copy.
+        let mut writer = Writer::with_capacity(log_bytes as usize);
+        for record in &records {
+            record.encode(&mut writer);
+        }
+        let (lsn, pending_bytes) =
+            self.journal.append_encoded(writer.as_bytes(), records.len() as u64);
+        let freed = not_remapped(displaced, &remapped);
+        if !freed.is_empty() {
+            let mut space = self.space();
+            space.release_displaced(&freed, lsn, reservation_taken_over);
+            self.note_first_pending(&space);
+        }
         for (ino, data) in touched {
             if let Some(inode) = state.inode_mut(ino) {
                 // fsync waits for an inode's lsns: they only move forward.
@@ -358,8 +543,9 @@ impl MetaStore {
                 }
             }
         }
+        state.publish_estimate();
         drop(state);
-        let pending_bytes = self.journal.pending_bytes() as u64;
+        let pending_bytes = pending_bytes as u64;
         let group_bytes_max = self.journal.geometry().group_bytes_max();
         if pending_bytes > group_bytes_max / 2 {
             // Bound the unwritten log. Half a group's worth is handed to the
@@ -419,7 +605,9 @@ impl MetaStore {
     /// device before they can be reused (`-o discard`, as ext4's).
     pub fn enable_discard(&self, block_bytes: u64) {
         self.discard_block_bytes.store(block_bytes, Ordering::Relaxed);
-        self.write_state().discard_freed = true;
+        let mut space = self.space();
+        space.discard_freed = true;
+        self.note_first_pending(&space);
     }
 
     /// Discards the blocks freed by records now durable, then hands them to
@@ -442,7 +630,7 @@ impl MetaStore {
         if block_bytes == 0 {
             return;
         }
-        let runs = self.write_state().take_durable_frees(self.journal.durable_lsn());
+        let runs = self.space().take_durable_frees(self.journal.durable_lsn());
         if runs.is_empty() {
             return;
         }
@@ -462,12 +650,13 @@ impl MetaStore {
                 Err(error) => tracing::warn!("discard of {count} blocks at {start}: {error}"),
             }
         }
-        let mut state = self.write_state();
-        state.finish_discards(&runs);
+        let mut space = self.space();
+        space.finish_discards(&runs);
         if self.discard_block_bytes.load(Ordering::Relaxed) == 0 {
-            state.discard_freed = false;
+            space.discard_freed = false;
             let durable_lsn = self.journal.durable_lsn();
-            state.release_pending_frees(durable_lsn);
+            space.release_pending_frees(durable_lsn);
+            self.note_first_pending(&space);
         }
     }
 
@@ -506,18 +695,35 @@ impl MetaStore {
         self.commit(self.journal.last_lsn())
     }
 
-    /// Writes the whole state to the next checkpoint slot.
+    /// Writes the state as of one point of the log to the next checkpoint
+    /// slot, without stopping writers for longer than a shard's encoding
+    /// (`super::checkpoint`).
     pub fn checkpoint(&self) -> Result<()> {
         if let Some(refusal) = self.refusal() {
             return Err(refusal);
         }
         let _only_one = Ordered::lock(Level::Checkpoint, || self.checkpoint_lock.lock());
-        let (point, next_ino, payload, record_count) = {
-            let state = self.read();
+        let (point, next_ino) = {
+            // With every shard held, no transaction is part-way: the log's
+            // end is the point the state reflects.
+            let all = self.view_all();
             let point = self.journal.replay_point();
-            let (payload, record_count) = state.encode_snapshot();
-            (point, state.next_ino, payload, record_count)
+            let next_ino = self.core.next_ino.load(Ordering::Relaxed);
+            *self.core.checkpoint_parts.lock() = checkpoint::SHARD_PARTS_NONE.to_vec();
+            for (index, _) in all.shards() {
+                self.core.shard(index).checkpoint_owed.store(true, Ordering::Release);
+            }
+            (point, next_ino)
         };
+        for index in 0..SHARD_COUNT {
+            let shard = self.core.read_shard(index);
+            self.core.pay_checkpoint(index, &shard);
+        }
+        let parts: Vec<_> = std::mem::take(&mut *self.core.checkpoint_parts.lock())
+            .into_iter()
+            .map(|part| part.expect("every shard encoded"))
+            .collect();
+        let (payload, record_count) = checkpoint::assemble(&parts);
         self.journal.write_checkpoint(point, next_ino, &payload, record_count)
     }
 
@@ -527,5 +733,48 @@ impl MetaStore {
             return Ok(false);
         }
         self.checkpoint().map(|()| true)
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// A number [`MetaStore::peek_ino`] took, handed out next.
+    static INO_PEEKED: Cell<Option<(u64, u64)>> = const { Cell::new(None) };
+}
+
+/// Numbers a thread takes from the shared inode counter at a time.
+const INO_BATCH: u64 = 64;
+
+/// Tells stores apart in the threads' inode batches.
+static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A read-locked inode: see [`MetaStore::inode`].
+pub type InodeRef<'a> = Ordered<MappedRwLockReadGuard<'a, Inode>>;
+/// A write-locked inode: see [`MetaStore::inode_mut`].
+pub type InodeMut<'a> = Ordered<MappedRwLockWriteGuard<'a, Inode>>;
+
+/// A place where a test can stop a transaction part-way, holding its shards.
+#[cfg(test)]
+pub mod test_hooks {
+    use std::cell::RefCell;
+
+    type Hook = Box<dyn FnMut(&[u64])>;
+
+    thread_local! {
+        static INSIDE: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
+
+    /// Runs `hook` in this thread's transactions, after their shards are
+    /// locked and before their change, until it is cleared.
+    pub fn set_inside_transaction(hook: Option<Hook>) {
+        INSIDE.with(|inside| *inside.borrow_mut() = hook);
+    }
+
+    pub(super) fn inside_transaction(inos: &[u64]) {
+        INSIDE.with(|inside| {
+            if let Some(hook) = inside.borrow_mut().as_mut() {
+                hook(inos);
+            }
+        });
     }
 }

@@ -10,15 +10,17 @@
 //! kernel answers the same questions from the inode with no
 //! shared write (i_size_read, relatime_need_update).
 //!
-//! The copy is taken under the read lock with the store's generation,
-//! which every change of the metadata bumps before it changes anything
-//! ([`super::MetaStore::generation`]). While the generation still reads
-//! the same, nothing has changed, so the copy is as good as a fresh look; a
-//! reader that finds another generation takes the lock as before and
-//! refreshes the copy. The fields are a sequence lock: a reader retries
-//! (takes the lock) rather than use a copy caught half written.
+//! The copy is taken under the inode's shard read lock with the inode's
+//! own view generation, which every change of that inode bumps under the
+//! shard's write lock (`Inode::note_changed`): changes to other files leave
+//! it alone. While the generation still reads the same, the inode has not
+//! changed, so the copy is as good as a fresh look; a reader that finds
+//! another generation takes the lock and refreshes the copy. The fields are
+//! a sequence lock: a reader retries (takes the lock) rather than use a copy
+//! caught half written.
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// What a read needs of its inode's metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +35,8 @@ pub struct Viewed {
 /// One handle's copy; see the module documentation.
 #[derive(Debug, Default)]
 pub struct InodeView {
+    /// The inode's view generation, once a refresh found it.
+    source: OnceLock<Arc<AtomicU64>>,
     /// Even when the fields below are whole; odd while one refresh writes
     /// them.
     sequence: AtomicU64,
@@ -43,6 +47,17 @@ pub struct InodeView {
 }
 
 impl InodeView {
+    /// The copy, if the inode has not changed since it was taken.
+    pub fn current(&self) -> Option<Viewed> {
+        let source = self.source.get()?;
+        self.get(source.load(Ordering::Acquire))
+    }
+
+    /// Ties this copy to the inode's view generation (the first refresh).
+    pub fn attach(&self, source: &Arc<AtomicU64>) {
+        let _ = self.source.set(Arc::clone(source));
+    }
+
     /// The copy, if it was taken at `generation` (the store's, read now).
     pub fn get(&self, generation: u64) -> Option<Viewed> {
         let before = self.sequence.load(Ordering::Acquire);

@@ -16,7 +16,7 @@
 use super::inodes::Inodes;
 use crate::error::{Error, Result};
 use crate::format::{InodeKind, Record};
-use crate::meta::{Inode, MetaState, Txn};
+use crate::meta::{Inode, InodeTable, Txn};
 
 pub(crate) const ACCESS: &[u8] = b"system.posix_acl_access";
 pub(crate) const DEFAULT: &[u8] = b"system.posix_acl_default";
@@ -215,7 +215,12 @@ pub(crate) fn sync_access_acl(txn: &mut Txn<'_>, ino: u64, mode: u32) {
 
 /// The mode to create a node with: the umask applies unless the parent
 /// directory has a default ACL, which then masks the mode instead.
-pub(crate) fn creation_mode(state: &MetaState, parent: u64, mode: u32, umask: u32) -> u32 {
+pub(crate) fn creation_mode(
+    state: &(impl InodeTable + ?Sized),
+    parent: u64,
+    mode: u32,
+    umask: u32,
+) -> u32 {
     let has_default = state.inode(parent).is_some_and(|dir| dir.xattrs.contains_key(DEFAULT));
     if has_default {
         mode
@@ -229,7 +234,7 @@ impl Inodes<'_> {
     /// mode and umask the caller passed: the umask applies unless `parent`
     /// has a default ACL, which masks the mode instead (POSIX.1e).
     pub fn creation_mode(&self, parent: u64, mode: u32, umask: u32) -> u32 {
-        creation_mode(&self.volume.shared.meta.read(), parent, mode, umask)
+        creation_mode(&self.volume.shared.meta.view(&[parent]), parent, mode, umask)
     }
 }
 
@@ -237,7 +242,7 @@ impl Inodes<'_> {
 /// inherits: its permission bits and the ACL records to apply after its
 /// InodeSet. Nothing when the parent has no default ACL.
 pub(crate) fn inherit(
-    state: &MetaState,
+    state: &(impl InodeTable + ?Sized),
     parent: u64,
     ino: u64,
     kind: InodeKind,

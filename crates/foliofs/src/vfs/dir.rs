@@ -23,15 +23,18 @@ impl Inodes<'_> {
     /// Opens directory `ino` for listing (opendir).
     pub fn open_dir(&self, ino: u64) -> Result<Dir> {
         self.volume.shared.check_running()?;
-        self.volume.shared.meta.update_memory(|state| {
-            let inode =
-                state.inode_mut(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+        {
+            let mut inode = self
+                .volume
+                .shared
+                .meta
+                .inode_mut(ino)
+                .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
             if inode.attrs.kind != InodeKind::Dir {
                 return Err(Error::NotDir(format!("inode {ino}")));
             }
             inode.open_handles += 1;
-            Ok(())
-        })?;
+        }
         Ok(Dir { shared: Arc::clone(&self.volume.shared), ino, released: false })
     }
 }
@@ -44,12 +47,12 @@ impl Dir {
 
     /// The directory's attributes.
     pub fn attr(&self) -> Result<Attr> {
-        self.shared.attr_of(&self.shared.meta.read(), self.ino)
+        self.shared.attr_of(&self.shared.meta.view(&[self.ino]), self.ino)
     }
 
     /// The entries now, sorted by name ("." and ".." not included).
     pub fn entries(&self) -> Result<Vec<DirEntry>> {
-        let entries = super::namespace::list(&self.shared.meta.read(), self.ino)?;
+        let entries = super::namespace::list(&self.shared.meta, self.ino)?;
         self.shared.accessed(self.ino);
         Ok(entries)
     }
@@ -57,9 +60,11 @@ impl Dir {
     /// The directory holding this one when it was last named (a removed
     /// directory keeps its last parent, for "..").
     pub fn parent(&self) -> Result<u64> {
-        let state = self.shared.meta.read();
-        let inode =
-            state.inode(self.ino).ok_or_else(|| Error::NotFound(format!("inode {}", self.ino)))?;
+        let inode = self
+            .shared
+            .meta
+            .inode(self.ino)
+            .ok_or_else(|| Error::NotFound(format!("inode {}", self.ino)))?;
         Ok(inode.attrs.parent)
     }
 
@@ -78,7 +83,7 @@ impl Dir {
             // A read-only volume frees orphans at its next writable mount.
             return Ok(());
         }
-        self.shared.meta.transact(|txn| {
+        self.shared.meta.transact(&[ino], |txn| {
             Shared::free_if_orphaned(txn, ino);
             Ok(())
         })?;

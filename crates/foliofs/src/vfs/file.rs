@@ -116,9 +116,13 @@ impl Inodes<'_> {
         if flags.truncate && !flags.write {
             return Err(Error::invalid("O_TRUNC without write access"));
         }
-        self.volume.shared.meta.update_memory(|state| {
-            let inode =
-                state.inode_mut(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+        {
+            let mut inode = self
+                .volume
+                .shared
+                .meta
+                .inode_mut(ino)
+                .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
             if flags.write && inode.flags & INODE_FLAG_IMMUTABLE != 0 {
                 return Err(Error::NotPermitted(format!("inode {ino} is immutable: writing")));
             }
@@ -137,8 +141,7 @@ impl Inodes<'_> {
                 _ => return Err(Error::invalid(format!("inode {ino} is a special file"))),
             }
             inode.open_handles += 1;
-            Ok(())
-        })?;
+        }
         let inode = self.volume.shared.inode_cache(ino);
         if flags.drop_behind {
             inode.set_drop_behind();
@@ -181,7 +184,7 @@ impl File {
 
     /// The file's attributes (fstat).
     pub fn attr(&self) -> Result<Attr> {
-        self.shared.attr_of(&self.shared.meta.read(), self.ino)
+        self.shared.attr_of(&self.shared.meta.view(&[self.ino]), self.ino)
     }
 
     fn check_readable(&self) -> Result<()> {
@@ -543,7 +546,8 @@ impl File {
             // under its own lock.
             let _exclusive = self.inode.io.exclusive(|| self.shared.engine.device.unplug());
             let _serial = self.inode.lock_writeback();
-            let freed = self.shared.meta.transact(|txn| Ok(Shared::free_if_orphaned(txn, ino)));
+            let freed =
+                self.shared.meta.transact(&[ino], |txn| Ok(Shared::free_if_orphaned(txn, ino)));
             // Cached data goes only with the inode (someone may have opened
             // it by number meanwhile).
             if matches!(freed, Ok((true, _))) {

@@ -21,7 +21,7 @@ use crate::format::record::{
     INODE_FLAGS_KNOWN, INODE_FLAG_APPEND, INODE_FLAG_IMMUTABLE, INODE_FLAG_NOATIME,
 };
 use crate::format::Record;
-use crate::meta::MetaState;
+use crate::meta::InodeTable;
 
 use super::inodes::Inodes;
 use super::volume::Shared;
@@ -29,7 +29,7 @@ use super::volume::Shared;
 /// The flags only CAP_LINUX_IMMUTABLE may change.
 const PROTECTION_FLAGS: u32 = INODE_FLAG_IMMUTABLE | INODE_FLAG_APPEND;
 
-fn flags_of(state: &MetaState, ino: u64) -> Result<u32> {
+fn flags_of(state: &(impl InodeTable + ?Sized), ino: u64) -> Result<u32> {
     state.inode(ino).map(|inode| inode.flags).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
 }
 
@@ -40,7 +40,11 @@ fn refused(ino: u64, flags: u32, what: &str) -> Error {
 
 /// Refuses `what` (a change of the inode itself: its attributes, a link, an
 /// unlink, a rename) when `ino` is immutable or append-only.
-pub(super) fn check_changeable(state: &MetaState, ino: u64, what: &str) -> Result<()> {
+pub(super) fn check_changeable(
+    state: &(impl InodeTable + ?Sized),
+    ino: u64,
+    what: &str,
+) -> Result<()> {
     let flags = flags_of(state, ino)?;
     if flags & PROTECTION_FLAGS != 0 {
         return Err(refused(ino, flags, what));
@@ -50,7 +54,11 @@ pub(super) fn check_changeable(state: &MetaState, ino: u64, what: &str) -> Resul
 
 /// Refuses `what` when `ino` is immutable (append-only allows it: adding a
 /// directory entry, appending data, setting times to now).
-pub(super) fn check_not_immutable(state: &MetaState, ino: u64, what: &str) -> Result<()> {
+pub(super) fn check_not_immutable(
+    state: &(impl InodeTable + ?Sized),
+    ino: u64,
+    what: &str,
+) -> Result<()> {
     let flags = flags_of(state, ino)?;
     if flags & INODE_FLAG_IMMUTABLE != 0 {
         return Err(refused(ino, flags, what));
@@ -58,17 +66,16 @@ pub(super) fn check_not_immutable(state: &MetaState, ino: u64, what: &str) -> Re
     Ok(())
 }
 
-/// Whether reads of `ino` leave its access time alone (chattr +A).
-pub(super) fn skips_atime(state: &MetaState, ino: u64) -> bool {
-    state.inode(ino).is_some_and(|inode| inode.flags & INODE_FLAG_NOATIME != 0)
+/// Whether reads of `inode` leave its access time alone (chattr +A).
+pub(super) fn skips_atime(inode: &crate::meta::Inode) -> bool {
+    inode.flags & INODE_FLAG_NOATIME != 0
 }
 
 impl Shared {
     /// A data change of `ino` from byte `start` on: refused on an immutable
     /// file, and on an append-only one below its end of file.
     pub(super) fn check_data_change(&self, ino: u64, start: u64, what: &str) -> Result<()> {
-        let state = self.meta.read();
-        let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+        let inode = self.meta.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
         let flags = inode.flags;
         if flags & INODE_FLAG_IMMUTABLE != 0
             || (flags & INODE_FLAG_APPEND != 0 && start < inode.size)
@@ -83,7 +90,7 @@ impl Inodes<'_> {
     /// The inode's attribute flags (`INODE_FLAG_*`, FS_IOC_GETFLAGS values).
     pub fn flags(&self, ino: u64) -> Result<u32> {
         self.volume.shared.check_running()?;
-        flags_of(&self.volume.shared.meta.read(), ino)
+        flags_of(&self.volume.shared.meta.view(&[ino]), ino)
     }
 
     /// open(2)'s rule for an append-only file, for a caller that positions
@@ -91,7 +98,7 @@ impl Inodes<'_> {
     /// handle without `OpenFlags::append`: writable only with O_APPEND.
     /// (Without it, `File` refuses each write below the end of file.)
     pub fn check_append_only_open(&self, ino: u64, write: bool, o_append: bool) -> Result<()> {
-        let flags = flags_of(&self.volume.shared.meta.read(), ino)?;
+        let flags = flags_of(&self.volume.shared.meta.view(&[ino]), ino)?;
         if write && !o_append && flags & INODE_FLAG_APPEND != 0 {
             return Err(refused(ino, flags, "opening it for writing without O_APPEND"));
         }
@@ -108,7 +115,7 @@ impl Inodes<'_> {
                 flags & !INODE_FLAGS_KNOWN
             )));
         }
-        self.volume.shared.meta.transact(|txn| {
+        self.volume.shared.meta.transact(&[ino], |txn| {
             let old = flags_of(txn.state(), ino)?;
             if (old ^ flags) & PROTECTION_FLAGS != 0 && !may_protect {
                 return Err(Error::NotPermitted(

@@ -9,6 +9,8 @@ mod acl;
 mod attr;
 #[cfg(test)]
 mod coherence_tests;
+#[cfg(test)]
+mod concurrency_tests;
 mod dir;
 mod file;
 mod flags;

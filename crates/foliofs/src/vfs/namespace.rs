@@ -7,7 +7,7 @@ use crate::format::record::is_valid_name;
 use crate::format::{
     InodeAttrs, InodeKind, Record, Timestamp, NAME_BYTES_MAX, ROOT_INO, SYMLINK_BYTES_MAX,
 };
-use crate::meta::{MetaState, Txn};
+use crate::meta::{InodeTable, MetaStore, Txn};
 
 use super::attr::{Attr, DirEntry, Owner, SetAttr, TimeSet};
 use super::flags::{check_changeable, check_not_immutable};
@@ -73,18 +73,21 @@ fn display(name: &[u8]) -> String {
 }
 
 /// The entry `name` in directory `dir`: its inode number.
-fn entry_of(state: &MetaState, dir: u64, name: &[u8]) -> Result<u64> {
+fn entry_of(state: &(impl InodeTable + ?Sized), dir: u64, name: &[u8]) -> Result<u64> {
     let entries = dir_entries(state, dir)?;
     entries.get(name).copied().ok_or_else(|| Error::NotFound(display(name)))
 }
 
-fn dir_entries(state: &MetaState, dir: u64) -> Result<&std::collections::BTreeMap<Vec<u8>, u64>> {
+fn dir_entries(
+    state: &(impl InodeTable + ?Sized),
+    dir: u64,
+) -> Result<&std::collections::BTreeMap<Vec<u8>, u64>> {
     let inode =
         state.inode(dir).ok_or_else(|| Error::NotFound(format!("directory inode {dir}")))?;
     inode.entries().ok_or_else(|| Error::NotDir(format!("inode {dir}")))
 }
 
-fn parent_dir_of(state: &MetaState, dir: u64) -> Result<u64> {
+fn parent_dir_of(state: &(impl InodeTable + ?Sized), dir: u64) -> Result<u64> {
     let attrs = attrs_of(state, dir)?;
     if attrs.kind != InodeKind::Dir {
         return Err(Error::NotDir(format!("inode {dir}")));
@@ -94,14 +97,14 @@ fn parent_dir_of(state: &MetaState, dir: u64) -> Result<u64> {
 
 /// A directory removed while open lists nothing and takes no new entries
 /// (ENOENT, as the kernel's IS_DEADDIR).
-fn check_not_removed(state: &MetaState, dir: u64) -> Result<()> {
+fn check_not_removed(state: &(impl InodeTable + ?Sized), dir: u64) -> Result<()> {
     if attrs_of(state, dir)?.nlink == 0 {
         return Err(Error::NotFound(format!("directory {dir} was removed")));
     }
     Ok(())
 }
 
-fn attrs_of(state: &MetaState, ino: u64) -> Result<InodeAttrs> {
+fn attrs_of(state: &(impl InodeTable + ?Sized), ino: u64) -> Result<InodeAttrs> {
     state.inode(ino).map(|inode| inode.attrs).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
 }
 
@@ -193,28 +196,45 @@ pub(super) fn apply_new_inode(
     Ok(())
 }
 
-/// The entries of directory `dir`, sorted by name.
-pub(super) fn list(state: &MetaState, dir: u64) -> Result<Vec<DirEntry>> {
-    let entries = dir_entries(state, dir)?;
-    Ok(entries
-        .iter()
-        .filter_map(|(name, &ino)| {
-            let kind = state.inode(ino)?.attrs.kind;
-            Some(DirEntry { name: name.clone(), ino, kind })
-        })
+/// The entries of directory `dir`, sorted by name. The names are read
+/// under the directory's shard, then each entry's kind under its own, a
+/// shard at a time (an entry whose inode went meanwhile is left out).
+pub(super) fn list(meta: &MetaStore, dir: u64) -> Result<Vec<DirEntry>> {
+    let named: Vec<(Vec<u8>, u64)> = {
+        let view = meta.view(&[dir]);
+        let entries = dir_entries(&view, dir)?;
+        entries.iter().map(|(name, &ino)| (name.clone(), ino)).collect()
+    };
+    let mut kinds: Vec<Option<InodeKind>> = vec![None; named.len()];
+    let mut by_shard: Vec<usize> = (0..named.len()).collect();
+    by_shard.sort_by_key(|&index| crate::meta::shard_of(named[index].1));
+    for group in by_shard
+        .chunk_by(|&a, &b| crate::meta::shard_of(named[a].1) == crate::meta::shard_of(named[b].1))
+    {
+        let view = meta.view(&[named[group[0]].1]);
+        for &index in group {
+            kinds[index] = view.inode(named[index].1).map(|inode| inode.attrs.kind);
+        }
+    }
+    Ok(named
+        .into_iter()
+        .zip(kinds)
+        .filter_map(|((name, ino), kind)| Some(DirEntry { name, ino, kind: kind? }))
         .collect())
 }
 
-/// True if `ancestor` is `dir` or one of its parents.
-fn is_ancestor(state: &MetaState, ancestor: u64, mut dir: u64) -> bool {
-    for _ in 0..state.inode_count() + 1 {
+/// True if directory `ancestor` is `dir` or one of its parents, read a
+/// directory at a time: the caller holds the rename mutex, so no
+/// directory changes parent meanwhile.
+fn is_ancestor_walk(meta: &MetaStore, ancestor: u64, mut dir: u64) -> bool {
+    for _ in 0..meta.inode_count() + 1 {
         if dir == ancestor {
             return true;
         }
         if dir == ROOT_INO {
             return false;
         }
-        match state.inode(dir) {
+        match meta.inode(dir) {
             Some(inode) => dir = inode.attrs.parent,
             None => return false,
         }
@@ -225,7 +245,7 @@ fn is_ancestor(state: &MetaState, ancestor: u64, mut dir: u64) -> bool {
 impl Inodes<'_> {
     /// The attributes of inode `ino` (stat).
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
-        self.volume.shared.attr_of(&self.volume.shared.meta.read(), ino)
+        self.volume.shared.attr_of(&self.volume.shared.meta.view(&[ino]), ino)
     }
 
     /// The inode `name` in directory `parent`. "." is `parent` itself,
@@ -233,31 +253,34 @@ impl Inodes<'_> {
     /// kernel makes to turn a file handle back into an inode (FUSE export
     /// support, NFS re-export, open_by_handle_at).
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
-        let state = self.volume.shared.meta.read();
+        let meta = &self.volume.shared.meta;
         let ino = match name {
             b"." => parent,
-            b".." => parent_dir_of(&state, parent)?,
-            _ => entry_of(&state, parent, name)?,
+            b".." => parent_dir_of(&meta.view(&[parent]), parent)?,
+            _ => entry_of(&meta.view(&[parent]), parent, name)?,
         };
-        self.volume.shared.attr_of(&state, ino)
+        // A second look, under the entry's own shard: an entry removed in
+        // between is not found, as a lookup that came a moment later.
+        self.volume.shared.attr_of(&meta.view(&[ino]), ino)
     }
 
     /// The directory that holds directory `dir` (the root holds itself).
     pub fn parent_of(&self, dir: u64) -> Result<u64> {
         self.volume.shared.check_running()?;
-        parent_dir_of(&self.volume.shared.meta.read(), dir)
+        parent_dir_of(&self.volume.shared.meta.view(&[dir]), dir)
     }
 
     /// The inode at an absolute path; symlinks are not followed.
     pub fn resolve(&self, path: &str) -> Result<u64> {
         self.volume.shared.check_running()?;
-        let state = self.volume.shared.meta.read();
+        let meta = &self.volume.shared.meta;
         let mut ino = ROOT_INO;
         for component in path.split('/').filter(|part| !part.is_empty() && *part != ".") {
+            let view = meta.view(&[ino]);
             ino = if component == ".." {
-                attrs_of(&state, ino)?.parent
+                attrs_of(&view, ino)?.parent
             } else {
-                entry_of(&state, ino, component.as_bytes()).map_err(|error| match error {
+                entry_of(&view, ino, component.as_bytes()).map_err(|error| match error {
                     Error::NotFound(_) => Error::NotFound(path.to_string()),
                     Error::NotDir(_) => Error::NotDir(path.to_string()),
                     other => other,
@@ -270,7 +293,7 @@ impl Inodes<'_> {
     /// The entries of directory `dir`, without "." and "..".
     pub fn readdir(&self, dir: u64) -> Result<Vec<DirEntry>> {
         self.volume.shared.check_running()?;
-        let entries = list(&self.volume.shared.meta.read(), dir)?;
+        let entries = list(&self.volume.shared.meta, dir)?;
         self.volume.shared.accessed(dir);
         Ok(entries)
     }
@@ -278,8 +301,12 @@ impl Inodes<'_> {
     /// The target of symlink `ino`.
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         self.volume.shared.check_running()?;
-        let state = self.volume.shared.meta.read();
-        let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+        let inode = self
+            .volume
+            .shared
+            .meta
+            .inode(ino)
+            .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
         match &inode.body {
             crate::meta::InodeBody::Symlink(target) => Ok(target.clone()),
             _ => Err(Error::invalid(format!("inode {ino} is not a symlink"))),
@@ -300,7 +327,8 @@ impl Inodes<'_> {
         rdev: u32,
     ) -> Result<Attr> {
         check_name(name)?;
-        let (attr, _) = self.volume.shared.meta.transact(|txn| {
+        let ino = self.volume.shared.meta.take_ino();
+        let (attr, _) = self.volume.shared.meta.transact(&[parent, ino], |txn| {
             if dir_entries(txn.state(), parent)?.contains_key(name) {
                 return Err(Error::Exists(display(name)));
             }
@@ -309,7 +337,6 @@ impl Inodes<'_> {
             let extra = 200 + name.len() as u64 + target.map_or(0, |target| target.len() as u64);
             txn.ensure_metadata_room(extra)?;
             let now = Timestamp::now();
-            let ino = txn.state().next_ino;
             if txn.state().inode(ino).is_some() {
                 // Numbers only grow, and `next_ino` stops at u64::MAX: an
                 // image using that number has none left. Handing it out again
@@ -361,7 +388,7 @@ impl Inodes<'_> {
     /// Adds the name `new_name` in `new_parent` for the existing inode `ino`.
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
         check_name(new_name)?;
-        let (attr, _) = self.volume.shared.meta.transact(|txn| {
+        let (attr, _) = self.volume.shared.meta.transact(&[ino, new_parent], |txn| {
             let attrs = attrs_of(txn.state(), ino)?;
             if attrs.kind == InodeKind::Dir {
                 return Err(Error::NotPermitted("hard links to directories".into()));
@@ -421,7 +448,8 @@ impl Inodes<'_> {
 
     /// Returns false, changing nothing, if `name` no longer names `victim`.
     fn unlink_entry(&self, parent: u64, name: &[u8], victim: Option<u64>) -> Result<bool> {
-        let (done, _) = self.volume.shared.meta.transact(|txn| {
+        let inos: Vec<u64> = std::iter::once(parent).chain(victim).collect();
+        let (done, _) = self.volume.shared.meta.transact(&inos, |txn| {
             let ino = entry_of(txn.state(), parent, name)?;
             if Some(ino) != victim {
                 return Ok(false);
@@ -442,8 +470,31 @@ impl Inodes<'_> {
 
     /// Removes the empty directory `name` from `parent`.
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
-        self.volume.shared.meta.transact(|txn| {
+        const ATTEMPTS_MAX: usize = 16;
+        let meta = &self.volume.shared.meta;
+        for _ in 0..ATTEMPTS_MAX {
+            let named = entry_of(&meta.view(&[parent]), parent, name)?;
+            if self.rmdir_entry(parent, name, named)? {
+                self.volume
+                    .shared
+                    .namespace_changed(&[NamespaceEvent::Entry { parent, name: name.to_vec() }]);
+                return Ok(());
+            }
+        }
+        Err(Error::invalid(format!(
+            "{}: renamed or replaced concurrently too often",
+            display(name)
+        )))
+    }
+
+    /// Removes `parent`/`name` if it still names directory `named`; false,
+    /// changing nothing, if it names another inode now.
+    fn rmdir_entry(&self, parent: u64, name: &[u8], named: u64) -> Result<bool> {
+        let (done, _) = self.volume.shared.meta.transact(&[parent, named], |txn| {
             let ino = entry_of(txn.state(), parent, name)?;
+            if ino != named {
+                return Ok(false);
+            }
             let entries = dir_entries(txn.state(), ino)?;
             // Before the emptiness check, as the kernel's may_delete.
             check_changeable(txn.state(), parent, "removing an entry")?;
@@ -455,12 +506,9 @@ impl Inodes<'_> {
             txn.apply(Record::DirRemove { dir: parent, name: name.to_vec() });
             touch_dir(txn, parent, -1, now);
             drop_link(txn, ino, now);
-            Ok(())
+            Ok(true)
         })?;
-        self.volume
-            .shared
-            .namespace_changed(&[NamespaceEvent::Entry { parent, name: name.to_vec() }]);
-        Ok(())
+        Ok(done)
     }
 
     /// Moves `name` in `parent` to `new_name` in `new_parent`, as renameat2 with `flags`; replaces what is there unless `flags` say otherwise.
@@ -480,10 +528,13 @@ impl Inodes<'_> {
         if flags.exchange && flags.whiteout.is_some() {
             return Err(Error::invalid("RENAME_EXCHANGE and RENAME_WHITEOUT together"));
         }
-        let moved = entry_of(&self.volume.shared.meta.read(), parent, name).ok();
+        let meta = &self.volume.shared.meta;
+        let moved = entry_of(&meta.view(&[parent]), parent, name).ok();
         let mut replaced = None;
         self.with_quiesced_victim(new_parent, new_name, |victim| {
-            let done = self.rename_entry(parent, name, new_parent, new_name, flags, victim)?;
+            let moving = entry_of(&meta.view(&[parent]), parent, name).ok();
+            let names = RenameNames { parent, name, new_parent, new_name };
+            let done = self.rename_entry(names, flags, moving, victim)?;
             replaced = victim.filter(|_| done);
             Ok(done)
         })?;
@@ -500,29 +551,59 @@ impl Inodes<'_> {
         Ok(())
     }
 
-    /// Returns false, changing nothing, if the target no longer names `victim`.
+    /// Returns false, changing nothing, if the source no longer names
+    /// `moving` or the target no longer names `victim`.
     fn rename_entry(
         &self,
-        parent: u64,
-        name: &[u8],
-        new_parent: u64,
-        new_name: &[u8],
+        names: RenameNames<'_>,
         flags: RenameFlags,
+        moving: Option<u64>,
         victim: Option<u64>,
     ) -> Result<bool> {
-        let (done, _) = self.volume.shared.meta.transact(|txn| {
+        let RenameNames { parent, name, new_parent, new_name } = names;
+        let meta = &self.volume.shared.meta;
+        let is_dir = |ino: Option<u64>| {
+            ino.and_then(|ino| meta.inode(ino))
+                .is_some_and(|inode| inode.attrs.kind == InodeKind::Dir)
+        };
+        let (moving_is_dir, victim_is_dir) = (is_dir(moving), is_dir(victim));
+        // A directory that changes parent: its ancestry is checked (it must
+        // not go under itself) with the rename mutex held to the end, so no
+        // other such rename changes the ancestry meanwhile (the VFS's
+        // s_vfs_rename_mutex). Renames within one directory, and of other
+        // kinds, need neither.
+        let moves_dirs =
+            parent != new_parent && (moving_is_dir || (flags.exchange && victim_is_dir));
+        let _rename_lock = moves_dirs.then(|| meta.rename_lock());
+        let ancestry = RenameAncestry {
+            moved_under_itself: moves_dirs
+                && moving
+                    .is_some_and(|ino| moving_is_dir && is_ancestor_walk(meta, ino, new_parent)),
+            victim_under_itself: moves_dirs
+                && victim.is_some_and(|ino| victim_is_dir && is_ancestor_walk(meta, ino, parent)),
+        };
+        let whiteout = flags.whiteout.map(|_| meta.take_ino());
+        let inos: Vec<u64> =
+            [parent, new_parent].into_iter().chain(moving).chain(victim).chain(whiteout).collect();
+        let (done, _) = meta.transact(&inos, |txn| {
             if entry_of(txn.state(), new_parent, new_name).ok() != victim {
                 return Ok(false);
             }
-            let plan = plan_rename(txn.state(), parent, name, new_parent, new_name, flags)?;
+            let moving_now = entry_of(txn.state(), parent, name).ok();
+            if moving_now != moving {
+                return Ok(false);
+            }
+            // The kinds decided on above are the kinds now (an inode never
+            // changes kind), so the ancestry answers hold.
+            let plan = plan_rename(txn.state(), names, flags, ancestry)?;
             if plan.is_noop {
                 return Ok(true);
             }
             let whiteout_bytes = flags.whiteout.map_or(0, |_| 200 + name.len() as u64);
             txn.ensure_metadata_room(300 + new_name.len() as u64 + whiteout_bytes)?;
             apply_rename(txn, &plan, parent, name, new_parent, new_name, flags.exchange);
-            if let Some(owner) = flags.whiteout {
-                apply_whiteout(txn, parent, name, owner, whiteout_bytes)?;
+            if let (Some(owner), Some(ino)) = (flags.whiteout, whiteout) {
+                apply_whiteout(txn, parent, name, ino, owner, whiteout_bytes)?;
             }
             Ok(true)
         })?;
@@ -542,7 +623,7 @@ impl Inodes<'_> {
     ) -> Result<()> {
         const ATTEMPTS_MAX: usize = 16;
         for _ in 0..ATTEMPTS_MAX {
-            let victim = entry_of(&self.volume.shared.meta.read(), dir, name).ok();
+            let victim = entry_of(&self.volume.shared.meta.view(&[dir]), dir, name).ok();
             let Some(cached) = victim.and_then(|ino| self.volume.shared.cache.existing_inode(ino))
             else {
                 if change(victim)? {
@@ -554,7 +635,7 @@ impl Inodes<'_> {
                 let _exclusive = cached.io.exclusive(|| self.volume.shared.engine.device.unplug());
                 let _serial = cached.lock_writeback();
                 let done = change(victim);
-                if self.volume.shared.meta.read().inode(cached.ino).is_none() {
+                if self.volume.shared.meta.inode(cached.ino).is_none() {
                     cached.remove_range(0, u64::MAX);
                 }
                 done
@@ -574,9 +655,9 @@ impl Inodes<'_> {
 
     /// Changes attributes; a size change truncates or extends the file.
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
-        check_attr_change(&self.volume.shared.meta.read(), ino, changes)?;
+        check_attr_change(&self.volume.shared.meta.view(&[ino]), ino, changes)?;
         if let Some(size) = changes.size {
-            let kind = attrs_of(&self.volume.shared.meta.read(), ino)?.kind;
+            let kind = attrs_of(&self.volume.shared.meta.view(&[ino]), ino)?.kind;
             match kind {
                 InodeKind::Dir => return Err(Error::IsDir(format!("inode {ino}"))),
                 InodeKind::Symlink => return Err(Error::invalid("truncating a symlink")),
@@ -607,7 +688,7 @@ impl Inodes<'_> {
     /// system (FUSE direct writes; fallocate). Returns whether the mode
     /// changed.
     pub fn remove_privileges(&self, ino: u64, caller: Owner, kill_setid: bool) -> Result<bool> {
-        let to_remove = |state: &MetaState| -> Result<(u32, bool)> {
+        let to_remove = |state: &dyn InodeTable| -> Result<(u32, bool)> {
             // The data change that follows is refused on an immutable file:
             // nothing may change before it either.
             check_not_immutable(state, ino, "writing")?;
@@ -618,10 +699,10 @@ impl Inodes<'_> {
         };
         // Most files have neither, and this runs before every write: a read
         // lock decides.
-        if to_remove(&self.volume.shared.meta.read())? == (0, false) {
+        if to_remove(&self.volume.shared.meta.view(&[ino]))? == (0, false) {
             return Ok(false);
         }
-        let (dropped, _) = self.volume.shared.meta.transact(|txn| {
+        let (dropped, _) = self.volume.shared.meta.transact(&[ino], |txn| {
             let (dropped, capability) = to_remove(txn.state())?;
             if dropped == 0 && !capability {
                 return Ok(false);
@@ -662,7 +743,7 @@ impl Inodes<'_> {
         if !chown {
             return Ok(None);
         }
-        let attrs = attrs_of(&self.volume.shared.meta.read(), ino)?;
+        let attrs = attrs_of(&self.volume.shared.meta.view(&[ino]), ino)?;
         if attrs.kind != InodeKind::File {
             return Ok(None);
         }
@@ -684,7 +765,11 @@ impl Inodes<'_> {
 /// chattr's rules for a setattr: nothing changes an immutable inode; an
 /// append-only one takes only times set to now (touch), as the kernel's
 /// notify_change and vfs_utimes.
-fn check_attr_change(state: &MetaState, ino: u64, changes: &SetAttr) -> Result<()> {
+fn check_attr_change(
+    state: &(impl InodeTable + ?Sized),
+    ino: u64,
+    changes: &SetAttr,
+) -> Result<()> {
     let is_explicit = |time: Option<TimeSet>| matches!(time, Some(TimeSet::At(_)));
     let changes_protected = changes.mode.is_some()
         || changes.uid.is_some()
@@ -701,6 +786,25 @@ fn check_attr_change(state: &MetaState, ino: u64, changes: &SetAttr) -> Result<(
     }
 }
 
+/// The two names of a rename.
+#[derive(Clone, Copy)]
+struct RenameNames<'a> {
+    parent: u64,
+    name: &'a [u8],
+    new_parent: u64,
+    new_name: &'a [u8],
+}
+
+/// What the ancestry walk found, before the rename's transaction.
+#[derive(Clone, Copy)]
+struct RenameAncestry {
+    /// The moved directory is the target directory or one of its parents.
+    moved_under_itself: bool,
+    /// Exchanging: the target directory is the source directory or one of
+    /// its parents.
+    victim_under_itself: bool,
+}
+
 /// What a rename will do, decided before anything changes.
 struct RenamePlan {
     ino: u64,
@@ -711,13 +815,12 @@ struct RenamePlan {
 }
 
 fn plan_rename(
-    state: &MetaState,
-    parent: u64,
-    name: &[u8],
-    new_parent: u64,
-    new_name: &[u8],
+    state: &(impl InodeTable + ?Sized),
+    names: RenameNames<'_>,
     flags: RenameFlags,
+    ancestry: RenameAncestry,
 ) -> Result<RenamePlan> {
+    let RenameNames { parent, name, new_parent, new_name } = names;
     let ino = entry_of(state, parent, name)?;
     let ino_is_dir = attrs_of(state, ino)?.kind == InodeKind::Dir;
     let target_entries = dir_entries(state, new_parent)?;
@@ -746,12 +849,12 @@ fn plan_rename(
         }
         None => check_not_immutable(state, new_parent, "adding an entry")?,
     }
-    if ino_is_dir && is_ancestor(state, ino, new_parent) {
+    if ino_is_dir && ancestry.moved_under_itself {
         return Err(Error::invalid(format!("cannot move directory {} into itself", display(name))));
     }
     if let Some((victim_ino, victim_is_dir)) = victim {
         if flags.exchange {
-            if victim_is_dir && is_ancestor(state, victim_ino, parent) {
+            if victim_is_dir && ancestry.victim_under_itself {
                 return Err(Error::invalid(
                     "cannot exchange a directory with one of its descendants",
                 ));
@@ -773,10 +876,10 @@ fn apply_whiteout(
     txn: &mut Txn<'_>,
     parent: u64,
     name: &[u8],
+    ino: u64,
     owner: Owner,
     extra: u64,
 ) -> Result<()> {
-    let ino = txn.state().next_ino;
     if txn.state().inode(ino).is_some() {
         return Err(Error::NoSpace("no inode numbers left".into()));
     }
@@ -840,7 +943,7 @@ fn apply_rename(
 impl Shared {
     /// `setattr` without the size: one transaction.
     pub(super) fn change_attrs(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
-        let (attr, _) = self.meta.transact(|txn| {
+        let (attr, _) = self.meta.transact(&[ino], |txn| {
             let mut attrs = attrs_of(txn.state(), ino)?;
             check_attr_change(txn.state(), ino, changes)?;
             if changes.mode.is_none()

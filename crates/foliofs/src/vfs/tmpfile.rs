@@ -31,7 +31,8 @@ impl Inodes<'_> {
             // As open(2): O_TMPFILE needs O_WRONLY or O_RDWR.
             return Err(Error::invalid("an unnamed file must be opened for writing"));
         }
-        let (ino, _) = self.volume.shared.meta.transact(|txn| {
+        let ino = self.volume.shared.meta.take_ino();
+        let (ino, _) = self.volume.shared.meta.transact(&[parent, ino], |txn| {
             let state = txn.state();
             let dir = state
                 .inode(parent)
@@ -42,7 +43,6 @@ impl Inodes<'_> {
             if dir.attrs.nlink == 0 {
                 return Err(Error::NotFound(format!("directory {parent} was removed")));
             }
-            let ino = state.next_ino;
             if state.inode(ino).is_some() {
                 return Err(Error::NoSpace("no inode numbers left".into()));
             }
@@ -57,7 +57,11 @@ impl Inodes<'_> {
         // Nothing frees it before this open: only closing one of its handles
         // or mounting frees an inode with no links, and it has no handles.
         self.open_file(ino, flags).inspect_err(|_| {
-            let _ = self.volume.shared.meta.transact(|txn| Ok(Shared::free_if_orphaned(txn, ino)));
+            let _ = self
+                .volume
+                .shared
+                .meta
+                .transact(&[ino], |txn| Ok(Shared::free_if_orphaned(txn, ino)));
         })
     }
 }

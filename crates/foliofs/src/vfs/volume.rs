@@ -2,6 +2,7 @@
 //! background committer, sync, close.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use crate::format::{
 use crate::iomap::{self, Intent, MapKind};
 use crate::journal::JournalGeometry;
 use crate::layout;
-use crate::meta::{InodeView, LoadReport, MetaState, MetaStore, Viewed};
+use crate::meta::{InodeTable, InodeView, LoadReport, MetaStore, Viewed};
 use crate::options::{AtimePolicy, VolumeOptions};
 use crate::writeback;
 
@@ -63,11 +64,9 @@ impl Shared {
     /// Counts one open handle of `ino` (a file or a directory) out; true when
     /// it was the last of an inode no name refers to: an orphan to free.
     pub(crate) fn close_handle(&self, ino: u64) -> bool {
-        self.meta.update_memory(|state| {
-            let Some(inode) = state.inode_mut(ino) else { return false };
-            inode.open_handles -= 1;
-            inode.open_handles == 0 && inode.attrs.nlink == 0
-        })
+        let Some(mut inode) = self.meta.inode_mut(ino) else { return false };
+        inode.open_handles -= 1;
+        inode.open_handles == 0 && inode.attrs.nlink == 0
     }
 
     /// Frees `ino` in `txn` if it is still an orphan (someone may have
@@ -97,27 +96,34 @@ impl Shared {
         self.engine.cache.inode(ino)
     }
 
-    pub(crate) fn attr_of(&self, state: &MetaState, ino: u64) -> Result<Attr> {
+    pub(crate) fn attr_of(&self, state: &(impl InodeTable + ?Sized), ino: u64) -> Result<Attr> {
         self.check_running()?;
         let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
         Ok(Attr::of(ino, inode, self.superblock.block_bytes))
     }
 
     /// `ino`'s size and access-time outlook for a read, from `view` while
-    /// the metadata has not changed since it was taken, else under the read
-    /// lock (refreshing `view`): see `meta::view`. The caller holds the
+    /// the inode has not changed since it was taken, else under its shard's
+    /// read lock (refreshing `view`): see `meta::view`. The caller holds the
     /// inode's I/O lock shared, as for any read.
     pub(crate) fn read_view(&self, ino: u64, view: &InodeView) -> Result<Viewed> {
-        if let Some(viewed) = view.get(self.meta.generation()) {
+        if let Some(viewed) = view.current() {
             return Ok(viewed);
         }
-        let state = self.meta.read();
-        let generation = self.meta.generation();
-        let inode =
-            state.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+        let gone = || Error::BadHandle(format!("inode {ino} is gone"));
+        let has_generation = self.meta.inode(ino).ok_or_else(gone)?.view_generation.is_some();
+        if !has_generation {
+            // The first handle to read this inode gives it a generation.
+            let mut inode = self.meta.inode_mut(ino).ok_or_else(gone)?;
+            inode.view_generation.get_or_insert_with(|| Arc::new(AtomicU64::new(1)));
+        }
+        let inode = self.meta.inode(ino).ok_or_else(gone)?;
+        let source = inode.view_generation.as_ref().expect("given above, never taken away");
+        view.attach(source);
+        let generation = source.load(Ordering::Acquire);
         let attrs = &inode.attrs;
         let atime_quiet_until_secs = match self.options.atime {
-            _ if self.options.read_only || super::flags::skips_atime(&state, ino) => u64::MAX,
+            _ if self.options.read_only || super::flags::skips_atime(&inode) => u64::MAX,
             AtimePolicy::NoAtime => u64::MAX,
             AtimePolicy::Strict => 0,
             AtimePolicy::Relatime if attrs.mtime >= attrs.atime || attrs.ctime >= attrs.atime => 0,
@@ -177,18 +183,20 @@ impl Shared {
             }
         };
         {
-            let state = self.meta.read();
-            let is_due = state.inode(ino).is_some_and(|inode| due(&inode.attrs));
-            if !is_due || super::flags::skips_atime(&state, ino) {
+            let Some(inode) = self.meta.inode(ino) else { return };
+            if !due(&inode.attrs) || super::flags::skips_atime(&inode) {
                 return;
             }
         }
         let now = strict_now.unwrap_or_else(Timestamp::now);
-        self.meta.update_memory(|state| {
-            if state.inode(ino).is_some_and(|inode| due(&inode.attrs)) {
-                state.touch_atime(ino, now);
+        // The read lock's answer again under the write lock: another
+        // reader may have advanced it meanwhile.
+        if let Some(mut inode) = self.meta.inode_mut(ino) {
+            if due(&inode.attrs) {
+                inode.attrs.atime = now;
+                inode.times_dirty = true;
             }
-        });
+        }
     }
 
     /// Commits the journal up to the inode's last change (all changes, or
@@ -196,8 +204,8 @@ impl Shared {
     /// plain data writes the commit did not already cover.
     pub(crate) fn fsync_inode(&self, ino: u64, data_only: bool) -> Result<()> {
         let (lsn, times_dirty) = {
-            let state = self.meta.read();
-            let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            let inode =
+                self.meta.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
             (if data_only { inode.data_lsn } else { inode.meta_lsn }, inode.times_dirty)
         };
         if let Some(failure) = self.meta.journal().failure() {
@@ -206,7 +214,7 @@ impl Shared {
         // fsync persists the times an overwrite advanced in memory only;
         // fdatasync does not need them.
         let lsn = if times_dirty && !data_only {
-            let (_, lsn) = self.meta.transact(|txn| {
+            let (_, lsn) = self.meta.transact(&[ino], |txn| {
                 if let Some(attrs) = txn.state().inode(ino).map(|inode| inode.attrs) {
                     txn.apply(Record::InodeSet { ino, attrs });
                 }
@@ -333,9 +341,12 @@ impl Volume {
         // A hostile image may hold sizes and extents no live operation makes;
         // refusing them here keeps the byte arithmetic of every later path
         // (fiemap, reads, seeks) from overflowing. Found by fuzz_images.
-        meta.read()
-            .check_limits(block_bytes, crate::engine::FILE_BYTES_MAX)
-            .map_err(|error| Error::Corrupt(error.0))?;
+        crate::meta::check_limits(
+            meta.view_all().inodes(),
+            block_bytes,
+            crate::engine::FILE_BYTES_MAX,
+        )
+        .map_err(|error| Error::Corrupt(error.0))?;
         if options.folio_max_bytes < block_bytes {
             return Err(Error::invalid(format!(
                 "option folio_max={} is smaller than the volume's block size ({block_bytes})",
@@ -429,24 +440,23 @@ impl Volume {
     /// first, so space freed by `rm` shows as free at once (FUSE passes no
     /// syncfs to hurry it).
     pub fn statfs(&self) -> StatFs {
-        let frees_pending = self.shared.meta.read().pending_free_blocks() > 0;
+        let frees_pending = self.shared.meta.space().pending_free_blocks() > 0;
         if frees_pending && self.shared.meta.refusal().is_none() {
             if let Err(error) = self.shared.meta.commit_all() {
                 tracing::warn!("statfs: committing freed space: {error}");
             }
         }
-        let durable_lsn = self.shared.meta.journal().durable_lsn();
-        self.shared.meta.update_memory(|state| state.release_pending_frees(durable_lsn));
-        let state = self.shared.meta.read();
+        self.shared.meta.release_durable_frees();
+        let space = self.shared.meta.space();
         StatFs {
             block_bytes: self.shared.superblock.block_bytes,
             data_blocks: self.shared.superblock.data.block_count,
-            available_blocks: state.alloc.available_blocks(),
+            available_blocks: space.alloc.available_blocks(),
             // Delayed allocations count as used: their space is promised.
-            free_blocks: state.alloc.available_blocks() + state.pending_free_blocks(),
-            inodes: state.inode_count() as u64,
+            free_blocks: space.alloc.available_blocks() + space.pending_free_blocks(),
+            inodes: self.shared.meta.inode_count(),
             name_bytes_max: NAME_BYTES_MAX as u32,
-            metadata_bytes: state.persisted_bytes_estimate(),
+            metadata_bytes: self.shared.meta.persisted_bytes_estimate(),
             metadata_bytes_max: self.shared.meta.journal().geometry().slot_payload_bytes_max(),
         }
     }
@@ -498,8 +508,12 @@ impl Inodes<'_> {
         self.volume.shared.check_running()?;
         let block_bytes = self.volume.shared.block_bytes;
         let end_block = {
-            let state = self.volume.shared.meta.read();
-            let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            let inode = self
+                .volume
+                .shared
+                .meta
+                .inode(ino)
+                .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
             let extents =
                 inode.extents().ok_or_else(|| Error::invalid("fiemap of a non-regular file"))?;
             extents.end_block()
@@ -585,7 +599,7 @@ pub struct FiemapExtent {
 /// Frees inodes that lost their last name while open when the volume stopped.
 fn free_orphans(shared: &Shared) -> Result<()> {
     let orphans: Vec<u64> = {
-        let state = shared.meta.read();
+        let state = shared.meta.view_all();
         let orphans: Vec<u64> = state
             .inodes()
             .filter(|(_, inode)| inode.attrs.nlink == 0)
@@ -610,7 +624,7 @@ fn free_orphans(shared: &Shared) -> Result<()> {
     let mut lsn = 0;
     for batch in orphans.chunks(ORPHANS_FREED_PER_TXN) {
         let free_record_bytes = Record::InodeFree { ino: batch[0] }.encoded_bytes_max() as u64;
-        (_, lsn) = shared.meta.transact(|txn| {
+        (_, lsn) = shared.meta.transact(batch, |txn| {
             txn.ensure_metadata_room(free_record_bytes * batch.len() as u64)?;
             for &ino in batch {
                 txn.apply(Record::InodeFree { ino });
@@ -760,7 +774,7 @@ mod writeback_tests {
         assert_eq!(dirty_folios(), [2 * MIB], "the folio being filled stays dirty");
         assert_eq!(inode.dirty_bytes(), MIB);
         // The on-disk size stops below the dirty folio.
-        assert_eq!(engine.meta.read().inode(ino).unwrap().attrs.size, 2 * MIB);
+        assert_eq!(engine.meta.inode(ino).unwrap().attrs.size, 2 * MIB);
         // The writer finishes the folio: nothing is being filled.
         file.write_at(&vec![9; MIB as usize], 3 * MIB).unwrap();
         write_back_sparing(engine, &inode, 0, u64::MAX, Duration::from_secs(3600)).unwrap();
@@ -777,7 +791,7 @@ mod writeback_tests {
         file.write_at(&vec![8; MIB as usize], 5 * MIB).unwrap();
         write_back(engine, &inode, 0, u64::MAX).unwrap();
         assert_eq!(dirty_folios(), Vec::<u64>::new());
-        assert_eq!(engine.meta.read().inode(ino).unwrap().attrs.size, 6 * MIB);
+        assert_eq!(engine.meta.inode(ino).unwrap().attrs.size, 6 * MIB);
         drop(file);
         volume.close().unwrap();
     }

@@ -128,7 +128,7 @@ fn refusal(
     }
 }
 
-fn inode_of(state: &crate::meta::MetaState, ino: u64) -> Result<&Inode> {
+fn inode_of(state: &(impl crate::meta::InodeTable + ?Sized), ino: u64) -> Result<&Inode> {
     state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
 }
 
@@ -165,7 +165,7 @@ impl Inodes<'_> {
                 value.len()
             )));
         }
-        self.volume.shared.meta.transact(|txn| {
+        self.volume.shared.meta.transact(&[ino], |txn| {
             txn.ensure_metadata_room(record_bytes)?;
             let inode = inode_of(txn.state(), ino)?;
             if let Some(why) = refusal(namespace, inode.attrs.kind, privilege, name) {
@@ -216,7 +216,7 @@ impl Inodes<'_> {
     pub fn get_xattr(&self, ino: u64, name: &[u8], privilege: Privilege) -> Result<Vec<u8>> {
         self.volume.shared.check_running()?;
         let namespace = namespace_of(name)?;
-        let state = self.volume.shared.meta.read();
+        let state = self.volume.shared.meta.view(&[ino]);
         let inode = inode_of(&state, ino)?;
         if refusal(namespace, inode.attrs.kind, privilege, name).is_some() {
             return Err(Error::NoAttribute(shown(name)));
@@ -228,7 +228,7 @@ impl Inodes<'_> {
     /// (listxattr; `trusted.` names only for CAP_SYS_ADMIN), in byte order.
     pub fn list_xattr(&self, ino: u64, privilege: Privilege) -> Result<Vec<Vec<u8>>> {
         self.volume.shared.check_running()?;
-        let state = self.volume.shared.meta.read();
+        let state = self.volume.shared.meta.view(&[ino]);
         let inode = inode_of(&state, ino)?;
         Ok(inode
             .xattrs
@@ -241,7 +241,7 @@ impl Inodes<'_> {
     /// Removes `name` from `ino` (removexattr).
     pub fn remove_xattr(&self, ino: u64, name: &[u8], privilege: Privilege) -> Result<()> {
         let namespace = namespace_of(name)?;
-        self.volume.shared.meta.transact(|txn| {
+        self.volume.shared.meta.transact(&[ino], |txn| {
             let inode = inode_of(txn.state(), ino)?;
             if let Some(why) = refusal(namespace, inode.attrs.kind, privilege, name) {
                 return Err(Error::NotPermitted(why));

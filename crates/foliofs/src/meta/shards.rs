@@ -1,0 +1,429 @@
+//! The inodes, split into shards by inode number, each shard under its own
+//! lock: operations on unrelated inodes take different locks and do not
+//! wait on each other (the kernel's per-inode locks, at the granularity of
+//! a hash bucket).
+//!
+//! Rules (ARCHITECTURE.md, "Locks"):
+//! - a thread takes shard locks in ascending shard index and never one it
+//!   holds; a transaction names its inodes first and takes their shards in
+//!   that order ([`MetaState::lock`]), so two transactions never deadlock;
+//! - a reader holds one shard at a time ([`super::MetaStore::inode`]), or a
+//!   named set taken in the same order ([`MetaView`]);
+//! - every change of an inode happens under its shard's write lock, and
+//!   bumps the inode's view generation (`Inode::note_changed`).
+//!
+//! [`MetaState`] is the write-locked side, the one through which records
+//! apply (`super::state`); [`MetaView`] the read-locked one. Both answer
+//! [`InodeTable::inode`] for their shards only: asking for an inode of
+//! another shard is a bug that debug builds report where it happens.
+
+use std::cell::OnceCell;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
+
+use crate::format::Region;
+use crate::lock_order::{Level, Ordered};
+
+use super::checkpoint::{ShardPart, SHARD_PARTS_NONE};
+use super::inode::Inode;
+
+/// log2 of the number of shards.
+pub const SHARD_BITS: u32 = 8;
+/// Shards of the inode table: enough that threads working on unrelated
+/// files rarely meet on one (each transaction takes one to four). With 64,
+/// two threads creating files in their own directories on 2 CPUs met often
+/// enough that the waits (a preempted holder costs the waiter a time
+/// slice) took a third of their time off the CPU.
+pub const SHARD_COUNT: usize = 1 << SHARD_BITS;
+
+const SET_WORDS: usize = SHARD_COUNT / 64;
+
+/// The shard that holds inode `ino`. Fibonacci hashing: the consecutive
+/// numbers of one thread's batch spread over every shard.
+pub fn shard_of(ino: u64) -> usize {
+    (ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SHARD_BITS)) as usize
+}
+
+/// A set of shards.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShardSet([u64; SET_WORDS]);
+
+impl ShardSet {
+    pub const ALL: Self = Self([u64::MAX; SET_WORDS]);
+
+    /// The shards of `inos`.
+    pub fn of(inos: &[u64]) -> Self {
+        inos.iter().fold(Self::default(), |set, &ino| set.with(ino))
+    }
+
+    /// This set and the shard of `ino`.
+    pub fn with(mut self, ino: u64) -> Self {
+        let shard = shard_of(ino);
+        self.0[shard / 64] |= 1 << (shard % 64);
+        self
+    }
+
+    pub fn contains(self, shard: usize) -> bool {
+        self.0[shard / 64] & (1 << (shard % 64)) != 0
+    }
+
+    /// The shards, in ascending index: the order they are locked in.
+    pub fn iter(self) -> impl Iterator<Item = usize> {
+        self.0.into_iter().enumerate().flat_map(|(word_index, word)| {
+            let mut bits = word;
+            std::iter::from_fn(move || {
+                if bits == 0 {
+                    return None;
+                }
+                let bit = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                Some(word_index * 64 + bit)
+            })
+        })
+    }
+}
+
+/// What one shard's lock guards.
+#[derive(Default)]
+pub struct ShardInodes {
+    /// By inode number, hashed with FxHash: looked up on every operation,
+    /// and the numbers are ours, not an attacker's.
+    pub(super) inodes: FxHashMap<u64, Inode>,
+}
+
+/// One shard, on cache lines of its own: a shard's lock word is written by
+/// every thread that takes it, and must not share its line with another's.
+#[repr(align(128))]
+#[derive(Default)]
+pub struct Shard {
+    pub(super) lock: RwLock<ShardInodes>,
+    /// The checkpoint being written still needs this shard as it was at
+    /// its cut: whoever takes the shard's lock next encodes it first
+    /// (`super::checkpoint`).
+    pub(super) checkpoint_owed: AtomicBool,
+}
+
+/// The inode table and what every transaction shares.
+pub struct MetaCore {
+    pub(super) shards: Box<[Shard]>,
+    pub(super) data_region: Region,
+    /// The first inode number never handed out (`MetaStore::take_ino`).
+    pub(super) next_ino: AtomicU64,
+    /// Upper bound of the checkpoint payload the state encodes to; each
+    /// transaction adds its change once, at its end.
+    pub(super) persisted_bytes_estimate: AtomicI64,
+    /// Inodes in the table, kept as the estimate is.
+    pub(super) inode_count: AtomicI64,
+    /// The shards a checkpoint in progress has encoded so far.
+    pub(super) checkpoint_parts: Mutex<Vec<Option<ShardPart>>>,
+}
+
+impl MetaCore {
+    pub(super) fn new(data_region: Region, next_ino: u64) -> Self {
+        Self {
+            shards: (0..SHARD_COUNT).map(|_| Shard::default()).collect(),
+            data_region,
+            next_ino: AtomicU64::new(next_ino),
+            persisted_bytes_estimate: AtomicI64::new(0),
+            inode_count: AtomicI64::new(0),
+            checkpoint_parts: Mutex::new(SHARD_PARTS_NONE.to_vec()),
+        }
+    }
+
+    pub(super) fn shard(&self, index: usize) -> &Shard {
+        &self.shards[index]
+    }
+
+    /// Encodes `shard` for the checkpoint in progress if it still owes it.
+    /// The caller holds the shard's lock (read or write), so nothing
+    /// changes it meanwhile, and the flag's swap lets only one encode it.
+    pub(super) fn pay_checkpoint(&self, index: usize, inodes: &ShardInodes) {
+        let shard = self.shard(index);
+        if shard.checkpoint_owed.load(Ordering::Acquire)
+            && shard.checkpoint_owed.swap(false, Ordering::AcqRel)
+        {
+            let part = ShardPart::encode(inodes);
+            self.checkpoint_parts.lock()[index] = Some(part);
+        }
+    }
+
+    pub(super) fn read_shard(&self, index: usize) -> Ordered<RwLockReadGuard<'_, ShardInodes>> {
+        Ordered::lock_at(Level::Metadata, index, || self.shard(index).lock.read())
+    }
+
+    pub(super) fn write_shard(&self, index: usize) -> Ordered<RwLockWriteGuard<'_, ShardInodes>> {
+        let guard = Ordered::lock_at(Level::Metadata, index, || self.shard(index).lock.write());
+        self.pay_checkpoint(index, &guard);
+        guard
+    }
+
+    fn try_write_shard(&self, index: usize) -> Option<Ordered<RwLockWriteGuard<'_, ShardInodes>>> {
+        let guard =
+            Ordered::try_lock_at(Level::Metadata, index, || self.shard(index).lock.try_write())?;
+        self.pay_checkpoint(index, &guard);
+        Some(guard)
+    }
+
+    pub fn persisted_bytes_estimate(&self) -> u64 {
+        self.persisted_bytes_estimate.load(Ordering::Relaxed).max(0) as u64
+    }
+
+    pub fn inode_count(&self) -> u64 {
+        self.inode_count.load(Ordering::Relaxed).max(0) as u64
+    }
+}
+
+/// Inodes looked up by number in whatever a holder has locked.
+pub trait InodeTable {
+    fn inode(&self, ino: u64) -> Option<&Inode>;
+}
+
+type WriteGuard<'a> = Ordered<RwLockWriteGuard<'a, ShardInodes>>;
+type ReadGuard<'a> = Ordered<RwLockReadGuard<'a, ShardInodes>>;
+
+/// Write guards of the shards a transaction (or mount's replay) changes.
+pub struct LockedShards<'a> {
+    core: &'a MetaCore,
+    guards: [OnceCell<WriteGuard<'a>>; SHARD_COUNT],
+    declared: ShardSet,
+}
+
+impl<'a> LockedShards<'a> {
+    /// Write-locks the shards of `set`, in ascending index.
+    fn lock(core: &'a MetaCore, set: ShardSet) -> Self {
+        let guards = std::array::from_fn(|_| OnceCell::new());
+        let locked = Self { core, guards, declared: set };
+        for shard in set.iter() {
+            let taken = locked.guards[shard].set(core.write_shard(shard));
+            assert!(taken.is_ok(), "shard {shard} locked twice");
+        }
+        locked
+    }
+
+    /// The guard of the shard holding `ino`. A shard the transaction did not
+    /// name is a bug (debug builds panic here); release builds take it all
+    /// the same, without waiting when that could break the order.
+    fn guard(&self, ino: u64) -> &WriteGuard<'a> {
+        let shard = shard_of(ino);
+        if let Some(guard) = self.guards[shard].get() {
+            return guard;
+        }
+        debug_assert!(
+            false,
+            "inode {ino} (shard {shard}) is not among the inodes the transaction named"
+        );
+        self.guards[shard].get_or_init(|| {
+            let highest = (0..SHARD_COUNT).rev().find(|&index| self.guards[index].get().is_some());
+            if highest.is_none_or(|highest| highest < shard) {
+                return self.core.write_shard(shard);
+            }
+            loop {
+                if let Some(guard) = self.core.try_write_shard(shard) {
+                    return guard;
+                }
+                std::thread::yield_now();
+            }
+        })
+    }
+
+    /// The inodes of the shard holding `ino`, for a change.
+    pub(super) fn shard_mut(&mut self, ino: u64) -> &mut ShardInodes {
+        let shard = shard_of(ino);
+        if self.guards[shard].get().is_none() {
+            self.guard(ino);
+        }
+        self.guards[shard].get_mut().expect("locked above")
+    }
+
+    pub fn inode(&self, ino: u64) -> Option<&Inode> {
+        self.guard(ino).inodes.get(&ino)
+    }
+
+    /// Inode `ino` for a change: counts as one for the handles' copies.
+    pub fn get_mut(&mut self, ino: u64) -> Option<&mut Inode> {
+        let inode = self.shard_mut(ino).inodes.get_mut(&ino)?;
+        inode.note_changed();
+        Some(inode)
+    }
+
+    /// The guards, when every shard is locked.
+    fn all(&self) -> impl Iterator<Item = &ShardInodes> + use<'_, 'a> {
+        assert_eq!(self.declared, ShardSet::ALL, "listing inodes needs every shard");
+        self.guards.iter().map(|guard| &**guard.get().expect("all locked"))
+    }
+
+    fn all_mut(&mut self) -> impl Iterator<Item = &mut ShardInodes> + use<'_, 'a> {
+        assert_eq!(self.declared, ShardSet::ALL, "listing inodes needs every shard");
+        self.guards.iter_mut().map(|guard| &mut **guard.get_mut().expect("all locked"))
+    }
+}
+
+/// The shards a transaction (or mount's replay) changes, write-locked.
+pub struct MetaState<'a> {
+    pub(super) core: &'a MetaCore,
+    pub(super) locked: LockedShards<'a>,
+    /// What the changes so far add to `MetaCore::persisted_bytes_estimate`.
+    pub(super) estimate_delta: i64,
+    /// Inodes made less inodes freed so far.
+    pub(super) inode_delta: i64,
+}
+
+impl<'a> MetaState<'a> {
+    /// Write-locks the shards of `set`, in ascending index.
+    pub(super) fn lock(core: &'a MetaCore, set: ShardSet) -> Self {
+        let locked = LockedShards::lock(core, set);
+        Self { core, locked, estimate_delta: 0, inode_delta: 0 }
+    }
+
+    pub fn declared(&self) -> ShardSet {
+        self.locked.declared
+    }
+
+    pub fn data_region(&self) -> Region {
+        self.core.data_region
+    }
+
+    /// Memory-only fields (size, open handles); persistent ones change
+    /// through `apply`. Counts as a change for the handles' copies.
+    pub fn inode_mut(&mut self, ino: u64) -> Option<&mut Inode> {
+        self.locked.get_mut(ino)
+    }
+
+    /// Every inode, when every shard is locked (mount, fsck): by shard,
+    /// then by number.
+    pub fn inodes(&self) -> impl Iterator<Item = (u64, &Inode)> + use<'_, 'a> {
+        sorted_inodes(self.locked.all())
+    }
+
+    /// Every inode for a change, when every shard is locked (mount).
+    pub(super) fn inodes_mut(&mut self) -> impl Iterator<Item = (u64, &mut Inode)> + use<'_, 'a> {
+        self.locked
+            .all_mut()
+            .flat_map(|shard| shard.inodes.iter_mut().map(|(&ino, inode)| (ino, inode)))
+    }
+
+    /// Each shard's checkpoint part, when every shard is locked.
+    pub(super) fn shard_parts(&self) -> Vec<ShardPart> {
+        self.locked.all().map(ShardPart::encode).collect()
+    }
+
+    /// The upper bound of the checkpoint payload, with this transaction's
+    /// changes so far.
+    pub fn persisted_bytes_estimate(&self) -> u64 {
+        let total = self.core.persisted_bytes_estimate.load(Ordering::Relaxed);
+        (total + self.estimate_delta).max(0) as u64
+    }
+
+    /// Adds this state's estimate and inode count changes to the shared
+    /// totals.
+    pub(super) fn publish_estimate(&mut self) {
+        let delta = std::mem::take(&mut self.estimate_delta);
+        if delta != 0 {
+            self.core.persisted_bytes_estimate.fetch_add(delta, Ordering::Relaxed);
+        }
+        let inodes = std::mem::take(&mut self.inode_delta);
+        if inodes != 0 {
+            self.core.inode_count.fetch_add(inodes, Ordering::Relaxed);
+        }
+    }
+}
+
+impl InodeTable for MetaState<'_> {
+    fn inode(&self, ino: u64) -> Option<&Inode> {
+        self.locked.inode(ino)
+    }
+}
+
+impl MetaState<'_> {
+    /// As [`InodeTable::inode`], without importing the trait.
+    pub fn inode(&self, ino: u64) -> Option<&Inode> {
+        self.locked.inode(ino)
+    }
+}
+
+/// Named shards, read-locked: a consistent look at a few inodes (a
+/// directory and an entry's inode), or at all of them (fsck).
+pub struct MetaView<'a> {
+    guards: SmallVec<[(usize, ReadGuard<'a>); 4]>,
+    declared: ShardSet,
+}
+
+impl<'a> MetaView<'a> {
+    pub(super) fn lock(core: &'a MetaCore, set: ShardSet) -> Self {
+        let guards = set.iter().map(|shard| (shard, core.read_shard(shard))).collect();
+        Self { guards, declared: set }
+    }
+
+    /// Every inode, when every shard is locked: by shard, then by number.
+    pub fn inodes(&self) -> impl Iterator<Item = (u64, &Inode)> + '_ {
+        assert_eq!(self.declared, ShardSet::ALL, "listing inodes needs every shard");
+        sorted_inodes(self.guards.iter().map(|(_, guard)| &**guard))
+    }
+
+    pub fn inode_count(&self) -> usize {
+        self.guards.iter().map(|(_, guard)| guard.inodes.len()).sum()
+    }
+
+    /// The read guards, by shard index.
+    pub(super) fn shards(&self) -> impl Iterator<Item = (usize, &ShardInodes)> + '_ {
+        self.guards.iter().map(|(shard, guard)| (*shard, &**guard))
+    }
+}
+
+impl InodeTable for MetaView<'_> {
+    fn inode(&self, ino: u64) -> Option<&Inode> {
+        let shard = shard_of(ino);
+        let Some((_, guard)) = self.guards.iter().find(|(index, _)| *index == shard) else {
+            panic!("inode {ino} (shard {shard}) is not among the inodes the view named");
+        };
+        guard.inodes.get(&ino)
+    }
+}
+
+impl MetaView<'_> {
+    /// As [`InodeTable::inode`], without importing the trait.
+    pub fn inode(&self, ino: u64) -> Option<&Inode> {
+        InodeTable::inode(self, ino)
+    }
+}
+
+/// The inodes of `shards`, shard by shard, each shard's by number.
+fn sorted_inodes<'s>(
+    shards: impl Iterator<Item = &'s ShardInodes> + 's,
+) -> impl Iterator<Item = (u64, &'s Inode)> + 's {
+    shards.flat_map(|shard| {
+        let mut inodes: Vec<(u64, &Inode)> =
+            shard.inodes.iter().map(|(&ino, inode)| (ino, inode)).collect();
+        inodes.sort_unstable_by_key(|(ino, _)| *ino);
+        inodes
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consecutive_numbers_spread_over_every_shard() {
+        let mut seen = ShardSet::default();
+        for ino in 1000..1000 + 4 * SHARD_COUNT as u64 {
+            seen = seen.with(ino);
+        }
+        assert_eq!(seen, ShardSet::ALL);
+    }
+
+    #[test]
+    fn a_set_lists_its_shards_in_ascending_order() {
+        let set = ShardSet::of(&[5, 1, 99, 5]);
+        let listed: Vec<usize> = set.iter().collect();
+        let mut sorted = listed.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(listed, sorted);
+        assert!(listed.contains(&shard_of(99)));
+        assert_eq!(ShardSet::ALL.iter().count(), SHARD_COUNT);
+    }
+}

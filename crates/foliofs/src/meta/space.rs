@@ -1,0 +1,222 @@
+//! Free space: the allocator, the blocks freed by records not yet durable,
+//! and those waiting for a discard. Memory only, rebuilt from the extent
+//! maps at mount; under its own mutex, taken after any shard and held only
+//! for the allocation or free itself.
+
+use std::collections::BTreeMap;
+
+use crate::alloc::{Allocator, BlockRun};
+use crate::extent::{Extent, ExtentKind};
+
+/// Runs freed by records not yet durable, by the lsn of the record. Every
+/// transaction releases those that became durable and every delayed
+/// allocation asks how many blocks wait: neither walks the runs, which an
+/// `rm -rf` of a tree leaves by the thousand until the next commit.
+#[derive(Default)]
+struct PendingFrees {
+    by_lsn: BTreeMap<u64, Vec<BlockRun>>,
+    blocks: u64,
+}
+
+impl PendingFrees {
+    fn push(&mut self, lsn: u64, run: BlockRun) {
+        self.by_lsn.entry(lsn).or_default().push(run);
+        self.blocks += run.count;
+    }
+
+    fn first_lsn(&self) -> Option<u64> {
+        self.by_lsn.first_key_value().map(|(&lsn, _)| lsn)
+    }
+
+    /// Removes and returns the runs freed by records up to `durable_lsn`.
+    fn take_through(&mut self, durable_lsn: u64) -> Vec<BlockRun> {
+        match self.by_lsn.first_key_value() {
+            Some((&lsn, _)) if lsn <= durable_lsn => {}
+            _ => return Vec::new(),
+        }
+        let later = match durable_lsn.checked_add(1) {
+            Some(next) => self.by_lsn.split_off(&next),
+            None => BTreeMap::new(),
+        };
+        let taken: Vec<BlockRun> =
+            std::mem::replace(&mut self.by_lsn, later).into_values().flatten().collect();
+        self.blocks -= taken.iter().map(|run| run.count).sum::<u64>();
+        taken
+    }
+}
+
+pub struct Space {
+    pub alloc: Allocator,
+    /// Blocks freed by records not yet durable, by the lsn that freed them.
+    pending_frees: PendingFrees,
+    /// With `-o discard`: durable frees wait for their discard (see
+    /// `MetaStore::discard_durable_frees`) instead of going straight back
+    /// to the allocator.
+    pub discard_freed: bool,
+    /// Runs taken for discarding, not yet back in the allocator.
+    discarding_blocks: u64,
+}
+
+impl Space {
+    pub fn new(alloc: Allocator) -> Self {
+        Self {
+            alloc,
+            pending_frees: PendingFrees::default(),
+            discard_freed: false,
+            discarding_blocks: 0,
+        }
+    }
+
+    /// Frees `extents` displaced by a record with `lsn`: delayed allocations
+    /// return their reservation now (but for `already_unreserved` blocks,
+    /// whose reservation an allocation took over: [`Space::allocate_reserved`]);
+    /// device blocks become reusable only once `lsn` is durable.
+    pub fn release_displaced(&mut self, extents: &[Extent], lsn: u64, already_unreserved: u64) {
+        let mut already_unreserved = already_unreserved;
+        for extent in extents {
+            match extent.kind {
+                ExtentKind::Delalloc => {
+                    let taken_over = already_unreserved.min(extent.block_count);
+                    already_unreserved -= taken_over;
+                    self.alloc.unreserve(extent.block_count - taken_over);
+                }
+                ExtentKind::Unwritten | ExtentKind::Written => {
+                    let run = BlockRun { start: extent.dev_block, count: extent.block_count };
+                    self.pending_frees.push(lsn, run);
+                }
+            }
+        }
+    }
+
+    /// Allocates up to `count` blocks near `goal` for a delayed extent, paid
+    /// for by its reservation, which the run takes over at once: free space
+    /// never shows the blocks both reserved and allocated. The transaction
+    /// that maps the run says so when the delayed extent goes
+    /// (`already_unreserved` of [`Space::release_displaced`]).
+    pub fn allocate_reserved(&mut self, goal: u64, count: u64) -> Option<BlockRun> {
+        self.alloc.allocate(goal, count, count)
+    }
+
+    /// Makes blocks freed by records up to `durable_lsn` allocatable; with
+    /// `discard_freed` they wait for [`Space::take_durable_frees`].
+    pub fn release_pending_frees(&mut self, durable_lsn: u64) {
+        if self.discard_freed {
+            return;
+        }
+        for run in self.pending_frees.take_through(durable_lsn) {
+            self.alloc.free(run);
+        }
+    }
+
+    /// The lsn of the earliest record whose freed blocks wait; None when none do.
+    pub fn first_pending_lsn(&self) -> Option<u64> {
+        self.pending_frees.first_lsn()
+    }
+
+    /// Takes the runs freed by records up to `durable_lsn`, to be discarded
+    /// and then handed to [`Space::finish_discards`]; still counted as
+    /// pending meanwhile.
+    pub fn take_durable_frees(&mut self, durable_lsn: u64) -> Vec<BlockRun> {
+        let taken = self.pending_frees.take_through(durable_lsn);
+        self.discarding_blocks += taken.iter().map(|run| run.count).sum::<u64>();
+        taken
+    }
+
+    /// Makes runs taken by [`Space::take_durable_frees`] allocatable.
+    pub fn finish_discards(&mut self, runs: &[BlockRun]) {
+        for &run in runs {
+            self.discarding_blocks -= run.count;
+            self.alloc.free(run);
+        }
+    }
+
+    pub fn pending_free_blocks(&self) -> u64 {
+        self.pending_frees.blocks + self.discarding_blocks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::Region;
+
+    fn space() -> Space {
+        let region = Region { start_block: 100, block_count: 1000 };
+        let mut alloc = Allocator::new(region);
+        alloc.mark_used(BlockRun { start: 200, count: 4 }).unwrap();
+        Space::new(alloc)
+    }
+
+    fn written(dev_block: u64, block_count: u64) -> Extent {
+        Extent { file_block: 0, block_count, dev_block, kind: ExtentKind::Written }
+    }
+
+    #[test]
+    fn freed_blocks_wait_for_durability() {
+        let mut space = space();
+        space.release_displaced(&[written(200, 4)], 10, 0);
+        assert_eq!(space.alloc.free_blocks(), 996);
+        assert_eq!(space.pending_free_blocks(), 4);
+        assert_eq!(space.first_pending_lsn(), Some(10));
+        space.release_pending_frees(9);
+        assert_eq!(space.alloc.free_blocks(), 996);
+        space.release_pending_frees(10);
+        assert_eq!(space.alloc.free_blocks(), 1000);
+        assert_eq!(space.first_pending_lsn(), None);
+    }
+
+    #[test]
+    fn pending_frees_leave_in_lsn_order_and_keep_their_count() {
+        let run = |start, count| BlockRun { start, count };
+        let mut pending = PendingFrees::default();
+        pending.push(12, run(100, 3));
+        pending.push(10, run(200, 1));
+        pending.push(12, run(300, 2));
+        pending.push(15, run(400, 4));
+        assert_eq!(pending.blocks, 10);
+        assert!(pending.take_through(9).is_empty());
+        assert_eq!(pending.take_through(10), vec![run(200, 1)]);
+        assert_eq!(pending.take_through(14), vec![run(100, 3), run(300, 2)]);
+        assert_eq!(pending.blocks, 4);
+        assert_eq!(pending.take_through(u64::MAX), vec![run(400, 4)]);
+        assert_eq!(pending.blocks, 0);
+        assert!(pending.by_lsn.is_empty());
+    }
+
+    /// A delayed extent's blocks, once allocated, are never counted both
+    /// as reserved and as allocated, and its reservation is returned once.
+    #[test]
+    fn an_allocation_takes_over_its_reservation() {
+        let mut space = space();
+        assert!(space.alloc.reserve(8));
+        let available = space.alloc.available_blocks();
+        let run = space.allocate_reserved(300, 8).unwrap();
+        assert_eq!(run.count, 8);
+        assert_eq!(space.alloc.available_blocks(), available, "moved, not counted twice");
+        let delayed =
+            Extent { file_block: 0, block_count: 8, dev_block: 0, kind: ExtentKind::Delalloc };
+        space.release_displaced(&[delayed], 11, 8);
+        assert_eq!(space.alloc.reserved_blocks(), 0);
+        assert_eq!(space.alloc.available_blocks(), available);
+    }
+
+    /// With discard, durable frees stay out of the allocator (and counted
+    /// as pending) until their discard is done: nothing can be allocated
+    /// on blocks a discard in flight may still wipe.
+    #[test]
+    fn discarded_blocks_wait_for_their_discard() {
+        let mut space = space();
+        space.discard_freed = true;
+        space.release_displaced(&[written(200, 4)], 10, 0);
+        assert!(space.take_durable_frees(9).is_empty(), "not durable yet");
+        space.release_pending_frees(10);
+        assert_eq!(space.alloc.free_blocks(), 996, "release leaves them to the discard");
+        let runs = space.take_durable_frees(10);
+        assert_eq!(runs.iter().map(|run| run.count).sum::<u64>(), 4);
+        assert_eq!(space.alloc.free_blocks(), 996, "not reusable while discarding");
+        assert_eq!(space.pending_free_blocks(), 4, "still counted as freed space");
+        space.finish_discards(&runs);
+        assert_eq!(space.alloc.free_blocks(), 1000);
+        assert_eq!(space.pending_free_blocks(), 0);
+    }
+}

@@ -1,0 +1,127 @@
+//! Operations on unrelated inodes do not wait on each other: a transaction
+//! stopped part-way, holding its shards, blocks only what needs them.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::meta::{shard_of, test_hooks};
+use crate::options::VolumeOptions;
+use crate::vfs::{MkfsOptions, OpenFlags, Owner, Volume};
+
+const OWNER: Owner = Owner { uid: 0, gid: 0 };
+/// Long enough for any of the operations on a loaded 2-CPU machine; an
+/// operation that waits for the held transaction waits forever.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn shards_of(inos: &[u64]) -> Vec<usize> {
+    inos.iter().map(|&ino| shard_of(ino)).collect()
+}
+
+/// The first of `candidates` whose shard none of `held` has.
+fn clear_of(held: &[usize], candidates: &[u64]) -> u64 {
+    *candidates
+        .iter()
+        .find(|&&ino| !held.contains(&shard_of(ino)))
+        .expect("a candidate in a shard the held transaction does not hold")
+}
+
+/// A create in directory A is stopped inside its transaction (its shards
+/// locked, nothing applied). Meanwhile a create in directory B, a stat of
+/// file C and a buffered overwrite (with its fdatasync) of file D run to
+/// the end; then A's create finishes. The candidates for B, C and D are
+/// made first, so that ones in shards the held transaction does not hold
+/// can be chosen: the property is about unrelated inodes, and two unrelated
+/// inodes may hash to one shard (1 in 256).
+#[test]
+fn a_held_transaction_blocks_nothing_unrelated() {
+    let image = tempfile::NamedTempFile::new().unwrap();
+    image.as_file().set_len(64 << 20).unwrap();
+    let options = VolumeOptions { commit_interval_ms: 0, ..VolumeOptions::default() };
+    Volume::mkfs_path(image.path(), None, &MkfsOptions::default(), &options).unwrap();
+    let volume = Volume::open(image.path(), &options).unwrap();
+    let inodes = volume.inodes();
+    let dir_a = inodes.mkdir(1, b"a", 0o755, OWNER).unwrap().ino;
+    let make = |prefix: &str, dir: bool| -> Vec<u64> {
+        (0..8)
+            .map(|index| {
+                let name = format!("{prefix}{index}");
+                let made = if dir {
+                    inodes.mkdir(1, name.as_bytes(), 0o755, OWNER)
+                } else {
+                    inodes.create(1, name.as_bytes(), 0o644, OWNER)
+                };
+                made.unwrap().ino
+            })
+            .collect()
+    };
+    let (dirs_b, files_c, files_d) = (make("b", true), make("c", false), make("d", false));
+    for &ino in &files_d {
+        let file = inodes.open_file(ino, OpenFlags::WRITE).unwrap();
+        file.write_at(&[1; 8192], 0).unwrap();
+        file.sync_all().unwrap();
+    }
+
+    let (held_sender, held) = mpsc::channel::<Vec<u64>>();
+    let (release, released) = mpsc::channel::<()>();
+    let shared_volume = &volume;
+    std::thread::scope(|scope| {
+        let volume = shared_volume;
+        let holder = scope.spawn(move || {
+            test_hooks::set_inside_transaction(Some(Box::new(move |inos: &[u64]| {
+                if inos.first() == Some(&dir_a) {
+                    held_sender.send(inos.to_vec()).unwrap();
+                    released.recv().unwrap();
+                }
+            })));
+            let made = volume.inodes().create(dir_a, b"held", 0o644, OWNER);
+            test_hooks::set_inside_transaction(None);
+            made.unwrap().ino
+        });
+        let held_inos = held.recv_timeout(PATIENCE).expect("the create reached its transaction");
+        let held_shards = shards_of(&held_inos);
+        let (dir_b, file_c, file_d) = (
+            clear_of(&held_shards, &dirs_b),
+            clear_of(&held_shards, &files_c),
+            clear_of(&held_shards, &files_d),
+        );
+
+        let (done_sender, done) = mpsc::channel::<&str>();
+        scope.spawn(move || {
+            let meta = &volume.shared.meta;
+            // The create's new inode must be clear of the held shards too.
+            while held_shards.contains(&shard_of(meta.peek_ino())) {
+                meta.take_ino();
+            }
+            volume.inodes().create(dir_b, b"free", 0o644, OWNER).unwrap();
+            done_sender.send("create in another directory").unwrap();
+            assert_eq!(volume.inodes().getattr(file_c).unwrap().size, 0);
+            done_sender.send("stat of a third file").unwrap();
+            let file = volume.inodes().open_file(file_d, OpenFlags::WRITE).unwrap();
+            file.write_at(&[2; 4096], 4096).unwrap();
+            file.sync_data().unwrap();
+            file.close().unwrap();
+            done_sender.send("overwrite and fdatasync of a fourth file").unwrap();
+        });
+        let finished: Vec<&str> =
+            std::iter::from_fn(|| done.recv_timeout(PATIENCE).ok()).take(3).collect();
+        // Let the held create go before judging, so that a failure fails
+        // the test instead of leaving its threads waiting for ever.
+        release.send(()).unwrap();
+        assert_eq!(
+            finished,
+            [
+                "create in another directory",
+                "stat of a third file",
+                "overwrite and fdatasync of a fourth file"
+            ],
+            "the rest waited on the held transaction"
+        );
+        let made = holder.join().unwrap();
+        assert_eq!(volume.inodes().lookup(dir_a, b"held").unwrap().ino, made);
+    });
+    let mut back = vec![0; 8192];
+    let file = volume.inodes().open_file(clear_of(&[], &files_d), OpenFlags::READ).unwrap();
+    file.read_at(&mut back, 0).unwrap();
+    drop(file);
+    volume.close().unwrap();
+}
