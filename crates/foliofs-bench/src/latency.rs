@@ -82,3 +82,39 @@ impl Latencies {
         )
     }
 }
+
+/// The metadata lock waits between two readings, as one line: how many
+/// waits and how long, in all and per operation, for the shard locks, free
+/// space and the journal. Contention shows here even where the rates are
+/// too noisy to show it (2 CPUs).
+pub fn lock_waits_line(
+    before: &foliofs::vfs::LockWaits,
+    after: &foliofs::vfs::LockWaits,
+    operations: f64,
+) -> String {
+    let part = |name: &str, waits: u64, wait_ns: u64| {
+        format!(
+            "{name} {waits} ({:.1} ms, {:.0} ns/op)",
+            wait_ns as f64 / 1e6,
+            wait_ns as f64 / operations.max(1.0)
+        )
+    };
+    format!(
+        "lock waits: {}; {}; {}",
+        part(
+            "shards",
+            after.shard_waits - before.shard_waits,
+            after.shard_wait_ns - before.shard_wait_ns
+        ),
+        part(
+            "space",
+            after.space_waits - before.space_waits,
+            after.space_wait_ns - before.space_wait_ns
+        ),
+        part(
+            "journal",
+            after.journal_waits - before.journal_waits,
+            after.journal_wait_ns - before.journal_wait_ns
+        ),
+    )
+}

@@ -14,6 +14,59 @@
 //! be taken in ascending index, and never twice.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// How often a lock was found taken and how long its takers waited: the
+/// contention the benches print (`Volume::lock_waits`), counted in release
+/// builds too. A lock that is free costs one try and no clock read.
+/// Tries of a taken lock before its taker sleeps: with the pause doubling
+/// to 64 spins, about 5 us on the bench VM.
+const SPIN_ROUNDS: u32 = 24;
+
+#[derive(Debug, Default)]
+pub struct Contention {
+    waits: AtomicU64,
+    wait_ns: AtomicU64,
+}
+
+impl Contention {
+    /// `try_lock`, or, when it finds the lock taken, tries again for a
+    /// few microseconds before waiting in `lock`; the wait is timed.
+    ///
+    /// Why spin first: the metadata's critical sections last a microsecond
+    /// or two, and a waiter put to sleep waits for the scheduler to give it
+    /// a CPU back, on a loaded 2-CPU machine half a millisecond (two jobs
+    /// creating files met 432 times in 80,000 creates and waited 189 ms).
+    pub fn lock<G>(&self, try_lock: impl Fn() -> Option<G>, lock: impl FnOnce() -> G) -> G {
+        if let Some(guard) = try_lock() {
+            return guard;
+        }
+        let started = Instant::now();
+        for round in 0..SPIN_ROUNDS {
+            for _ in 0..(1 << round.min(6)) {
+                std::hint::spin_loop();
+            }
+            if let Some(guard) = try_lock() {
+                self.note_wait(started);
+                return guard;
+            }
+        }
+        let guard = lock();
+        self.note_wait(started);
+        guard
+    }
+
+    fn note_wait(&self, started: Instant) {
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        self.wait_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// (waits, nanoseconds waited) so far.
+    pub fn totals(&self) -> (u64, u64) {
+        (self.waits.load(Ordering::Relaxed), self.wait_ns.load(Ordering::Relaxed))
+    }
+}
 
 /// An ordered lock's place in the order: a lower level is taken first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -35,10 +88,80 @@ pub enum Level {
     Journal = 7,
 }
 
+/// What a thread holds: its claims, how many of each level, and the
+/// highest index held of each indexed level. Counts and maxima keep the
+/// check cheap when a thread holds every shard (mount, fsck, 4,096 locks).
+#[cfg(debug_assertions)]
+#[derive(Default)]
+struct HeldLocks {
+    claims: Vec<(Level, Option<usize>)>,
+    counts: [u32; LEVELS],
+    highest: [Option<usize>; LEVELS],
+}
+
+#[cfg(debug_assertions)]
+const LEVELS: usize = Level::Journal as usize + 1;
+
+#[cfg(debug_assertions)]
+impl HeldLocks {
+    fn check(&self, level: Level, index: Option<usize>) {
+        let later = (level as usize + 1..LEVELS).rev().find(|&later| self.counts[later] > 0);
+        let later = later.and_then(|later| {
+            self.claims.iter().map(|(taken, _)| *taken).find(|taken| *taken as usize == later)
+        });
+        assert!(
+            later.is_none(),
+            "lock order: taking the {level:?} lock while holding the {later:?} lock \
+             (held: {:?}); ARCHITECTURE.md gives the order",
+            self.claims
+        );
+        if let Some(index) = index {
+            let above = self.highest[level as usize].filter(|&highest| highest >= index);
+            assert!(
+                above.is_none(),
+                "lock order: taking {level:?} lock {index} while holding {level:?} lock \
+                 {above:?}; locks of one level go in ascending index"
+            );
+        }
+    }
+
+    fn push(&mut self, level: Level, index: Option<usize>) {
+        self.claims.push((level, index));
+        self.counts[level as usize] += 1;
+        if let Some(index) = index {
+            let highest = &mut self.highest[level as usize];
+            *highest = Some(highest.map_or(index, |highest| highest.max(index)));
+        }
+    }
+
+    fn remove(&mut self, level: Level, index: Option<usize>) {
+        // Claims go first in, first out (a view's guards) or last in,
+        // first out (nested locks): look at both ends first.
+        let claim = (level, index);
+        let at = if self.claims.last() == Some(&claim) {
+            self.claims.len() - 1
+        } else if self.claims.first() == Some(&claim) {
+            0
+        } else {
+            let at = self.claims.iter().rposition(|taken| *taken == claim);
+            at.expect("a lock released that this thread never took")
+        };
+        self.claims.remove(at);
+        self.counts[level as usize] -= 1;
+        if index.is_some() && self.highest[level as usize] == index {
+            self.highest[level as usize] = self
+                .claims
+                .iter()
+                .filter(|(taken, _)| *taken == level)
+                .filter_map(|(_, taken_index)| *taken_index)
+                .max();
+        }
+    }
+}
+
 #[cfg(debug_assertions)]
 thread_local! {
-    static HELD: std::cell::RefCell<Vec<(Level, Option<usize>)>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+    static HELD: std::cell::RefCell<HeldLocks> = std::cell::RefCell::new(HeldLocks::default());
 }
 
 /// This thread's claim on a lock of `level`, from before it waits for the
@@ -67,11 +190,11 @@ impl Held {
 
     /// Records a lock taken without waiting (a successful try), which the
     /// order does not constrain.
-    fn claim_unchecked(level: Level, index: Option<usize>) -> Self {
+    fn claim_unchecked(#[allow(unused_variables)] level: Level, index: Option<usize>) -> Self {
         #[cfg(debug_assertions)]
-        HELD.with(|held| held.borrow_mut().push((level, index)));
+        HELD.with(|held| held.borrow_mut().push(level, index));
         #[cfg(not(debug_assertions))]
-        let _ = (level, index);
+        let _ = index;
         Self {
             #[cfg(debug_assertions)]
             level,
@@ -84,26 +207,8 @@ impl Held {
         #[cfg(debug_assertions)]
         HELD.with(|held| {
             let mut held = held.borrow_mut();
-            let later = held.iter().map(|(taken, _)| *taken).filter(|taken| *taken > level).max();
-            assert!(
-                later.is_none(),
-                "lock order: taking the {level:?} lock while holding the {later:?} lock \
-                 (held: {held:?}); ARCHITECTURE.md gives the order"
-            );
-            if let Some(index) = index {
-                let above = held
-                    .iter()
-                    .filter(|(taken, _)| *taken == level)
-                    .filter_map(|(_, taken_index)| *taken_index)
-                    .filter(|taken_index| *taken_index >= index)
-                    .max();
-                assert!(
-                    above.is_none(),
-                    "lock order: taking {level:?} lock {index} while holding {level:?} lock \
-                     {above:?} (held: {held:?}); locks of one level go in ascending index"
-                );
-            }
-            held.push((level, index));
+            held.check(level, index);
+            held.push(level, index);
         });
         #[cfg(not(debug_assertions))]
         let _ = index;
@@ -119,12 +224,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         #[cfg(debug_assertions)]
-        HELD.with(|held| {
-            let mut held = held.borrow_mut();
-            let at = held.iter().rposition(|taken| *taken == (self.level, self.index));
-            let at = at.expect("a lock released that this thread never took");
-            held.remove(at);
-        });
+        HELD.with(|held| held.borrow_mut().remove(self.level, self.index));
     }
 }
 

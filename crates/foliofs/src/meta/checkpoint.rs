@@ -28,7 +28,10 @@ pub struct ShardPart {
     entry_records: u64,
 }
 
-pub const SHARD_PARTS_NONE: [Option<ShardPart>; SHARD_COUNT] = [const { None }; SHARD_COUNT];
+/// No shard encoded yet: what a checkpoint starts from.
+pub fn no_parts() -> Vec<Option<ShardPart>> {
+    vec![None; SHARD_COUNT]
+}
 
 impl ShardPart {
     pub fn encode(shard: &ShardInodes) -> Self {

@@ -461,7 +461,7 @@ mod tests {
 
     /// Every shard locked, as mount holds them.
     fn all(core: &MetaCore) -> MetaState<'_> {
-        MetaState::lock(core, ShardSet::ALL)
+        MetaState::lock(core, ShardSet::All)
     }
 
     fn snapshot(state: &MetaState<'_>) -> (Vec<u8>, u64) {

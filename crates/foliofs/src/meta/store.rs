@@ -26,7 +26,7 @@ use crate::extent::Extent;
 use crate::format::codec::Writer;
 use crate::format::{InodeAttrs, Record, Superblock, ROOT_INO};
 use crate::journal::{self, CommitError, Journal, JournalGeometry};
-use crate::lock_order::{Level, Ordered};
+use crate::lock_order::{Contention, Level, Ordered};
 
 use super::checkpoint;
 use super::inode::Inode;
@@ -79,6 +79,7 @@ pub struct LoadReport {
 pub struct MetaStore {
     core: MetaCore,
     space: Mutex<Space>,
+    space_contention: Contention,
     /// The allocator's reservations, reached without the space mutex.
     promises: Arc<Promises>,
     /// The lsn of the earliest record whose freed blocks wait in `space`
@@ -131,6 +132,7 @@ pub const TXN_LOG_BYTES_UNRESERVED: u64 = 1024;
 pub struct Txn<'a> {
     state: MetaState<'a>,
     space: &'a Mutex<Space>,
+    space_contention: &'a Contention,
     records: Vec<Record>,
     displaced: Vec<Extent>,
     /// Device blocks mapped by this transaction's records: a block that one
@@ -178,7 +180,8 @@ impl<'a> Txn<'a> {
     /// Free space, locked for as long as the guard lives: take it for the
     /// allocation and let it go (it comes after every shard in the order).
     pub fn space(&self) -> Ordered<MutexGuard<'a, Space>> {
-        Ordered::lock(Level::Space, || self.space.lock())
+        let (space, contention) = (self.space, self.space_contention);
+        Ordered::lock(Level::Space, || contention.lock(|| space.try_lock(), || space.lock()))
     }
 
     /// Applies `record` now and logs it at the end of the transaction.
@@ -270,7 +273,7 @@ impl MetaStore {
         let loaded = journal::load(&device, &geometry)?;
         let core = MetaCore::new(data_region, ROOT_INO + 1);
         let alloc = {
-            let mut state = MetaState::lock(&core, ShardSet::ALL);
+            let mut state = MetaState::lock(&core, ShardSet::All);
             for (index, record) in loaded.checkpoint_records.iter().enumerate() {
                 state.apply(record).map_err(|error| {
                     Error::Corrupt(format!("checkpoint record {index}: {error}"))
@@ -295,6 +298,7 @@ impl MetaStore {
             core,
             promises: Arc::clone(alloc.promises()),
             space: Mutex::new(Space::new(alloc)),
+            space_contention: Contention::default(),
             first_pending_free_lsn: AtomicU64::new(u64::MAX),
             rename_lock: Mutex::new(()),
             store_id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
@@ -311,7 +315,7 @@ impl MetaStore {
     /// Writes the first checkpoint of a new volume: an empty root directory.
     pub fn format(device: &Arc<Device>, superblock: &Superblock, root: InodeAttrs) -> Result<()> {
         let core = MetaCore::new(superblock.data, ROOT_INO + 1);
-        let mut state = MetaState::lock(&core, ShardSet::ALL);
+        let mut state = MetaState::lock(&core, ShardSet::All);
         state.apply(&Record::InodeSet { ino: ROOT_INO, attrs: root }).expect("fresh state");
         let (payload, record_count) = checkpoint::assemble(&state.shard_parts());
         let next_ino = core.next_ino.load(Ordering::Relaxed);
@@ -350,12 +354,20 @@ impl MetaStore {
     /// Waits for every transaction in progress, and stops every writer
     /// while held.
     pub fn view_all(&self) -> MetaView<'_> {
-        MetaView::lock(&self.core, ShardSet::ALL)
+        MetaView::lock(&self.core, ShardSet::All)
     }
 
     /// Free space, locked while the guard lives (after any shard).
     pub fn space(&self) -> Ordered<MutexGuard<'_, Space>> {
-        Ordered::lock(Level::Space, || self.space.lock())
+        Ordered::lock(Level::Space, || {
+            self.space_contention.lock(|| self.space.try_lock(), || self.space.lock())
+        })
+    }
+
+    /// Waits for the shard locks and for the space mutex so far, as
+    /// (waits, nanoseconds) each.
+    pub fn lock_waits(&self) -> ((u64, u64), (u64, u64)) {
+        (self.core.contention.totals(), self.space_contention.totals())
     }
 
     /// The rename mutex: held across a rename that moves a directory to
@@ -365,15 +377,21 @@ impl MetaStore {
         Ordered::lock(Level::Rename, || self.rename_lock.lock())
     }
 
-    /// A fresh inode number. Each thread takes numbers in batches from the
-    /// shared counter, so creates on many cores do not all write one cache
-    /// line; numbers of a batch left unused are never used (they only grow).
-    /// At the end of the number space it keeps answering u64::MAX, which the
-    /// caller finds taken (an image using that number has none left).
-    pub fn take_ino(&self) -> u64 {
+    /// A fresh inode number, for a directory (`directory`) or anything
+    /// else. Each thread takes numbers in batches from the shared counter,
+    /// so creates on many cores do not all write one cache line; numbers of
+    /// a batch left unused are never used (they only grow). Directories get
+    /// the multiples of [`DIRECTORY_INO_STRIDE`] of their batches, the rest
+    /// the others, so that they live in shards of their own
+    /// ([`super::shards::shard_of`]). At the end of the number space it
+    /// keeps answering u64::MAX, which the caller finds taken (an image
+    /// using that number has none left).
+    pub fn take_ino(&self, directory: bool) -> u64 {
         thread_local! {
-            /// (store, next, end) of this thread's batch.
-            static BATCH: Cell<(u64, u64, u64)> = const { Cell::new((0, 0, 0)) };
+            /// (store, next, end) of this thread's batch for directories
+            /// and for the rest.
+            static BATCHES: [Cell<(u64, u64, u64)>; 2] =
+                const { [Cell::new((0, 0, 0)), Cell::new((0, 0, 0))] };
         }
         #[cfg(test)]
         if let Some((store_id, peeked)) = INO_PEEKED.with(|peeked| peeked.take()) {
@@ -381,25 +399,33 @@ impl MetaStore {
                 return peeked;
             }
         }
-        BATCH.with(|batch| {
-            let (store_id, next, end) = batch.get();
-            if store_id == self.store_id && next < end {
-                batch.set((store_id, next + 1, end));
-                return next;
+        let fits = |ino: u64| ino.is_multiple_of(DIRECTORY_INO_STRIDE) == directory;
+        BATCHES.with(|batches| {
+            let batch = &batches[usize::from(directory)];
+            loop {
+                let (store_id, mut next, end) = batch.get();
+                if store_id == self.store_id {
+                    while next < end && !fits(next) {
+                        next += 1;
+                    }
+                    if next < end {
+                        batch.set((store_id, next + 1, end));
+                        return next;
+                    }
+                }
+                let start = self
+                    .core
+                    .next_ino
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |first| {
+                        Some(first.saturating_add(INO_BATCH))
+                    })
+                    .expect("the update always answers");
+                let end = start.saturating_add(INO_BATCH);
+                if start == end {
+                    return start;
+                }
+                batch.set((self.store_id, start, end));
             }
-            let start = self
-                .core
-                .next_ino
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |first| {
-                    Some(first.saturating_add(INO_BATCH))
-                })
-                .expect("the update always answers");
-            let end = start.saturating_add(INO_BATCH);
-            if start == end {
-                return start;
-            }
-            batch.set((self.store_id, start + 1, end));
-            start
         })
     }
 
@@ -411,8 +437,8 @@ impl MetaStore {
     /// The number this thread's next [`MetaStore::take_ino`] returns, not
     /// taken (tests that must know which shard a create will lock).
     #[cfg(test)]
-    pub fn peek_ino(&self) -> u64 {
-        let next = self.take_ino();
+    pub fn peek_ino(&self, directory: bool) -> u64 {
+        let next = self.take_ino(directory);
         INO_PEEKED.with(|peeked| peeked.set(Some((self.store_id, next))));
         next
     }
@@ -487,6 +513,7 @@ impl MetaStore {
         let mut txn = Txn {
             state: MetaState::lock(&self.core, ShardSet::of(inos)),
             space: &self.space,
+            space_contention: &self.space_contention,
             records: Vec::new(),
             displaced: Vec::new(),
             remapped: Vec::new(),
@@ -709,7 +736,7 @@ impl MetaStore {
             let all = self.view_all();
             let point = self.journal.replay_point();
             let next_ino = self.core.next_ino.load(Ordering::Relaxed);
-            *self.core.checkpoint_parts.lock() = checkpoint::SHARD_PARTS_NONE.to_vec();
+            *self.core.checkpoint_parts.lock() = checkpoint::no_parts();
             for (index, _) in all.shards() {
                 self.core.shard(index).checkpoint_owed.store(true, Ordering::Release);
             }
@@ -741,6 +768,9 @@ thread_local! {
     /// A number [`MetaStore::peek_ino`] took, handed out next.
     static INO_PEEKED: Cell<Option<(u64, u64)>> = const { Cell::new(None) };
 }
+
+/// Directories take the inode numbers that are multiples of this.
+pub const DIRECTORY_INO_STRIDE: u64 = 8;
 
 /// Numbers a thread takes from the shared inode counter at a time.
 const INO_BATCH: u64 = 64;

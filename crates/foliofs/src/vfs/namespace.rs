@@ -327,7 +327,7 @@ impl Inodes<'_> {
         rdev: u32,
     ) -> Result<Attr> {
         check_name(name)?;
-        let ino = self.volume.shared.meta.take_ino();
+        let ino = self.volume.shared.meta.take_ino(kind == InodeKind::Dir);
         let (attr, _) = self.volume.shared.meta.transact(&[parent, ino], |txn| {
             if dir_entries(txn.state(), parent)?.contains_key(name) {
                 return Err(Error::Exists(display(name)));
@@ -582,7 +582,7 @@ impl Inodes<'_> {
             victim_under_itself: moves_dirs
                 && victim.is_some_and(|ino| victim_is_dir && is_ancestor_walk(meta, ino, parent)),
         };
-        let whiteout = flags.whiteout.map(|_| meta.take_ino());
+        let whiteout = flags.whiteout.map(|_| meta.take_ino(false));
         let inos: Vec<u64> =
             [parent, new_parent].into_iter().chain(moving).chain(victim).chain(whiteout).collect();
         let (done, _) = meta.transact(&inos, |txn| {

@@ -31,7 +31,7 @@ impl Inodes<'_> {
             // As open(2): O_TMPFILE needs O_WRONLY or O_RDWR.
             return Err(Error::invalid("an unnamed file must be opened for writing"));
         }
-        let ino = self.volume.shared.meta.take_ino();
+        let ino = self.volume.shared.meta.take_ino(false);
         let (ino, _) = self.volume.shared.meta.transact(&[parent, ino], |txn| {
             let state = txn.state();
             let dir = state

@@ -417,6 +417,21 @@ impl Volume {
         self.shared.meta.checkpoint()
     }
 
+    /// Waits for the metadata's locks so far.
+    pub fn lock_waits(&self) -> LockWaits {
+        let meta = &self.shared.meta;
+        let ((shard_waits, shard_wait_ns), (space_waits, space_wait_ns)) = meta.lock_waits();
+        let (journal_waits, journal_wait_ns) = meta.journal().lock_waits();
+        LockWaits {
+            shard_waits,
+            shard_wait_ns,
+            space_waits,
+            space_wait_ns,
+            journal_waits,
+            journal_wait_ns,
+        }
+    }
+
     /// What the folio cache holds now.
     pub fn cache_stats(&self) -> CacheStats {
         let (folios_reused, folios_allocated) = self.shared.cache.buffers_handed_out();
@@ -552,6 +567,25 @@ impl Drop for Volume {
             tracing::error!("closing the volume: {error}");
         }
     }
+}
+
+/// How often operations found the metadata's locks taken, and how long
+/// they waited, since the volume was opened: the contention `foliofs bench`
+/// prints beside its rates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LockWaits {
+    /// Waits for an inode shard's lock (read or write).
+    pub shard_waits: u64,
+    /// Time those waits took, all threads together.
+    pub shard_wait_ns: u64,
+    /// Waits for free space's mutex (allocation and frees).
+    pub space_waits: u64,
+    /// Time those waits took.
+    pub space_wait_ns: u64,
+    /// Waits for the journal's mutex (appends, commits).
+    pub journal_waits: u64,
+    /// Time those waits took.
+    pub journal_wait_ns: u64,
 }
 
 /// Memory of the folio cache.

@@ -45,6 +45,7 @@ pub fn run(args: &MetadataArgs, options: &VolumeOptions) -> anyhow::Result<ExitC
     let image = BenchImage::create(&args.image, image_bytes, options)?;
     let volume = Arc::new(Volume::open(image.path(), options)?);
     let before = volume.device().stats();
+    let waits_before = volume.lock_waits();
     let resident_before = resident_bytes();
     let cpu_before = cpu_seconds();
     let started = Instant::now();
@@ -63,6 +64,7 @@ pub fn run(args: &MetadataArgs, options: &VolumeOptions) -> anyhow::Result<ExitC
     }
     let elapsed = started.elapsed();
     let stats = volume.device().stats().since(&before);
+    let waits = volume.lock_waits();
     let cpu_used = cpu_seconds().zip(cpu_before).map(|(after, was)| after - was);
     let resident_grown = resident_bytes().zip(resident_before).map(|(after, was)| after - was);
     let cache = volume.cache_stats();
@@ -81,6 +83,7 @@ pub fn run(args: &MetadataArgs, options: &VolumeOptions) -> anyhow::Result<ExitC
             operations / cpu_used.max(0.01)
         );
     }
+    println!("  {}", foliofs_bench::latency::lock_waits_line(&waits_before, &waits, operations));
     println!(
         "  device per op: {:.2} requests ({:.2} writes, {:.2} FUA, {:.2} flushes), {:.0} bytes written",
         stats.requests() as f64 / operations,
