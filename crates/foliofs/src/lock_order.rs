@@ -88,15 +88,70 @@ pub enum Level {
     Journal = 7,
 }
 
-/// What a thread holds: its claims, how many of each level, and the
-/// highest index held of each indexed level. Counts and maxima keep the
-/// check cheap when a thread holds every shard (mount, fsck, 4,096 locks).
+impl Level {
+    /// Every level, in the order they are taken.
+    pub const ORDER: [Level; 7] = [
+        Level::InodeIo,
+        Level::Writeback,
+        Level::Rename,
+        Level::Checkpoint,
+        Level::Metadata,
+        Level::Space,
+        Level::Journal,
+    ];
+}
+
+/// What a thread holds: of each level, how many claims without an index
+/// and which indices. Taking and letting go cost a few steps however much
+/// is held, so a thread holding every shard (a checkpoint's cut, fsck,
+/// 4,096 locks) pays little for the check.
 #[cfg(debug_assertions)]
 #[derive(Default)]
 struct HeldLocks {
-    claims: Vec<(Level, Option<usize>)>,
-    counts: [u32; LEVELS],
-    highest: [Option<usize>; LEVELS],
+    unindexed: [u32; LEVELS],
+    indexed: [IndexedClaims; LEVELS],
+}
+
+/// The indices held of one level: claims per index, a bit per index held
+/// (to find the next highest in a few word reads), and the highest.
+#[cfg(debug_assertions)]
+#[derive(Default)]
+struct IndexedClaims {
+    claims: Vec<u16>,
+    present: Vec<u64>,
+    held: usize,
+    highest: Option<usize>,
+}
+
+#[cfg(debug_assertions)]
+impl IndexedClaims {
+    fn push(&mut self, index: usize) {
+        if self.claims.len() <= index {
+            self.claims.resize(index + 1, 0);
+            self.present.resize(index / 64 + 1, 0);
+        }
+        self.claims[index] += 1;
+        self.present[index / 64] |= 1 << (index % 64);
+        self.held += 1;
+        self.highest = Some(self.highest.map_or(index, |highest| highest.max(index)));
+    }
+
+    fn remove(&mut self, index: usize) -> Option<()> {
+        let claims = self.claims.get_mut(index).filter(|claims| **claims > 0)?;
+        *claims -= 1;
+        self.held -= 1;
+        if *claims > 0 {
+            return Some(());
+        }
+        self.present[index / 64] &= !(1 << (index % 64));
+        if self.highest == Some(index) {
+            self.highest = (0..=index / 64).rev().find_map(|word| {
+                let bits = self.present[word];
+                (bits != 0).then(|| word * 64 + 63 - bits.leading_zeros() as usize)
+            });
+        }
+        Some(())
+    }
 }
 
 #[cfg(debug_assertions)]
@@ -104,19 +159,36 @@ const LEVELS: usize = Level::Journal as usize + 1;
 
 #[cfg(debug_assertions)]
 impl HeldLocks {
+    fn holds(&self, level: usize) -> bool {
+        self.unindexed[level] > 0 || self.indexed[level].held > 0
+    }
+
+    /// What is held, for a panic's message: each level and its claims.
+    fn summary(&self) -> Vec<(Level, usize)> {
+        Level::ORDER
+            .into_iter()
+            .filter(|&level| self.holds(level as usize))
+            .map(|level| {
+                let indexed = self.indexed[level as usize].held;
+                (level, self.unindexed[level as usize] as usize + indexed)
+            })
+            .collect()
+    }
+
     fn check(&self, level: Level, index: Option<usize>) {
-        let later = (level as usize + 1..LEVELS).rev().find(|&later| self.counts[later] > 0);
-        let later = later.and_then(|later| {
-            self.claims.iter().map(|(taken, _)| *taken).find(|taken| *taken as usize == later)
-        });
-        assert!(
-            later.is_none(),
-            "lock order: taking the {level:?} lock while holding the {later:?} lock \
-             (held: {:?}); ARCHITECTURE.md gives the order",
-            self.claims
-        );
+        let later = Level::ORDER
+            .into_iter()
+            .rev()
+            .find(|&later| later > level && self.holds(later as usize));
+        if let Some(later) = later {
+            panic!(
+                "lock order: taking the {level:?} lock while holding the {later:?} lock \
+                 (held, with their claims: {:?}); ARCHITECTURE.md gives the order",
+                self.summary()
+            );
+        }
         if let Some(index) = index {
-            let above = self.highest[level as usize].filter(|&highest| highest >= index);
+            let above = self.indexed[level as usize].highest.filter(|&highest| highest >= index);
             assert!(
                 above.is_none(),
                 "lock order: taking {level:?} lock {index} while holding {level:?} lock \
@@ -126,35 +198,20 @@ impl HeldLocks {
     }
 
     fn push(&mut self, level: Level, index: Option<usize>) {
-        self.claims.push((level, index));
-        self.counts[level as usize] += 1;
-        if let Some(index) = index {
-            let highest = &mut self.highest[level as usize];
-            *highest = Some(highest.map_or(index, |highest| highest.max(index)));
+        match index {
+            None => self.unindexed[level as usize] += 1,
+            Some(index) => self.indexed[level as usize].push(index),
         }
     }
 
     fn remove(&mut self, level: Level, index: Option<usize>) {
-        // Claims go first in, first out (a view's guards) or last in,
-        // first out (nested locks): look at both ends first.
-        let claim = (level, index);
-        let at = if self.claims.last() == Some(&claim) {
-            self.claims.len() - 1
-        } else if self.claims.first() == Some(&claim) {
-            0
-        } else {
-            let at = self.claims.iter().rposition(|taken| *taken == claim);
-            at.expect("a lock released that this thread never took")
-        };
-        self.claims.remove(at);
-        self.counts[level as usize] -= 1;
-        if index.is_some() && self.highest[level as usize] == index {
-            self.highest[level as usize] = self
-                .claims
-                .iter()
-                .filter(|(taken, _)| *taken == level)
-                .filter_map(|(_, taken_index)| *taken_index)
-                .max();
+        const NEVER_TAKEN: &str = "a lock released that this thread never took";
+        match index {
+            None => {
+                let count = &mut self.unindexed[level as usize];
+                *count = count.checked_sub(1).expect(NEVER_TAKEN);
+            }
+            Some(index) => self.indexed[level as usize].remove(index).expect(NEVER_TAKEN),
         }
     }
 }
@@ -325,9 +382,27 @@ mod tests {
         let _again = Held::before_waiting_at(Level::Metadata, 1);
     }
 
+    /// Letting go of the highest index held lowers the bar to the next one
+    /// held, found across words of the bitmap.
     #[test]
     #[cfg(debug_assertions)]
-    #[should_panic(expected = "taking the InodeIo lock while holding the Some(Metadata) lock")]
+    fn letting_go_of_the_highest_index_lowers_the_bar_to_the_next_held() {
+        let three = Held::before_waiting_at(Level::Metadata, 3);
+        let seventy = Held::before_waiting_at(Level::Metadata, 70);
+        let highest = Held::before_waiting_at(Level::Metadata, 4095);
+        drop(highest);
+        let next = std::panic::catch_unwind(|| drop(Held::before_waiting_at(Level::Metadata, 71)));
+        assert!(next.is_ok(), "71 is above every index still held");
+        let below = std::panic::catch_unwind(|| drop(Held::before_waiting_at(Level::Metadata, 69)));
+        assert!(below.is_err(), "69 is below 70, still held");
+        drop(seventy);
+        drop(three);
+        let _first = Held::before_waiting_at(Level::Metadata, 0);
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "taking the InodeIo lock while holding the Metadata lock")]
     fn a_lock_taken_below_one_held_panics() {
         let _meta = Held::before_waiting(Level::Metadata);
         let _io = Held::before_waiting(Level::InodeIo);
