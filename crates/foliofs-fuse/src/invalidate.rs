@@ -90,11 +90,42 @@ pub(crate) fn kernel_sees<R>(work: impl FnOnce() -> R) -> R {
     result
 }
 
+/// A set of inode numbers in shards, each under its own lock: every open
+/// and every change of a file asks it, and requests for unrelated files
+/// from many threads must not meet on one lock.
+struct InodeSet {
+    shards: [Mutex<HashSet<u64>>; INODE_SET_SHARDS],
+}
+
+const INODE_SET_SHARDS: usize = 64;
+
+impl Default for InodeSet {
+    fn default() -> Self {
+        Self { shards: std::array::from_fn(|_| Mutex::default()) }
+    }
+}
+
+impl InodeSet {
+    fn shard(&self, ino: u64) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+        let shard = &self.shards[ino as usize % INODE_SET_SHARDS];
+        // A panic elsewhere leaves the set whole: insert and lookup only.
+        shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn insert(&self, ino: u64) {
+        self.shard(ino).insert(ino);
+    }
+
+    fn contains(&self, ino: u64) -> bool {
+        self.shard(ino).contains(&ino)
+    }
+}
+
 pub(crate) struct Invalidator {
     notifier: Arc<OnceLock<Notifier>>,
     /// Files the kernel may hold pages or attributes of: opened through the
     /// mount at least once. Changes to others need no notification.
-    page_cached: Mutex<HashSet<u64>>,
+    page_cached: InodeSet,
     /// Whether changes made while serving a request are sent.
     served_changes: bool,
     /// Every inode counts as cached: with zero-message opens the daemon
@@ -129,7 +160,7 @@ impl Invalidator {
         }
         Arc::new(Self {
             notifier,
-            page_cached: Mutex::default(),
+            page_cached: InodeSet::default(),
             served_changes,
             every_inode_cached: Default::default(),
             queue,
@@ -157,8 +188,7 @@ impl Invalidator {
 
     /// The kernel may cache pages of `ino` from now on.
     pub(crate) fn page_cached(&self, ino: u64) {
-        let mut cached = self.page_cached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        cached.insert(ino);
+        self.page_cached.insert(ino);
     }
 
     /// From now on the kernel may cache pages of any inode without the
@@ -207,10 +237,8 @@ impl Invalidator {
         if KERNEL_SEES.with(Cell::get) || (serving && !self.served_changes) {
             return;
         }
-        let cached = self.page_cached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let every = self.every_inode_cached.load(std::sync::atomic::Ordering::Relaxed);
-        if !every && !cached.contains(&event.ino) {
-            drop(cached);
+        if !every && !self.page_cached.contains(event.ino) {
             // No pages to drop, but the kernel may hold its size and times
             // from a lookup: a library user's change is told now (dropping
             // attributes takes no page lock, so not even a completion
@@ -222,7 +250,6 @@ impl Invalidator {
             }
             return;
         }
-        drop(cached);
         if serving || event.deferred {
             let _ = self.queue.send(Queued::Invalidate(event));
         } else {
