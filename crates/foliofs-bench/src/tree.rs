@@ -1,11 +1,19 @@
 //! `foliofs bench tree`: the metadata workload of issue 14. A tree of small
 //! files in nested directories (`b<i>/l<j>/f<k>`) is created, stat'ed, read,
-//! its leaf directories renamed, and deleted, one phase after another from
-//! one thread, as a new user's `tar x`, `find`, `grep -r`, `mv` and `rm -r`
-//! would. The same phases run in process (the library's calls, directory
-//! inodes kept as a library user keeps them), through a FUSE mount in each
-//! `page_cache` mode and on the kernel's ext4 and XFS in the same run, each
-//! on a fresh file system with warm caches (nothing dropped between phases).
+//! renamed and deleted, one phase after another, as a new user's `tar x`,
+//! `find`, `grep -r`, `mv` and `rm -r` would. The same phases run in process
+//! (the library's calls, directory inodes kept as a library user keeps
+//! them), through a FUSE mount in each `page_cache` mode and on the kernel's
+//! ext4 and XFS in the same run, each on a fresh file system with warm
+//! caches (nothing dropped between phases).
+//!
+//! With several jobs (threads; every phase starts them together and ends
+//! when the last is done) the tree's files are shared out between them in
+//! one of two layouts: each job its own subtree `j<k>/b<i>/l<j>/f<k>`, or
+//! all jobs in the same directories, each with its own file names
+//! (`j<k>-f<n>`), the hard case for a file system's directory locks. In the
+//! shared layout the directories are made and removed outside the timing,
+//! and the rename phase renames files within their directory.
 
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -17,6 +25,7 @@ use foliofs::vfs::MkfsOptions;
 use foliofs::{OpenFlags, Owner, RenameFlags, Volume, VolumeOptions};
 use serde_json::{json, Value};
 
+use crate::latency::lock_waits_line;
 use crate::peers::{FuseMount, Peers};
 
 /// The phases, in the order they run.
@@ -31,30 +40,42 @@ pub enum Phase {
     Stat,
     /// open, read whole and close every file.
     Read,
-    /// rename every leaf directory within its parent.
+    /// rename every leaf directory within its parent (in the shared
+    /// layout: every file within its directory).
     Rename,
     /// unlink every file, rmdir every directory.
     Delete,
 }
 
 impl Phase {
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Create => "create",
-            Phase::Stat => "stat",
-            Phase::Read => "read",
-            Phase::Rename => "rename dir",
-            Phase::Delete => "delete",
+    pub fn name(self, layout: Layout) -> &'static str {
+        match (self, layout) {
+            (Phase::Create, _) => "create",
+            (Phase::Stat, _) => "stat",
+            (Phase::Read, _) => "read",
+            (Phase::Rename, Layout::Subtrees) => "rename dir",
+            (Phase::Rename, Layout::SharedDirs) => "rename file",
+            (Phase::Delete, _) => "delete",
         }
     }
 
     /// What the phase's rate counts.
-    pub fn unit(self) -> &'static str {
-        match self {
-            Phase::Rename => "dirs/s",
+    pub fn unit(self, layout: Layout) -> &'static str {
+        match (self, layout) {
+            (Phase::Rename, Layout::Subtrees) => "dirs/s",
             _ => "files/s",
         }
     }
+}
+
+/// How the jobs share the tree out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Each job its own subtree `j<k>` of the whole shape.
+    Subtrees,
+    /// One tree; every job puts its share of each leaf directory's files
+    /// in that directory.
+    SharedDirs,
 }
 
 /// The tree's size and shape.
@@ -81,60 +102,114 @@ impl TreeShape {
     fn files_in(&self, leaf: u64) -> u64 {
         (self.files - leaf * self.files_per_dir).min(self.files_per_dir)
     }
+
+    /// Job `job` of `jobs`'s part of the tree: its share of the files (the
+    /// first `files % jobs` jobs take one more), in directories of the same
+    /// size (each its own subtree) or in the same directories, each holding
+    /// its share of every directory's files.
+    pub fn share(&self, job: u64, jobs: u64, layout: Layout) -> TreeShape {
+        let files = self.files / jobs + u64::from(job < self.files % jobs);
+        let files_per_dir = match layout {
+            Layout::Subtrees => self.files_per_dir,
+            Layout::SharedDirs => (self.files_per_dir / jobs).max(1),
+        };
+        TreeShape { files, files_per_dir, ..*self }
+    }
 }
 
 /// The operations a phase needs, on one file system. Leaves are numbered
-/// across the tree; `renamed` says whether a leaf has its second name.
-trait TreeFs {
+/// across the tree; the tree remembers which names are its second ones.
+trait TreeFs: Send {
+    fn mkdir_root(&mut self) -> anyhow::Result<()>;
     fn mkdir_branch(&mut self, branch: u64) -> anyhow::Result<()>;
     fn mkdir_leaf(&mut self, branch: u64, leaf: u64) -> anyhow::Result<()>;
     fn create_file(&mut self, leaf: u64, file: u64, data: &[u8]) -> anyhow::Result<()>;
     fn stat_file(&mut self, leaf: u64, file: u64) -> anyhow::Result<u64>;
     fn read_file(&mut self, leaf: u64, file: u64, buffer: &mut [u8]) -> anyhow::Result<usize>;
     fn rename_leaf(&mut self, branch: u64, leaf: u64) -> anyhow::Result<()>;
+    fn rename_file(&mut self, leaf: u64, file: u64) -> anyhow::Result<()>;
     fn unlink_file(&mut self, leaf: u64, file: u64) -> anyhow::Result<()>;
     fn rmdir_leaf(&mut self, branch: u64, leaf: u64) -> anyhow::Result<()>;
     fn rmdir_branch(&mut self, branch: u64) -> anyhow::Result<()>;
+    fn rmdir_root(&mut self) -> anyhow::Result<()>;
+    /// Takes the directories another tree made (the shared layout's jobs
+    /// work in the directories its setup made).
+    fn adopt_directories(&mut self, setup: &Self)
+    where
+        Self: Sized;
+    fn names(&mut self) -> &mut Names;
 }
 
-fn branch_name(branch: u64) -> String {
-    format!("b{branch}")
+/// The names in one job's tree, and which of them have been renamed.
+#[derive(Debug, Clone)]
+struct Names {
+    dirs_per_branch: u64,
+    /// Before each file name: the job's, in the shared layout.
+    file_prefix: String,
+    leaves_renamed: bool,
+    files_renamed: bool,
 }
 
-fn leaf_name(leaf: u64, renamed: bool) -> String {
-    if renamed {
-        format!("r{leaf}")
-    } else {
-        format!("l{leaf}")
+impl Names {
+    fn new(dirs_per_branch: u64, file_prefix: String) -> Names {
+        Names { dirs_per_branch, file_prefix, leaves_renamed: false, files_renamed: false }
     }
-}
 
-fn file_name(file: u64) -> String {
-    format!("f{file}")
+    fn branch(&self, branch: u64) -> String {
+        format!("b{branch}")
+    }
+
+    fn branch_of(&self, leaf: u64) -> u64 {
+        leaf / self.dirs_per_branch
+    }
+
+    fn leaf(&self, leaf: u64, renamed: bool) -> String {
+        if renamed {
+            format!("r{leaf}")
+        } else {
+            format!("l{leaf}")
+        }
+    }
+
+    fn current_leaf(&self, leaf: u64) -> String {
+        self.leaf(leaf, self.leaves_renamed)
+    }
+
+    fn file(&self, file: u64, renamed: bool) -> String {
+        let letter = if renamed { 'g' } else { 'f' };
+        format!("{}{letter}{file}", self.file_prefix)
+    }
+
+    fn current_file(&self, file: u64) -> String {
+        self.file(file, self.files_renamed)
+    }
 }
 
 /// The tree under a directory of a mounted file system, through std::fs.
 struct PathTree {
     root: PathBuf,
-    shape: TreeShape,
-    renamed: bool,
+    names: Names,
 }
 
 impl PathTree {
     fn branch(&self, branch: u64) -> PathBuf {
-        self.root.join(branch_name(branch))
+        self.root.join(self.names.branch(branch))
     }
 
     fn leaf(&self, leaf: u64) -> PathBuf {
-        self.branch(leaf / self.shape.dirs_per_branch).join(leaf_name(leaf, self.renamed))
+        self.branch(self.names.branch_of(leaf)).join(self.names.current_leaf(leaf))
     }
 
     fn file(&self, leaf: u64, file: u64) -> PathBuf {
-        self.leaf(leaf).join(file_name(file))
+        self.leaf(leaf).join(self.names.current_file(file))
     }
 }
 
 impl TreeFs for PathTree {
+    fn mkdir_root(&mut self) -> anyhow::Result<()> {
+        std::fs::create_dir(&self.root).with_context(|| format!("mkdir {}", self.root.display()))
+    }
+
     fn mkdir_branch(&mut self, branch: u64) -> anyhow::Result<()> {
         let path = self.branch(branch);
         std::fs::create_dir(&path).with_context(|| format!("mkdir {}", path.display()))
@@ -176,13 +251,16 @@ impl TreeFs for PathTree {
     }
 
     fn rename_leaf(&mut self, branch: u64, leaf: u64) -> anyhow::Result<()> {
-        let from = self.branch(branch).join(leaf_name(leaf, false));
-        let to = self.branch(branch).join(leaf_name(leaf, true));
-        std::fs::rename(&from, &to).with_context(|| format!("rename {}", from.display()))?;
-        if leaf + 1 == self.shape.leaf_dirs() {
-            self.renamed = true;
-        }
-        Ok(())
+        let from = self.branch(branch).join(self.names.leaf(leaf, false));
+        let to = self.branch(branch).join(self.names.leaf(leaf, true));
+        std::fs::rename(&from, &to).with_context(|| format!("rename {}", from.display()))
+    }
+
+    fn rename_file(&mut self, leaf: u64, file: u64) -> anyhow::Result<()> {
+        let dir = self.leaf(leaf);
+        let from = dir.join(self.names.file(file, false));
+        let to = dir.join(self.names.file(file, true));
+        std::fs::rename(&from, &to).with_context(|| format!("rename {}", from.display()))
     }
 
     fn unlink_file(&mut self, leaf: u64, file: u64) -> anyhow::Result<()> {
@@ -199,6 +277,16 @@ impl TreeFs for PathTree {
         let path = self.branch(branch);
         std::fs::remove_dir(&path).with_context(|| format!("rmdir {}", path.display()))
     }
+
+    fn rmdir_root(&mut self) -> anyhow::Result<()> {
+        std::fs::remove_dir(&self.root).with_context(|| format!("rmdir {}", self.root.display()))
+    }
+
+    fn adopt_directories(&mut self, _setup: &Self) {}
+
+    fn names(&mut self) -> &mut Names {
+        &mut self.names
+    }
 }
 
 /// The tree in process: the library's calls, with the directories' inode
@@ -206,24 +294,36 @@ impl TreeFs for PathTree {
 /// looked up by name in them.
 struct LibraryTree<'a> {
     volume: &'a Volume,
+    /// The directory the tree hangs from, and the tree's own root's name
+    /// in it (None: the tree is the parent's).
+    parent: u64,
+    root_name: Option<String>,
     root: u64,
     owner: Owner,
-    shape: TreeShape,
+    names: Names,
     branches: Vec<u64>,
     leaves: Vec<u64>,
-    renamed: bool,
 }
 
 impl TreeFs for LibraryTree<'_> {
+    fn mkdir_root(&mut self) -> anyhow::Result<()> {
+        if let Some(name) = &self.root_name {
+            let attr =
+                self.volume.inodes().mkdir(self.parent, name.as_bytes(), 0o755, self.owner)?;
+            self.root = attr.ino;
+        }
+        Ok(())
+    }
+
     fn mkdir_branch(&mut self, branch: u64) -> anyhow::Result<()> {
-        let name = branch_name(branch);
+        let name = self.names.branch(branch);
         let attr = self.volume.inodes().mkdir(self.root, name.as_bytes(), 0o755, self.owner)?;
         self.branches.push(attr.ino);
         Ok(())
     }
 
     fn mkdir_leaf(&mut self, branch: u64, leaf: u64) -> anyhow::Result<()> {
-        let name = leaf_name(leaf, false);
+        let name = self.names.leaf(leaf, false);
         let parent = self.branches[branch as usize];
         let attr = self.volume.inodes().mkdir(parent, name.as_bytes(), 0o755, self.owner)?;
         self.leaves.push(attr.ino);
@@ -232,8 +332,8 @@ impl TreeFs for LibraryTree<'_> {
 
     fn create_file(&mut self, leaf: u64, file: u64, data: &[u8]) -> anyhow::Result<()> {
         let dir = self.leaves[leaf as usize];
-        let attr =
-            self.volume.inodes().create(dir, file_name(file).as_bytes(), 0o644, self.owner)?;
+        let name = self.names.file(file, false);
+        let attr = self.volume.inodes().create(dir, name.as_bytes(), 0o644, self.owner)?;
         let opened = self.volume.inodes().open_file(attr.ino, OpenFlags::WRITE)?;
         opened.write_at(data, 0)?;
         opened.close()?;
@@ -242,12 +342,12 @@ impl TreeFs for LibraryTree<'_> {
 
     fn stat_file(&mut self, leaf: u64, file: u64) -> anyhow::Result<u64> {
         let dir = self.leaves[leaf as usize];
-        Ok(self.volume.inodes().lookup(dir, file_name(file).as_bytes())?.size)
+        Ok(self.volume.inodes().lookup(dir, self.names.current_file(file).as_bytes())?.size)
     }
 
     fn read_file(&mut self, leaf: u64, file: u64, buffer: &mut [u8]) -> anyhow::Result<usize> {
         let dir = self.leaves[leaf as usize];
-        let attr = self.volume.inodes().lookup(dir, file_name(file).as_bytes())?;
+        let attr = self.volume.inodes().lookup(dir, self.names.current_file(file).as_bytes())?;
         let opened = self.volume.inodes().open_file(attr.ino, OpenFlags::READ)?;
         let read = opened.read_at(buffer, 0)?;
         opened.close()?;
@@ -256,7 +356,7 @@ impl TreeFs for LibraryTree<'_> {
 
     fn rename_leaf(&mut self, branch: u64, leaf: u64) -> anyhow::Result<()> {
         let parent = self.branches[branch as usize];
-        let (from, to) = (leaf_name(leaf, false), leaf_name(leaf, true));
+        let (from, to) = (self.names.leaf(leaf, false), self.names.leaf(leaf, true));
         self.volume.inodes().rename(
             parent,
             from.as_bytes(),
@@ -264,41 +364,76 @@ impl TreeFs for LibraryTree<'_> {
             to.as_bytes(),
             RenameFlags::default(),
         )?;
-        if leaf + 1 == self.shape.leaf_dirs() {
-            self.renamed = true;
-        }
+        Ok(())
+    }
+
+    fn rename_file(&mut self, leaf: u64, file: u64) -> anyhow::Result<()> {
+        let dir = self.leaves[leaf as usize];
+        let (from, to) = (self.names.file(file, false), self.names.file(file, true));
+        self.volume.inodes().rename(
+            dir,
+            from.as_bytes(),
+            dir,
+            to.as_bytes(),
+            RenameFlags::default(),
+        )?;
         Ok(())
     }
 
     fn unlink_file(&mut self, leaf: u64, file: u64) -> anyhow::Result<()> {
         let dir = self.leaves[leaf as usize];
-        Ok(self.volume.inodes().unlink(dir, file_name(file).as_bytes())?)
+        Ok(self.volume.inodes().unlink(dir, self.names.current_file(file).as_bytes())?)
     }
 
     fn rmdir_leaf(&mut self, branch: u64, leaf: u64) -> anyhow::Result<()> {
         let parent = self.branches[branch as usize];
-        Ok(self.volume.inodes().rmdir(parent, leaf_name(leaf, self.renamed).as_bytes())?)
+        Ok(self.volume.inodes().rmdir(parent, self.names.current_leaf(leaf).as_bytes())?)
     }
 
     fn rmdir_branch(&mut self, branch: u64) -> anyhow::Result<()> {
-        Ok(self.volume.inodes().rmdir(self.root, branch_name(branch).as_bytes())?)
+        Ok(self.volume.inodes().rmdir(self.root, self.names.branch(branch).as_bytes())?)
+    }
+
+    fn rmdir_root(&mut self) -> anyhow::Result<()> {
+        if let Some(name) = &self.root_name {
+            self.volume.inodes().rmdir(self.parent, name.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    fn adopt_directories(&mut self, setup: &Self) {
+        self.root = setup.root;
+        self.branches = setup.branches.clone();
+        self.leaves = setup.leaves.clone();
+    }
+
+    fn names(&mut self) -> &mut Names {
+        &mut self.names
     }
 }
 
-/// Runs one phase over the whole tree; returns its rate in its unit.
-fn run_phase(fs: &mut dyn TreeFs, shape: &TreeShape, phase: Phase) -> anyhow::Result<f64> {
+/// One job's part of one phase; returns the operations it made.
+fn run_job_phase(
+    fs: &mut dyn TreeFs,
+    shape: &TreeShape,
+    phase: Phase,
+    layout: Layout,
+) -> anyhow::Result<u64> {
     let data = vec![0x5Au8; shape.file_bytes];
     let mut buffer = vec![0u8; shape.file_bytes.max(1)];
-    let started = Instant::now();
     let mut operations = 0u64;
+    // The shared layout's directories are made and removed by the setup.
+    let own_dirs = layout == Layout::Subtrees;
     let branch_of = |leaf: u64| leaf / shape.dirs_per_branch;
     match phase {
         Phase::Create => {
             for leaf in 0..shape.leaf_dirs() {
-                if leaf % shape.dirs_per_branch == 0 {
-                    fs.mkdir_branch(branch_of(leaf))?;
+                if own_dirs {
+                    if leaf % shape.dirs_per_branch == 0 {
+                        fs.mkdir_branch(branch_of(leaf))?;
+                    }
+                    fs.mkdir_leaf(branch_of(leaf), leaf)?;
                 }
-                fs.mkdir_leaf(branch_of(leaf), leaf)?;
                 for file in 0..shape.files_in(leaf) {
                     fs.create_file(leaf, file, &data)?;
                     operations += 1;
@@ -324,11 +459,21 @@ fn run_phase(fs: &mut dyn TreeFs, shape: &TreeShape, phase: Phase) -> anyhow::Re
                 }
             }
         }
-        Phase::Rename => {
+        Phase::Rename if own_dirs => {
             for leaf in 0..shape.leaf_dirs() {
                 fs.rename_leaf(branch_of(leaf), leaf)?;
                 operations += 1;
             }
+            fs.names().leaves_renamed = true;
+        }
+        Phase::Rename => {
+            for leaf in 0..shape.leaf_dirs() {
+                for file in 0..shape.files_in(leaf) {
+                    fs.rename_file(leaf, file)?;
+                    operations += 1;
+                }
+            }
+            fs.names().files_renamed = true;
         }
         Phase::Delete => {
             for leaf in 0..shape.leaf_dirs() {
@@ -336,27 +481,182 @@ fn run_phase(fs: &mut dyn TreeFs, shape: &TreeShape, phase: Phase) -> anyhow::Re
                     fs.unlink_file(leaf, file)?;
                     operations += 1;
                 }
-                fs.rmdir_leaf(branch_of(leaf), leaf)?;
-                let last_of_branch =
-                    (leaf + 1) % shape.dirs_per_branch == 0 || leaf + 1 == shape.leaf_dirs();
-                if last_of_branch {
-                    fs.rmdir_branch(branch_of(leaf))?;
+                if own_dirs {
+                    fs.rmdir_leaf(branch_of(leaf), leaf)?;
+                    let last_of_branch =
+                        (leaf + 1) % shape.dirs_per_branch == 0 || leaf + 1 == shape.leaf_dirs();
+                    if last_of_branch {
+                        fs.rmdir_branch(branch_of(leaf))?;
+                    }
                 }
             }
         }
     }
-    Ok(operations as f64 / started.elapsed().as_secs_f64().max(1e-9))
+    Ok(operations)
 }
 
-fn run_phases(fs: &mut dyn TreeFs, shape: &TreeShape) -> anyhow::Result<Vec<f64>> {
-    PHASES.iter().map(|&phase| run_phase(fs, shape, phase).with_context(|| phase.name())).collect()
+/// One phase from every job at once: each job a thread, the phase timed
+/// from their start to the last one's end. Returns the operations made.
+fn run_phase<T: TreeFs>(
+    trees: &mut [T],
+    shapes: &[TreeShape],
+    phase: Phase,
+    layout: Layout,
+) -> anyhow::Result<(u64, f64)> {
+    let started = Instant::now();
+    let operations = std::thread::scope(|scope| -> anyhow::Result<u64> {
+        let jobs: Vec<_> = trees
+            .iter_mut()
+            .zip(shapes)
+            .map(|(tree, shape)| scope.spawn(move || run_job_phase(tree, shape, phase, layout)))
+            .collect();
+        let mut total = 0;
+        for (job, handle) in jobs.into_iter().enumerate() {
+            let made = handle.join().map_err(|_| anyhow::anyhow!("tree job {job} panicked"))?;
+            total += made.with_context(|| format!("job {job}"))?;
+        }
+        Ok(total)
+    })?;
+    let seconds = started.elapsed().as_secs_f64().max(1e-9);
+    Ok((operations, operations as f64 / seconds))
 }
 
-/// One row: a file system and its rate per phase (in `PHASES` order).
+/// Every phase, from `trees.len()` jobs (`shapes`: each one's part), with
+/// the untimed setup and teardown around them: each job's root, and in
+/// the shared layout every directory. Returns the rate of each phase and
+/// the operations made in all.
+fn run_phases<T: TreeFs>(
+    trees: &mut [T],
+    shapes: &[TreeShape],
+    layout: Layout,
+) -> anyhow::Result<(Vec<f64>, u64)> {
+    anyhow::ensure!(!trees.is_empty() && trees.len() == shapes.len());
+    // The shared layout's directories: as many leaves as the job with the
+    // most needs.
+    let most_leaves = shapes.iter().map(TreeShape::leaf_dirs).max().unwrap_or(0);
+    let dirs = TreeShape { files: most_leaves, files_per_dir: 1, ..shapes[0] };
+    match layout {
+        Layout::Subtrees => {
+            for tree in trees.iter_mut() {
+                tree.mkdir_root()?;
+            }
+        }
+        Layout::SharedDirs => {
+            let (setup, others) = trees.split_first_mut().expect("at least one job");
+            setup.mkdir_root()?;
+            for leaf in 0..dirs.leaf_dirs() {
+                let branch = leaf / dirs.dirs_per_branch;
+                if leaf % dirs.dirs_per_branch == 0 {
+                    setup.mkdir_branch(branch)?;
+                }
+                setup.mkdir_leaf(branch, leaf)?;
+            }
+            for tree in others {
+                tree.adopt_directories(setup);
+            }
+        }
+    }
+    let mut rates = Vec::new();
+    let mut operations = 0;
+    for phase in PHASES {
+        let (made, rate) =
+            run_phase(trees, shapes, phase, layout).with_context(|| phase.name(layout))?;
+        rates.push(rate);
+        operations += made;
+    }
+    match layout {
+        Layout::Subtrees => {
+            for tree in trees.iter_mut() {
+                tree.rmdir_root()?;
+            }
+        }
+        Layout::SharedDirs => {
+            let setup = &mut trees[0];
+            for leaf in 0..dirs.leaf_dirs() {
+                let branch = leaf / dirs.dirs_per_branch;
+                setup.rmdir_leaf(branch, leaf)?;
+                if (leaf + 1) % dirs.dirs_per_branch == 0 || leaf + 1 == dirs.leaf_dirs() {
+                    setup.rmdir_branch(branch)?;
+                }
+            }
+            setup.rmdir_root()?;
+        }
+    }
+    Ok((rates, operations))
+}
+
+/// Each job's root directory's name and its names.
+fn job_names(job: u64, layout: Layout, shape: &TreeShape) -> (String, Names) {
+    match layout {
+        Layout::Subtrees => (format!("j{job}"), Names::new(shape.dirs_per_branch, String::new())),
+        Layout::SharedDirs => {
+            ("shared".to_string(), Names::new(shape.dirs_per_branch, format!("j{job}-")))
+        }
+    }
+}
+
+fn shares(shape: &TreeShape, jobs: u64, layout: Layout) -> Vec<TreeShape> {
+    (0..jobs).map(|job| shape.share(job, jobs, layout)).collect()
+}
+
+/// The phases from `jobs` threads in the directory `base` of a mounted
+/// file system.
+fn run_on_path(
+    base: &Path,
+    shape: &TreeShape,
+    jobs: u64,
+    layout: Layout,
+) -> anyhow::Result<(Vec<f64>, u64)> {
+    let mut trees: Vec<PathTree> = (0..jobs)
+        .map(|job| {
+            let (root, names) = job_names(job, layout, shape);
+            PathTree { root: base.join(root), names }
+        })
+        .collect();
+    run_phases(&mut trees, &shares(shape, jobs, layout), layout)
+}
+
+/// The phases from `jobs` threads through the library's calls, on an open
+/// volume; the rates, and the metadata lock waits as one line.
+fn run_in_process(
+    volume: &Volume,
+    shape: &TreeShape,
+    jobs: u64,
+    layout: Layout,
+) -> anyhow::Result<(Vec<f64>, String)> {
+    // Taken once, as a library user holds its credentials; the kernel
+    // peers read theirs from the task, at no cost.
+    let owner = Owner::current();
+    let mut trees: Vec<LibraryTree> = (0..jobs)
+        .map(|job| {
+            let (root, names) = job_names(job, layout, shape);
+            LibraryTree {
+                volume,
+                parent: 1,
+                root_name: Some(root),
+                root: 1,
+                owner,
+                names,
+                branches: Vec::new(),
+                leaves: Vec::new(),
+            }
+        })
+        .collect();
+    let waits_before = volume.lock_waits();
+    let (rates, operations) = run_phases(&mut trees, &shares(shape, jobs, layout), layout)?;
+    let waits = volume.lock_waits();
+    Ok((rates, lock_waits_line(&waits_before, &waits, operations as f64)))
+}
+
+/// One row: a file system, the jobs that ran on it and its rate per phase
+/// (in `PHASES` order).
 #[derive(Debug, Clone)]
 pub struct TreeRow {
     pub label: String,
+    pub jobs: u64,
     pub rates: Vec<f64>,
+    /// What else was measured (in process: the metadata lock waits).
+    pub note: Option<String>,
 }
 
 pub struct TreeGoal {
@@ -368,12 +668,17 @@ pub struct TreeGoal {
 
 pub struct TreeResult {
     pub shape: TreeShape,
+    pub layout: Layout,
     pub rows: Vec<TreeRow>,
     pub goals: Vec<TreeGoal>,
 }
 
 pub struct TreeOptions {
     pub shape: TreeShape,
+    /// Each count of jobs to run every row with (the tree shared out
+    /// between them).
+    pub jobs: Vec<u64>,
+    pub layout: Layout,
     /// Run the kernel peers and the rows through FUSE (root and the tools).
     pub peers: bool,
     /// Where the images and the peers' loop files go (the disk measured).
@@ -431,48 +736,45 @@ pub fn run(
     progress: &dyn Fn(&str),
 ) -> anyhow::Result<TreeResult> {
     let shape = options.shape;
+    let layout = options.layout;
     anyhow::ensure!(shape.files > 0 && shape.files_per_dir > 0 && shape.dirs_per_branch > 0);
+    anyhow::ensure!(!options.jobs.is_empty(), "no job counts to run");
+    if let Some(&jobs) = options.jobs.iter().find(|&&jobs| jobs == 0 || jobs > shape.files) {
+        anyhow::bail!("{jobs} jobs for {} files: each job needs a file at least", shape.files);
+    }
     let mkfs = MkfsOptions { block_bytes: 4096, ..MkfsOptions::default() };
     let mut rows = Vec::new();
 
-    progress("foliofs (in process)");
-    Volume::mkfs_path(image, None, &mkfs, &options.volume_options)?;
-    let volume = Volume::open(image, &options.volume_options)?;
-    let rates = {
-        let mut tree = LibraryTree {
-            volume: &volume,
-            root: 1,
-            // Taken once, as a library user holds its credentials; the
-            // kernel peers read theirs from the task, at no cost.
-            owner: Owner::current(),
-            shape,
-            branches: Vec::new(),
-            leaves: Vec::new(),
-            renamed: false,
-        };
-        run_phases(&mut tree, &shape).context("in process")?
-    };
-    volume.close()?;
-    rows.push(TreeRow { label: "foliofs".into(), rates });
+    for &jobs in &options.jobs {
+        progress(&format!("foliofs (in process), {jobs} jobs"));
+        Volume::mkfs_path(image, None, &mkfs, &options.volume_options)?;
+        let volume = Volume::open(image, &options.volume_options)?;
+        let (rates, waits) = run_in_process(&volume, &shape, jobs, layout).context("in process")?;
+        volume.close()?;
+        rows.push(TreeRow { label: "foliofs".into(), jobs, rates, note: Some(waits) });
+    }
 
     if options.peers {
         if let Some(program) = &options.mount_program {
             let mount_point =
                 options.work_dir.join(format!("foliofs-tree-mnt-{}", std::process::id()));
             for (label, variant_options) in mount_variants(options) {
-                progress(&label);
-                Volume::mkfs_path(image, None, &mkfs, &options.volume_options)?;
-                let mount_options = [options.volume_options_text.as_str(), &variant_options]
-                    .iter()
-                    .filter(|part| !part.is_empty())
-                    .copied()
-                    .collect::<Vec<_>>()
-                    .join(",");
-                let mounted = FuseMount::start(program, image, &mount_point, &mount_options)?;
-                let mut tree = PathTree { root: mounted.mount.clone(), shape, renamed: false };
-                let rates = run_phases(&mut tree, &shape).with_context(|| label.clone());
-                mounted.stop()?;
-                rows.push(TreeRow { label, rates: rates? });
+                for &jobs in &options.jobs {
+                    progress(&format!("{label}, {jobs} jobs"));
+                    Volume::mkfs_path(image, None, &mkfs, &options.volume_options)?;
+                    let mount_options = [options.volume_options_text.as_str(), &variant_options]
+                        .iter()
+                        .filter(|part| !part.is_empty())
+                        .copied()
+                        .collect::<Vec<_>>()
+                        .join(",");
+                    let mounted = FuseMount::start(program, image, &mount_point, &mount_options)?;
+                    let measured = run_on_path(&mounted.mount, &shape, jobs, layout)
+                        .with_context(|| label.clone());
+                    mounted.stop()?;
+                    let (rates, _) = measured?;
+                    rows.push(TreeRow { label: label.clone(), jobs, rates, note: None });
+                }
             }
             let _ = std::fs::remove_dir(&mount_point);
         }
@@ -484,32 +786,62 @@ pub fn run(
         )?;
         for fs in &peers.file_systems {
             let label = format!("kernel {}", fs.name);
-            progress(&label);
-            let root = fs.mount.join("tree");
-            std::fs::create_dir(&root)?;
-            let mut tree = PathTree { root, shape, renamed: false };
-            let rates = run_phases(&mut tree, &shape).with_context(|| label.clone())?;
-            rows.push(TreeRow { label, rates });
+            for &jobs in &options.jobs {
+                progress(&format!("{label}, {jobs} jobs"));
+                let (rates, _) =
+                    run_on_path(&fs.mount, &shape, jobs, layout).with_context(|| label.clone())?;
+                rows.push(TreeRow { label: label.clone(), jobs, rates, note: None });
+            }
         }
         drop(peers);
     }
-    let goals = goals(&rows);
-    Ok(TreeResult { shape, rows, goals })
+    let goals = goals(&rows, layout);
+    Ok(TreeResult { shape, layout, rows, goals })
 }
 
-/// Issue 14's goals: in process every phase >= 2x kernel ext4; through the
-/// mount (each mode shown) every phase >= 0.5x kernel ext4.
-fn goals(rows: &[TreeRow]) -> Vec<TreeGoal> {
-    let Some(ext4) = rows.iter().find(|row| row.label == "kernel ext4") else {
-        return Vec::new();
-    };
+/// The goals: in process every phase >= 2x kernel ext4 with as many
+/// workers (issue 14), through the mount >= 0.5x; in the shared layout,
+/// creates in process >= kernel ext4's (issue 36); and from one job to two,
+/// every phase in process >= 1.6x (issue 36, on 2 CPUs).
+fn goals(rows: &[TreeRow], layout: Layout) -> Vec<TreeGoal> {
     let mut goals = Vec::new();
+    let find =
+        |label: &str, jobs: u64| rows.iter().find(|row| row.label == label && row.jobs == jobs);
     for row in rows.iter().filter(|row| !row.label.starts_with("kernel")) {
-        let target = if row.label == "foliofs" { 2.0 } else { 0.5 };
-        for (index, phase) in PHASES.iter().enumerate() {
+        let Some(ext4) = find("kernel ext4", row.jobs) else {
+            continue;
+        };
+        let in_process = row.label == "foliofs";
+        let (target, phases): (f64, &[Phase]) = match layout {
+            Layout::Subtrees if in_process => (2.0, &PHASES),
+            Layout::Subtrees => (0.5, &PHASES),
+            Layout::SharedDirs if in_process => (1.0, &[Phase::Create]),
+            Layout::SharedDirs => continue,
+        };
+        for &phase in phases {
+            let index = phase_index(phase);
             let value = row.rates[index] / ext4.rates[index].max(1e-9);
             goals.push(TreeGoal {
-                text: format!("{} {} / kernel ext4 >= {target}", row.label, phase.name()),
+                text: format!(
+                    "{} {} ({} jobs) / kernel ext4 >= {target}",
+                    row.label,
+                    phase.name(layout),
+                    row.jobs
+                ),
+                value,
+                target,
+                met: value >= target,
+            });
+        }
+    }
+    if let (Layout::Subtrees, Some(one), Some(two)) =
+        (layout, find("foliofs", 1), find("foliofs", 2))
+    {
+        let target = 1.6;
+        for (index, phase) in PHASES.iter().enumerate() {
+            let value = two.rates[index] / one.rates[index].max(1e-9);
+            goals.push(TreeGoal {
+                text: format!("foliofs {} 2 jobs / 1 job >= {target}", phase.name(layout)),
                 value,
                 target,
                 met: value >= target,
@@ -519,25 +851,73 @@ fn goals(rows: &[TreeRow]) -> Vec<TreeGoal> {
     goals
 }
 
+fn phase_index(phase: Phase) -> usize {
+    PHASES.iter().position(|&each| each == phase).expect("every phase is in PHASES")
+}
+
+fn layout_name(layout: Layout) -> &'static str {
+    match layout {
+        Layout::Subtrees => "each job its own subtree",
+        Layout::SharedDirs => "all jobs in the same directories",
+    }
+}
+
+/// Each row's rates over the same file system's rates with the fewest
+/// jobs, for the file systems run with more than one count of jobs.
+fn scaling_rows(rows: &[TreeRow]) -> Vec<(String, u64, u64, Vec<f64>)> {
+    let mut scaling = Vec::new();
+    for row in rows {
+        let fewest = rows
+            .iter()
+            .filter(|other| other.label == row.label)
+            .min_by_key(|other| other.jobs)
+            .expect("the row itself");
+        if fewest.jobs == row.jobs {
+            continue;
+        }
+        let factors = row.rates.iter().zip(&fewest.rates).map(|(rate, base)| rate / base.max(1e-9));
+        scaling.push((row.label.clone(), row.jobs, fewest.jobs, factors.collect()));
+    }
+    scaling
+}
+
 pub fn to_markdown(result: &TreeResult) -> String {
     let shape = &result.shape;
+    let layout = result.layout;
     let mut text = String::new();
     let _ = writeln!(
         text,
-        "## bench tree: {} files of {} bytes, {} per directory, {} directories under each of {}\n",
+        "## bench tree: {} files of {} bytes, {} per directory, {} directories under each of {}; {}\n",
         shape.files,
         shape.file_bytes,
         shape.files_per_dir,
         shape.dirs_per_branch,
-        shape.branches()
+        shape.branches(),
+        layout_name(layout)
     );
-    let header: Vec<String> =
-        PHASES.iter().map(|phase| format!("{} ({})", phase.name(), phase.unit())).collect();
-    let _ = writeln!(text, "| row | {} |", header.join(" | "));
-    let _ = writeln!(text, "|---|{}", "---:|".repeat(PHASES.len()));
+    let header: Vec<String> = PHASES
+        .iter()
+        .map(|phase| format!("{} ({})", phase.name(layout), phase.unit(layout)))
+        .collect();
+    let _ = writeln!(text, "| row | jobs | {} |", header.join(" | "));
+    let _ = writeln!(text, "|---|---:|{}", "---:|".repeat(PHASES.len()));
     for row in &result.rows {
         let rates: Vec<String> = row.rates.iter().map(|rate| format!("{rate:.0}")).collect();
-        let _ = writeln!(text, "| {} | {} |", row.label, rates.join(" | "));
+        let _ = writeln!(text, "| {} | {} | {} |", row.label, row.jobs, rates.join(" | "));
+    }
+    let scaling = scaling_rows(&result.rows);
+    if !scaling.is_empty() {
+        let _ = writeln!(text, "\n| scaling | jobs | {} |", header.join(" | "));
+        let _ = writeln!(text, "|---|---:|{}", "---:|".repeat(PHASES.len()));
+        for (label, jobs, fewest, factors) in &scaling {
+            let factors: Vec<String> =
+                factors.iter().map(|factor| format!("{factor:.2}x")).collect();
+            let _ = writeln!(text, "| {label} | {jobs} / {fewest} | {} |", factors.join(" | "));
+        }
+    }
+    for row in result.rows.iter().filter(|row| row.note.is_some()) {
+        let note = row.note.as_deref().unwrap_or_default();
+        let _ = writeln!(text, "\n{} with {} jobs, {note}", row.label, row.jobs);
     }
     if !result.goals.is_empty() {
         let _ = writeln!(text, "\n| goal | value | met |\n|---|---:|---|");
@@ -551,15 +931,28 @@ pub fn to_markdown(result: &TreeResult) -> String {
 
 pub fn to_json(result: &TreeResult) -> Value {
     let shape = &result.shape;
+    let layout = result.layout;
     json!({
         "files": shape.files,
         "file_bytes": shape.file_bytes,
         "files_per_dir": shape.files_per_dir,
         "dirs_per_branch": shape.dirs_per_branch,
-        "phases": PHASES.iter().map(|phase| phase.name()).collect::<Vec<_>>(),
+        "layout": match layout {
+            Layout::Subtrees => "subtrees",
+            Layout::SharedDirs => "shared-dir",
+        },
+        "phases": PHASES.iter().map(|phase| phase.name(layout)).collect::<Vec<_>>(),
         "rows": result.rows.iter().map(|row| json!({
             "label": row.label,
+            "jobs": row.jobs,
             "rates": row.rates,
+            "note": row.note,
+        })).collect::<Vec<_>>(),
+        "scaling": scaling_rows(&result.rows).iter().map(|(label, jobs, fewest, factors)| json!({
+            "label": label,
+            "jobs": jobs,
+            "over_jobs": fewest,
+            "factors": factors,
         })).collect::<Vec<_>>(),
         "goals": result.goals.iter().map(|goal| json!({
             "text": goal.text,
@@ -585,14 +978,78 @@ mod tests {
     }
 
     #[test]
+    fn the_jobs_shares_add_up_to_the_tree() {
+        let shape =
+            TreeShape { files: 1050, file_bytes: 1, files_per_dir: 100, dirs_per_branch: 4 };
+        for layout in [Layout::Subtrees, Layout::SharedDirs] {
+            let parts = shares(&shape, 4, layout);
+            assert_eq!(parts.iter().map(|part| part.files).sum::<u64>(), 1050);
+            assert_eq!(parts[0].files, 263);
+            assert_eq!(parts[3].files, 262);
+        }
+        // In one directory tree, each job holds a quarter of every
+        // directory: as many directories as the whole tree has.
+        let parts = shares(&shape, 4, Layout::SharedDirs);
+        assert_eq!(parts[0].files_per_dir, 25);
+        assert_eq!(parts[0].leaf_dirs(), 11);
+        assert_eq!(shares(&shape, 4, Layout::Subtrees)[0].leaf_dirs(), 3);
+    }
+
+    fn entries(dir: &Path) -> usize {
+        std::fs::read_dir(dir).unwrap().count()
+    }
+
+    #[test]
     fn every_phase_runs_on_a_directory_tree_and_leaves_it_empty() {
         let root = std::env::temp_dir().join(format!("foliofs-tree-test-{}", std::process::id()));
         std::fs::create_dir_all(&root).unwrap();
         let shape = TreeShape { files: 23, file_bytes: 100, files_per_dir: 5, dirs_per_branch: 2 };
-        let mut tree = PathTree { root: root.clone(), shape, renamed: false };
-        let rates = run_phases(&mut tree, &shape).unwrap();
-        assert_eq!(rates.len(), PHASES.len());
-        assert_eq!(std::fs::read_dir(&root).unwrap().count(), 0);
+        for layout in [Layout::Subtrees, Layout::SharedDirs] {
+            for jobs in [1, 3] {
+                let (rates, operations) = run_on_path(&root, &shape, jobs, layout).unwrap();
+                assert_eq!(rates.len(), PHASES.len());
+                let renames = match layout {
+                    Layout::Subtrees => {
+                        shares(&shape, jobs, layout).iter().map(TreeShape::leaf_dirs).sum::<u64>()
+                    }
+                    Layout::SharedDirs => 23,
+                };
+                assert_eq!(operations, 4 * 23 + renames, "{layout:?} with {jobs} jobs");
+                assert_eq!(entries(&root), 0, "{layout:?} with {jobs} jobs");
+            }
+        }
         std::fs::remove_dir(&root).unwrap();
+    }
+
+    #[test]
+    fn jobs_in_one_volume_share_its_directories_and_leave_it_empty() {
+        let dir = std::env::temp_dir().join(format!("foliofs-tree-volume-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let image = dir.join("image");
+        let shape = TreeShape { files: 60, file_bytes: 10, files_per_dir: 8, dirs_per_branch: 3 };
+        std::fs::File::create(&image).unwrap().set_len(image_bytes(&shape)).unwrap();
+        let options = TreeOptions {
+            shape,
+            jobs: vec![1, 3],
+            layout: Layout::SharedDirs,
+            peers: false,
+            work_dir: dir.clone(),
+            volume_options: VolumeOptions::default(),
+            volume_options_text: String::new(),
+            mount_program: None,
+            page_cache_modes: Vec::new(),
+            opens_modes: Vec::new(),
+        };
+        let result = run(&options, &image, &|_| {}).unwrap();
+        assert_eq!(result.rows.len(), 2);
+        assert!(result.rows.iter().all(|row| row.rates.iter().all(|&rate| rate > 0.0)));
+        assert!(result.rows[1].note.as_deref().unwrap().starts_with("lock waits: shards"));
+        let markdown = to_markdown(&result);
+        assert!(markdown.contains("| foliofs | 3 / 1 |"), "{markdown}");
+        // The last run's volume: every file and directory gone but the root.
+        let volume = Volume::open(&image, &VolumeOptions::default()).unwrap();
+        assert_eq!(volume.inodes().readdir(1).unwrap().len(), 0);
+        volume.close().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

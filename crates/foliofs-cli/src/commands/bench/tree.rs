@@ -1,7 +1,7 @@
 //! `foliofs bench tree`: a tree of small files created, stat'ed, read,
-//! renamed and deleted; in process, through the mount in each page_cache
-//! mode and on the kernel's ext4 and XFS (as root); see
-//! `foliofs_bench::tree`.
+//! renamed and deleted, from one or more jobs; in process, through the
+//! mount in each page_cache mode and on the kernel's ext4 and XFS (as
+//! root); see `foliofs_bench::tree`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,6 +30,15 @@ pub struct TreeArgs {
     /// Leaf directories under each top-level directory.
     #[arg(long, default_value = "100")]
     dirs_per_branch: u64,
+    /// Threads sharing the tree out, each count a run of every row: `1,2`
+    /// runs each file system with one job and with two, and prints how the
+    /// rates scale.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    jobs: Vec<u64>,
+    /// All jobs in the same directories (each its own file names) instead
+    /// of each in its own subtree; the rename phase renames files.
+    #[arg(long)]
+    shared_dir: bool,
     /// Leave out the kernel peers and the rows through the mount.
     #[arg(long)]
     no_peers: bool,
@@ -56,6 +65,9 @@ pub fn run(
     if files == 0 || args.files_per_dir == 0 || args.dirs_per_branch == 0 {
         bail!("--files, --files-per-dir and --dirs-per-branch must be at least 1");
     }
+    if let Some(bad) = args.jobs.iter().find(|&&jobs| jobs == 0 || jobs > files) {
+        bail!("--jobs {bad}: each job needs at least one of the {files} files");
+    }
     if let Some(bad) =
         args.opens.iter().find(|opens| !["kernel", "daemon"].contains(&opens.as_str()))
     {
@@ -79,6 +91,8 @@ pub fn run(
     let image = BenchImage::create(&args.image, tree::image_bytes(&shape), options)?;
     let tree_options = tree::TreeOptions {
         shape,
+        jobs: args.jobs.clone(),
+        layout: if args.shared_dir { tree::Layout::SharedDirs } else { tree::Layout::Subtrees },
         peers,
         work_dir: std::env::current_dir()?,
         volume_options: options.clone(),
