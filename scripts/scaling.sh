@@ -1,7 +1,8 @@
 #!/bin/bash
-# Multi-thread scaling of the engine in process: the seed 000, 001 and 004
+# Multi-thread scaling of the engine: in process, the seed 000, 001 and 004
 # shapes with 1 to 16 jobs, engine and raw-device rows only (no fio needed),
-# on a temporary image in /tmp. Usage: scripts/scaling.sh [path/to/foliofs]
+# on a temporary image in /tmp; then metadata (bench metadata, bench tree).
+# Usage: scripts/scaling.sh [path/to/foliofs]
 # (default target/release/foliofs). docs/BENCHMARKS.md, "Scaling on 16
 # cores", has a run.
 set -u
@@ -30,3 +31,13 @@ S004="--name=seed004 --ioengine=psync --direct=0 --rw=read --bs=4k --size=512M -
 for j in 1 4 8 16; do
   run "004 cached read 4k j=$j" cache_bytes=16G,dirty_background_bytes=64G,dirty_bytes=64G,writeback_interval_ms=0 $S004 --numjobs=$j
 done
+# Metadata (issue 36): creates from N threads in process, and the tree's
+# phases from N jobs in process, through the mount and on the kernel peers
+# (as root; each job its own subtree, then all in one set of directories).
+# Each prints its scaling over 1 job and the metadata lock waits.
+for j in 1 2 4 8 16; do
+  echo "metadata --no-fsync j=$j | $($B bench metadata --no-fsync --file-size 1024 --files $((200000 / j)) --jobs $j 2>&1 | grep -E 'ops/s|lock waits' | tr -s ' ' | tr '\n' ' ')"
+  echo "metadata fsync j=$j | $($B bench metadata --file-size 1024 --files $((20000 / j)) --jobs $j 2>&1 | grep -E 'ops/s' | tr -s ' ')"
+done
+$B bench tree --files 200000 --jobs 1,2,4,8,16 --page-cache engine 2>&1 | grep -v '^running'
+$B bench tree --files 200000 --jobs 1,16 --shared-dir --page-cache engine 2>&1 | grep -v '^running'

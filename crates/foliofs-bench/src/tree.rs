@@ -746,7 +746,7 @@ pub fn run(
     let mut rows = Vec::new();
 
     for &jobs in &options.jobs {
-        progress(&format!("foliofs (in process), {jobs} jobs"));
+        progress(&format!("foliofs (in process), {}", jobs_text(jobs)));
         Volume::mkfs_path(image, None, &mkfs, &options.volume_options)?;
         let volume = Volume::open(image, &options.volume_options)?;
         let (rates, waits) = run_in_process(&volume, &shape, jobs, layout).context("in process")?;
@@ -760,7 +760,7 @@ pub fn run(
                 options.work_dir.join(format!("foliofs-tree-mnt-{}", std::process::id()));
             for (label, variant_options) in mount_variants(options) {
                 for &jobs in &options.jobs {
-                    progress(&format!("{label}, {jobs} jobs"));
+                    progress(&format!("{label}, {}", jobs_text(jobs)));
                     Volume::mkfs_path(image, None, &mkfs, &options.volume_options)?;
                     let mount_options = [options.volume_options_text.as_str(), &variant_options]
                         .iter()
@@ -787,7 +787,7 @@ pub fn run(
         for fs in &peers.file_systems {
             let label = format!("kernel {}", fs.name);
             for &jobs in &options.jobs {
-                progress(&format!("{label}, {jobs} jobs"));
+                progress(&format!("{label}, {}", jobs_text(jobs)));
                 let (rates, _) =
                     run_on_path(&fs.mount, &shape, jobs, layout).with_context(|| label.clone())?;
                 rows.push(TreeRow { label: label.clone(), jobs, rates, note: None });
@@ -823,10 +823,10 @@ fn goals(rows: &[TreeRow], layout: Layout) -> Vec<TreeGoal> {
             let value = row.rates[index] / ext4.rates[index].max(1e-9);
             goals.push(TreeGoal {
                 text: format!(
-                    "{} {} ({} jobs) / kernel ext4 >= {target}",
+                    "{} {} ({}) / kernel ext4 >= {target}",
                     row.label,
                     phase.name(layout),
-                    row.jobs
+                    jobs_text(row.jobs)
                 ),
                 value,
                 target,
@@ -849,6 +849,15 @@ fn goals(rows: &[TreeRow], layout: Layout) -> Vec<TreeGoal> {
         }
     }
     goals
+}
+
+/// "1 job", "2 jobs".
+fn jobs_text(jobs: u64) -> String {
+    if jobs == 1 {
+        "1 job".to_string()
+    } else {
+        format!("{jobs} jobs")
+    }
 }
 
 fn phase_index(phase: Phase) -> usize {
@@ -917,7 +926,7 @@ pub fn to_markdown(result: &TreeResult) -> String {
     }
     for row in result.rows.iter().filter(|row| row.note.is_some()) {
         let note = row.note.as_deref().unwrap_or_default();
-        let _ = writeln!(text, "\n{} with {} jobs, {note}", row.label, row.jobs);
+        let _ = writeln!(text, "\n{}, {}: {note}", row.label, jobs_text(row.jobs));
     }
     if !result.goals.is_empty() {
         let _ = writeln!(text, "\n| goal | value | met |\n|---|---:|---|");
