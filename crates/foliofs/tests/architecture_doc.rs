@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The documents whose citations are checked.
-const DOCUMENTS: &[&str] = &["ARCHITECTURE.md", "crates/foliofs-fuse/ARCHITECTURE.md"];
+const DOCUMENTS: &[&str] =
+    &["ARCHITECTURE.md", "crates/foliofs-fuse/ARCHITECTURE.md", "docs/metadata.md"];
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
