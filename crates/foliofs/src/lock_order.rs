@@ -260,21 +260,10 @@ impl Held {
         }
     }
 
-    fn claim(#[allow(unused_variables)] level: Level, index: Option<usize>) -> Self {
+    fn claim(level: Level, index: Option<usize>) -> Self {
         #[cfg(debug_assertions)]
-        HELD.with(|held| {
-            let mut held = held.borrow_mut();
-            held.check(level, index);
-            held.push(level, index);
-        });
-        #[cfg(not(debug_assertions))]
-        let _ = index;
-        Self {
-            #[cfg(debug_assertions)]
-            level,
-            #[cfg(debug_assertions)]
-            index,
-        }
+        HELD.with(|held| held.borrow().check(level, index));
+        Self::claim_unchecked(level, index)
     }
 }
 

@@ -24,12 +24,7 @@ impl Inodes<'_> {
     pub fn open_dir(&self, ino: u64) -> Result<Dir> {
         self.volume.shared.check_running()?;
         {
-            let mut inode = self
-                .volume
-                .shared
-                .meta
-                .inode_mut(ino)
-                .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            let mut inode = self.volume.shared.existing_inode_mut(ino)?;
             if inode.attrs.kind != InodeKind::Dir {
                 return Err(Error::NotDir(format!("inode {ino}")));
             }

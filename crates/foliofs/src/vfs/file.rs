@@ -117,12 +117,7 @@ impl Inodes<'_> {
             return Err(Error::invalid("O_TRUNC without write access"));
         }
         {
-            let mut inode = self
-                .volume
-                .shared
-                .meta
-                .inode_mut(ino)
-                .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            let mut inode = self.volume.shared.existing_inode_mut(ino)?;
             if flags.write && inode.flags & INODE_FLAG_IMMUTABLE != 0 {
                 return Err(Error::NotPermitted(format!("inode {ino} is immutable: writing")));
             }

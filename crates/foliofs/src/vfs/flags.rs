@@ -75,7 +75,7 @@ impl Shared {
     /// A data change of `ino` from byte `start` on: refused on an immutable
     /// file, and on an append-only one below its end of file.
     pub(super) fn check_data_change(&self, ino: u64, start: u64, what: &str) -> Result<()> {
-        let inode = self.meta.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+        let inode = self.existing_inode(ino)?;
         let flags = inode.flags;
         if flags & INODE_FLAG_IMMUTABLE != 0
             || (flags & INODE_FLAG_APPEND != 0 && start < inode.size)

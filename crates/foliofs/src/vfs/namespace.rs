@@ -301,12 +301,7 @@ impl Inodes<'_> {
     /// The target of symlink `ino`.
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         self.volume.shared.check_running()?;
-        let inode = self
-            .volume
-            .shared
-            .meta
-            .inode(ino)
-            .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+        let inode = self.volume.shared.existing_inode(ino)?;
         match &inode.body {
             crate::meta::InodeBody::Symlink(target) => Ok(target.clone()),
             _ => Err(Error::invalid(format!("inode {ino} is not a symlink"))),

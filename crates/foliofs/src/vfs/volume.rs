@@ -96,6 +96,24 @@ impl Shared {
         self.engine.cache.inode(ino)
     }
 
+    /// Inode `ino` under its shard's read lock while the guard lives, or
+    /// ENOENT naming it.
+    pub(crate) fn existing_inode(
+        &self,
+        ino: u64,
+    ) -> Result<impl std::ops::Deref<Target = crate::meta::Inode> + '_> {
+        self.meta.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
+    }
+
+    /// Inode `ino` for a memory-only change (`MetaStore::inode_mut`), or
+    /// ENOENT naming it.
+    pub(crate) fn existing_inode_mut(
+        &self,
+        ino: u64,
+    ) -> Result<impl std::ops::DerefMut<Target = crate::meta::Inode> + '_> {
+        self.meta.inode_mut(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
+    }
+
     pub(crate) fn attr_of(&self, state: &(impl InodeTable + ?Sized), ino: u64) -> Result<Attr> {
         self.check_running()?;
         let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
@@ -204,8 +222,7 @@ impl Shared {
     /// plain data writes the commit did not already cover.
     pub(crate) fn fsync_inode(&self, ino: u64, data_only: bool) -> Result<()> {
         let (lsn, times_dirty) = {
-            let inode =
-                self.meta.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            let inode = self.existing_inode(ino)?;
             (if data_only { inode.data_lsn } else { inode.meta_lsn }, inode.times_dirty)
         };
         if let Some(failure) = self.meta.journal().failure() {
@@ -523,12 +540,7 @@ impl Inodes<'_> {
         self.volume.shared.check_running()?;
         let block_bytes = self.volume.shared.block_bytes;
         let end_block = {
-            let inode = self
-                .volume
-                .shared
-                .meta
-                .inode(ino)
-                .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            let inode = self.volume.shared.existing_inode(ino)?;
             let extents =
                 inode.extents().ok_or_else(|| Error::invalid("fiemap of a non-regular file"))?;
             extents.end_block()
