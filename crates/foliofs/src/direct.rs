@@ -200,9 +200,13 @@ fn write_in_flight_ended(inode: &InodeCache) {
 
 /// How a write may run, decided under the shared lock.
 struct WritePlan {
-    /// Every block touched is Written and the write ends inside EOF: no
-    /// allocation, conversion, zeroing or size change.
+    /// Every block touched is Written, none shared, and the write ends
+    /// inside EOF: no allocation, conversion, zeroing or size change.
     pure_overwrite: bool,
+    /// Some block touched is shared with another file (a clone's): the
+    /// write goes to new space, copying what it does not cover, and runs
+    /// alone, so that no two writers copy one block.
+    touches_shared: bool,
     /// Whole blocks and inside EOF.
     aligned_inside_eof: bool,
     /// The pieces, when `pure_overwrite` (no allocation was needed to know them).
@@ -211,7 +215,9 @@ struct WritePlan {
 
 impl WritePlan {
     fn may_share(&self, policy: DioUnaligned) -> bool {
-        self.aligned_inside_eof || (self.pure_overwrite && policy == DioUnaligned::Overwrite)
+        !self.touches_shared
+            && (self.aligned_inside_eof
+                || (self.pure_overwrite && policy == DioUnaligned::Overwrite))
     }
 
     fn may_skip_zeroing(&self) -> bool {
@@ -224,11 +230,18 @@ fn plan_write(engine: &Engine, ino: u64, pos: u64, length: u64) -> Result<WriteP
     let end = pos + length;
     let inside_eof = end <= report.size;
     let aligned = pos.is_multiple_of(engine.block_bytes) && end.is_multiple_of(engine.block_bytes);
-    let pure_overwrite =
-        inside_eof && report.ranges.iter().all(|range| range.mapping.kind == MapKind::Written);
+    let touches_shared = report.ranges.iter().any(|range| range.mapping.shared);
+    let pure_overwrite = inside_eof
+        && !touches_shared
+        && report.ranges.iter().all(|range| range.mapping.kind == MapKind::Written);
     // A pure overwrite's pieces are the report's: no allocation to wait for.
     let pieces = if pure_overwrite { report.ranges } else { Pieces::new() };
-    Ok(WritePlan { pure_overwrite, aligned_inside_eof: aligned && inside_eof, pieces })
+    Ok(WritePlan {
+        pure_overwrite,
+        touches_shared,
+        aligned_inside_eof: aligned && inside_eof,
+        pieces,
+    })
 }
 
 /// The pieces a write runs with: those the plan found, or freshly mapped.

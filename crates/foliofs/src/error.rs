@@ -85,6 +85,10 @@ pub enum Error {
     /// E2BIG.
     #[error("{0}: argument too big")]
     TooBig(String),
+    /// EXDEV: an operation between two volumes that works only within one
+    /// (a clone, a rename).
+    #[error("{0}: not on the same volume")]
+    CrossDevice(String),
     /// ELOOP: too many symbolic links while resolving a path.
     #[error("{0}: too many levels of symbolic links")]
     Loop(String),
@@ -120,6 +124,7 @@ impl Error {
             Error::NotPermitted(_) => libc::EPERM,
             Error::PermissionDenied(_) => libc::EACCES,
             Error::Loop(_) => libc::ELOOP,
+            Error::CrossDevice(_) => libc::EXDEV,
             Error::FileTooLarge(_) => libc::EFBIG,
             Error::BadHandle(_) => libc::EBADF,
             Error::ReadOnly(_) => libc::EROFS,

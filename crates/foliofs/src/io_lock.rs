@@ -37,6 +37,9 @@ pub struct InodeIo {
     times_tick: AtomicU64,
 }
 
+/// [`InodeIo::exclusive`]'s guard.
+pub type Exclusive<'a> = Ordered<RwLockWriteGuard<'a, ()>>;
+
 impl InodeIo {
     pub fn new() -> Self {
         Self::default()

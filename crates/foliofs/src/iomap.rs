@@ -57,8 +57,16 @@ pub struct Mapping {
     pub length: u64,
     /// Device byte offset of `offset` (Unwritten and Written only; else 0).
     pub dev_offset: u64,
-    /// Allocated by this call: the caller writes or zeroes every byte of it.
+    /// Allocated by this call: the caller writes or zeroes every byte of it
+    /// (or, with `cow_source`, copies what it does not write).
     pub new: bool,
+    /// Other file blocks map these device blocks too (a clone's): reported
+    /// only, since a write never gets them (it gets `cow_source` space).
+    pub shared: bool,
+    /// New space that takes the place of shared blocks once written
+    /// (copy-on-write): the device byte offset of `offset`'s shared copy,
+    /// from which a write of part of a block takes the rest.
+    pub cow_source: Option<u64>,
 }
 
 impl Mapping {
@@ -225,19 +233,57 @@ fn map_first_blocks(
                             length: run.count.min(wanted_blocks) * block_bytes,
                             dev_offset: run.start * block_bytes,
                             new: false,
+                            shared: false,
+                            cow_source: None,
                         })
                     }
                     // Writeback or truncate changed the extent: look again.
                     None => continue,
                 }
             }
-            Lookup::Mapped(extent) => return Ok(mapped(extent, wanted_blocks, block_bytes)),
+            Lookup::Mapped(extent) => {
+                let mapping = mapped(meta, extent, wanted_blocks, block_bytes);
+                if intent != Intent::Write || !mapping.shared {
+                    return Ok(mapping);
+                }
+                match allocate_cow(meta, ino, mapping.length / block_bytes)? {
+                    Allocation::Mapped(run) => {
+                        return Ok(Mapping {
+                            kind: MapKind::Unwritten,
+                            length: run.count * block_bytes,
+                            dev_offset: run.start * block_bytes,
+                            new: true,
+                            shared: false,
+                            cow_source: Some(mapping.dev_offset),
+                            ..mapping
+                        })
+                    }
+                    Allocation::NeedsCommit if commits_for_space == 0 => {
+                        commits_for_space += 1;
+                        meta.commit_all()?;
+                        continue;
+                    }
+                    Allocation::Raced | Allocation::NeedsCommit => {
+                        return Err(Error::NoSpace(format!(
+                            "no free blocks to copy shared blocks of inode {ino} to"
+                        )));
+                    }
+                }
+            }
             Lookup::Hole { block_count } => block_count.min(wanted_blocks),
         };
         if intent != Intent::Write {
             let offset = first_block * block_bytes;
             let length = hole_blocks * block_bytes;
-            return Ok(Mapping { kind: MapKind::Hole, offset, length, dev_offset: 0, new: false });
+            return Ok(Mapping {
+                kind: MapKind::Hole,
+                offset,
+                length,
+                dev_offset: 0,
+                new: false,
+                shared: false,
+                cow_source: None,
+            });
         }
         match allocate_unwritten(meta, ino, first_block, hole_blocks)? {
             Allocation::Mapped(run) => {
@@ -247,6 +293,8 @@ fn map_first_blocks(
                     length: run.count * block_bytes,
                     dev_offset: run.start * block_bytes,
                     new: true,
+                    shared: false,
+                    cow_source: None,
                 })
             }
             // Another writer mapped the hole meanwhile: look again.
@@ -275,19 +323,48 @@ fn lookup(meta: &MetaStore, ino: u64, file_block: u64) -> Result<Lookup> {
     Ok(extents.lookup(file_block))
 }
 
-fn mapped(extent: crate::extent::Extent, wanted_blocks: u64, block_bytes: u64) -> Mapping {
+/// `extent`'s first blocks (up to `wanted_blocks`) that are all shared or
+/// all not.
+fn mapped(
+    meta: &MetaStore,
+    extent: crate::extent::Extent,
+    wanted_blocks: u64,
+    block_bytes: u64,
+) -> Mapping {
     let kind = match extent.kind {
         ExtentKind::Delalloc => MapKind::Delalloc,
         ExtentKind::Unwritten => MapKind::Unwritten,
         ExtentKind::Written => MapKind::Written,
     };
+    let mut blocks = extent.block_count.min(wanted_blocks);
+    let mut shared = false;
+    if kind != MapKind::Delalloc {
+        (shared, blocks) = meta.shared_run(extent.dev_block, blocks);
+    }
     let dev_offset = if kind == MapKind::Delalloc { 0 } else { extent.dev_block * block_bytes };
     Mapping {
         kind,
         offset: extent.file_block * block_bytes,
-        length: extent.block_count.min(wanted_blocks) * block_bytes,
+        length: blocks * block_bytes,
         dev_offset,
         new: false,
+        shared,
+        cow_source: None,
+    }
+}
+
+/// Takes up to `block_count` free blocks for a write that copies shared
+/// blocks: no extent maps them until the write completes ([`end_write`]
+/// remaps them over the shared ones), so a crash before leaves them free.
+fn allocate_cow(meta: &MetaStore, ino: u64, block_count: u64) -> Result<Allocation> {
+    let mut space = meta.space();
+    let goal = space.alloc.cursor();
+    match space.alloc.allocate(goal, block_count, 0) {
+        Some(run) => Ok(Allocation::Mapped(run)),
+        None if space.pending_free_blocks() > 0 => Ok(Allocation::NeedsCommit),
+        None => {
+            Err(Error::NoSpace(format!("no free blocks to copy shared blocks of inode {ino} to")))
+        }
     }
 }
 
@@ -486,11 +563,18 @@ fn record_completion(
     if mapping.new && completed_bytes < mapping.length {
         // Space allocated for a write that did not complete: give it back.
         let done_blocks = completed_bytes / block_bytes;
-        txn.apply(Record::ExtentUnmap {
-            ino,
-            file_block: mapping.offset / block_bytes + done_blocks,
-            block_count: (mapping.length - completed_bytes) / block_bytes,
-        });
+        let block_count = (mapping.length - completed_bytes) / block_bytes;
+        if mapping.cow_source.is_some() {
+            // Never mapped: the file still maps the shared blocks there.
+            let start = mapping.dev_offset / block_bytes + done_blocks;
+            txn.free_unmapped(BlockRun { start, count: block_count });
+        } else {
+            txn.apply(Record::ExtentUnmap {
+                ino,
+                file_block: mapping.offset / block_bytes + done_blocks,
+                block_count,
+            });
+        }
     }
 }
 
@@ -523,13 +607,15 @@ pub fn report_range(
         let block = (pos + done) / block_bytes;
         let wanted_blocks = end_block - block;
         let mapping = match extents.lookup(block) {
-            Lookup::Mapped(extent) => mapped(extent, wanted_blocks, block_bytes),
+            Lookup::Mapped(extent) => mapped(meta, extent, wanted_blocks, block_bytes),
             Lookup::Hole { block_count } => Mapping {
                 kind: MapKind::Hole,
                 offset: block * block_bytes,
                 length: block_count.min(wanted_blocks) * block_bytes,
                 dev_offset: 0,
                 new: false,
+                shared: false,
+                cow_source: None,
             },
         };
         let range = MappedRange::clip(mapping, pos, done, length);

@@ -101,6 +101,8 @@ mod layout;
 mod lock_order;
 mod meta;
 mod passthru;
+mod refcount;
+mod reflink;
 mod space;
 mod trim;
 mod writeback;

@@ -89,8 +89,28 @@ impl<'a> DataPath<'a> {
         // `begin` maps from the block holding the position it was asked for.
         debug_assert_eq!(io_start, mapping.offset);
         let mut bounce = AlignedBuf::zeroed((io_end - io_start) as usize);
-        if mapping.kind == MapKind::Written {
-            self.fill_partial_blocks(mapping, &mut bounce, pos, data_end)?;
+        // The rest of a partial block is the old data: in place, or in the
+        // shared blocks this new space replaces.
+        let old_data_at = match (mapping.kind, mapping.cow_source) {
+            (_, Some(source)) => Some(source),
+            (MapKind::Written, None) => Some(mapping.dev_offset),
+            _ => None,
+        };
+        if let Some(old_data_at) = old_data_at {
+            if let Err(error) =
+                self.fill_partial_blocks(mapping, old_data_at, &mut bounce, pos, data_end)
+            {
+                if mapping.new {
+                    iomap::end_write(
+                        &self.engine.meta,
+                        ino,
+                        &[(*mapping, 0)],
+                        self.engine.block_bytes,
+                        |_| {},
+                    )?;
+                }
+                return Err(error);
+            }
         }
         let head = (pos - io_start) as usize;
         bounce[head..head + piece.len()].copy_from_slice(piece);
@@ -109,10 +129,12 @@ impl<'a> DataPath<'a> {
     }
 
     /// Reads the first and last block of `[io_start, io_end)` when the write
-    /// covers them only partly (read-modify-write).
+    /// covers them only partly (read-modify-write), from the mapping's old
+    /// data at device offset `old_data_at` (that of `mapping.offset`).
     fn fill_partial_blocks(
         &self,
         mapping: &Mapping,
+        old_data_at: u64,
         bounce: &mut [u8],
         pos: u64,
         data_end: u64,
@@ -130,7 +152,7 @@ impl<'a> DataPath<'a> {
         }
         for block_start in partial {
             let at = (block_start - io_start) as usize;
-            let dev_offset = mapping.dev_offset + (block_start - mapping.offset);
+            let dev_offset = old_data_at + (block_start - mapping.offset);
             self.engine
                 .device
                 .read(dev_offset, &mut bounce[at..at + block])
@@ -162,6 +184,9 @@ impl<'a> DataPath<'a> {
         else {
             return Ok(());
         };
+        if range.mapping.shared {
+            return self.zero_in_shared_block(ino, from, to);
+        }
         let dev_offset = range.dev_offset;
         let mut block = AlignedBuf::zeroed(self.engine.block_bytes as usize);
         self.engine
@@ -173,6 +198,39 @@ impl<'a> DataPath<'a> {
             .device
             .write(dev_offset, &block, false)
             .context(|| format!("write at device offset {dev_offset}"))
+    }
+
+    /// [`DataPath::zero_in_block`] for a block other files map too: the
+    /// zeroed copy goes to new space, remapped once written; the size and
+    /// times stay as they are.
+    fn zero_in_shared_block(&self, ino: u64, from: u64, to: u64) -> Result<()> {
+        let block_bytes = self.engine.block_bytes;
+        let block_start = self.align_down(from);
+        let meta = &self.engine.meta;
+        let Some(range) =
+            iomap::walk(meta, ino, block_start, block_bytes, Intent::Write, block_bytes).next()
+        else {
+            return Ok(());
+        };
+        let mapping = range?.mapping;
+        let old_data_at = mapping.cow_source.unwrap_or(mapping.dev_offset);
+        let mut block = AlignedBuf::zeroed(block_bytes as usize);
+        let copied = self
+            .engine
+            .device
+            .read(old_data_at, &mut block[..block_bytes as usize])
+            .context(|| format!("read at device offset {old_data_at}"))
+            .and_then(|()| {
+                block[(from - block_start) as usize..(to - block_start) as usize].fill(0);
+                let at = mapping.dev_offset;
+                self.engine
+                    .device
+                    .write(at, &block[..block_bytes as usize], false)
+                    .context(|| format!("write at device offset {at}"))
+            });
+        let completed = if copied.is_ok() { block_bytes } else { 0 };
+        iomap::end_write(meta, ino, &[(mapping, completed)], block_bytes, |_| {})?;
+        copied
     }
 
     /// Changes the size: unmaps whole blocks past the new end in one

@@ -13,9 +13,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("options", &["dev", "error"]),
     ("alloc", &["format"]),
     ("extent", &["format"]),
+    ("refcount", &["alloc"]),
     ("layout", &["dev", "error", "format"]),
     ("journal", &["dev", "error", "format", "lock_order"]),
-    ("meta", &["alloc", "dev", "error", "extent", "format", "journal", "lock_order"]),
+    ("meta", &["alloc", "dev", "error", "extent", "format", "journal", "lock_order", "refcount"]),
     ("iomap", &["alloc", "error", "extent", "format", "meta"]),
     ("completion", &[]),
     ("io_lock", &["lock_order"]),
@@ -56,6 +57,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     ("trim", &["alloc", "dev", "error", "format", "meta"]),
+    ("reflink", &["cache", "engine", "error", "extent", "format", "iomap", "meta", "writeback"]),
     // vfs holds the Device only to hand out statistics; it does no I/O.
     (
         "vfs",
@@ -73,6 +75,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "layout",
             "meta",
             "options",
+            "reflink",
             "space",
             "trim",
             "writeback",

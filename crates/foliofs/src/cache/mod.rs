@@ -28,6 +28,7 @@ pub use folio::{Folio, FolioState};
 pub use pool::BufferPool;
 pub use throttle::{DirtyLimits, DirtyThrottle};
 
+pub use crate::io_lock::Exclusive as IoExclusive;
 use crate::io_lock::InodeIo;
 use crate::lock_order::{Level, Ordered};
 use crate::options::{DirtyMode, VolumeOptions};

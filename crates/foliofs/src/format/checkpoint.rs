@@ -7,7 +7,7 @@
 //! kept until the new checkpoint is durable.
 
 use super::codec::{crc_with_hole, open_header, Writer};
-use super::{FormatError, FORMAT_VERSION, HEADER_BYTES};
+use super::{FormatError, CHECKPOINT_HEADER_VERSION, HEADER_BYTES};
 
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"FOLIOCKP";
 const WHAT: &str = "checkpoint";
@@ -41,7 +41,7 @@ impl CheckpointHeader {
     pub fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut writer = Writer::with_capacity(HEADER_BYTES);
         writer.raw(&CHECKPOINT_MAGIC);
-        writer.u32(FORMAT_VERSION);
+        writer.u32(CHECKPOINT_HEADER_VERSION);
         writer.u32(HEADER_BYTES as u32);
         writer.raw(&self.uuid);
         writer.u64(self.generation);
@@ -62,7 +62,12 @@ impl CheckpointHeader {
 
     /// Decodes a header; `payload_bytes_max` is the room the slot has after it.
     pub fn decode(bytes: &[u8], payload_bytes_max: u64) -> Result<Self, FormatError> {
-        let mut reader = open_header(bytes, &CHECKPOINT_MAGIC, WHAT)?;
+        let (mut reader, _) = open_header(
+            bytes,
+            &CHECKPOINT_MAGIC,
+            WHAT,
+            CHECKPOINT_HEADER_VERSION..=CHECKPOINT_HEADER_VERSION,
+        )?;
         let header = Self {
             uuid: reader.array()?,
             generation: reader.u64()?,

@@ -4,7 +4,7 @@
 //! [`FormatError::Truncated`] when the input runs out, so decoders built on it
 //! are safe to run over untrusted images.
 
-use super::{FormatError, FORMAT_VERSION, HEADER_BYTES};
+use super::{FormatError, HEADER_BYTES};
 
 /// Appends little-endian fields to a byte vector.
 #[derive(Default)]
@@ -137,12 +137,14 @@ impl<'a> Reader<'a> {
 }
 
 /// Checks the frame every 512-byte header shares (magic, trailing crc32c,
-/// format version, header size) and returns a reader positioned after it.
+/// format version among `versions`, header size) and returns a reader
+/// positioned after it, with the version found.
 pub fn open_header<'a>(
     bytes: &'a [u8],
     magic: &[u8; 8],
     what: &'static str,
-) -> Result<Reader<'a>, FormatError> {
+    versions: std::ops::RangeInclusive<u32>,
+) -> Result<(Reader<'a>, u32), FormatError> {
     let crc_offset = HEADER_BYTES - 4;
     if bytes.len() < HEADER_BYTES {
         return Err(FormatError::Truncated { what });
@@ -158,14 +160,19 @@ pub fn open_header<'a>(
     }
     let mut reader = Reader::new(&bytes[8..crc_offset], what);
     let version = reader.u32()?;
-    if version != FORMAT_VERSION {
-        return Err(FormatError::UnsupportedVersion { what, found: version });
+    if !versions.contains(&version) {
+        return Err(FormatError::UnsupportedVersion {
+            what,
+            found: version,
+            oldest: *versions.start(),
+            newest: *versions.end(),
+        });
     }
     let header_bytes = reader.u32()?;
     if header_bytes as usize != HEADER_BYTES {
         return Err(FormatError::invalid(what, "header_bytes", header_bytes.to_string()));
     }
-    Ok(reader)
+    Ok((reader, version))
 }
 
 /// crc32c of `bytes` with the 4-byte checksum field at `crc_offset` treated as zero.

@@ -24,8 +24,15 @@ pub use record::{
 };
 pub use superblock::{Region, Superblock};
 
-/// The one format version this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The volume format mkfs writes (the superblock's version): 2 adds
+/// shared extents (`Record::SharedSet`, clones). This build reads 1 too;
+/// a volume of version 1 takes no clones, so an older build still opens it.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest volume format this build opens.
+pub const FORMAT_VERSION_OLDEST: u32 = 1;
+/// The checkpoint header's own version: its layout has not changed since 1,
+/// so it stays 1 on volumes of every format.
+pub const CHECKPOINT_HEADER_VERSION: u32 = 1;
 /// Smallest and largest file-system block size accepted by mkfs.
 pub const BLOCK_BYTES_MIN: u32 = 1024;
 pub const BLOCK_BYTES_MAX: u32 = 65536;
@@ -60,9 +67,10 @@ pub enum FormatError {
     #[error("{what}: bad magic (not a foliofs {what})")]
     BadMagic { what: &'static str },
     #[error(
-        "{what}: unsupported format version {found} (this build reads version {FORMAT_VERSION})"
+        "{what}: unsupported format version {found} (this build reads versions {oldest} to \
+         {newest}; a newer build made it)"
     )]
-    UnsupportedVersion { what: &'static str, found: u32 },
+    UnsupportedVersion { what: &'static str, found: u32, oldest: u32, newest: u32 },
     #[error("{what}: checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
     BadChecksum { what: &'static str, stored: u32, computed: u32 },
     #[error("{what}: truncated")]

@@ -222,6 +222,14 @@ pub enum Record {
         ino: u64,
         flags: u32,
     },
+    /// Sets how many file blocks map each of device blocks
+    /// `[dev_block, dev_block + block_count)`: 2 or more for blocks that
+    /// clones share, 1 for blocks no longer shared (format version 2).
+    SharedSet {
+        dev_block: u64,
+        block_count: u64,
+        refs: u32,
+    },
 }
 
 /// chattr +i: no change to the inode, its data, its names or (for a
@@ -239,6 +247,9 @@ pub const INODE_FLAG_NOATIME: u32 = 0x80;
 pub const INODE_FLAGS_KNOWN: u32 =
     INODE_FLAG_IMMUTABLE | INODE_FLAG_APPEND | INODE_FLAG_NODUMP | INODE_FLAG_NOATIME;
 
+/// Encoded size of a `SharedSet` record.
+pub const SHARED_SET_RECORD_BYTES: usize = 21;
+
 const TAG_INODE_SET: u8 = 1;
 const TAG_INODE_FREE: u8 = 2;
 const TAG_SYMLINK_SET: u8 = 3;
@@ -250,6 +261,7 @@ const TAG_XATTR_SET: u8 = 8;
 const TAG_XATTR_REMOVE: u8 = 9;
 const TAG_DEVICE_SET: u8 = 10;
 const TAG_FLAGS_SET: u8 = 11;
+const TAG_SHARED_SET: u8 = 12;
 
 impl Record {
     pub fn encode(&self, writer: &mut Writer) {
@@ -315,6 +327,12 @@ impl Record {
                 writer.u8(TAG_FLAGS_SET);
                 writer.u64(*ino);
                 writer.u32(*flags);
+            }
+            Record::SharedSet { dev_block, block_count, refs } => {
+                writer.u8(TAG_SHARED_SET);
+                writer.u64(*dev_block);
+                writer.u64(*block_count);
+                writer.u32(*refs);
             }
         }
     }
@@ -384,6 +402,15 @@ impl Record {
                 }
                 Record::FlagsSet { ino, flags }
             }
+            TAG_SHARED_SET => {
+                let dev_block = reader.u64()?;
+                let block_count = decode_block_count(reader, dev_block)?;
+                let refs = reader.u32()?;
+                if refs == 0 {
+                    return Err(FormatError::invalid(WHAT, "refs", "0"));
+                }
+                Record::SharedSet { dev_block, block_count, refs }
+            }
             other => return Err(FormatError::invalid(WHAT, "tag", other.to_string())),
         };
         Ok(record)
@@ -402,6 +429,7 @@ impl Record {
             Record::XattrSet { name, value, .. } => 15 + name.len() + value.len(),
             Record::XattrRemove { name, .. } => 11 + name.len(),
             Record::DeviceSet { .. } | Record::FlagsSet { .. } => 13,
+            Record::SharedSet { .. } => SHARED_SET_RECORD_BYTES,
         }
     }
 }
@@ -532,7 +560,23 @@ pub(crate) mod tests {
             Record::XattrRemove { ino: 2, name: b"security.selinux".to_vec() },
             Record::DeviceSet { ino: 6, rdev: 0x0103 },
             Record::FlagsSet { ino: 6, flags: INODE_FLAG_IMMUTABLE | INODE_FLAG_NODUMP },
+            Record::SharedSet { dev_block: 900, block_count: 2, refs: 3 },
         ]
+    }
+
+    #[test]
+    fn shared_counts_of_zero_or_zero_blocks_are_refused() {
+        let record = Record::SharedSet { dev_block: 900, block_count: 2, refs: 3 };
+        let bytes = encode_all(std::slice::from_ref(&record));
+        assert_eq!(bytes.len(), SHARED_SET_RECORD_BYTES);
+        for (at, value) in [(9, 0u64), (1, u64::MAX)] {
+            let mut hostile = bytes.clone();
+            hostile[at..at + 8].copy_from_slice(&value.to_le_bytes());
+            assert!(decode_all(&hostile, 1).is_err(), "u64 {value} at {at}");
+        }
+        let mut no_refs = bytes.clone();
+        no_refs[17..21].copy_from_slice(&0u32.to_le_bytes());
+        assert!(decode_all(&no_refs, 1).is_err());
     }
 
     #[test]

@@ -7,7 +7,8 @@
 use super::codec::{crc_with_hole, open_header, Writer};
 use super::record::Timestamp;
 use super::{
-    FormatError, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, FORMAT_VERSION, HEADER_BYTES, SECTOR_BYTES_MIN,
+    FormatError, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, FORMAT_VERSION, FORMAT_VERSION_OLDEST,
+    HEADER_BYTES, SECTOR_BYTES_MIN,
 };
 
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"FOLIOFS\0";
@@ -40,6 +41,9 @@ impl Region {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
+    /// The volume's format ([`FORMAT_VERSION`] for new volumes): what it may
+    /// hold, and so which builds open it.
+    pub version: u32,
     pub block_bytes: u32,
     /// Alignment of journal groups and checkpoint headers: the device's
     /// logical block size at mkfs, at least 512 B.
@@ -104,6 +108,7 @@ impl Superblock {
         }
         let data = Region { start_block: data_start, block_count: block_count - data_start };
         let superblock = Self {
+            version: FORMAT_VERSION,
             block_bytes,
             sector_bytes,
             uuid,
@@ -134,7 +139,7 @@ impl Superblock {
     pub fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut writer = Writer::with_capacity(HEADER_BYTES);
         writer.raw(&SUPERBLOCK_MAGIC);
-        writer.u32(FORMAT_VERSION);
+        writer.u32(self.version);
         writer.u32(HEADER_BYTES as u32);
         writer.u32(self.block_bytes);
         writer.u32(self.sector_bytes);
@@ -155,7 +160,8 @@ impl Superblock {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
-        let mut reader = open_header(bytes, &SUPERBLOCK_MAGIC, WHAT)?;
+        let (mut reader, version) =
+            open_header(bytes, &SUPERBLOCK_MAGIC, WHAT, FORMAT_VERSION_OLDEST..=FORMAT_VERSION)?;
         let block_bytes = reader.u32()?;
         let sector_bytes = reader.u32()?;
         let uuid = reader.array::<16>()?;
@@ -167,6 +173,7 @@ impl Superblock {
         }
         let created = Timestamp { secs: reader.i64()?, nanos: reader.u32()? };
         let superblock = Self {
+            version,
             block_bytes,
             sector_bytes,
             uuid,

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use crate::alloc::{Allocator, BlockRun};
 use crate::extent::{Extent, ExtentKind};
+use crate::refcount::SharedBlocks;
 
 /// Runs freed by records not yet durable, by the lsn of the record. Every
 /// transaction releases those that became durable and every delayed
@@ -47,6 +48,8 @@ impl PendingFrees {
 
 pub struct Space {
     pub alloc: Allocator,
+    /// Device blocks more than one file block maps, and how many.
+    pub shared: SharedBlocks,
     /// Blocks freed by records not yet durable, by the lsn that freed them.
     pending_frees: PendingFrees,
     /// With `-o discard`: durable frees wait for their discard (see
@@ -58,9 +61,10 @@ pub struct Space {
 }
 
 impl Space {
-    pub fn new(alloc: Allocator) -> Self {
+    pub fn new(alloc: Allocator, shared: SharedBlocks) -> Self {
         Self {
             alloc,
+            shared,
             pending_frees: PendingFrees::default(),
             discard_freed: false,
             discarding_blocks: 0,
@@ -144,7 +148,7 @@ mod tests {
         let region = Region { start_block: 100, block_count: 1000 };
         let mut alloc = Allocator::new(region);
         alloc.mark_used(BlockRun { start: 200, count: 4 }).unwrap();
-        Space::new(alloc)
+        Space::new(alloc, SharedBlocks::new())
     }
 
     fn written(dev_block: u64, block_count: u64) -> Extent {

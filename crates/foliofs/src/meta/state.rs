@@ -12,8 +12,10 @@ use std::sync::atomic::Ordering;
 
 use crate::alloc::{Allocator, BlockRun};
 use crate::extent::{Extent, ExtentKind, ExtentMap, Lookup};
+use crate::format::record::SHARED_SET_RECORD_BYTES;
 use crate::format::record::{is_valid_name, is_valid_xattr_name};
 use crate::format::{InodeAttrs, Record, ROOT_INO, SYMLINK_BYTES_MAX, XATTR_VALUE_BYTES_MAX};
+use crate::refcount::{self, SharedBlocks};
 
 use super::inode::{Inode, InodeBody};
 use super::shards::MetaState;
@@ -98,6 +100,9 @@ impl MetaState<'_> {
             Record::FlagsSet { ino, flags } => {
                 self.apply_flags_set(*ino, *flags).map(|()| Vec::new())
             }
+            // The shared-block table is free space's, not a shard's: the
+            // store applies these (`MetaStore::load`, `transact`).
+            Record::SharedSet { .. } => fail("a shared-block count applied to the inodes".into()),
         }
     }
 
@@ -327,10 +332,16 @@ impl MetaState<'_> {
 
     /// After loading: sets every in-memory size to the size on disk and
     /// rebuilds free space from the extent maps (returned). Fails if two
-    /// extents claim the same block. Every shard is locked.
-    pub fn finish_load(&mut self) -> Result<Allocator, ApplyError> {
+    /// extents claim the same block that `shared` does not count as
+    /// shared by exactly that many, or if `shared` counts a block more or
+    /// less often than the extents map it. Every shard is locked.
+    pub fn finish_load(&mut self, shared: &SharedBlocks) -> Result<Allocator, ApplyError> {
         let mut alloc = Allocator::new(self.core.data_region);
+        self.core
+            .persisted_bytes_estimate
+            .fetch_add((shared.run_count() * SHARED_SET_RECORD_BYTES) as i64, Ordering::Relaxed);
         self.publish_estimate();
+        let mut mapped = Vec::new();
         for (ino, inode) in self.inodes_mut() {
             inode.size = inode.attrs.size;
             let Some(extents) = inode.extents() else {
@@ -338,10 +349,22 @@ impl MetaState<'_> {
             };
             for extent in extents.iter() {
                 let run = BlockRun { start: extent.dev_block, count: extent.block_count };
-                alloc
-                    .mark_used(run)
-                    .map_err(|error| ApplyError(format!("inode {ino}: {error}")))?;
+                if shared.is_empty() {
+                    alloc
+                        .mark_used(run)
+                        .map_err(|error| ApplyError(format!("inode {ino}: {error}")))?;
+                } else {
+                    mapped.push(run);
+                }
             }
+        }
+        if shared.is_empty() {
+            return Ok(alloc);
+        }
+        // Each stretch of equal mapping count must be what the table says.
+        for counted in refcount::verify(mapped, shared).map_err(ApplyError)? {
+            let run = BlockRun { start: counted.start, count: counted.count };
+            alloc.mark_used(run).map_err(ApplyError)?;
         }
         Ok(alloc)
     }
@@ -517,7 +540,7 @@ mod tests {
         for record in decode_all(&payload, count as u32).unwrap() {
             reloaded.apply(&record).unwrap();
         }
-        let alloc = reloaded.finish_load().unwrap();
+        let alloc = reloaded.finish_load(&SharedBlocks::new()).unwrap();
         assert_eq!(snapshot(&reloaded), (payload, count));
         assert_eq!(reloaded_core.next_ino.load(Ordering::Relaxed), 7);
         assert_eq!(reloaded.inode(3).unwrap().xattrs[&b"user.a"[..]], vec![9; 300]);
@@ -588,7 +611,7 @@ mod tests {
             state: ExtentState::Written,
         };
         state.apply(&record).unwrap();
-        let error = state.finish_load().unwrap_err();
+        let error = state.finish_load(&SharedBlocks::new()).unwrap_err();
         assert!(error.0.contains("mapped twice"), "{error}");
     }
 
@@ -596,7 +619,7 @@ mod tests {
     fn converting_in_place_frees_nothing_and_remapping_frees_the_old_blocks() {
         let core = core();
         let mut state = populated(&core);
-        state.finish_load().unwrap();
+        state.finish_load(&SharedBlocks::new()).unwrap();
         let convert = |dev_block| Record::ExtentMap {
             ino: 3,
             file_block: 1,

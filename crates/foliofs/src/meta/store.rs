@@ -23,10 +23,13 @@ use crate::alloc::{BlockRun, Promises};
 use crate::dev::{Device, DiscardMode};
 use crate::error::{Error, Result};
 use crate::extent::Extent;
+use crate::extent::ExtentKind;
 use crate::format::codec::Writer;
-use crate::format::{InodeAttrs, Record, Superblock, ROOT_INO};
+use crate::format::record::SHARED_SET_RECORD_BYTES;
+use crate::format::{ExtentState, InodeAttrs, Record, Superblock, ROOT_INO};
 use crate::journal::{self, CommitError, Journal, JournalGeometry};
 use crate::lock_order::{Contention, Level, Ordered};
+use crate::refcount::{self, SharedBlocks};
 
 use super::checkpoint;
 use super::inode::Inode;
@@ -82,6 +85,9 @@ pub struct MetaStore {
     space_contention: Contention,
     /// The allocator's reservations, reached without the space mutex.
     promises: Arc<Promises>,
+    /// Blocks of `Space::shared`, set under the space mutex: while 0 (no
+    /// clone on the volume) no data path or transaction looks at the table.
+    shared_blocks: AtomicU64,
     /// The lsn of the earliest record whose freed blocks wait in `space`
     /// (u64::MAX when none do): a transaction takes the space mutex to
     /// release them only when the journal has made that one durable.
@@ -139,6 +145,9 @@ pub struct Txn<'a> {
     /// record unmaps and a later one maps again (extents shifted by
     /// COLLAPSE_RANGE / INSERT_RANGE) is not freed.
     remapped: Vec<BlockRun>,
+    /// Device blocks mapped by this transaction's records that other
+    /// mappings hold too (clones): one more reference each.
+    shared_added: Vec<BlockRun>,
     /// Inodes the records changed, and whether the change matters to
     /// reading data back (for the per-inode lsns fsync and fdatasync use).
     touched: Vec<(u64, bool)>,
@@ -186,6 +195,40 @@ impl<'a> Txn<'a> {
 
     /// Applies `record` now and logs it at the end of the transaction.
     pub fn apply(&mut self, record: Record) {
+        if let Record::ExtentMap { dev_block, block_count, .. } = record {
+            self.remapped.push(BlockRun { start: dev_block, count: block_count });
+        }
+        self.apply_unchecked(record);
+    }
+
+    /// Maps file blocks of `ino` onto device blocks that other file blocks
+    /// map too (a clone, a deduplication): their counts go up by one when
+    /// the transaction ends, in the same group as this record.
+    pub fn map_shared(
+        &mut self,
+        ino: u64,
+        file_block: u64,
+        dev_block: u64,
+        block_count: u64,
+        state: ExtentState,
+    ) {
+        self.shared_added.push(BlockRun { start: dev_block, count: block_count });
+        self.apply_unchecked(Record::ExtentMap { ino, file_block, dev_block, block_count, state });
+    }
+
+    /// Gives back device blocks taken from the allocator that no extent
+    /// maps (a copy-on-write whose write did not complete): freed with the
+    /// transaction's other frees.
+    pub fn free_unmapped(&mut self, run: BlockRun) {
+        self.displaced.push(Extent {
+            file_block: 0,
+            block_count: run.count,
+            dev_block: run.start,
+            kind: ExtentKind::Written,
+        });
+    }
+
+    fn apply_unchecked(&mut self, record: Record) {
         self.log_bytes += record.encoded_bytes_max() as u64;
         assert!(
             self.log_bytes <= self.log_bytes_granted,
@@ -195,9 +238,6 @@ impl<'a> Txn<'a> {
             self.log_bytes_granted
         );
         self.note_touched(&record);
-        if let Record::ExtentMap { dev_block, block_count, .. } = record {
-            self.remapped.push(BlockRun { start: dev_block, count: block_count });
-        }
         match self.state.apply(&record) {
             Ok(displaced) => self.displaced.extend(displaced),
             Err(error) => panic!("live metadata change does not apply: {error} ({record:?})"),
@@ -228,6 +268,7 @@ impl<'a> Txn<'a> {
             }
             Record::DeviceSet { ino, .. } => self.touched.push((*ino, true)),
             Record::FlagsSet { ino, .. } => self.touched.push((*ino, false)),
+            Record::SharedSet { .. } => {}
         }
     }
 
@@ -272,20 +313,39 @@ impl MetaStore {
     ) -> Result<(Self, LoadReport)> {
         let loaded = journal::load(&device, &geometry)?;
         let core = MetaCore::new(data_region, ROOT_INO + 1);
+        let mut shared = SharedBlocks::new();
         let alloc = {
             let mut state = MetaState::lock(&core, ShardSet::All);
-            for (index, record) in loaded.checkpoint_records.iter().enumerate() {
-                state.apply(record).map_err(|error| {
-                    Error::Corrupt(format!("checkpoint record {index}: {error}"))
-                })?;
+            let records = loaded.checkpoint_records.iter().map(|record| ("checkpoint", record));
+            let records =
+                records.chain(loaded.journal_records.iter().map(|record| ("journal", record)));
+            let mut index_in = [0usize; 2];
+            for (source, record) in records {
+                let index = &mut index_in[usize::from(source == "journal")];
+                let applied = match record {
+                    Record::SharedSet { dev_block, block_count, refs } => {
+                        let end = dev_block.checked_add(*block_count);
+                        if *dev_block < data_region.start_block
+                            || end.is_none_or(|end| end > data_region.end_block())
+                        {
+                            Err(format!(
+                                "shared device blocks [{dev_block}, +{block_count}) outside the \
+                                 data region"
+                            ))
+                        } else {
+                            shared.set(*dev_block, *block_count, *refs);
+                            Ok(())
+                        }
+                    }
+                    _ => state.apply(record).map(|_| ()).map_err(|error| error.0),
+                };
+                applied
+                    .map_err(|error| Error::Corrupt(format!("{source} record {index}: {error}")))?;
+                *index += 1;
             }
-            for (index, record) in loaded.journal_records.iter().enumerate() {
-                state
-                    .apply(record)
-                    .map_err(|error| Error::Corrupt(format!("journal record {index}: {error}")))?;
-            }
-            state.finish_load().map_err(|error| Error::Corrupt(error.0))?
+            state.finish_load(&shared).map_err(|error| Error::Corrupt(error.0))?
         };
+        let shared_blocks = AtomicU64::new(shared.shared_blocks());
         core.next_ino.fetch_max(loaded.checkpoint.next_ino, Ordering::Relaxed);
         let report = LoadReport {
             checkpoint_generation: loaded.checkpoint.generation,
@@ -297,7 +357,8 @@ impl MetaStore {
         let store = Self {
             core,
             promises: Arc::clone(alloc.promises()),
-            space: Mutex::new(Space::new(alloc)),
+            shared_blocks,
+            space: Mutex::new(Space::new(alloc, shared)),
             space_contention: Contention::default(),
             first_pending_free_lsn: AtomicU64::new(u64::MAX),
             rename_lock: Mutex::new(()),
@@ -362,6 +423,37 @@ impl MetaStore {
         Ordered::lock(Level::Space, || {
             self.space_contention.lock(|| self.space.try_lock(), || self.space.lock())
         })
+    }
+
+    /// Whether device block `dev_block` is shared with another mapping, and
+    /// how many blocks from it (up to `count`) are as it is. Costs one
+    /// atomic load on a volume without clones.
+    pub fn shared_run(&self, dev_block: u64, count: u64) -> (bool, u64) {
+        if self.shared_blocks.load(Ordering::Acquire) == 0 {
+            return (false, count);
+        }
+        self.space().shared.run_at(dev_block, count)
+    }
+
+    /// Checks the shared-block counts against every extent map, as mount
+    /// does (fsck and the tests); stops every writer while it runs.
+    pub fn verify_shared_counts(&self) -> std::result::Result<(), String> {
+        let all = self.view_all();
+        let mut mapped = Vec::new();
+        for (_, inode) in all.inodes() {
+            for extent in inode.extents().into_iter().flat_map(|extents| extents.iter()) {
+                if extent.kind != ExtentKind::Delalloc {
+                    mapped.push(BlockRun { start: extent.dev_block, count: extent.block_count });
+                }
+            }
+        }
+        let space = self.space();
+        refcount::verify(mapped, &space.shared).map(|_| ())
+    }
+
+    /// Device blocks more than one file block maps, each counted once.
+    pub fn shared_blocks(&self) -> u64 {
+        self.shared_blocks.load(Ordering::Acquire)
     }
 
     /// Waits for the shard locks and for the space mutex so far, as
@@ -517,6 +609,7 @@ impl MetaStore {
             records: Vec::new(),
             displaced: Vec::new(),
             remapped: Vec::new(),
+            shared_added: Vec::new(),
             touched: Vec::new(),
             metadata_bytes_max,
             log_bytes: 0,
@@ -541,8 +634,10 @@ impl MetaStore {
             records,
             displaced,
             remapped,
+            shared_added,
             touched,
             log_bytes,
+            log_bytes_max,
             reservation_taken_over,
             ..
         } = txn;
@@ -551,14 +646,70 @@ impl MetaStore {
         for record in &records {
             record.encode(&mut writer);
         }
-        let (lsn, pending_bytes) =
-            self.journal.append_encoded(writer.as_bytes(), records.len() as u64);
         let freed = not_remapped(displaced, &remapped);
-        if !freed.is_empty() {
+        // Blocks other files may map too (a clone on the volume, or this
+        // transaction cloning): their counts settle under the space mutex,
+        // held across the append so that the table's records reach the log
+        // in the order the table changed.
+        let settles = !shared_added.is_empty()
+            || (self.shared_blocks.load(Ordering::Acquire) > 0
+                && freed.iter().any(|extent| extent.kind != ExtentKind::Delalloc));
+        let lsn = if settles {
             let mut space = self.space();
-            space.release_displaced(&freed, lsn, reservation_taken_over);
-            self.note_first_pending(&space);
-        }
+            let (delayed, mapped): (Vec<Extent>, Vec<Extent>) =
+                freed.into_iter().partition(|extent| extent.kind == ExtentKind::Delalloc);
+            let dropped: Vec<BlockRun> = mapped
+                .iter()
+                .map(|extent| BlockRun { start: extent.dev_block, count: extent.block_count })
+                .collect();
+            let runs_before = space.shared.run_count() as i64;
+            let settled = refcount::settle(&mut space.shared, &shared_added, &dropped);
+            let runs_after = space.shared.run_count() as i64;
+            for counted in &settled.counts {
+                Record::SharedSet {
+                    dev_block: counted.start,
+                    block_count: counted.count,
+                    refs: counted.refs,
+                }
+                .encode(&mut writer);
+            }
+            let record_count = (records.len() + settled.counts.len()) as u64;
+            assert!(
+                writer.len() as u64 <= log_bytes_max,
+                "a transaction's shared-block counts outgrew one journal group: {} bytes \
+                 ({} counts)",
+                writer.len(),
+                settled.counts.len()
+            );
+            self.core.persisted_bytes_estimate.fetch_add(
+                (runs_after - runs_before) * SHARED_SET_RECORD_BYTES as i64,
+                Ordering::Relaxed,
+            );
+            self.shared_blocks.store(space.shared.shared_blocks(), Ordering::Release);
+            let (lsn, pending_bytes) = self.journal.append_encoded(writer.as_bytes(), record_count);
+            let mut frees = delayed;
+            frees.extend(settled.freed.iter().map(|run| Extent {
+                file_block: 0,
+                block_count: run.count,
+                dev_block: run.start,
+                kind: ExtentKind::Written,
+            }));
+            if !frees.is_empty() {
+                space.release_displaced(&frees, lsn, reservation_taken_over);
+                self.note_first_pending(&space);
+            }
+            (lsn, pending_bytes)
+        } else {
+            let (lsn, pending_bytes) =
+                self.journal.append_encoded(writer.as_bytes(), records.len() as u64);
+            if !freed.is_empty() {
+                let mut space = self.space();
+                space.release_displaced(&freed, lsn, reservation_taken_over);
+                self.note_first_pending(&space);
+            }
+            (lsn, pending_bytes)
+        };
+        let (lsn, pending_bytes) = lsn;
         for (ino, data) in touched {
             if let Some(inode) = state.inode_mut(ino) {
                 // fsync waits for an inode's lsns: they only move forward.
@@ -730,7 +881,7 @@ impl MetaStore {
             return Err(refusal);
         }
         let _only_one = Ordered::lock(Level::Checkpoint, || self.checkpoint_lock.lock());
-        let (point, next_ino) = {
+        let (point, next_ino, shared) = {
             // With every shard held, no transaction is part-way: the log's
             // end is the point the state reflects.
             let all = self.view_all();
@@ -740,7 +891,14 @@ impl MetaStore {
             for (index, _) in all.shards() {
                 self.core.shard(index).checkpoint_owed.store(true, Ordering::Release);
             }
-            (point, next_ino)
+            // The table changes only under every shard of a transaction
+            // that settles (`transact`): at the cut it is the cut's.
+            let shared: Vec<_> = if self.shared_blocks.load(Ordering::Acquire) > 0 {
+                self.space().shared.iter().collect()
+            } else {
+                Vec::new()
+            };
+            (point, next_ino, shared)
         };
         for index in 0..SHARD_COUNT {
             let shard = self.core.read_shard(index);
@@ -750,7 +908,18 @@ impl MetaStore {
             .into_iter()
             .map(|part| part.expect("every shard encoded"))
             .collect();
-        let (payload, record_count) = checkpoint::assemble(&parts);
+        let (mut payload, mut record_count) = checkpoint::assemble(&parts);
+        let mut writer = Writer::with_capacity(shared.len() * SHARED_SET_RECORD_BYTES);
+        for counted in &shared {
+            Record::SharedSet {
+                dev_block: counted.start,
+                block_count: counted.count,
+                refs: counted.refs,
+            }
+            .encode(&mut writer);
+        }
+        payload.extend_from_slice(writer.as_bytes());
+        record_count += shared.len() as u64;
         self.journal.write_checkpoint(point, next_ino, &payload, record_count)
     }
 

@@ -147,6 +147,9 @@ pub struct StatFs {
     pub metadata_bytes: u64,
     /// Capacity of a checkpoint slot, which all metadata must fit.
     pub metadata_bytes_max: u64,
+    /// Data blocks that more than one file block maps (clones), each
+    /// counted once in the used blocks.
+    pub shared_blocks: u64,
 }
 
 impl StatFs {

@@ -85,9 +85,9 @@ impl OpenFlags {
 /// An open regular file. Closing (or dropping) the last handle of an
 /// unlinked file frees it.
 pub struct File {
-    shared: Arc<Shared>,
-    ino: u64,
-    inode: Arc<InodeCache>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) ino: u64,
+    pub(super) inode: Arc<InodeCache>,
     flags: OpenFlags,
     readahead: Readahead,
     /// The size and access-time outlook its reads last saw, for reads that
@@ -182,7 +182,7 @@ impl File {
         self.shared.attr_of(&self.shared.meta.view(&[self.ino]), self.ino)
     }
 
-    fn check_readable(&self) -> Result<()> {
+    pub(super) fn check_readable(&self) -> Result<()> {
         self.shared.check_running()?;
         if !self.flags.read {
             return Err(Error::BadHandle("file not open for reading".into()));
@@ -190,7 +190,7 @@ impl File {
         Ok(())
     }
 
-    fn check_writable(&self) -> Result<()> {
+    pub(super) fn check_writable(&self) -> Result<()> {
         self.shared.check_running()?;
         if !self.flags.write {
             return Err(Error::BadHandle("file not open for writing".into()));

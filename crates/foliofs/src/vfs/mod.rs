@@ -7,6 +7,7 @@
 mod access;
 mod acl;
 mod attr;
+mod clone;
 #[cfg(test)]
 mod coherence_tests;
 #[cfg(test)]

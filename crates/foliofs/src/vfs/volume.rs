@@ -490,6 +490,7 @@ impl Volume {
             name_bytes_max: NAME_BYTES_MAX as u32,
             metadata_bytes: self.shared.meta.persisted_bytes_estimate(),
             metadata_bytes_max: self.shared.meta.journal().geometry().slot_payload_bytes_max(),
+            shared_blocks: space.shared.shared_blocks(),
         }
     }
 

@@ -304,6 +304,14 @@ pub(crate) fn mutate_record(rng: &mut ChaCha8Rng, record: &mut Record, near: &[u
                 *flags = interesting_u32(rng) & foliofs::format::INODE_FLAGS_KNOWN;
             }
         }
+        Record::SharedSet { dev_block, block_count, refs } => {
+            match rng.random_range(0..3) {
+                0 => *dev_block = interesting_u64(rng, near),
+                1 => *block_count = interesting_u64(rng, near).max(1),
+                _ => *refs = interesting_u32(rng).max(1),
+            }
+            *block_count = (*block_count).min(u64::MAX - *dev_block).max(1);
+        }
     }
 }
 
@@ -334,7 +342,13 @@ pub(crate) fn hostile_record(
         ctime: Timestamp::default(),
         parent,
     };
-    match rng.random_range(0..14) {
+    match rng.random_range(0..15) {
+        // A count the extent maps do not bear out.
+        14 => Record::SharedSet {
+            dev_block: data.start_block + rng.random_range(0..data.block_count.max(1)),
+            block_count: rng.random_range(1..=16),
+            refs: rng.random_range(1..=3),
+        },
         13 => Record::FlagsSet {
             ino: pick(rng),
             flags: foliofs::format::INODE_FLAG_IMMUTABLE | foliofs::format::INODE_FLAG_APPEND,
@@ -413,6 +427,7 @@ pub(crate) fn numbers_of(records: &[Record], superblock: &Superblock) -> Vec<u64
                 out.extend([*ino, *file_block, *dev_block])
             }
             Record::ExtentUnmap { ino, file_block, .. } => out.extend([*ino, *file_block]),
+            Record::SharedSet { dev_block, .. } => out.push(*dev_block),
         }
     }
     out

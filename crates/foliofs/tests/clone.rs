@@ -1,0 +1,384 @@
+//! Clones: files that share blocks, copy-on-write of only the blocks a
+//! write touches (buffered, direct, sub-block direct, zeroing), reference
+//! counts that survive remounts and checkpoints, and space that comes back
+//! once the last sharer lets go; against a model, on 1 KiB, 4 KiB and
+//! 64 KiB blocks.
+
+#[macro_use]
+mod common;
+
+use foliofs::dev::AlignedBuf;
+use foliofs::{Error, FallocateMode, File, OpenFlags, Volume};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use common::{direct_unit, new_volume, open_image, owner, pattern, ROOT};
+
+block_size_tests!(
+    a_clone_shares_every_block_and_writes_copy_only_their_own,
+    clones_match_a_model_across_remounts,
+    bad_clones_are_refused_and_change_nothing,
+);
+
+fn create(volume: &Volume, name: &str) -> u64 {
+    volume.inodes().create(ROOT, name.as_bytes(), 0o644, owner()).unwrap().ino
+}
+
+fn open(volume: &Volume, ino: u64, direct: bool) -> File {
+    let flags = if direct { OpenFlags::READ_WRITE.with_direct() } else { OpenFlags::READ_WRITE };
+    volume.inodes().open_file(ino, flags).unwrap()
+}
+
+fn contents(file: &File) -> Vec<u8> {
+    let size = file.metadata().unwrap().len() as usize;
+    let mut bytes = vec![0u8; size];
+    file.read_exact_at(&mut bytes, 0).unwrap();
+    bytes
+}
+
+fn direct_write(file: &File, data: &[u8], pos: u64) {
+    let mut buffer = AlignedBuf::zeroed(data.len());
+    buffer.copy_from_slice(data);
+    assert_eq!(file.write_at(&buffer, pos).unwrap(), data.len());
+}
+
+fn free_blocks(volume: &Volume) -> u64 {
+    volume.sync().unwrap();
+    volume.statfs().free_blocks
+}
+
+fn a_clone_shares_every_block_and_writes_copy_only_their_own(block_bytes: u32) {
+    let (device, volume) = new_volume(48 << 20, block_bytes);
+    let block = block_bytes as usize;
+    let blocks = 32;
+    let free_at_start = free_blocks(&volume);
+    let original = pattern(1, blocks * block - 100);
+    let src_ino = create(&volume, "src");
+    let src = open(&volume, src_ino, false);
+    src.write_all_at(&original, 0).unwrap();
+    src.sync_all().unwrap();
+    let free_after_write = free_blocks(&volume);
+    assert_eq!(free_at_start - free_after_write, blocks as u64);
+
+    volume.clone_file("/src", "/dst").unwrap();
+    let dst_ino = volume.inodes().lookup(ROOT, b"dst").unwrap().ino;
+    let dst = open(&volume, dst_ino, false);
+    assert_eq!(contents(&dst), original);
+    assert_eq!(free_blocks(&volume), free_after_write, "a clone takes no data blocks");
+    assert_eq!(volume.statfs().shared_blocks, blocks as u64);
+
+    // A buffered overwrite of one block of the clone copies that block only.
+    let mut expected_dst = original.clone();
+    let new_block = pattern(2, block);
+    dst.write_all_at(&new_block, 3 * block as u64).unwrap();
+    expected_dst[3 * block..4 * block].copy_from_slice(&new_block);
+    dst.sync_all().unwrap();
+    assert_eq!(volume.statfs().shared_blocks, blocks as u64 - 1);
+    assert_eq!(free_blocks(&volume), free_after_write - 1);
+
+    // A direct whole-block overwrite of the original, and a sub-block one.
+    let mut expected_src = original.clone();
+    let src_direct = open(&volume, src_ino, true);
+    let whole = pattern(3, block);
+    direct_write(&src_direct, &whole, 5 * block as u64);
+    expected_src[5 * block..6 * block].copy_from_slice(&whole);
+    let unit = direct_unit(block_bytes);
+    if unit < block {
+        let piece = pattern(4, unit);
+        let at = 7 * block + unit;
+        direct_write(&src_direct, &piece, at as u64);
+        expected_src[at..at + unit].copy_from_slice(&piece);
+    }
+    // Zeroing part of a shared block (punching inside it) copies it too.
+    let punch_at = 9 * block + block / 4;
+    dst.fallocate(FallocateMode::PunchHole, punch_at as u64, (block / 2) as u64).unwrap();
+    expected_dst[punch_at..punch_at + block / 2].fill(0);
+    // A truncate that cuts a shared last block keeps the original's tail.
+    let cut = 20 * block + 17;
+    dst.set_len(cut as u64).unwrap();
+    expected_dst.truncate(cut);
+    volume.sync().unwrap();
+    assert_eq!(contents(&src), expected_src);
+    assert_eq!(contents(&dst), expected_dst);
+    let shared = volume.statfs().shared_blocks;
+    assert!(shared < 21 && shared > 10, "{shared} blocks still shared");
+
+    // The counts come back from the journal, then from a checkpoint.
+    drop((src, src_direct, dst));
+    volume.close().unwrap();
+    let (device, volume) = open_image(device.image()).unwrap();
+    assert_eq!(volume.statfs().shared_blocks, shared);
+    volume.checkpoint().unwrap();
+    volume.close().unwrap();
+    let image = device.image();
+    let (_device, volume) = open_image(image).unwrap();
+    assert_eq!(volume.statfs().shared_blocks, shared);
+    let src = open(&volume, src_ino, false);
+    let dst = open(&volume, dst_ino, false);
+    assert_eq!(contents(&src), expected_src);
+    assert_eq!(contents(&dst), expected_dst);
+
+    // The last of the sharers to go frees the blocks; nothing leaks.
+    drop(src);
+    volume.remove_file("/src").unwrap();
+    assert_eq!(contents(&dst), expected_dst);
+    assert_eq!(volume.statfs().shared_blocks, 0);
+    drop(dst);
+    volume.remove_file("/dst").unwrap();
+    assert_eq!(free_blocks(&volume), free_at_start);
+}
+
+/// Files as byte vectors, changed by random writes, clones, copies,
+/// punches and truncates; checked after every step group and across
+/// remounts, and all space back once every file is gone.
+fn clones_match_a_model_across_remounts(block_bytes: u32) {
+    for seed in 0..seeds() {
+        model_check(seed, block_bytes);
+    }
+}
+
+fn model_check(seed: u64, block_bytes: u32) {
+    let (device, volume) = new_volume(64 << 20, block_bytes);
+    let block = block_bytes as u64;
+    let span = 48 * block;
+    let free_at_start = free_blocks(&volume);
+    let names = ["a", "b", "c"];
+    let inos: Vec<u64> = names.iter().map(|name| create(&volume, name)).collect();
+    let mut models: Vec<Vec<u8>> = vec![Vec::new(); names.len()];
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut image: Option<Vec<u8>> = None;
+    let mut opened = Some((device, volume));
+    for round in 0..3 {
+        let (device, current) =
+            opened.take().unwrap_or_else(|| open_image(image.take().unwrap()).unwrap());
+        let buffered: Vec<File> = inos.iter().map(|&ino| open(&current, ino, false)).collect();
+        let direct: Vec<File> = inos.iter().map(|&ino| open(&current, ino, true)).collect();
+        for step in 0..60 {
+            let context = format!("seed {seed}, block {block_bytes}, round {round}, step {step}");
+            let which = rng.random_range(0..names.len());
+            let model = &mut models[which];
+            let op = rng.random_range(0..100);
+            if std::env::var_os("CLONE_TRACE").is_some() {
+                eprintln!(
+                    "{context}: op {op} on {which}, sizes {:?}",
+                    models.iter().map(Vec::len).collect::<Vec<_>>()
+                );
+            }
+            let model = &mut models[which];
+            match op {
+                0..=24 => {
+                    let pos = rng.random_range(0..span);
+                    let data =
+                        pattern(seed * 10_000 + step, rng.random_range(1..3 * block) as usize);
+                    buffered[which].write_all_at(&data, pos).unwrap();
+                    write_model(model, &data, pos);
+                }
+                25..=39 => {
+                    let unit = direct_unit(block_bytes) as u64;
+                    let pos = rng.random_range(0..span / unit) * unit;
+                    let length = rng.random_range(1..=2 * block / unit) * unit;
+                    let data = pattern(seed * 20_000 + step, length as usize);
+                    if std::env::var_os("CLONE_TRACE").is_some() {
+                        eprintln!("direct write {length} at {pos}");
+                    }
+                    direct_write(&direct[which], &data, pos);
+                    write_model(model, &data, pos);
+                }
+                40..=64 => {
+                    let from = rng.random_range(0..names.len());
+                    let src_size = models[from].len() as u64;
+                    let src_pos = rng.random_range(0..=src_size / block) * block;
+                    let dst_pos = rng.random_range(0..span / block) * block;
+                    let mut length = rng.random_range(0..=16) * block;
+                    if src_pos + length > src_size {
+                        length = src_size - src_pos; // to the source's end
+                    }
+                    let overlaps = from == which
+                        && src_pos < dst_pos + length.div_ceil(block) * block
+                        && dst_pos < src_pos + length.div_ceil(block) * block;
+                    let reaches_end = dst_pos + length >= models[which].len() as u64;
+                    let aligned = length.is_multiple_of(block);
+                    if length == 0 {
+                        continue; // 0 means "to the source's end": another case
+                    }
+                    if std::env::var_os("CLONE_TRACE").is_some() {
+                        eprintln!("clone {length} from {from} at {src_pos} to {dst_pos}");
+                    }
+                    let result =
+                        buffered[which].clone_range_from(&buffered[from], src_pos, dst_pos, length);
+                    if overlaps || (!aligned && !reaches_end) {
+                        let error = result.expect_err(&context);
+                        assert_eq!(error.errno(), libc::EINVAL, "{context}: {error}");
+                        continue;
+                    }
+                    assert_eq!(result.expect(&context), length, "{context}");
+                    let data = models[from][src_pos as usize..(src_pos + length) as usize].to_vec();
+                    write_model(&mut models[which], &data, dst_pos);
+                }
+                65..=74 => {
+                    let from = rng.random_range(0..names.len());
+                    if from == which {
+                        continue;
+                    }
+                    let src_pos = rng.random_range(0..span);
+                    let dst_pos = rng.random_range(0..span);
+                    let length = rng.random_range(1..4 * block);
+                    let copied = buffered[which]
+                        .copy_range_from(&buffered[from], src_pos, dst_pos, length)
+                        .expect(&context);
+                    let src_model = &models[from];
+                    let available = (src_model.len() as u64).saturating_sub(src_pos).min(length);
+                    assert_eq!(copied, available, "{context}");
+                    let data = src_model[src_pos.min(src_model.len() as u64) as usize..]
+                        [..available as usize]
+                        .to_vec();
+                    write_model(&mut models[which], &data, dst_pos);
+                }
+                75..=84 => {
+                    let pos = rng.random_range(0..span);
+                    let length = rng.random_range(1..3 * block);
+                    buffered[which].fallocate(FallocateMode::PunchHole, pos, length).unwrap();
+                    let end = ((pos + length) as usize).min(model.len());
+                    if (pos as usize) < end {
+                        model[pos as usize..end].fill(0);
+                    }
+                }
+                85..=92 => {
+                    let size = rng.random_range(0..span);
+                    if std::env::var_os("CLONE_TRACE").is_some() {
+                        eprintln!(
+                            "truncate to {size}: {:?}",
+                            current
+                                .inodes()
+                                .fiemap(inos[which])
+                                .unwrap()
+                                .iter()
+                                .map(|e| (e.logical / block, e.physical / block, e.length / block))
+                                .collect::<Vec<_>>()
+                        );
+                    }
+                    buffered[which].set_len(size).unwrap();
+                    model.resize(size as usize, 0);
+                }
+                _ => {
+                    for (file, model) in buffered.iter().zip(&models) {
+                        assert_same(&contents(file), model, &context);
+                    }
+                }
+            }
+            current.check_shared_counts().unwrap_or_else(|error| panic!("{context}: {error}"));
+            if std::env::var_os("CLONE_TRACE").is_some() {
+                for (file, model) in buffered.iter().zip(&models) {
+                    assert_same(&contents(file), model, &context);
+                }
+            }
+            if rng.random_range(0..10) == 0 {
+                current.sync().unwrap();
+            }
+        }
+        for (file, model) in buffered.iter().zip(&models) {
+            assert_same(&contents(file), model, &format!("seed {seed}, round {round}"));
+        }
+        if round == 1 {
+            current.checkpoint().unwrap();
+        }
+        drop((buffered, direct));
+        current.close().unwrap();
+        image = Some(device.image());
+    }
+    let (_device, volume) = open_image(image.unwrap()).unwrap();
+    for (&ino, model) in inos.iter().zip(&models) {
+        assert_same(
+            &contents(&open(&volume, ino, false)),
+            model,
+            &format!("seed {seed}, remounted"),
+        );
+    }
+    for name in names {
+        volume.remove_file(format!("/{name}")).unwrap();
+    }
+    assert_eq!(volume.statfs().shared_blocks, 0, "seed {seed}");
+    assert_eq!(free_blocks(&volume), free_at_start, "seed {seed}: every block back");
+}
+
+/// Equal bytes, or a panic naming the first that differs.
+fn assert_same(actual: &[u8], expected: &[u8], context: &str) {
+    assert_eq!(actual.len(), expected.len(), "{context}: length");
+    if let Some(at) = actual.iter().zip(expected).position(|(a, e)| a != e) {
+        panic!("{context}: byte {at} is {:#x}, expected {:#x}", actual[at], expected[at]);
+    }
+}
+
+fn write_model(model: &mut Vec<u8>, data: &[u8], pos: u64) {
+    if data.is_empty() {
+        return;
+    }
+    let end = pos as usize + data.len();
+    if model.len() < end {
+        model.resize(end, 0);
+    }
+    model[pos as usize..end].copy_from_slice(data);
+}
+
+fn bad_clones_are_refused_and_change_nothing(block_bytes: u32) {
+    let (_device, volume) = new_volume(32 << 20, block_bytes);
+    let block = block_bytes as u64;
+    let src = open(&volume, create(&volume, "src"), false);
+    let dst = open(&volume, create(&volume, "dst"), false);
+    src.write_all_at(&pattern(7, 8 * block as usize), 0).unwrap();
+    dst.write_all_at(&pattern(8, 8 * block as usize), 0).unwrap();
+    let before = (contents(&src), contents(&dst));
+    let einval = |result: foliofs::Result<u64>, what: &str| {
+        let error = result.expect_err(what);
+        assert_eq!(error.errno(), libc::EINVAL, "{what}: {error}");
+    };
+    einval(dst.clone_range_from(&src, 1, 0, block), "unaligned source");
+    einval(dst.clone_range_from(&src, 0, block + 1, block), "unaligned destination");
+    einval(dst.clone_range_from(&src, 0, 0, block + 1), "unaligned length inside both files");
+    einval(dst.clone_range_from(&src, 4 * block, 0, 8 * block), "past the source's end");
+    einval(src.clone_range_from(&src, 0, block, 2 * block), "overlapping in one file");
+    einval(dst.dedupe_range_from(&src, 0, 4 * block, 8 * block), "dedupe past the end");
+    let reader = volume.inodes().open_file(dst.ino(), OpenFlags::READ).unwrap();
+    let error = reader.clone_range_from(&src, 0, 0, block).unwrap_err();
+    assert_eq!(error.errno(), libc::EBADF, "{error}");
+    // Another volume: EXDEV.
+    let (_other_device, other) = new_volume(32 << 20, block_bytes);
+    let foreign = open(&other, create(&other, "f"), false);
+    let error = foreign.clone_range_from(&src, 0, 0, block).unwrap_err();
+    assert!(matches!(error, Error::CrossDevice(_)), "{error}");
+    assert_eq!(error.errno(), libc::EXDEV);
+    // Different bytes dedupe to nothing; equal ones share.
+    assert_eq!(dst.dedupe_range_from(&src, 0, 0, 2 * block).unwrap(), 0);
+    assert_eq!((contents(&src), contents(&dst)), before);
+    assert_eq!(volume.statfs().shared_blocks, 0);
+    dst.write_all_at(&before.0[..2 * block as usize], 4 * block).unwrap();
+    assert_eq!(dst.dedupe_range_from(&src, 0, 4 * block, 2 * block).unwrap(), 2 * block);
+    assert_eq!(volume.statfs().shared_blocks, 2);
+    // cp of a file that does not exist leaves nothing behind.
+    assert_eq!(volume.clone_file("/missing", "/copy").unwrap_err().errno(), libc::ENOENT);
+    assert_eq!(volume.clone_file("/src", "/dst").unwrap_err().errno(), libc::EEXIST);
+    assert!(volume.metadata("/copy").is_err());
+}
+
+#[test]
+fn truncating_into_a_clone_keeps_the_counts() {
+    let (_device, volume) = new_volume(32 << 20, 4096);
+    let a = open(&volume, create(&volume, "a"), false);
+    let b = open(&volume, create(&volume, "b"), false);
+    a.write_all_at(&pattern(1, 40 * 4096), 0).unwrap();
+    b.write_all_at(&pattern(2, 40 * 4096), 0).unwrap();
+    volume.sync().unwrap();
+    b.clone_range_from(&a, 17 * 4096, 18 * 4096, 16 * 4096).unwrap();
+    volume.check_shared_counts().unwrap();
+    assert_eq!(volume.statfs().shared_blocks, 16);
+    b.write_all_at(&pattern(3, 3000), 18 * 4096 + 500).unwrap();
+    b.write_all_at(&pattern(4, 9000), 24 * 4096 + 500).unwrap();
+    b.set_len(18 * 4096 + 954).unwrap();
+    volume.check_shared_counts().unwrap();
+    assert_eq!(volume.statfs().shared_blocks, 0);
+}
+
+/// Seeds of the model check: 3, or `FOLIOFS_CLONE_SEEDS` for a longer run.
+fn seeds() -> u64 {
+    std::env::var("FOLIOFS_CLONE_SEEDS").ok().and_then(|value| value.parse().ok()).unwrap_or(3)
+}
