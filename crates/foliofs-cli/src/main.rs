@@ -71,14 +71,31 @@ enum Command {
     },
     /// Write a file's contents to standard output: IMAGE:/path.
     Cat { target: String },
-    /// Copy between the host and a volume; one side is IMAGE:/path.
+    /// Copy between the host and a volume (one side is IMAGE:/path), or
+    /// inside one volume (both are, naming the same image): there files are
+    /// cloned, sharing their blocks, as `cp --reflink` does.
     Cp {
         source: String,
         destination: String,
         /// Copy directories recursively (symlinks are copied as symlinks).
         #[arg(short = 'r', short_alias = 'R')]
         recursive: bool,
+        /// Inside one volume: clone (always: fail where a clone cannot be
+        /// made; auto: copy the bytes there instead; never: copy the bytes).
+        #[arg(
+            long,
+            value_enum,
+            num_args = 0..=1,
+            require_equals = true,
+            default_value = "auto",
+            default_missing_value = "always"
+        )]
+        reflink: commands::files::Reflink,
     },
+    /// Clone a directory tree inside a volume: IMAGE:/src /dst. The copy
+    /// shares every file's blocks and takes only metadata; it is one
+    /// instant of the tree, since the command holds the image alone.
+    Snapshot { source: String, destination: String },
     /// Remove a file (or a directory tree with -r): IMAGE:/path.
     Rm {
         target: String,
@@ -201,8 +218,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Fsck { image } => fsck::run(&image, &options),
         Command::Ls { target, long } => files::ls(&target, long, &options),
         Command::Cat { target } => files::cat(&target, &options),
-        Command::Cp { source, destination, recursive } => {
-            files::cp(&source, &destination, recursive, &options)
+        Command::Cp { source, destination, recursive, reflink } => {
+            files::cp(&source, &destination, recursive, reflink, &options)
+        }
+        Command::Snapshot { source, destination } => {
+            files::snapshot(&source, &destination, &options)
         }
         Command::Rm { target, recursive } => files::rm(&target, recursive, &options),
         Command::Mkdir { target, parents } => files::mkdir(&target, parents, &options),

@@ -1763,3 +1763,68 @@ fn posix_acls_are_enforced_inherited_and_kept_in_sync_with_the_mode() {
     mounted.unmount();
     mounted.fsck_clean();
 }
+
+/// Free blocks of the file system holding `path`, from `df`.
+fn free_blocks_of(path: &Path) -> u64 {
+    let report = ok("df", &["--output=avail", "-B4096", path.to_str().unwrap()]);
+    report.lines().nth(1).and_then(|line| line.trim().parse().ok()).expect("df's avail")
+}
+
+/// `cp` asks for FICLONE (which never reaches a FUSE daemon) and then
+/// copy_file_range: the mount answers it with a clone, so the copy takes
+/// no data blocks, and writes to either file leave the other as it was.
+#[test]
+fn cp_through_the_mount_clones_and_the_copies_stay_apart() {
+    if skip_requested() {
+        return;
+    }
+    require(&["cp", "df"]);
+    let mut mounted = Mounted::new(4096, "256M", "");
+    let original = pattern(41, (32 << 20) + 1000);
+    fs::write(mounted.path("original"), &original).unwrap();
+    ok("sync", &[mounted.path_str("original").as_str()]);
+    let free_before = free_blocks_of(&mounted.point);
+    ok("cp", &[&mounted.path_str("original"), &mounted.path_str("copy")]);
+    assert_eq!(fs::read(mounted.path("copy")).unwrap(), original);
+    ok("sync", &[mounted.path_str("copy").as_str()]);
+    let free_after = free_blocks_of(&mounted.point);
+    assert!(
+        free_before - free_after < 16,
+        "the copy took {} blocks of free space",
+        free_before - free_after
+    );
+    // An overwrite of the copy, buffered and then direct, stays in the copy.
+    let copy = fs::OpenOptions::new().write(true).open(mounted.path("copy")).unwrap();
+    copy.write_all_at(b"changed", 4096 * 3 + 10).unwrap();
+    copy.sync_all().unwrap();
+    drop(copy);
+    let mut expected = original.clone();
+    expected[4096 * 3 + 10..4096 * 3 + 17].copy_from_slice(b"changed");
+    mounted.remount("");
+    assert_eq!(fs::read(mounted.path("original")).unwrap(), original);
+    assert_eq!(fs::read(mounted.path("copy")).unwrap(), expected);
+    // A copy that starts inside a block copies its edges and clones the rest.
+    let partial = fs::File::create(mounted.path("partial")).unwrap();
+    let source = fs::File::open(mounted.path("original")).unwrap();
+    let (mut from, mut to) = (100i64, 100i64);
+    // SAFETY: two open descriptors and offsets that live across the call.
+    let copied = unsafe {
+        libc::copy_file_range(
+            std::os::fd::AsRawFd::as_raw_fd(&source),
+            &mut from,
+            std::os::fd::AsRawFd::as_raw_fd(&partial),
+            &mut to,
+            (1 << 20) + 5000,
+            0,
+        )
+    };
+    assert_eq!(copied, (1 << 20) + 5000);
+    drop((partial, source));
+    let read = fs::read(mounted.path("partial")).unwrap();
+    assert_eq!(&read[100..], &original[100..100 + (1 << 20) + 5000]);
+    assert!(read[..100].iter().all(|&byte| byte == 0));
+    mounted.unmount();
+    mounted.fsck_clean();
+    let info = ok(FOLIOFS, &["info", mounted.image_str()]);
+    assert!(info.contains("shared:"), "{info}");
+}

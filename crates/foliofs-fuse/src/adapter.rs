@@ -16,10 +16,10 @@ use foliofs::{
     ShutdownMode, TimeSet, Volume, XattrFlags,
 };
 use fuser::{
-    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, Notifier, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::attr::{errno, file_attr, file_type, timestamp};
@@ -38,6 +38,10 @@ use crate::invalidate::{self, Invalidator};
 use crate::mount_options::{MountOptions, PageCacheUse};
 
 /// Capabilities asked of the kernel at init, each only where it offers it.
+/// The most one copy_file_range reply can count (its size is 32 bits), in
+/// whole 64 KiB so that a clone of large blocks is never cut short.
+const COPY_FILE_RANGE_BYTES_MAX: u64 = (u32::MAX as u64) & !0xFFFF;
+
 const WANTED_CAPABILITIES: &[InitFlags] = &[
     // Shared mmap on FOPEN_DIRECT_IO files (kernel 6.6+).
     InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
@@ -1335,6 +1339,49 @@ impl Filesystem for FolioFs {
         match result {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("fallocate", &error)),
+        }
+    }
+
+    /// copy_file_range(2), which `cp` uses: answered as a clone of the
+    /// whole blocks (no data moves, the blocks are shared) and a copy of
+    /// the partial blocks at the edges (`File::copy_range_from`). FICLONE
+    /// and FIDEDUPERANGE never reach a FUSE daemon.
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        invalidate::mark_serving();
+        if !flags.is_empty() {
+            return reply.error(Errno::EINVAL);
+        }
+        let readable = inode_files::Access { write: false, direct: false, dsync: false };
+        let source = match self.served_file("copy_file_range", ino_in, fh_in, Some(readable)) {
+            Ok(file) => file,
+            Err(errno) => return reply.error(errno),
+        };
+        let writable = inode_files::Access { write: true, direct: false, dsync: false };
+        let target = match self.served_file("copy_file_range", ino_out, fh_out, Some(writable)) {
+            Ok(file) => file,
+            Err(errno) => return reply.error(errno),
+        };
+        let kill = WriteFlags::FUSE_WRITE_KILL_SUIDGID;
+        if let Err(errno) = self.remove_privileges("copy_file_range", req, ino_out, kill) {
+            return reply.error(errno);
+        }
+        // The reply counts bytes in 32 bits; the caller asks again for more.
+        let len = len.min(COPY_FILE_RANGE_BYTES_MAX);
+        match target.copy_range_from(&source, offset_in, offset_out, len) {
+            Ok(copied) => reply.written(copied as u32),
+            Err(error) => reply.error(self.failed("copy_file_range", &error)),
         }
     }
 

@@ -156,7 +156,6 @@ fn model_check(seed: u64, block_bytes: u32) {
         for step in 0..60 {
             let context = format!("seed {seed}, block {block_bytes}, round {round}, step {step}");
             let which = rng.random_range(0..names.len());
-            let model = &mut models[which];
             let op = rng.random_range(0..100);
             if std::env::var_os("CLONE_TRACE").is_some() {
                 eprintln!(

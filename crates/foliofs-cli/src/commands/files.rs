@@ -162,20 +162,133 @@ fn remove_tree(volume: &Volume, dir: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `cp --reflink`'s choices, for copies inside one volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Reflink {
+    /// Clone; fail where a clone cannot be made.
+    Always,
+    /// Clone where possible, else copy the bytes.
+    Auto,
+    /// Copy the bytes.
+    Never,
+}
+
 pub fn cp(
     source: &str,
     destination: &str,
     recursive: bool,
+    reflink: Reflink,
     options: &VolumeOptions,
 ) -> anyhow::Result<ExitCode> {
     match (ImagePath::parse(source), ImagePath::parse(destination)) {
         (None, Some(to)) => copy_into_image(Path::new(source), &to, recursive, options)?,
         (Some(from), None) => copy_out_of_image(&from, Path::new(destination), recursive, options)?,
-        (Some(_), Some(_)) => {
-            bail!("copying inside or between images is not supported; copy out and back in")
-        }
+        (Some(from), Some(to)) => copy_within_image(&from, &to, recursive, reflink, options)?,
         (None, None) => bail!("one of {source:?} and {destination:?} must be IMAGE:/path"),
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `IMAGE:/src` and `IMAGE:/dst` of one image: `dst` is the new name, or
+/// an existing directory to copy into.
+fn resolve_within_image(
+    from: &ImagePath,
+    to: &ImagePath,
+    volume: &Volume,
+) -> anyhow::Result<String> {
+    let same = std::fs::canonicalize(&from.image).ok() == std::fs::canonicalize(&to.image).ok();
+    if !same {
+        bail!("copying between two images is not supported; copy out and back in");
+    }
+    let into_dir = volume.metadata(&to.path).map(|found| found.is_dir()).unwrap_or(false);
+    Ok(match (into_dir, from.split()) {
+        (true, Some((_, name))) => format!("{}/{name}", to.path.trim_end_matches('/')),
+        _ => to.path.clone(),
+    })
+}
+
+fn copy_within_image(
+    from: &ImagePath,
+    to: &ImagePath,
+    recursive: bool,
+    reflink: Reflink,
+    options: &VolumeOptions,
+) -> anyhow::Result<()> {
+    let volume = open_writable(&from.image, options)?;
+    let destination = resolve_within_image(from, to, &volume)?;
+    let is_dir = volume.symlink_metadata(&from.path)?.is_dir();
+    if is_dir && !recursive {
+        bail!("{}: is a directory (use -r)", from.path);
+    }
+    let cloned = match reflink {
+        Reflink::Never => Err(foliofs::Error::Unsupported("--reflink=never".into())),
+        _ if is_dir => volume.clone_tree(&from.path, &destination).map(drop),
+        _ => volume.clone_file(&from.path, &destination),
+    };
+    let copied = match cloned {
+        Err(foliofs::Error::Unsupported(why)) if reflink != Reflink::Always => {
+            if reflink == Reflink::Auto {
+                eprintln!("foliofs: copying the bytes: {why}");
+            }
+            copy_bytes_within(&volume, &from.path, &destination, is_dir)
+        }
+        other => other.map_err(anyhow::Error::from),
+    };
+    let closed = volume.close();
+    copied?;
+    closed?;
+    Ok(())
+}
+
+/// A copy that moves every byte (no clones), of a file or a tree.
+fn copy_bytes_within(
+    volume: &Volume,
+    source: &str,
+    destination: &str,
+    is_dir: bool,
+) -> anyhow::Result<()> {
+    if is_dir {
+        volume.create_dir(destination)?;
+        for entry in volume.read_dir(source)? {
+            let entry = entry?;
+            let name = String::from_utf8_lossy(&entry.name).into_owned();
+            let (from, to) = (format!("{source}/{name}"), format!("{destination}/{name}"));
+            match entry.kind {
+                InodeKind::Dir => copy_bytes_within(volume, &from, &to, true)?,
+                InodeKind::File => copy_bytes_within(volume, &from, &to, false)?,
+                InodeKind::Symlink => volume.symlink(volume.read_link(&from)?, &to)?,
+                _ => eprintln!("foliofs: skipping {from} (not a file, directory or symlink)"),
+            }
+        }
+        return Ok(());
+    }
+    volume.write(destination, volume.read(source)?)?;
+    Ok(())
+}
+
+/// `foliofs snapshot IMAGE:/src /dst`.
+pub fn snapshot(
+    source: &str,
+    destination: &str,
+    options: &VolumeOptions,
+) -> anyhow::Result<ExitCode> {
+    let from = ImagePath::require(source)?;
+    let to = match ImagePath::parse(destination) {
+        Some(to) => to,
+        None => ImagePath { image: from.image.clone(), path: destination.to_string() },
+    };
+    let volume = open_writable(&from.image, options)?;
+    let destination = resolve_within_image(&from, &to, &volume)?;
+    let started = std::time::Instant::now();
+    let cloned = volume.clone_tree(&from.path, &destination);
+    let closed = volume.close();
+    let (files, skipped) = cloned?;
+    closed?;
+    println!(
+        "{destination}: {files} files cloned in {:.1} ms{}",
+        started.elapsed().as_secs_f64() * 1e3,
+        if skipped > 0 { format!(", {skipped} special files skipped") } else { String::new() }
+    );
     Ok(ExitCode::SUCCESS)
 }
 

@@ -41,6 +41,11 @@ pub fn run(image: &Path, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
         "data used:        {} of {} blocks ({} free)",
         used, statfs.data_blocks, statfs.free_blocks
     );
+    println!(
+        "shared:           {} blocks mapped by more than one file block (counted once above)",
+        statfs.shared_blocks
+    );
+    println!("format version:   {}", volume.superblock().version);
     println!("inodes:           {}", statfs.inodes);
     println!("metadata:         {} of {} bytes", statfs.metadata_bytes, statfs.metadata_bytes_max);
     println!(
