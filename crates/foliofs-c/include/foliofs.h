@@ -327,6 +327,41 @@ int64_t foliofs_file_pwrite(const struct FoliofsFile *file,
                             uint64_t offset);
 
 /**
+ * Clones `length` bytes of `src` at `src_offset` into `dst` at
+ * `dst_offset` (FICLONERANGE): the blocks are shared, not copied, and a
+ * later write to either file copies only what it touches. `length` 0
+ * means to the end of `src`. Offsets must be multiples of the block size,
+ * and so must `length` unless the range ends at `src`'s end of file. The
+ * bytes cloned, or -errno (-EINVAL misaligned, -EXDEV across volumes,
+ * -EOPNOTSUPP on a volume of format version 1).
+ *
+ * # Safety
+ *
+ * `dst` and `src` are open (they may be the same file).
+ */
+int64_t foliofs_file_clone_range(const struct FoliofsFile *dst,
+                                 const struct FoliofsFile *src,
+                                 uint64_t src_offset,
+                                 uint64_t dst_offset,
+                                 uint64_t length);
+
+/**
+ * copy_file_range(2): copies up to `length` bytes of `src` at
+ * `src_offset` to `dst` at `dst_offset`, cloning the whole blocks where
+ * both offsets sit alike in their blocks: the bytes copied (fewer at
+ * `src`'s end of file), or -errno.
+ *
+ * # Safety
+ *
+ * `dst` and `src` are open.
+ */
+int64_t foliofs_file_copy_range(const struct FoliofsFile *dst,
+                                const struct FoliofsFile *src,
+                                uint64_t src_offset,
+                                uint64_t dst_offset,
+                                uint64_t length);
+
+/**
  * Makes the file's data and metadata durable (fsync). 0 or -errno.
  *
  * # Safety
@@ -431,6 +466,17 @@ int foliofs_unlink(const struct FoliofsVolume *volume, const char *path);
  * `volume` is open; `path` is a NUL-terminated string.
  */
 int foliofs_rmdir(const struct FoliofsVolume *volume, const char *path);
+
+/**
+ * Creates `to` (which must not exist) as a clone of the regular file
+ * `from`: it shares all of `from`'s blocks (`cp --reflink=always`).
+ * 0 or -errno.
+ *
+ * # Safety
+ *
+ * `volume` is open; `from` and `to` are NUL-terminated strings.
+ */
+int foliofs_clone_file(const struct FoliofsVolume *volume, const char *from, const char *to);
 
 /**
  * Renames `from` to `to`, replacing what is there. 0 or -errno.

@@ -488,6 +488,55 @@ pub unsafe extern "C" fn foliofs_file_pwrite(
     })
 }
 
+/// Clones `length` bytes of `src` at `src_offset` into `dst` at
+/// `dst_offset` (FICLONERANGE): the blocks are shared, not copied, and a
+/// later write to either file copies only what it touches. `length` 0
+/// means to the end of `src`. Offsets must be multiples of the block size,
+/// and so must `length` unless the range ends at `src`'s end of file. The
+/// bytes cloned, or -errno (-EINVAL misaligned, -EXDEV across volumes,
+/// -EOPNOTSUPP on a volume of format version 1).
+///
+/// # Safety
+///
+/// `dst` and `src` are open (they may be the same file).
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_file_clone_range(
+    dst: *const FoliofsFile,
+    src: *const FoliofsFile,
+    src_offset: u64,
+    dst_offset: u64,
+    length: u64,
+) -> i64 {
+    guarded(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (dst, src) = unsafe { (file_ref(dst)?, file_ref(src)?) };
+        Ok(dst.clone_range_from(src, src_offset, dst_offset, length)? as i64)
+    })
+}
+
+/// copy_file_range(2): copies up to `length` bytes of `src` at
+/// `src_offset` to `dst` at `dst_offset`, cloning the whole blocks where
+/// both offsets sit alike in their blocks: the bytes copied (fewer at
+/// `src`'s end of file), or -errno.
+///
+/// # Safety
+///
+/// `dst` and `src` are open.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_file_copy_range(
+    dst: *const FoliofsFile,
+    src: *const FoliofsFile,
+    src_offset: u64,
+    dst_offset: u64,
+    length: u64,
+) -> i64 {
+    guarded(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (dst, src) = unsafe { (file_ref(dst)?, file_ref(src)?) };
+        Ok(dst.copy_range_from(src, src_offset, dst_offset, length)? as i64)
+    })
+}
+
 /// Makes the file's data and metadata durable (fsync). 0 or -errno.
 ///
 /// # Safety
@@ -723,6 +772,23 @@ pub unsafe extern "C" fn foliofs_unlink(
 pub unsafe extern "C" fn foliofs_rmdir(volume: *const FoliofsVolume, path: *const c_char) -> c_int {
     // SAFETY: forwarded from this function's contract.
     unsafe { with_path(volume, path, |volume, path| volume.remove_dir(path)) }
+}
+
+/// Creates `to` (which must not exist) as a clone of the regular file
+/// `from`: it shares all of `from`'s blocks (`cp --reflink=always`).
+/// 0 or -errno.
+///
+/// # Safety
+///
+/// `volume` is open; `from` and `to` are NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_clone_file(
+    volume: *const FoliofsVolume,
+    from: *const c_char,
+    to: *const c_char,
+) -> c_int {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { with_two_paths(volume, from, to, |volume, from, to| volume.clone_file(from, to)) }
 }
 
 /// Renames `from` to `to`, replacing what is there. 0 or -errno.

@@ -195,6 +195,27 @@ int main(int argc, char **argv) {
     EXPECT(foliofs_dir_close(dir), 0);
     MUST(foliofs_unlink(volume, "/d/sub/late"));
 
+    /* Clones: a whole file, then a range; a misaligned one is -EINVAL. */
+    MUST(foliofs_clone_file(volume, "/d/a", "/d/a-clone"));
+    EXPECT(foliofs_clone_file(volume, "/d/a", "/d/a-clone"), -EEXIST);
+    struct FoliofsFile *source = NULL;
+    struct FoliofsFile *target = NULL;
+    MUST(foliofs_file_open(volume, "/d/a-clone", O_RDONLY, 0, &source));
+    EXPECT(foliofs_file_pread(source, buffer, sizeof buffer, 0), 5);
+    EXPECT(memcmp(buffer, "alpha", 5), 0);
+    MUST(foliofs_file_open(volume, "/d/ranges", O_RDWR | O_CREAT | O_EXCL, 0644, &target));
+    EXPECT(foliofs_file_clone_range(target, source, 0, 16384, 0), 5);
+    EXPECT(foliofs_file_clone_range(target, source, 1, 0, 4), -EINVAL);
+    EXPECT(foliofs_file_copy_range(target, source, 1, 3, 100), 4);
+    EXPECT(foliofs_file_pread(target, buffer, 7, 0), 7);
+    EXPECT(memcmp(buffer, "\0\0\0lpha", 7), 0);
+    EXPECT(foliofs_file_pread(target, buffer, 5, 16384), 5);
+    EXPECT(memcmp(buffer, "alpha", 5), 0);
+    MUST(foliofs_file_close(target));
+    MUST(foliofs_file_close(source));
+    MUST(foliofs_unlink(volume, "/d/ranges"));
+    MUST(foliofs_unlink(volume, "/d/a-clone"));
+
     dir = NULL;
     EXPECT(foliofs_dir_open(volume, "/d/a", &dir), -ENOTDIR);
     EXPECT(foliofs_dir_open(volume, "/missing", &dir), -ENOENT);

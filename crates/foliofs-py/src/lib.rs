@@ -253,6 +253,15 @@ impl Volume {
         })
     }
 
+    /// `cp --reflink=always`: creates `destination` (which must not exist)
+    /// sharing all of `source`'s blocks; a later write to either copies
+    /// only the blocks it touches.
+    fn clone_file(&self, py: Python<'_>, source: String, destination: String) -> PyResult<()> {
+        self.call(py, |volume| {
+            volume.clone_file(&source, &destination).map_err(|error| os_error(error, Some(&source)))
+        })
+    }
+
     /// os.path.exists.
     fn exists(&self, py: Python<'_>, path: String) -> PyResult<bool> {
         self.call(py, |volume| {

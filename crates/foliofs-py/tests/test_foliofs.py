@@ -108,6 +108,22 @@ def test_namespace_calls(volume):
     assert volume.listdir() == []
 
 
+def test_clone_file_shares_then_copies_on_write(volume):
+    data = bytes(range(256)) * 1024
+    with volume.open("/original", "wb") as f:
+        f.write(data)
+    volume.clone_file("/original", "/clone")
+    with pytest.raises(FileExistsError):
+        volume.clone_file("/original", "/clone")
+    with volume.open("/clone", "r+b") as f:
+        f.seek(4096)
+        f.write(b"changed")
+    with volume.open("/original", "rb") as f:
+        assert f.read() == data
+    with volume.open("/clone", "rb") as f:
+        assert f.read() == data[:4096] + b"changed" + data[4096 + 7:]
+
+
 def test_volume_options_are_mount_options(tmp_path):
     image = str(tmp_path / "vol.img")
     foliofs.mkfs(image, 64 << 20, block_size=4096, options="engine=sync")
