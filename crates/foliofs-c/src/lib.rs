@@ -406,6 +406,23 @@ unsafe fn file_ref<'a>(file: *const FoliofsFile) -> foliofs::Result<&'a File> {
     unsafe { file.as_ref() }.map(|handle| &handle.file).ok_or_else(|| Error::invalid("null file"))
 }
 
+/// Runs `call` on two open files: its byte count, or -errno.
+///
+/// # Safety
+///
+/// `dst` and `src` are null or open.
+unsafe fn with_two_files(
+    dst: *const FoliofsFile,
+    src: *const FoliofsFile,
+    call: impl FnOnce(&File, &File) -> foliofs::Result<u64>,
+) -> i64 {
+    guarded(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (dst, src) = unsafe { (file_ref(dst)?, file_ref(src)?) };
+        Ok(call(dst, src)? as i64)
+    })
+}
+
 /// Opens the file at `path` with open(2)'s `flags` (O_RDONLY, O_WRONLY,
 /// O_RDWR, O_CREAT, O_EXCL, O_TRUNC, O_APPEND, O_DIRECT, O_DSYNC), creating
 /// it with `mode` (less the umask 022), into `*file`. 0 or -errno.
@@ -507,11 +524,12 @@ pub unsafe extern "C" fn foliofs_file_clone_range(
     dst_offset: u64,
     length: u64,
 ) -> i64 {
-    guarded(|| {
-        // SAFETY: forwarded from this function's contract.
-        let (dst, src) = unsafe { (file_ref(dst)?, file_ref(src)?) };
-        Ok(dst.clone_range_from(src, src_offset, dst_offset, length)? as i64)
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        with_two_files(dst, src, |dst, src| {
+            dst.clone_range_from(src, src_offset, dst_offset, length)
+        })
+    }
 }
 
 /// copy_file_range(2): copies up to `length` bytes of `src` at
@@ -530,11 +548,12 @@ pub unsafe extern "C" fn foliofs_file_copy_range(
     dst_offset: u64,
     length: u64,
 ) -> i64 {
-    guarded(|| {
-        // SAFETY: forwarded from this function's contract.
-        let (dst, src) = unsafe { (file_ref(dst)?, file_ref(src)?) };
-        Ok(dst.copy_range_from(src, src_offset, dst_offset, length)? as i64)
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        with_two_files(dst, src, |dst, src| {
+            dst.copy_range_from(src, src_offset, dst_offset, length)
+        })
+    }
 }
 
 /// Makes the file's data and metadata durable (fsync). 0 or -errno.

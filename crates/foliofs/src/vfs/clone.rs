@@ -122,11 +122,7 @@ impl File {
         dst_pos: u64,
         length: u64,
     ) -> Result<u64> {
-        self.check_writable()?;
-        src.check_readable()?;
-        if !std::sync::Arc::ptr_eq(&self.shared, &src.shared) {
-            return Err(Error::CrossDevice("copy_file_range between two volumes".into()));
-        }
+        self.check_pair(src, "copy_file_range")?;
         let engine = &self.shared.engine;
         let src_size = engine.size_of(src.ino)?;
         let length = length.min(src_size.saturating_sub(src_pos));
@@ -199,6 +195,16 @@ impl File {
         Ok(done)
     }
 
+    /// This file open for writing, `src` for reading, both on one volume.
+    fn check_pair(&self, src: &File, what: &str) -> Result<()> {
+        self.check_writable()?;
+        src.check_readable()?;
+        if !std::sync::Arc::ptr_eq(&self.shared, &src.shared) {
+            return Err(Error::CrossDevice(format!("{what} between two volumes")));
+        }
+        Ok(())
+    }
+
     /// Both files' I/O locks, exclusively, the lower inode number's first
     /// (so two clones between one pair of files in opposite directions
     /// never deadlock).
@@ -224,11 +230,7 @@ impl File {
         length: u64,
         inside_both: bool,
     ) -> Result<u64> {
-        self.check_writable()?;
-        src.check_readable()?;
-        if !std::sync::Arc::ptr_eq(&self.shared, &src.shared) {
-            return Err(Error::CrossDevice("cloning between two volumes".into()));
-        }
+        self.check_pair(src, "cloning")?;
         if self.shared.superblock.version < FORMAT_VERSION_CLONES {
             return Err(Error::Unsupported(format!(
                 "clones need a volume of format version {FORMAT_VERSION_CLONES}; this one is \
