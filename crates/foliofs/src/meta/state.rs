@@ -616,6 +616,40 @@ mod tests {
     }
 
     #[test]
+    fn shared_counts_must_match_the_extent_maps() {
+        let clone_of_inode_3 = Record::ExtentMap {
+            ino: 9,
+            file_block: 0,
+            dev_block: 201,
+            block_count: 2,
+            state: ExtentState::Written,
+        };
+        let load = |counts: &[(u64, u64, u32)]| {
+            let core = core();
+            let mut state = populated(&core);
+            state.apply(&Record::InodeSet { ino: 9, attrs: attrs(InodeKind::File, 1, 0) }).unwrap();
+            state.apply(&clone_of_inode_3).unwrap();
+            let mut shared = SharedBlocks::new();
+            for &(start, count, refs) in counts {
+                shared.set(start, count, refs);
+            }
+            state.finish_load(&shared).map(|alloc| alloc.free_blocks())
+        };
+        // Inode 3 maps 200..204, inode 9 maps 201..203: counted right, the
+        // shared blocks are used once.
+        assert_eq!(load(&[(201, 2, 2)]), Ok(996));
+        for wrong in
+            [&[][..], &[(201, 1, 2)], &[(201, 2, 3)], &[(201, 3, 2)], &[(201, 2, 2), (500, 1, 2)]]
+        {
+            let error = load(wrong).expect_err(&format!("{wrong:?} must not load"));
+            assert!(
+                error.0.contains("mapped") || error.0.contains("counted"),
+                "{wrong:?}: {error}"
+            );
+        }
+    }
+
+    #[test]
     fn converting_in_place_frees_nothing_and_remapping_frees_the_old_blocks() {
         let core = core();
         let mut state = populated(&core);
