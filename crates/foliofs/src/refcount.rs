@@ -153,6 +153,9 @@ pub struct Settled {
     pub counts: Vec<Counted>,
     /// Blocks no file maps any more: free once the records are durable.
     pub freed: Vec<BlockRun>,
+    /// Blocks that were shared and are now mapped once: the one mapping
+    /// left may write them in place only once the records are durable.
+    pub unshared: Vec<BlockRun>,
 }
 
 /// Nets the references `added` (each block of each run one more mapping)
@@ -198,6 +201,12 @@ pub fn settle(table: &mut SharedBlocks, added: &[BlockRun], dropped: &[BlockRun]
                     }
                 } else {
                     let refs = u32::try_from(refs).expect("reference count fits u32");
+                    if refs == 1 && piece.refs >= 2 {
+                        push_run(
+                            &mut settled.unshared,
+                            BlockRun { start: piece.start, count: piece.count },
+                        );
+                    }
                     push_counted(&mut settled.counts, Counted { refs, ..piece });
                 }
             }
@@ -358,7 +367,7 @@ mod tests {
         assert_eq!(deleted.counts, vec![counted(104, 4, 1)]);
         assert!(table.is_empty());
         let last = settle(&mut table, &[], &[run(104, 4)]);
-        assert_eq!(last, Settled { counts: Vec::new(), freed: vec![run(104, 4)] });
+        assert_eq!(last, Settled { freed: vec![run(104, 4)], ..Settled::default() });
     }
 
     #[test]
@@ -378,6 +387,19 @@ mod tests {
         assert_eq!(truncated.freed, vec![run(827, 2)]);
         assert_eq!(truncated.counts, vec![counted(827, 2, 1)]);
         assert!(table.is_empty());
+        assert!(truncated.unshared.is_empty(), "freed, not left mapped once");
+    }
+
+    #[test]
+    fn blocks_left_mapped_once_are_reported_unshared() {
+        let mut table = SharedBlocks::new();
+        // Three mappings of [100, +4), two of [104, +2).
+        settle(&mut table, &[run(100, 4), run(100, 6)], &[]);
+        // One mapping of the whole run goes: [104, +2) is mapped once now.
+        let dropped = settle(&mut table, &[], &[run(100, 6)]);
+        assert_eq!(dropped.counts, vec![counted(100, 4, 2), counted(104, 2, 1)]);
+        assert_eq!(dropped.unshared, vec![run(104, 2)]);
+        assert!(dropped.freed.is_empty());
     }
 
     #[test]

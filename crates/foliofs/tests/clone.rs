@@ -20,6 +20,7 @@ block_size_tests!(
     clones_match_a_model_across_remounts,
     bad_clones_are_refused_and_change_nothing,
     a_crash_anywhere_leaves_each_block_old_or_new_and_the_counts_right,
+    a_block_unshared_by_a_record_not_yet_durable_is_still_copied_on_write,
 );
 
 fn create(volume: &Volume, name: &str) -> u64 {
@@ -481,5 +482,54 @@ fn a_crash_anywhere_leaves_each_block_old_or_new_and_the_counts_right(block_byte
     for (index, chunk) in found.chunks(block).enumerate() {
         assert_eq!(chunk, dst_versions[index].last().unwrap().as_slice(), "block {index}");
     }
+    assert_eq!(recovered.statfs().shared_blocks, 0);
+}
+
+/// A block whose other mapping went in a record not yet durable is still
+/// copied on write: a crash before that record brings the mapping back, and
+/// it must read what it held. (Deleting a clone, then overwriting the
+/// original in place, once left the recovered clone with the new data.)
+fn a_block_unshared_by_a_record_not_yet_durable_is_still_copied_on_write(block_bytes: u32) {
+    let (device, volume) = new_volume(32 << 20, block_bytes);
+    let block = block_bytes as usize;
+    let src_ino = create(&volume, "src");
+    let original = pattern(1, 4 * block);
+    open(&volume, src_ino, false).write_all_at(&original, 0).unwrap();
+    volume.clone_file("/src", "/dst").unwrap();
+    volume.sync().unwrap();
+    device.reset_log();
+    // Not durable: nothing commits on its own in these tests.
+    volume.remove_file("/dst").unwrap();
+    let direct = open(&volume, src_ino, true);
+    let new = pattern(2, 2 * block);
+    direct_write(&direct, &new, 0);
+    let mut points = device.durability_points();
+    points.push(device.log_len());
+    points.sort_unstable();
+    points.dedup();
+    for &cut in &points {
+        for keep in [Keep::Nothing, Keep::All] {
+            let context = format!("block {block_bytes}, crash at {cut}, keep {keep:?}");
+            let (_, recovered) = open_image(device.crash_image(cut, &|_| keep.clone()))
+                .unwrap_or_else(|error| panic!("{context}: {error}"));
+            recovered.check_shared_counts().unwrap_or_else(|error| panic!("{context}: {error}"));
+            let dst = recovered.inodes().lookup(ROOT, b"dst").expect("the removal was not durable");
+            let found = contents(&open(&recovered, dst.ino, false));
+            assert_same(&found, &original, &format!("{context}: the clone"));
+            let found = contents(&open(&recovered, src_ino, false));
+            let head = &found[..2 * block];
+            assert!(
+                head == &original[..2 * block] || head == &new[..],
+                "{context}: the original's first blocks are neither old nor new"
+            );
+        }
+    }
+    drop(direct);
+    volume.sync().unwrap();
+    let (_, recovered) = open_image(device.image()).unwrap();
+    assert!(recovered.inodes().lookup(ROOT, b"dst").is_err());
+    let found = contents(&open(&recovered, src_ino, false));
+    assert_same(&found[..2 * block], &new, "the original after the sync");
+    assert_same(&found[2 * block..], &original[2 * block..], "the original's other blocks");
     assert_eq!(recovered.statfs().shared_blocks, 0);
 }

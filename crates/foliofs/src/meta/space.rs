@@ -46,10 +46,61 @@ impl PendingFrees {
     }
 }
 
+/// Blocks that were shared until a record not yet durable dropped all but
+/// one of their mappings (a clone deleted, truncated or overwritten). The
+/// one mapping left must not be written in place until that record is
+/// durable: a crash before it brings the other mappings back, and they
+/// must read what they held. So until then a write copies them like
+/// shared blocks, as a free waits in [`PendingFrees`] before reuse.
+#[derive(Default)]
+pub struct Unsharing {
+    by_lsn: BTreeMap<u64, Vec<BlockRun>>,
+    /// How many pending records cover each block, plus one (a
+    /// [`SharedBlocks`] table: a block in it is still copied on write).
+    covered: SharedBlocks,
+}
+
+impl Unsharing {
+    pub fn push(&mut self, lsn: u64, run: BlockRun) {
+        self.by_lsn.entry(lsn).or_default().push(run);
+        self.cover(run, 1);
+    }
+
+    fn cover(&mut self, run: BlockRun, change: i64) {
+        for piece in self.covered.counted(run.start, run.count) {
+            let refs = u32::try_from(i64::from(piece.refs) + change).expect("covered count");
+            self.covered.set(piece.start, piece.count, refs);
+        }
+    }
+
+    pub fn first_lsn(&self) -> Option<u64> {
+        self.by_lsn.first_key_value().map(|(&lsn, _)| lsn)
+    }
+
+    /// Forgets the runs of records up to `durable_lsn`: now written in place.
+    fn release_through(&mut self, durable_lsn: u64) {
+        while let Some(entry) = self.by_lsn.first_entry() {
+            if *entry.key() > durable_lsn {
+                break;
+            }
+            for run in entry.remove() {
+                self.cover(run, -1);
+            }
+        }
+    }
+
+    /// Blocks still copied on write for this reason.
+    pub fn blocks(&self) -> u64 {
+        self.covered.shared_blocks()
+    }
+}
+
 pub struct Space {
     pub alloc: Allocator,
     /// Device blocks more than one file block maps, and how many.
     pub shared: SharedBlocks,
+    /// Blocks mapped once, by a record not yet durable: still copied on write.
+    pub unsharing: Unsharing,
     /// Blocks freed by records not yet durable, by the lsn that freed them.
     pending_frees: PendingFrees,
     /// With `-o discard`: durable frees wait for their discard (see
@@ -65,6 +116,7 @@ impl Space {
         Self {
             alloc,
             shared,
+            unsharing: Unsharing::default(),
             pending_frees: PendingFrees::default(),
             discard_freed: false,
             discarding_blocks: 0,
@@ -101,9 +153,11 @@ impl Space {
         self.alloc.allocate(goal, count, count)
     }
 
-    /// Makes blocks freed by records up to `durable_lsn` allocatable; with
-    /// `discard_freed` they wait for [`Space::take_durable_frees`].
+    /// Makes blocks freed by records up to `durable_lsn` allocatable (with
+    /// `discard_freed` they wait for [`Space::take_durable_frees`]), and
+    /// those such records left mapped once writable in place.
     pub fn release_pending_frees(&mut self, durable_lsn: u64) {
+        self.unsharing.release_through(durable_lsn);
         if self.discard_freed {
             return;
         }
@@ -112,9 +166,26 @@ impl Space {
         }
     }
 
-    /// The lsn of the earliest record whose freed blocks wait; None when none do.
+    /// The lsn of the earliest record whose freed blocks wait (unless they
+    /// wait for discards) or whose unshared blocks are still copied on
+    /// write; None when none do.
     pub fn first_pending_lsn(&self) -> Option<u64> {
-        self.pending_frees.first_lsn()
+        let frees = if self.discard_freed { None } else { self.pending_frees.first_lsn() };
+        frees.into_iter().chain(self.unsharing.first_lsn()).min()
+    }
+
+    /// Whether device block `start` must be copied on write (shared, or
+    /// unshared by a record not yet durable), and for how many blocks from
+    /// it (up to `count`) that answer holds.
+    pub fn copy_on_write_run(&self, start: u64, count: u64) -> (bool, u64) {
+        let (shared, shared_for) = self.shared.run_at(start, count);
+        let (unsharing, unsharing_for) = self.unsharing.covered.run_at(start, count);
+        match (shared, unsharing) {
+            (false, false) => (false, shared_for.min(unsharing_for)),
+            (true, false) => (true, shared_for),
+            (false, true) => (true, unsharing_for),
+            (true, true) => (true, shared_for.max(unsharing_for)),
+        }
     }
 
     /// Takes the runs freed by records up to `durable_lsn`, to be discarded
@@ -153,6 +224,28 @@ mod tests {
 
     fn written(dev_block: u64, block_count: u64) -> Extent {
         Extent { file_block: 0, block_count, dev_block, kind: ExtentKind::Written }
+    }
+
+    #[test]
+    fn unshared_blocks_are_copied_until_their_record_is_durable() {
+        let mut space = space();
+        space.shared.set(300, 4, 2);
+        let run = |start, count| BlockRun { start, count };
+        space.unsharing.push(10, run(100, 4));
+        space.unsharing.push(12, run(102, 4));
+        assert_eq!(space.first_pending_lsn(), Some(10));
+        assert_eq!(space.unsharing.blocks(), 6);
+        assert_eq!(space.copy_on_write_run(98, 10), (false, 2));
+        assert_eq!(space.copy_on_write_run(100, 10), (true, 6));
+        assert_eq!(space.copy_on_write_run(300, 10), (true, 4));
+        space.release_pending_frees(11);
+        assert_eq!(space.copy_on_write_run(100, 10), (false, 2));
+        assert_eq!(space.copy_on_write_run(102, 10), (true, 4));
+        assert_eq!(space.first_pending_lsn(), Some(12));
+        space.release_pending_frees(12);
+        assert_eq!(space.unsharing.blocks(), 0);
+        assert_eq!(space.first_pending_lsn(), None);
+        assert_eq!(space.copy_on_write_run(100, 10), (false, 10));
     }
 
     #[test]

@@ -88,6 +88,9 @@ pub struct MetaStore {
     /// Blocks of `Space::shared`, set under the space mutex: while 0 (no
     /// clone on the volume) no data path or transaction looks at the table.
     shared_blocks: AtomicU64,
+    /// Blocks of `Space::unsharing`, set under the space mutex: while it
+    /// and `shared_blocks` are 0 no write asks whether to copy.
+    unsharing_blocks: AtomicU64,
     /// The lsn of the earliest record whose freed blocks wait in `space`
     /// (u64::MAX when none do): a transaction takes the space mutex to
     /// release them only when the journal has made that one durable.
@@ -358,6 +361,7 @@ impl MetaStore {
             core,
             promises: Arc::clone(alloc.promises()),
             shared_blocks,
+            unsharing_blocks: AtomicU64::new(0),
             space: Mutex::new(Space::new(alloc, shared)),
             space_contention: Contention::default(),
             first_pending_free_lsn: AtomicU64::new(u64::MAX),
@@ -425,14 +429,18 @@ impl MetaStore {
         })
     }
 
-    /// Whether device block `dev_block` is shared with another mapping, and
-    /// how many blocks from it (up to `count`) are as it is. Costs one
-    /// atomic load on a volume without clones.
+    /// Whether a write to device block `dev_block` must copy it (it is
+    /// shared with another mapping, or was until a record not yet durable:
+    /// `Space::unsharing`), and for how many blocks from it (up to
+    /// `count`) that holds. Costs two atomic loads on a volume without
+    /// clones.
     pub fn shared_run(&self, dev_block: u64, count: u64) -> (bool, u64) {
-        if self.shared_blocks.load(Ordering::Acquire) == 0 {
+        if self.shared_blocks.load(Ordering::Acquire) == 0
+            && self.unsharing_blocks.load(Ordering::Acquire) == 0
+        {
             return (false, count);
         }
-        self.space().shared.run_at(dev_block, count)
+        self.space().copy_on_write_run(dev_block, count)
     }
 
     /// Checks the shared-block counts against every extent map, as mount
@@ -564,8 +572,9 @@ impl MetaStore {
     }
 
     fn note_first_pending(&self, space: &Space) {
-        let first = if space.discard_freed { None } else { space.first_pending_lsn() };
+        let first = space.first_pending_lsn();
         self.first_pending_free_lsn.store(first.unwrap_or(u64::MAX), Ordering::Release);
+        self.unsharing_blocks.store(space.unsharing.blocks(), Ordering::Release);
     }
 
     pub fn journal(&self) -> &Journal {
@@ -687,6 +696,12 @@ impl MetaStore {
             );
             self.shared_blocks.store(space.shared.shared_blocks(), Ordering::Release);
             let (lsn, pending_bytes) = self.journal.append_encoded(writer.as_bytes(), record_count);
+            for &run in &settled.unshared {
+                space.unsharing.push(lsn, run);
+            }
+            if !settled.unshared.is_empty() {
+                self.note_first_pending(&space);
+            }
             let mut frees = delayed;
             frees.extend(settled.freed.iter().map(|run| Extent {
                 file_block: 0,
