@@ -195,6 +195,29 @@ pub enum Op {
         path: String,
         name: u8,
     },
+    /// A range of one of the thread's files shared with or copied into
+    /// another (or elsewhere in the same file): FICLONERANGE,
+    /// FIDEDUPERANGE or copy_file_range, `len` bytes (0 for a clone: to
+    /// the source's end of file).
+    CloneRange {
+        mode: CloneMode,
+        from: String,
+        to: String,
+        src_pos: u64,
+        dst_pos: u64,
+        len: u64,
+    },
+}
+
+/// Which call a [`Op::CloneRange`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloneMode {
+    /// `File::clone_range_from`: the destination shares the source's blocks.
+    Clone,
+    /// `File::dedupe_range_from`: shares them only if the bytes are equal.
+    Dedupe,
+    /// `File::copy_range_from`: clones the whole blocks, copies the edges.
+    Copy,
 }
 
 /// The name of the workload's extended attribute number `index`.
@@ -237,6 +260,14 @@ impl fmt::Display for Op {
                 write!(f, "setxattr {path} user.x{name} {len} bytes data={data:#x}")
             }
             Op::RemoveXattr { path, name } => write!(f, "removexattr {path} user.x{name}"),
+            Op::CloneRange { mode, from, to, src_pos, dst_pos, len } => {
+                let call = match mode {
+                    CloneMode::Clone => "clone",
+                    CloneMode::Dedupe => "dedupe",
+                    CloneMode::Copy => "copy-range",
+                };
+                write!(f, "{call} {from} {src_pos}+{len} -> {to} {dst_pos}")
+            }
         }
     }
 }

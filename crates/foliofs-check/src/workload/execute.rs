@@ -5,7 +5,7 @@ use foliofs::dev::AlignedBuf;
 use foliofs::FallocateMode;
 use foliofs::{OpenFlags, Privilege, RenameFlags, Volume, XattrFlags};
 
-use super::{xattr_name, InodeModel, Op, SpanKind, ThreadModel};
+use super::{xattr_name, CloneMode, InodeModel, Op, SpanKind, ThreadModel};
 use crate::model::{apply_fallocate, read_file, read_xattrs};
 use crate::{owner, pattern, SECTOR_BYTES};
 
@@ -201,7 +201,118 @@ impl ThreadModel {
                 inode.xattr_states.push(inode.xattrs.clone());
                 Ok((vec![ino], SpanKind::Other))
             }
+            Op::CloneRange { mode, from, to, src_pos, dst_pos, len } => {
+                let (Some(&src), Some(&dst)) = (self.files.get(from), self.files.get(to)) else {
+                    return skipped();
+                };
+                self.clone_range_op(volume, *mode, (src, *src_pos), (dst, *dst_pos), *len)
+            }
         }
+    }
+
+    /// A clone, dedupe or copy from `src` into `dst`, each an inode and an
+    /// offset. What the call must answer is worked out from the model
+    /// first (the engine's rules are FICLONERANGE's, FIDEDUPERANGE's and
+    /// copy_file_range(2)'s), so a wrong refusal, a wrong length or a
+    /// dedupe that disagrees with the bytes fails the workload live.
+    fn clone_range_op(
+        &mut self,
+        volume: &Volume,
+        mode: CloneMode,
+        (src, src_pos): (u64, u64),
+        (dst, dst_pos): (u64, u64),
+        len: u64,
+    ) -> Executed {
+        let block = u64::from(volume.statfs().block_bytes);
+        let source = self.inodes[&src].content.clone();
+        let dst_bytes = self.inodes[&dst].content.len() as u64;
+        let expected = expected_clone(mode, block, (&source, src_pos), (dst_bytes, dst_pos), len)
+            .and_then(|length| {
+                let (src_end, dst_end) = (src_pos + length, dst_pos + length);
+                let blocks = |length: u64| match mode {
+                    CloneMode::Copy => length,
+                    _ => length.div_ceil(block) * block,
+                };
+                let overlap = src == dst
+                    && length > 0
+                    && src_pos < dst_pos + blocks(length)
+                    && dst_pos < src_pos + blocks(length);
+                if overlap {
+                    return Err("overlapping ranges of one file");
+                }
+                if mode == CloneMode::Dedupe {
+                    let target = &self.inodes[&dst].content;
+                    let same = source[src_pos as usize..src_end as usize]
+                        == target[dst_pos as usize..dst_end as usize];
+                    return Ok(if same { length } else { 0 });
+                }
+                Ok(length)
+            });
+        let source_file = open(volume, src, OpenFlags::READ)?;
+        let target_file = open(volume, dst, OpenFlags::WRITE)?;
+        let result = match mode {
+            CloneMode::Clone => target_file.clone_range_from(&source_file, src_pos, dst_pos, len),
+            CloneMode::Dedupe => target_file.dedupe_range_from(&source_file, src_pos, dst_pos, len),
+            CloneMode::Copy => target_file.copy_range_from(&source_file, src_pos, dst_pos, len),
+        };
+        drop((source_file, target_file));
+        let unchanged = |model: &Self| -> Result<(), String> {
+            for ino in [src, dst] {
+                let now = read_file(volume, ino).map_err(|error| format!("read back: {error}"))?;
+                if now != model.inodes[&ino].content {
+                    return Err(format!("the refused {mode:?} changed inode {ino}"));
+                }
+            }
+            Ok(())
+        };
+        let done = match (result, expected) {
+            (Ok(done), Ok(length)) if done == length => done,
+            (Ok(done), Ok(length)) if mode == CloneMode::Copy && done < length => {
+                // Cut short for want of space: adopted below.
+                done
+            }
+            (Ok(done), Ok(length)) => {
+                return Err(format!("{mode:?} answered {done} bytes where {length} were due"));
+            }
+            (Ok(done), Err(why)) => {
+                return Err(format!("{mode:?} of {done} bytes accepted {why}"));
+            }
+            (Err(error), Err(_)) if error.errno() == libc::EINVAL => {
+                unchanged(self)?;
+                return skipped();
+            }
+            (Err(error), Ok(length))
+                if error.errno() == libc::ENOSPC && mode != CloneMode::Dedupe =>
+            {
+                let data = &source[src_pos as usize..(src_pos + length) as usize];
+                self.adopt_partial(volume, dst, dst_pos as usize, data)?;
+                self.inodes.get_mut(&dst).expect("known").history.record(dst_pos as usize, data);
+                return Ok((vec![dst], SpanKind::Other));
+            }
+            (Err(error), _) => return Err(format!("{mode:?}: {error}")),
+        };
+        let data = &source[src_pos as usize..(src_pos + done) as usize];
+        let inode = self.inodes.get_mut(&dst).expect("known");
+        inode.history.record(dst_pos as usize, data);
+        let (start, end) = (dst_pos as usize, (dst_pos + done) as usize);
+        if done > 0 && mode != CloneMode::Dedupe {
+            if inode.content.len() < end {
+                inode.content.resize(end, 0);
+            }
+            inode.content[start..end].copy_from_slice(data);
+            inode.sizes_seen.insert(inode.content.len() as u64);
+        }
+        let live = read_file(volume, dst).map_err(|error| format!("read back: {error}"))?;
+        if live != self.inodes[&dst].content {
+            let at = live.iter().zip(&self.inodes[&dst].content).position(|(a, b)| a != b);
+            return Err(format!(
+                "after the {mode:?} the file differs from the model: {} vs {} bytes, first \
+                 difference at {at:?}",
+                live.len(),
+                self.inodes[&dst].content.len()
+            ));
+        }
+        Ok((vec![dst], SpanKind::Other))
     }
 
     fn fallocate_op(
@@ -425,4 +536,38 @@ impl ThreadModel {
         inode.sizes_seen.insert(inode.content.len() as u64);
         Ok(())
     }
+}
+
+/// The length a clone, dedupe or copy must answer before any same-file
+/// overlap or content check, or why it must be refused (EINVAL): the rules
+/// of `File::clone_range_from` and `File::copy_range_from`.
+fn expected_clone(
+    mode: CloneMode,
+    block: u64,
+    (source, src_pos): (&[u8], u64),
+    (dst_bytes, dst_pos): (u64, u64),
+    len: u64,
+) -> Result<u64, &'static str> {
+    let src_bytes = source.len() as u64;
+    if mode == CloneMode::Copy {
+        return Ok(len.min(src_bytes.saturating_sub(src_pos)));
+    }
+    if src_pos > src_bytes {
+        return Err("a source offset past its end");
+    }
+    let length = if len == 0 { src_bytes - src_pos } else { len };
+    let (src_end, dst_end) = (src_pos + length, dst_pos + length);
+    if src_end > src_bytes {
+        return Err("a range past the source's end");
+    }
+    if mode == CloneMode::Dedupe && dst_end > dst_bytes {
+        return Err("a dedupe past the destination's end");
+    }
+    if !src_pos.is_multiple_of(block) || !dst_pos.is_multiple_of(block) {
+        return Err("offsets that are not block-aligned");
+    }
+    if !length.is_multiple_of(block) && !(src_end == src_bytes && dst_end >= dst_bytes) {
+        return Err("a partial block not at the ends of both files");
+    }
+    Ok(length)
 }

@@ -7,7 +7,7 @@ use foliofs::FallocateMode;
 use rand::RngExt;
 use rand_chacha::ChaCha8Rng;
 
-use super::{Geometry, Op, ThreadModel, WorkloadConfig};
+use super::{CloneMode, Geometry, Op, ThreadModel, WorkloadConfig};
 use crate::{mix, SECTOR_BYTES};
 
 impl ThreadModel {
@@ -132,6 +132,7 @@ impl ThreadModel {
                 Op::Fsync { path, data_only: rng.random_bool(0.5) }
             }
             84..=89 => Op::Checkpoint,
+            90..=95 => self.clone_range(rng, geometry, block, path),
             100..=107 => {
                 let path = if rng.random_bool(0.2) {
                     self.logs.keys().next().cloned().expect("every thread has a log")
@@ -196,6 +197,94 @@ impl ThreadModel {
         let parent = parents[rng.random_range(0..parents.len())].clone();
         self.next_name += 1;
         Some(Op::RenameDir { from, to: format!("{parent}/d{}", self.next_name) })
+    }
+
+    /// A clone, deduplication or copy from `from` into one of the thread's
+    /// files (a quarter of the time `from` itself). Clones and dedupes are
+    /// block-aligned and mostly valid; dedupes look for ranges the model
+    /// holds equal (a clone's leftovers, zeroes) and, finding none, ask
+    /// for ranges that differ.
+    fn clone_range(
+        &self,
+        rng: &mut ChaCha8Rng,
+        geometry: &Geometry,
+        block: u64,
+        from: String,
+    ) -> Op {
+        // An empty source shares nothing: take one with data if there is.
+        let with_data: Vec<&String> = self
+            .files
+            .iter()
+            .filter(|(_, ino)| !self.inodes[*ino].content.is_empty())
+            .map(|(path, _)| path)
+            .collect();
+        let from = match with_data.len() {
+            0 => from,
+            count => with_data[rng.random_range(0..count)].clone(),
+        };
+        let to = match Self::pick(rng, &self.files) {
+            Some(other) if rng.random_bool(0.75) => other.clone(),
+            _ => from.clone(),
+        };
+        let src_bytes = self.inodes[&self.files[&from]].content.len() as u64;
+        let dst_bytes = self.inodes[&self.files[&to]].content.len() as u64;
+        let blocks_max = geometry.file_bytes_max / block;
+        let mode = [CloneMode::Clone, CloneMode::Clone, CloneMode::Dedupe, CloneMode::Copy]
+            [rng.random_range(0..4)];
+        let (src_pos, dst_pos, len) = match mode {
+            CloneMode::Clone => {
+                // Mostly inside the source; a fifth of the lengths may run
+                // past its end (refused).
+                let src_pos = rng.random_range(0..src_bytes.div_ceil(block).max(1)) * block;
+                let blocks = rng.random_range(1..=4) * block;
+                let len = match rng.random_range(0..10) {
+                    0..=2 => 0,
+                    3..=7 => src_bytes.saturating_sub(src_pos).min(blocks),
+                    _ => blocks,
+                };
+                (src_pos, rng.random_range(0..blocks_max) * block, len)
+            }
+            CloneMode::Dedupe => self.dedupe_ranges(rng, block, &from, &to),
+            CloneMode::Copy => (
+                rng.random_range(0..=src_bytes),
+                rng.random_range(0..geometry.file_bytes_max.max(dst_bytes)),
+                rng.random_range(1..=geometry.write_bytes_max as u64),
+            ),
+        };
+        Op::CloneRange { mode, from, to, src_pos, dst_pos, len }
+    }
+
+    /// Block-aligned ranges inside both files, equal in the model if a few
+    /// tries find such.
+    fn dedupe_ranges(
+        &self,
+        rng: &mut ChaCha8Rng,
+        block: u64,
+        from: &str,
+        to: &str,
+    ) -> (u64, u64, u64) {
+        let src = &self.inodes[&self.files[from]].content;
+        let dst = &self.inodes[&self.files[to]].content;
+        let (src_blocks, dst_blocks) = (src.len() as u64 / block, dst.len() as u64 / block);
+        if src_blocks == 0 || dst_blocks == 0 {
+            return (0, 0, block);
+        }
+        let mut candidate = (0, 0, block);
+        for _ in 0..24 {
+            let len = rng.random_range(1..=src_blocks.min(dst_blocks).min(3)) * block;
+            let src_pos = rng.random_range(0..=src_blocks - len / block) * block;
+            let dst_pos = rng.random_range(0..=dst_blocks - len / block) * block;
+            candidate = (src_pos, dst_pos, len);
+            let overlap = from == to && src_pos < dst_pos + len && dst_pos < src_pos + len;
+            let (src_range, dst_range) = (
+                src_pos as usize..(src_pos + len) as usize,
+                dst_pos as usize..(dst_pos + len) as usize,
+            );
+            if !overlap && src[src_range] == dst[dst_range] {
+                break;
+            }
+        }
+        candidate
     }
 
     pub(super) fn append(&mut self, rng: &mut ChaCha8Rng, geometry: &Geometry, data: u64) -> Op {
