@@ -64,9 +64,26 @@ pub struct Mapping {
     /// only, since a write never gets them (it gets `cow_source` space).
     pub shared: bool,
     /// New space that takes the place of shared blocks once written
-    /// (copy-on-write): the device byte offset of `offset`'s shared copy,
-    /// from which a write of part of a block takes the rest.
-    pub cow_source: Option<u64>,
+    /// (copy-on-write): where `offset`'s shared copy is, from which a write
+    /// of part of a block takes the rest.
+    pub cow_source: Option<CowSource>,
+}
+
+/// The shared blocks a copy-on-write mapping replaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CowSource {
+    /// Device byte offset of the mapping's first block's shared copy.
+    pub dev_offset: u64,
+    /// Whether they hold data: shared unwritten blocks (a clone of
+    /// fallocated space) read as zeros, whatever the device holds there.
+    pub written: bool,
+}
+
+impl CowSource {
+    /// Where the old bytes of the mapping's blocks are, if they are not zeros.
+    pub fn old_data_at(&self) -> Option<u64> {
+        self.written.then_some(self.dev_offset)
+    }
 }
 
 impl Mapping {
@@ -254,7 +271,10 @@ fn map_first_blocks(
                             dev_offset: run.start * block_bytes,
                             new: true,
                             shared: false,
-                            cow_source: Some(mapping.dev_offset),
+                            cow_source: Some(CowSource {
+                                dev_offset: mapping.dev_offset,
+                                written: mapping.kind == MapKind::Written,
+                            }),
                             ..mapping
                         })
                     }

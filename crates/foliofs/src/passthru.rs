@@ -92,7 +92,7 @@ impl<'a> DataPath<'a> {
         // The rest of a partial block is the old data: in place, or in the
         // shared blocks this new space replaces.
         let old_data_at = match (mapping.kind, mapping.cow_source) {
-            (_, Some(source)) => Some(source),
+            (_, Some(source)) => source.old_data_at(),
             (MapKind::Written, None) => Some(mapping.dev_offset),
             _ => None,
         };
@@ -213,21 +213,28 @@ impl<'a> DataPath<'a> {
             return Ok(());
         };
         let mapping = range?.mapping;
-        let old_data_at = mapping.cow_source.unwrap_or(mapping.dev_offset);
+        let old_data_at = match mapping.cow_source {
+            Some(source) => source.old_data_at(),
+            None => (mapping.kind == MapKind::Written).then_some(mapping.dev_offset),
+        };
         let mut block = AlignedBuf::zeroed(block_bytes as usize);
-        let copied = self
-            .engine
-            .device
-            .read(old_data_at, &mut block[..block_bytes as usize])
-            .context(|| format!("read at device offset {old_data_at}"))
-            .and_then(|()| {
-                block[(from - block_start) as usize..(to - block_start) as usize].fill(0);
-                let at = mapping.dev_offset;
-                self.engine
-                    .device
-                    .write(at, &block[..block_bytes as usize], false)
-                    .context(|| format!("write at device offset {at}"))
-            });
+        // Old bytes of unwritten blocks are zeros, as the buffer starts.
+        let read = match old_data_at {
+            Some(at) => self
+                .engine
+                .device
+                .read(at, &mut block[..block_bytes as usize])
+                .context(|| format!("read at device offset {at}")),
+            None => Ok(()),
+        };
+        let copied = read.and_then(|()| {
+            block[(from - block_start) as usize..(to - block_start) as usize].fill(0);
+            let at = mapping.dev_offset;
+            self.engine
+                .device
+                .write(at, &block[..block_bytes as usize], false)
+                .context(|| format!("write at device offset {at}"))
+        });
         let completed = if copied.is_ok() { block_bytes } else { 0 };
         iomap::end_write(meta, ino, &[(mapping, completed)], block_bytes, |_| {})?;
         copied

@@ -21,6 +21,7 @@ block_size_tests!(
     bad_clones_are_refused_and_change_nothing,
     a_crash_anywhere_leaves_each_block_old_or_new_and_the_counts_right,
     a_block_unshared_by_a_record_not_yet_durable_is_still_copied_on_write,
+    partial_writes_into_cloned_fallocated_space_keep_its_zeros,
 );
 
 fn create(volume: &Volume, name: &str) -> u64 {
@@ -532,4 +533,36 @@ fn a_block_unshared_by_a_record_not_yet_durable_is_still_copied_on_write(block_b
     assert_same(&found[..2 * block], &new, "the original after the sync");
     assert_same(&found[2 * block..], &original[2 * block..], "the original's other blocks");
     assert_eq!(recovered.statfs().shared_blocks, 0);
+}
+
+/// A clone of fallocated (unwritten) space shares blocks that read as
+/// zeros whatever the device holds there: a sub-block direct write or a
+/// punch into one copies zeros, not the device's bytes. (Both once copied
+/// the device's garbage into the rest of the block.)
+fn partial_writes_into_cloned_fallocated_space_keep_its_zeros(block_bytes: u32) {
+    let (device, volume) = new_volume(32 << 20, block_bytes);
+    let block = block_bytes as usize;
+    let unit = direct_unit(block_bytes);
+    let ino = create(&volume, "src");
+    let src = open(&volume, ino, false);
+    src.fallocate(FallocateMode::Allocate { keep_size: false }, 0, 4 * block as u64).unwrap();
+    volume.clone_file("/src", "/dst").unwrap();
+    let dst_ino = volume.inodes().lookup(ROOT, b"dst").unwrap().ino;
+    let mut expected = vec![0u8; 4 * block];
+    // A direct write of one sector-sized unit in the middle of block 1.
+    let piece = pattern(7, unit);
+    let at = block + if unit < block { unit } else { 0 };
+    direct_write(&open(&volume, dst_ino, true), &piece, at as u64);
+    expected[at..at + unit].copy_from_slice(&piece);
+    // A punch inside block 2 of the original.
+    src.fallocate(FallocateMode::PunchHole, (2 * block + 1) as u64, (block / 2) as u64).unwrap();
+    drop(src);
+    volume.sync().unwrap();
+    for volume in [volume, open_image(device.image()).unwrap().1] {
+        let dst = contents(&open(&volume, dst_ino, false));
+        assert_same(&dst, &expected, "the clone");
+        let src = contents(&open(&volume, ino, false));
+        assert_same(&src, &vec![0u8; 4 * block], "the original");
+        volume.check_shared_counts().unwrap();
+    }
 }
