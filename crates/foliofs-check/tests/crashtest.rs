@@ -2,8 +2,9 @@
 //! workloads per block size, single- and multi-threaded, each crashed at
 //! every durability point.
 
+use foliofs::FallocateMode;
 use foliofs_check::crashtest::{check_workload, run_one, CrashOptions, Stats};
-use foliofs_check::workload::{Op, SpanKind, Workload, WorkloadConfig};
+use foliofs_check::workload::{CloneMode, Op, SpanKind, Workload, WorkloadConfig};
 
 fn slice(block_bytes: u32, seeds: std::ops::Range<u64>, threads: usize, ops: usize) -> Stats {
     slice_with("", block_bytes, seeds, threads, ops)
@@ -238,6 +239,88 @@ fn direct_write_below_unwritten_buffered_data_moves_the_disk_size_to_its_end() {
     if let Err(violation) = check_workload(&workload, 2, &mut stats) {
         panic!("{violation}");
     }
+}
+
+fn clone(from: &str, to: &str, src_pos: u64, dst_pos: u64, len: u64) -> Op {
+    let (from, to) = (from.to_string(), to.to_string());
+    Op::CloneRange { mode: CloneMode::Clone, from, to, src_pos, dst_pos, len }
+}
+
+fn replay_passes(config: WorkloadConfig, ops: Vec<Op>) {
+    let workload = Workload::replay(config, &[ops]);
+    assert!(workload.failure.is_none(), "{:?}", workload.failure);
+    if let Err(violation) = check_workload(&workload, 2, &mut Stats::default()) {
+        panic!("{violation}");
+    }
+}
+
+/// Found by the checker once it cloned (seed 3282, shrunk): a rename over a
+/// clone drops its blocks' count to 1, and an overwrite of the original
+/// went in place before the rename was durable; a crash then brought the
+/// clone back with the original's new data.
+#[test]
+fn an_overwrite_after_its_clone_is_replaced_leaves_the_recovered_clone_alone() {
+    let config = WorkloadConfig {
+        options: "dirty_bytes=64k,dirty_background_bytes=32k",
+        ..WorkloadConfig::new(3282, 4096, 1, 12)
+    };
+    let write = |path: &str, pos, len, data| Op::Write {
+        path: path.to_string(),
+        pos,
+        len,
+        data,
+        direct: false,
+        dsync: false,
+    };
+    let path = |path: &str| path.to_string();
+    replay_passes(
+        config,
+        vec![
+            Op::Mkdir { path: path("/n1") },
+            Op::Create { path: path("/n1/n4") },
+            Op::Create { path: path("/n5") },
+            write("/n5", 15327, 5819, 0x9dd1),
+            Op::Rename { from: path("/n1/n4"), to: path("/n6") },
+            Op::Mkdir { path: path("/n7") },
+            Op::Rename { from: path("/n6"), to: path("/n7/n8") },
+            clone("/n5", "/n7/n8", 0, 16384, 0),
+            Op::Fsync { path: path("/n5"), data_only: true },
+            Op::Rename { from: path("/n5"), to: path("/n7/n8") },
+            write("/n7/n8", 13706, 2161, 0xca9b),
+            Op::Fsync { path: path("/n7/n8"), data_only: false },
+        ],
+    );
+}
+
+/// Found by the checker once it cloned (seed 52026, shrunk): a sub-block
+/// direct write into a clone of fallocated space filled the rest of the
+/// block from the device instead of with zeros.
+#[test]
+fn a_direct_write_into_cloned_fallocated_space_keeps_its_zeros() {
+    let path = |path: &str| path.to_string();
+    replay_passes(
+        WorkloadConfig::new(52026, 4096, 1, 7),
+        vec![
+            Op::Create { path: path("/n1") },
+            Op::Fallocate {
+                path: path("/n1"),
+                mode: FallocateMode::Allocate { keep_size: false },
+                offset: 21700,
+                len: 14252,
+            },
+            Op::Link { from: path("/n1"), to: path("/n2") },
+            clone("/n2", "/n2", 20480, 45056, 0),
+            Op::Write {
+                path: path("/n2"),
+                pos: 16384,
+                len: 8704,
+                data: 0xc905,
+                direct: true,
+                dsync: false,
+            },
+            Op::Sync,
+        ],
+    );
 }
 
 /// Extended attributes in the checker: a replayed op list that sets,
