@@ -51,18 +51,56 @@ fn merged_runs(runs: &[BlockRun]) -> Vec<(u64, u64)> {
     merged
 }
 
-/// The parts of `displaced` whose device blocks no run of `remapped` covers
-/// (delayed extents, which hold no device blocks, pass unchanged).
+/// The parts of `displaced` whose device blocks `remapped` does not map
+/// again (delayed extents, which hold no device blocks, pass unchanged).
+/// Each remapped block cancels one displaced mapping of it, not all: with
+/// shared blocks one device block can be displaced twice in a transaction
+/// (a collapse unmapping two file blocks of one file that map it) and
+/// mapped again only once (the one shifted down); the other reference is
+/// dropped.
 fn not_remapped(displaced: Vec<Extent>, remapped: &[BlockRun]) -> Vec<Extent> {
     if remapped.is_empty() {
         return displaced;
     }
     let mut pieces = displaced;
     for run in remapped {
-        pieces = pieces
-            .iter()
-            .flat_map(|piece| piece.outside_dev_blocks(run.start, run.start + run.count))
-            .collect();
+        // The run's blocks no displaced piece has matched yet.
+        let mut unmatched = vec![(run.start, run.start + run.count)];
+        let mut kept_pieces = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            let mut kept = vec![piece];
+            let mut still_unmatched = Vec::new();
+            for (start, end) in unmatched {
+                let mut matched = Vec::new();
+                let mut outside = Vec::new();
+                for part in kept {
+                    let (part_start, part_end) =
+                        (part.dev_block, part.dev_block + part.block_count);
+                    let (from, to) = (part_start.max(start), part_end.min(end));
+                    if part.kind != ExtentKind::Delalloc && from < to {
+                        matched.push((from, to));
+                        outside.extend(part.outside_dev_blocks(from, to));
+                    } else {
+                        outside.push(part);
+                    }
+                }
+                kept = outside;
+                matched.sort_unstable();
+                let mut at = start;
+                for (from, to) in matched {
+                    if at < from {
+                        still_unmatched.push((at, from));
+                    }
+                    at = at.max(to);
+                }
+                if at < end {
+                    still_unmatched.push((at, end));
+                }
+            }
+            unmatched = still_unmatched;
+            kept_pieces.extend(kept);
+        }
+        pieces = kept_pieces;
     }
     pieces
 }
