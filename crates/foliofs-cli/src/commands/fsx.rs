@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use foliofs_check::fsx::{run as run_fsx, FsxConfig, FsxStats};
+use foliofs_check::fsx::{recorded_ops, run as run_fsx, shrink, FsxConfig, FsxFailure, FsxStats};
 use foliofs_check::fsx_threads::{self, InProcess, PathTarget, Target, ThreadsConfig};
 
 use super::crashtest::{parse_block_sizes, seed_or_clock, tool_options};
@@ -45,6 +45,24 @@ pub struct FsxArgs {
     /// rather than on the library in process; reads also go through mmap.
     #[arg(long, requires = "threads")]
     path: Option<PathBuf>,
+    /// No O_DIRECT: no direct reads or writes, and clones, dedupes and
+    /// copies only through the buffered handles.
+    #[arg(long, conflicts_with = "threads")]
+    no_direct: bool,
+    /// No FICLONERANGE (xfstests' fsx -J).
+    #[arg(long, conflicts_with = "threads")]
+    no_clone: bool,
+    /// No FIDEDUPERANGE (fsx -B).
+    #[arg(long, conflicts_with = "threads")]
+    no_dedupe: bool,
+    /// No copy_file_range (fsx -E). With --no-clone and --no-dedupe too,
+    /// the second file they work on stays out of the run.
+    #[arg(long, conflicts_with = "threads")]
+    no_copy_range: bool,
+    /// On a mismatch, replay shorter op lists until none can be dropped
+    /// and still fail the same way, and print the shortest.
+    #[arg(long, conflicts_with = "threads")]
+    shrink: bool,
 }
 
 /// `-o` applies over the tool's defaults, as for crashtest.
@@ -60,10 +78,18 @@ pub fn run(args: &FsxArgs, options: &str) -> anyhow::Result<ExitCode> {
         None => 0,
     };
     for block_bytes in block_sizes {
-        println!("fsx: block size {block_bytes}, seed {seed}, {} ops {options}", args.ops);
+        println!(
+            "fsx: block size {block_bytes}, seed {seed}, {} ops{} {options}",
+            args.ops,
+            config_switches(args)
+        );
         let config = FsxConfig {
             file_bytes_max,
             options: options_list,
+            direct_io: !args.no_direct,
+            clone_range: !args.no_clone,
+            dedupe_range: !args.no_dedupe,
+            copy_range: !args.no_copy_range,
             ..FsxConfig::new(seed, args.ops, block_bytes)
         };
         let started = Instant::now();
@@ -78,8 +104,11 @@ pub fn run(args: &FsxArgs, options: &str) -> anyhow::Result<ExitCode> {
                 println!(
                     "  block size {block_bytes}: {} ops in {seconds:.1} s ({:.0} ops/min), \
                      0 mismatches; {} reads, {} writes, {} direct reads, {} direct writes, \
-                     {} truncates, {} fallocates, {} seeks, {} fsyncs, {} reopens, {} remounts, \
-                     {} crash remounts, {} whole-file compares, {} MiB compared",
+                     {} truncates, {} fallocates, {} seeks, {} fsyncs, {} clones, {} dedupes \
+                     ({} of equal ranges, {} of differing), {} copy_file_ranges, {} refused \
+                     as the rules require, {} MiB cloned, deduplicated or copied, {} ops on \
+                     the second file, {} reopens, {} remounts, {} crash remounts, {} whole-file \
+                     compares, {} shared-count checks, {} MiB compared",
                     stats.ops,
                     stats.ops as f64 * 60.0 / seconds,
                     stats.reads,
@@ -90,20 +119,66 @@ pub fn run(args: &FsxArgs, options: &str) -> anyhow::Result<ExitCode> {
                     stats.fallocates,
                     stats.seeks,
                     stats.fsyncs,
+                    stats.clones,
+                    stats.dedupes,
+                    stats.dedupes_equal,
+                    stats.dedupes_differ,
+                    stats.copies,
+                    stats.refused,
+                    stats.bytes_remapped >> 20,
+                    stats.other_file_ops,
                     stats.reopens,
                     stats.remounts,
                     stats.crash_remounts,
                     stats.compares,
+                    stats.shared_checks,
                     stats.bytes_checked >> 20
                 );
             }
             Err(failure) => {
                 println!("{failure}");
+                if args.shrink {
+                    print_shrunk(config, &failure);
+                }
                 return Ok(ExitCode::from(1));
             }
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--shrink`: the ops up to the failure, less every one whose removal
+/// still fails with the same kind of message (its text before the first
+/// colon).
+fn print_shrunk(config: FsxConfig, failure: &FsxFailure) {
+    fn kind(message: &str) -> &str {
+        message.split(':').next().unwrap_or(message)
+    }
+    let ops = recorded_ops(FsxConfig { ops: failure.op_index + 1, ..config });
+    let wanted = kind(&failure.message).to_string();
+    let shrunk = shrink(config, &ops, &|other| kind(&other.message) == wanted);
+    println!("shrunk from {} to {} ops failing with \"{wanted}: ...\":", ops.len(), shrunk.len());
+    for op in &shrunk {
+        println!("  {op}");
+    }
+    println!("as FsxOp values (foliofs_check::fsx::replay):");
+    for op in &shrunk {
+        println!("  {op:?},");
+    }
+}
+
+/// The `--no-...` switches given, each after a space.
+fn config_switches(args: &FsxArgs) -> String {
+    [
+        (args.no_direct, " --no-direct"),
+        (args.no_clone, " --no-clone"),
+        (args.no_dedupe, " --no-dedupe"),
+        (args.no_copy_range, " --no-copy-range"),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, switch)| *switch)
+    .collect()
 }
 
 /// `--threads`: in process on a fresh volume with `-o` over the library's
