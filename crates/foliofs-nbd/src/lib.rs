@@ -5,9 +5,11 @@
 //! A thin front end over the library: the wire codec is the library's
 //! (`foliofs::dev::nbd::proto`, shared with the client backend), each
 //! command is one library call on the exported file (`export`), option
-//! haggling is `handshake`, the request loop `transmission`. All
-//! connections share one volume and one set of file handles.
+//! haggling is `handshake`, the request loop `transmission`, snapshots
+//! asked for on the control socket `control`. All connections share one
+//! volume and one set of file handles.
 
+mod control;
 mod export;
 mod handshake;
 mod transmission;
@@ -25,6 +27,7 @@ use foliofs::dev::nbd::Stream;
 use foliofs::Volume;
 use parking_lot::Mutex;
 
+pub use control::ControlListener;
 pub use export::Export;
 
 /// One file to export.
@@ -46,16 +49,7 @@ impl Listener {
     /// Listens on a unix socket; a stale socket file left by a server that
     /// died is replaced, anything else at `path` is an error.
     pub fn unix(path: PathBuf) -> io::Result<Self> {
-        if let Ok(metadata) = std::fs::symlink_metadata(&path) {
-            let alive = UnixStream::connect(&path).is_ok();
-            if !metadata.file_type().is_socket() || alive {
-                return Err(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    format!("{} exists (and is not a stale socket)", path.display()),
-                ));
-            }
-            std::fs::remove_file(&path)?;
-        }
+        clear_stale_socket(&path)?;
         let listener = UnixListener::bind(&path).map_err(|error| {
             io::Error::new(error.kind(), format!("{}: {error}", path.display()))
         })?;
@@ -97,6 +91,22 @@ impl Listener {
             Listener::Unix { path, .. } => Waker::Unix(path.clone()),
         })
     }
+}
+
+/// Removes a socket file left at `path` by a server that died; anything
+/// else there (a live socket, another file) is an error.
+fn clear_stale_socket(path: &std::path::Path) -> io::Result<()> {
+    if let Ok(metadata) = std::fs::symlink_metadata(path) {
+        let alive = UnixStream::connect(path).is_ok();
+        if !metadata.file_type().is_socket() || alive {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists (and is not a stale socket)", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    Ok(())
 }
 
 impl Drop for Listener {
@@ -164,13 +174,15 @@ impl Connections {
 #[derive(Clone)]
 pub struct Stopper {
     connections: Arc<Connections>,
-    waker: Arc<Mutex<Option<Waker>>>,
+    control: Arc<Connections>,
+    wakers: Arc<Mutex<Vec<Waker>>>,
 }
 
 impl Stopper {
     pub fn stop(&self) {
         self.connections.stop();
-        if let Some(waker) = self.waker.lock().as_ref() {
+        self.control.stop();
+        for waker in self.wakers.lock().iter() {
             waker.wake();
         }
     }
@@ -180,8 +192,13 @@ pub struct Server {
     volume: Arc<Volume>,
     exports: Vec<Arc<Export>>,
     workers_per_connection: usize,
+    read_only: bool,
+    /// Held shared by every write for its library call, exclusively by a
+    /// snapshot (`control`).
+    gate: Arc<control::Gate>,
     connections: Arc<Connections>,
-    waker: Arc<Mutex<Option<Waker>>>,
+    control: Arc<Connections>,
+    wakers: Arc<Mutex<Vec<Waker>>>,
 }
 
 impl Server {
@@ -209,8 +226,11 @@ impl Server {
             volume: Arc::new(volume),
             exports: opened,
             workers_per_connection,
+            read_only,
+            gate: Arc::default(),
             connections: Arc::default(),
-            waker: Arc::default(),
+            control: Arc::default(),
+            wakers: Arc::default(),
         })
     }
 
@@ -219,17 +239,52 @@ impl Server {
     }
 
     pub fn stopper(&self) -> Stopper {
-        Stopper { connections: Arc::clone(&self.connections), waker: Arc::clone(&self.waker) }
+        Stopper {
+            connections: Arc::clone(&self.connections),
+            control: Arc::clone(&self.control),
+            wakers: Arc::clone(&self.wakers),
+        }
     }
 
     /// Serves until stopped, then answers what was read, writes everything
     /// back and closes the exports and the volume (errors reported).
     pub fn serve(self, listener: Listener) -> foliofs::Result<()> {
-        *self.waker.lock() = Some(
-            listener
-                .waker()
-                .map_err(|error| foliofs::Error::io("finding the listening address", error))?,
-        );
+        self.serve_with_control(listener, None)
+    }
+
+    /// [`Server::serve`], answering snapshot requests on `control` too
+    /// (`crates/foliofs-nbd/src/control.rs` says how).
+    pub fn serve_with_control(
+        self,
+        listener: Listener,
+        control: Option<ControlListener>,
+    ) -> foliofs::Result<()> {
+        let waker = listener
+            .waker()
+            .map_err(|error| foliofs::Error::io("finding the listening address", error))?;
+        self.wakers.lock().push(waker);
+        let control_thread = match control {
+            Some(control) => {
+                self.wakers.lock().push(Waker::Unix(control.path().to_path_buf()));
+                let state = Arc::new(control::Control {
+                    volume: Arc::clone(&self.volume),
+                    exports: self.exports.clone(),
+                    gate: Arc::clone(&self.gate),
+                    read_only: self.read_only,
+                });
+                let connections = Arc::clone(&self.control);
+                let thread = std::thread::Builder::new()
+                    .name("nbd-control".into())
+                    .spawn(move || control::serve(control, state, &connections))
+                    .map_err(|error| foliofs::Error::io("starting the control thread", error))?;
+                Some(thread)
+            }
+            None => None,
+        };
+        // A stop that came before the wakers were in place.
+        if self.connections.stopping.load(Ordering::Acquire) {
+            self.stopper().stop();
+        }
         let mut threads = Vec::new();
         loop {
             let stream = match listener.accept() {
@@ -250,9 +305,10 @@ impl Server {
             let (volume, exports) = (Arc::clone(&self.volume), self.exports.clone());
             let (connections, workers) =
                 (Arc::clone(&self.connections), self.workers_per_connection);
+            let gate = Arc::clone(&self.gate);
             let spawned = std::thread::Builder::new().name("nbd-conn".into()).spawn(move || {
                 if let Err(error) =
-                    serve_connection(stream, &volume, &exports, &connections, workers)
+                    serve_connection(stream, &volume, &exports, &connections, &gate, workers)
                 {
                     tracing::warn!("NBD connection ended: {error}");
                 }
@@ -265,6 +321,13 @@ impl Server {
         drop(listener);
         self.connections.stop();
         for thread in threads {
+            let _ = thread.join();
+        }
+        self.control.stop();
+        if let Some(thread) = control_thread {
+            for waker in self.wakers.lock().iter() {
+                waker.wake();
+            }
             let _ = thread.join();
         }
         self.close()
@@ -286,11 +349,12 @@ fn serve_connection(
     volume: &Volume,
     exports: &[Arc<Export>],
     connections: &Connections,
+    gate: &control::Gate,
     workers: usize,
 ) -> io::Result<()> {
     let Some(id) = connections.register(&stream)? else { return Ok(()) };
     let served = match handshake::negotiate(&mut stream, exports) {
-        Ok(Some(agreed)) => transmission::serve(stream, agreed, volume, workers),
+        Ok(Some(agreed)) => transmission::serve(stream, agreed, volume, gate, workers),
         Ok(None) => Ok(()),
         // A stop during the handshake, or a client that went away.
         Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => Ok(()),

@@ -1,7 +1,10 @@
 //! The transmission phase of one connection: one thread reads requests
 //! (and WRITE payloads, which follow their headers), a few workers run
 //! them against the export, and replies go out in completion order under
-//! a lock, paired with their requests by cookie.
+//! a lock, paired with their requests by cookie. WRITE, TRIM and
+//! WRITE_ZEROES pass the server's write gate (shared) for their library
+//! call and release it before the reply, so a snapshot (`control`) holds
+//! every write already answered and none in part.
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -13,6 +16,7 @@ use foliofs::dev::AlignedBuf;
 use foliofs::Volume;
 use parking_lot::Mutex;
 
+use crate::control::Gate;
 use crate::export::{CommandError, CommandResult, Export};
 use crate::handshake::{Agreed, BASE_ALLOCATION_ID};
 
@@ -98,6 +102,7 @@ pub fn serve(
     mut stream: Stream,
     agreed: Agreed,
     volume: &Volume,
+    gate: &Gate,
     workers: usize,
 ) -> io::Result<()> {
     let export = &*agreed.export;
@@ -112,7 +117,7 @@ pub fn serve(
             scope.spawn(|| loop {
                 let job = queue.lock().recv();
                 let Ok(job) = job else { return };
-                run(export, volume, &replier, agreed.base_allocation, job);
+                run(export, volume, gate, &replier, agreed.base_allocation, job);
             });
         }
         let ended = read_requests(&mut stream, export, &agreed, &replier, &jobs);
@@ -232,10 +237,22 @@ fn check(export: &Export, agreed: &Agreed, request: &Request) -> CommandResult<(
     }
 }
 
-fn run(export: &Export, volume: &Volume, replier: &Replier, base_allocation: bool, job: Job) {
+fn run(
+    export: &Export,
+    volume: &Volume,
+    gate: &Gate,
+    replier: &Replier,
+    base_allocation: bool,
+    job: Job,
+) {
     let Job { request, payload } = job;
     let fua = request.flags & proto::CMD_FLAG_FUA != 0;
     let (offset, length) = (request.offset, request.length);
+    let writes =
+        matches!(request.command, proto::CMD_WRITE | proto::CMD_TRIM | proto::CMD_WRITE_ZEROES);
+    // Released before the reply below: a write answered is in a snapshot
+    // asked for after.
+    let gate_held = writes.then(|| gate.read());
     let done = match request.command {
         proto::CMD_READ => match export.read(offset, length) {
             Ok(data) => return replier.read_data(&request, &data),
@@ -258,6 +275,7 @@ fn run(export: &Export, volume: &Volume, replier: &Replier, base_allocation: boo
         }
         other => unreachable!("command {other} passed check()"),
     };
+    drop(gate_held);
     match done {
         Ok(()) => replier.simple(request.cookie, 0),
         Err(failure) => replier.failed(&request, failure),
