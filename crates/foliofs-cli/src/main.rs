@@ -94,8 +94,22 @@ enum Command {
     },
     /// Clone a directory tree inside a volume: IMAGE:/src /dst. The copy
     /// shares every file's blocks and takes only metadata; it is one
-    /// instant of the tree, since the command holds the image alone.
-    Snapshot { source: String, destination: String },
+    /// instant of the tree, since the command holds the image alone. With
+    /// --server, snapshots files a `foliofs serve nbd --control SOCKET`
+    /// exports while it serves them: EXPORT /dst [EXPORT /dst]..., all at
+    /// one instant, durable when the command returns.
+    Snapshot {
+        /// IMAGE:/src; with --server, an export's name or its file's path.
+        source: String,
+        /// The new copy's path inside the volume (it must not exist).
+        destination: String,
+        /// More EXPORT /dst pairs, snapshotted at the same instant.
+        #[arg(requires = "server")]
+        more: Vec<String>,
+        /// The control socket of the server holding the image.
+        #[arg(long)]
+        server: Option<PathBuf>,
+    },
     /// Remove a file (or a directory tree with -r): IMAGE:/path.
     Rm {
         target: String,
@@ -221,8 +235,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cp { source, destination, recursive, reflink } => {
             files::cp(&source, &destination, recursive, reflink, &options)
         }
-        Command::Snapshot { source, destination } => {
+        Command::Snapshot { source, destination, more, server: None } => {
+            debug_assert!(more.is_empty(), "clap requires --server");
             files::snapshot(&source, &destination, &options)
+        }
+        Command::Snapshot { source, destination, more, server: Some(server) } => {
+            files::snapshot_served(&server, &source, &destination, &more)
         }
         Command::Rm { target, recursive } => files::rm(&target, recursive, &options),
         Command::Mkdir { target, parents } => files::mkdir(&target, parents, &options),

@@ -292,6 +292,75 @@ pub fn snapshot(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `foliofs snapshot --server SOCKET EXPORT /dst [EXPORT /dst]...`: asks a
+/// `foliofs serve nbd --control SOCKET` for snapshots of exports it serves
+/// (crates/foliofs-nbd/src/control.rs), all at one instant.
+pub fn snapshot_served(
+    server: &Path,
+    source: &str,
+    destination: &str,
+    more: &[String],
+) -> anyhow::Result<ExitCode> {
+    use std::io::BufRead;
+    if !more.len().is_multiple_of(2) {
+        bail!("snapshot --server takes EXPORT /dst pairs; {:?} has no destination", more.last());
+    }
+    let pairs: Vec<(&str, &str)> = std::iter::once((source, destination))
+        .chain(more.chunks(2).map(|pair| (pair[0].as_str(), pair[1].as_str())))
+        .collect();
+    let items: Vec<serde_json::Value> = pairs
+        .iter()
+        .map(|(export, to)| serde_json::json!({ "export": export, "to": to }))
+        .collect();
+    let request = match &items[..] {
+        [one] => serde_json::json!({ "snapshot": one }),
+        _ => serde_json::json!({ "snapshot": items }),
+    };
+    let stream = std::os::unix::net::UnixStream::connect(server).with_context(|| {
+        format!("{}: no server (start one with foliofs serve nbd --control)", server.display())
+    })?;
+    writeln!(&stream, "{request}").with_context(|| format!("sending to {}", server.display()))?;
+    let mut line = String::new();
+    std::io::BufReader::new(&stream)
+        .read_line(&mut line)
+        .with_context(|| format!("reading the answer from {}", server.display()))?;
+    if line.is_empty() {
+        bail!("{}: the server closed the connection without answering", server.display());
+    }
+    let reply: serde_json::Value = serde_json::from_str(&line)
+        .with_context(|| format!("{}: an answer that is not JSON: {line}", server.display()))?;
+    if let Some(why) = reply.get("error") {
+        bail!("snapshot refused: {}", why.as_str().map_or_else(|| why.to_string(), String::from));
+    }
+    let ok = reply
+        .get("ok")
+        .ok_or_else(|| anyhow::anyhow!("{}: an answer without ok: {line}", server.display()))?;
+    let made: Vec<&serde_json::Value> = match ok.get("snapshots").and_then(|all| all.as_array()) {
+        Some(all) => all.iter().collect(),
+        None => vec![ok],
+    };
+    let mut out = std::io::stdout().lock();
+    for snapshot in made {
+        let text = |key: &str| snapshot.get(key).and_then(|value| value.as_str()).unwrap_or("?");
+        let bytes = snapshot.get("bytes").and_then(serde_json::Value::as_u64).unwrap_or(0);
+        writeln!(
+            out,
+            "{}: snapshot of export {} ({}, {bytes} bytes)",
+            text("to"),
+            text("export"),
+            text("path")
+        )?;
+    }
+    let number = |key: &str| ok.get(key).and_then(serde_json::Value::as_f64).unwrap_or(f64::NAN);
+    writeln!(
+        out,
+        "durable in {:.1} ms; writes paused {:.1} ms",
+        number("ms"),
+        number("writes_paused_ms")
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
 fn copy_into_image(
     source: &Path,
     to: &ImagePath,

@@ -1,6 +1,8 @@
 //! `foliofs serve nbd IMAGE:/path ...`: files inside a volume served as
 //! NBD exports (crates/foliofs-nbd) until SIGINT/SIGTERM, which answers
-//! what was read, writes everything back and closes the volume.
+//! what was read, writes everything back and closes the volume. With
+//! `--control PATH`, `foliofs snapshot --server PATH` snapshots exports
+//! while they are served.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,7 +11,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use foliofs::options::parse_size;
 use foliofs::{Error, OpenFlags, Owner, Volume, VolumeOptions};
-use foliofs_nbd::{ExportSpec, Listener, Server};
+use foliofs_nbd::{ControlListener, ExportSpec, Listener, Server};
 
 use crate::image_path::ImagePath;
 
@@ -41,6 +43,10 @@ pub struct NbdArgs {
     /// Requests served at once per connection.
     #[arg(long, default_value_t = 8)]
     threads: usize,
+    /// Answer snapshot requests on this unix socket (mode 0600), e.g. from
+    /// `foliofs snapshot --server PATH EXPORT /dst`; one JSON object a line.
+    #[arg(long)]
+    control: Option<PathBuf>,
 }
 
 pub fn run(protocol: &ServeProtocol, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
@@ -62,6 +68,7 @@ pub fn run(protocol: &ServeProtocol, options: &VolumeOptions) -> anyhow::Result<
         (Some(socket), _) => Listener::unix(socket.clone())?,
         (None, listen) => Listener::tcp(listen.as_deref().unwrap_or("127.0.0.1:10809"))?,
     };
+    let control = args.control.clone().map(ControlListener::bind).transpose()?;
     let volume =
         Volume::open(image, &options).with_context(|| format!("open {}", image.display()))?;
     let mut exports = Vec::new();
@@ -82,7 +89,10 @@ pub fn run(protocol: &ServeProtocol, options: &VolumeOptions) -> anyhow::Result<
         let uri = if uri == address { format!("{address}{}", export.name) } else { uri };
         note(&format!("serving {} ({} bytes) as {uri}", export.path, export.size_bytes));
     }
-    server.serve(listener).context("closing the volume")?;
+    if let Some(control) = &control {
+        note(&format!("snapshots on the control socket {}", control.path().display()));
+    }
+    server.serve_with_control(listener, control).context("closing the volume")?;
     note("stopped; the volume is closed");
     Ok(ExitCode::SUCCESS)
 }
