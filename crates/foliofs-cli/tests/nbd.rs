@@ -1,5 +1,7 @@
 //! NBD through the binary: a volume on qemu-nbd by URI (mkfs, cp, cat,
-//! fsck), and `foliofs serve nbd` writing back on SIGTERM. Skipped, with
+//! fsck), `foliofs serve nbd` writing back on SIGTERM, and snapshots of a
+//! served disk through its control socket (with the library's own NBD
+//! client, so never skipped). The qemu and nbdcopy tests are skipped, with
 //! the reason printed, when qemu-utils or libnbd-bin are missing.
 
 #[path = "../../../tests/support/skip.rs"]
@@ -257,4 +259,314 @@ fn killing_the_engine_and_the_server_mid_copy_loses_nothing_finished() {
         }
         drop(checker);
     }
+}
+
+/// `foliofs serve nbd IMAGE:/path... --control` on fresh sockets in `dir`;
+/// returns the server, the NBD socket and the control socket.
+fn serve_with_control(
+    dir: &Path,
+    image: &str,
+    targets: &[&str],
+    extra: &[&str],
+) -> (Reaped, std::path::PathBuf, std::path::PathBuf) {
+    let (socket, control) = (dir.join("nbd.sock"), dir.join("control.sock"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_foliofs"));
+    command.args(["serve", "nbd"]);
+    for target in targets {
+        command.arg(format!("{image}:{target}"));
+    }
+    command.args(extra).arg("--socket").arg(&socket).arg("--control").arg(&control);
+    let mut server = Reaped(command.stderr(Stdio::null()).spawn().unwrap());
+    wait_for_socket(&socket, &mut server.0);
+    wait_for_socket(&control, &mut server.0);
+    (server, socket, control)
+}
+
+/// SIGTERM, and the server's clean exit: everything written back.
+fn stop(mut server: Reaped) {
+    let killed = Command::new("kill").args(["-TERM", &server.0.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let status = server.0.wait().unwrap();
+    assert!(status.success(), "serve exited with {status}");
+}
+
+/// One request line on the control socket and its answer.
+fn control_request(control: &Path, request: &str) -> serde_json::Value {
+    use std::io::{BufRead, Write};
+    let stream = std::os::unix::net::UnixStream::connect(control).unwrap();
+    writeln!(&stream, "{request}").unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(&stream).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|error| panic!("{error}: {line:?}"))
+}
+
+fn snapshot_fails(control: &Path, args: &[&str], why: &str) {
+    let mut all = vec!["snapshot", "--server", control.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let output = foliofs(&all);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "snapshot {args:?} succeeded");
+    assert!(stderr.contains(why), "snapshot {args:?}: {stderr}");
+}
+
+fn listed(directory: &str) -> Vec<String> {
+    let mut names: Vec<String> = ok(&["ls", directory]).lines().map(String::from).collect();
+    names.sort();
+    names
+}
+
+/// Bytes each write covers: four 4 KiB blocks, so a torn request shows.
+const UNIT_BYTES: usize = 16 << 10;
+
+/// What a write of generation `generation` puts in unit `unit` (0: zeros,
+/// as WRITE_ZEROES and TRIM leave it).
+fn unit_content(unit: u64, generation: u64) -> Vec<u8> {
+    if generation == 0 {
+        return vec![0; UNIT_BYTES];
+    }
+    (0..UNIT_BYTES as u64 / 8)
+        .flat_map(|word| ((unit << 40) | (generation << 16) | word).to_le_bytes())
+        .collect()
+}
+
+/// One request a writer made: what it left in its unit, and when it was
+/// sent and answered on the shared clock.
+struct Op {
+    unit: u64,
+    /// 0 for WRITE_ZEROES and TRIM.
+    content: u64,
+    sent: u64,
+    answered: u64,
+}
+
+/// A snapshot through the control socket while three threads keep writing
+/// (plain and FUA writes, WRITE_ZEROES, TRIM, 16 KiB each, over two
+/// connections): the snapshot holds every write answered before the
+/// request and none sent after the answer, each unit wholly one write's;
+/// the original holds every write; fsck is clean and the blocks shared.
+#[test]
+fn a_snapshot_of_a_served_disk_holds_every_answered_write() {
+    use foliofs::dev::{DevOptions, DiscardMode, RawDev};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    const DISK_BYTES: u64 = 16 << 20;
+    const UNITS: u64 = DISK_BYTES / UNIT_BYTES as u64;
+    const WRITERS: u64 = 3;
+    const OPS_AFTER: usize = 48;
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("vol.img");
+    let image_text = image.to_str().unwrap();
+    ok(&["mkfs", "--size", "256M", image_text]);
+    ok(&["mkdir", &format!("{image_text}:/snaps")]);
+    let (server, socket, control) =
+        serve_with_control(dir.path(), image_text, &["/disk.raw"], &["--size", "16M"]);
+    let uri = format!("nbd+unix:///disk.raw?socket={}&connections=2", socket.display());
+    let disk = Arc::new(foliofs::dev::nbd::NbdDev::open(&uri, &DevOptions::default()).unwrap());
+    // Generation 1 everywhere, in 1 MiB writes.
+    let per_write = (1 << 20) / UNIT_BYTES as u64;
+    for first in (0..UNITS).step_by(per_write as usize) {
+        let data: Vec<u8> =
+            (first..first + per_write).flat_map(|unit| unit_content(unit, 1)).collect();
+        disk.write_at(first * UNIT_BYTES as u64, &[std::io::IoSlice::new(&data)], false).unwrap();
+    }
+    let clock = Arc::new(AtomicU64::new(1));
+    let answered_at = Arc::new(AtomicU64::new(u64::MAX));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|writer| {
+            let (disk, clock) = (Arc::clone(&disk), Arc::clone(&clock));
+            let answered_at = Arc::clone(&answered_at);
+            std::thread::spawn(move || {
+                let mut ops = Vec::new();
+                let mut after = 0;
+                for generation in 2.. {
+                    for unit in (writer..UNITS).step_by(WRITERS as usize) {
+                        if after >= OPS_AFTER {
+                            return ops;
+                        }
+                        let offset = unit * UNIT_BYTES as u64;
+                        let kind = (unit + generation) % 8;
+                        let sent = clock.fetch_add(1, Ordering::SeqCst);
+                        let content = match kind {
+                            6 => disk.discard(offset, UNIT_BYTES as u64, DiscardMode::Zero),
+                            7 => disk.discard(offset, UNIT_BYTES as u64, DiscardMode::Trim),
+                            _ => {
+                                let data = unit_content(unit, generation);
+                                disk.write_at(offset, &[std::io::IoSlice::new(&data)], kind == 5)
+                            }
+                        }
+                        .map(|()| if kind >= 6 { 0 } else { generation })
+                        .unwrap();
+                        let answered = clock.fetch_add(1, Ordering::SeqCst);
+                        if sent > answered_at.load(Ordering::SeqCst) {
+                            after += 1;
+                        }
+                        ops.push(Op { unit, content, sent, answered });
+                    }
+                }
+                unreachable!()
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(150));
+    let asked = clock.fetch_add(1, Ordering::SeqCst);
+    let made =
+        ok(&["snapshot", "--server", control.to_str().unwrap(), "disk.raw", "/snaps/disk-1"]);
+    let answered = clock.fetch_add(1, Ordering::SeqCst);
+    answered_at.store(answered, Ordering::SeqCst);
+    assert!(
+        made.contains("/snaps/disk-1: snapshot of export disk.raw (/disk.raw, 16777216 bytes)")
+            && made.contains("durable in"),
+        "{made}"
+    );
+    // Each writer stops once it sent OPS_AFTER requests after the answer.
+    let ops: Vec<Op> = writers.into_iter().flat_map(|writer| writer.join().unwrap()).collect();
+    drop(disk);
+    stop(server);
+
+    let snapshot = foliofs(&["cat", &format!("{image_text}:/snaps/disk-1")]).stdout;
+    let original = foliofs(&["cat", &format!("{image_text}:/disk.raw")]).stdout;
+    assert_eq!((snapshot.len() as u64, original.len() as u64), (DISK_BYTES, DISK_BYTES));
+    let mut history: Vec<Vec<&Op>> = (0..UNITS).map(|_| Vec::new()).collect();
+    for op in &ops {
+        history[op.unit as usize].push(op);
+    }
+    let initial = |unit| Op { unit, content: 1, sent: 0, answered: 0 };
+    let (mut changed_after, mut overlapping) = (0, 0);
+    for unit in 0..UNITS {
+        let first = initial(unit);
+        let mut unit_ops: Vec<&Op> = vec![&first];
+        unit_ops.extend(history[unit as usize].iter().copied());
+        let range = unit as usize * UNIT_BYTES..(unit as usize + 1) * UNIT_BYTES;
+        // The last write answered before the request, and every one sent
+        // before the answer after it: the snapshot holds one of those.
+        let oldest = unit_ops.iter().rposition(|op| op.answered < asked).unwrap();
+        let candidates: Vec<&Op> =
+            unit_ops[oldest..].iter().copied().filter(|op| op.sent < answered).collect();
+        overlapping +=
+            unit_ops.iter().filter(|op| op.sent < answered && op.answered > asked).count();
+        let held = &snapshot[range.clone()];
+        assert!(
+            candidates.iter().any(|op| held == unit_content(unit, op.content)),
+            "unit {unit}: the snapshot holds none of generations {:?} (first word {:#x})",
+            candidates.iter().map(|op| op.content).collect::<Vec<_>>(),
+            u64::from_le_bytes(held[..8].try_into().unwrap())
+        );
+        let last = unit_ops.last().unwrap();
+        assert!(original[range.clone()] == unit_content(unit, last.content), "unit {unit}");
+        if snapshot[range.clone()] != original[range] {
+            changed_after += 1;
+        }
+    }
+    assert!(overlapping > 0, "no write was in flight while the snapshot was taken");
+    assert!(changed_after > 0, "no write after the snapshot changed the original");
+    assert!(ops.iter().filter(|op| op.sent > answered).count() >= OPS_AFTER);
+    assert!(ok(&["fsck", image_text]).contains("clean"));
+    let info = ok(&["info", image_text]);
+    let shared: u64 = info
+        .lines()
+        .find_map(|line| line.strip_prefix("shared:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("no shared count in {info}"));
+    assert!(shared > 0, "{info}");
+}
+
+/// What the control socket refuses, each with its reason to the client and
+/// nothing left in the volume; several exports at one instant, all or
+/// none; a socket of mode 0600 that stays usable after a bad request.
+#[test]
+fn snapshot_refusals_leave_nothing_behind() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("vol.img");
+    let image_text = image.to_str().unwrap();
+    ok(&["mkfs", "--size", "128M", image_text]);
+    ok(&["mkdir", &format!("{image_text}:/snaps")]);
+    let (server, _socket, control) =
+        serve_with_control(dir.path(), image_text, &["/a.raw", "/b.raw"], &["--size", "1M"]);
+    let mode = std::fs::metadata(&control).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the control socket is the owner's alone");
+    snapshot_fails(&control, &["nosuch", "/snaps/x"], "no export named \"nosuch\"");
+    snapshot_fails(&control, &["/c.raw", "/snaps/x"], "no export at \"/c.raw\"");
+    snapshot_fails(&control, &["a.raw", "snaps/x"], "a path inside the volume");
+    snapshot_fails(&control, &["a.raw", "/nodir/x"], "snapshot of a.raw (/a.raw) to /nodir/x");
+    snapshot_fails(&control, &["a.raw", "/snaps/x", "b.raw"], "pairs");
+    let made = ok(&["snapshot", "--server", control.to_str().unwrap(), "a.raw", "/snaps/a1"]);
+    assert!(made.contains("/snaps/a1: snapshot of export a.raw (/a.raw, 1048576 bytes)"), "{made}");
+    snapshot_fails(&control, &["/a.raw", "/snaps/a1"], "/snaps/a1 exists");
+    snapshot_fails(&control, &["a.raw", "/snaps/a2", "b.raw", "/snaps/a1"], "/snaps/a1 exists");
+    snapshot_fails(&control, &["a.raw", "/snaps/a2", "b.raw", "/snaps/a2"], "named twice");
+    // The first clone is made, the second fails: the first is removed.
+    snapshot_fails(&control, &["a.raw", "/snaps/a2", "b.raw", "/nodir/b2"], "/nodir/b2");
+    let pair = ok(&[
+        "snapshot",
+        "--server",
+        control.to_str().unwrap(),
+        "/a.raw",
+        "/snaps/pa",
+        "b.raw",
+        "/snaps/pb",
+    ]);
+    assert!(
+        pair.contains("/snaps/pa: snapshot of export a.raw")
+            && pair.contains("/snaps/pb: snapshot of export b.raw"),
+        "{pair}"
+    );
+    let answer = control_request(&control, "not json");
+    assert!(answer["error"].as_str().unwrap().contains("not JSON"), "{answer}");
+    let answer = control_request(&control, r#"{"resize": {}}"#);
+    assert!(answer["error"].as_str().unwrap().contains("unknown request"), "{answer}");
+    let answer = control_request(&control, r#"{"exports": {}}"#);
+    let exports = answer["ok"]["exports"].as_array().unwrap_or_else(|| panic!("{answer}"));
+    assert_eq!(exports.len(), 2);
+    assert_eq!(
+        (exports[1]["name"].as_str(), exports[1]["bytes"].as_u64()),
+        (Some("b.raw"), Some(1 << 20))
+    );
+    let answer =
+        control_request(&control, r#"{"snapshot": {"export": "b.raw", "to": "/snaps/b1"}}"#);
+    assert_eq!(answer["ok"]["to"], "/snaps/b1", "{answer}");
+    assert_eq!(answer["ok"]["durable"], true, "{answer}");
+    stop(server);
+    assert!(!control.exists(), "the control socket is removed");
+    assert_eq!(listed(&format!("{image_text}:/snaps")), ["a1", "b1", "pa", "pb"]);
+    assert_eq!(listed(&format!("{image_text}:/")), ["a.raw", "b.raw", "snaps"]);
+    assert!(ok(&["fsck", image_text]).contains("clean"));
+
+    // A read-only server takes no snapshot.
+    let (server, _socket, control) =
+        serve_with_control(dir.path(), image_text, &["/a.raw"], &["--read-only"]);
+    snapshot_fails(&control, &["a.raw", "/snaps/ro"], "served read-only");
+    stop(server);
+    assert_eq!(listed(&format!("{image_text}:/snaps")), ["a1", "b1", "pa", "pb"]);
+}
+
+/// A volume of format version 1 (made by an older build) takes no clones:
+/// the snapshot is refused with the reason, and nothing is left.
+#[test]
+fn a_format_version_1_volume_refuses_snapshots() {
+    use foliofs::format::Superblock;
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("vol.img");
+    let image_text = image.to_str().unwrap();
+    ok(&["mkfs", "--size", "64M", image_text]);
+    ok(&["mkdir", &format!("{image_text}:/snaps")]);
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&image).unwrap();
+    let mut bytes = vec![0; 4096];
+    file.read_exact_at(&mut bytes, 0).unwrap();
+    let mut superblock = Superblock::decode(&bytes).unwrap();
+    superblock.version = 1;
+    for copy in 0..2 {
+        let offset = Superblock::copy_offset(superblock.block_bytes, copy);
+        file.write_all_at(&superblock.encode(), offset).unwrap();
+    }
+    file.sync_all().unwrap();
+    drop(file);
+    let (server, _socket, control) =
+        serve_with_control(dir.path(), image_text, &["/disk.raw"], &["--size", "1M"]);
+    snapshot_fails(&control, &["disk.raw", "/snaps/d1"], "format version 2");
+    stop(server);
+    assert!(listed(&format!("{image_text}:/snaps")).is_empty());
+    assert!(ok(&["fsck", image_text]).contains("clean"));
 }
