@@ -484,6 +484,10 @@ fn snapshot_refusals_leave_nothing_behind() {
     ok(&["mkdir", &format!("{image_text}:/snaps")]);
     let (server, _socket, control) =
         serve_with_control(dir.path(), image_text, &["/a.raw", "/b.raw"], &["--size", "1M"]);
+    // The image is the server's: the offline snapshot points at --server.
+    let output = foliofs(&["snapshot", &format!("{image_text}:/a.raw"), "/snaps/x"]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("foliofs snapshot --server SOCKET"));
     let mode = std::fs::metadata(&control).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "the control socket is the owner's alone");
     snapshot_fails(&control, &["nosuch", "/snaps/x"], "no export named \"nosuch\"");

@@ -277,7 +277,16 @@ pub fn snapshot(
         Some(to) => to,
         None => ImagePath { image: from.image.clone(), path: destination.to_string() },
     };
-    let volume = open_writable(&from.image, options)?;
+    let volume = open_writable(&from.image, options).map_err(|error| {
+        if format!("{error:#}").contains("in use by another process") {
+            error.context(
+                "a served image takes snapshots through its server: foliofs serve nbd --control \
+                 SOCKET, then foliofs snapshot --server SOCKET EXPORT /dst",
+            )
+        } else {
+            error
+        }
+    })?;
     let destination = resolve_within_image(&from, &to, &volume)?;
     let started = std::time::Instant::now();
     let cloned = volume.clone_tree(&from.path, &destination);
