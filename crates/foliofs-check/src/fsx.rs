@@ -40,7 +40,7 @@ use foliofs::{File, MkfsOptions, OpenFlags, Volume};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::model::apply_fallocate;
+use crate::model::{apply_fallocate, clone_rule, copy_rule, overlaps};
 use crate::{fill_pattern, mix, new_volume, open_raw, owner, ROOT, SECTOR_BYTES};
 
 /// The second file's name (the first is `fsx`).
@@ -634,52 +634,6 @@ fn failure_options(options: &str) -> String {
 }
 
 /// Whether `[a, a + len)` and `[b, b + len)` overlap.
-fn overlaps(a: u64, b: u64, len: u64) -> bool {
-    a < b + len && b < a + len
-}
-
-/// What FICLONERANGE (and, with `inside_both`, FIDEDUPERANGE) must answer
-/// for these ranges by `File::clone_range_from`'s rules: the length
-/// covered (0 resolved to the source's end), or None for EINVAL.
-#[allow(clippy::too_many_arguments)]
-fn clone_rule(
-    block: u64,
-    src_size: u64,
-    dst_size: u64,
-    same_file: bool,
-    src_pos: u64,
-    dst_pos: u64,
-    len: u64,
-    inside_both: bool,
-) -> Option<u64> {
-    if src_pos > src_size {
-        return None;
-    }
-    let len = if len == 0 { src_size - src_pos } else { len };
-    let (src_end, dst_end) = (src_pos + len, dst_pos + len);
-    let unaligned = !src_pos.is_multiple_of(block) || !dst_pos.is_multiple_of(block);
-    let tail_allowed = src_end == src_size && dst_end >= dst_size;
-    let rounded = len.div_ceil(block) * block;
-    if src_end > src_size
-        || (inside_both && dst_end > dst_size)
-        || unaligned
-        || (!len.is_multiple_of(block) && !tail_allowed)
-        || (same_file && overlaps(src_pos, dst_pos, rounded))
-    {
-        return None;
-    }
-    Some(len)
-}
-
-/// What copy_file_range must answer: the bytes copied, or None for EINVAL.
-fn copy_rule(src_size: u64, same_file: bool, src_pos: u64, dst_pos: u64, len: u64) -> Option<u64> {
-    let len = len.min(src_size.saturating_sub(src_pos));
-    if len > 0 && same_file && overlaps(src_pos, dst_pos, len) {
-        return None;
-    }
-    Some(len)
-}
-
 /// One of the four (from, to) pairs, most often within the first file as
 /// xfstests' fsx runs them.
 fn pick_pair(rng: &mut ChaCha8Rng) -> (Side, Side) {

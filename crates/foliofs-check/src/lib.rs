@@ -11,8 +11,9 @@
 //!   (and random subsets and torn versions of the writes still volatile
 //!   there), remounts, and checks the image against the model; shrinks a
 //!   failing workload to a short op list.
-//! - [`fsx`]: random operations on one file compared with an in-memory
-//!   copy after every step, in the manner of xfstests' fsx.
+//! - [`fsx`]: random operations on one file (and a second one for clones,
+//!   dedupes and copies) compared with an in-memory copy after every step,
+//!   in the manner of xfstests' fsx.
 //! - [`fsx_threads`]: threads racing on shared files (buffered, direct and
 //!   asynchronous direct I/O, mmap, truncate, punch, fsync), every read with
 //!   a defined answer checked against a model; in process or under a path.

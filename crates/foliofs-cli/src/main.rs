@@ -154,8 +154,8 @@ enum Command {
     /// crashed at every flush boundary (and with volatile writes kept, lost
     /// or torn), remounted and checked against a model.
     Crashtest(commands::crashtest::CrashtestArgs),
-    /// fsx-style checker: random operations on one file compared with an
-    /// in-memory model after every step.
+    /// fsx-style checker: random operations on one file (and a second one
+    /// for clones) compared with an in-memory model after every step.
     Fsx(commands::fsx::FsxArgs),
     /// List every -o option; --markdown prints docs/options.md (with the
     /// flags of mkfs, mount and serve nbd).

@@ -153,6 +153,31 @@ fn fsck_reports_a_damaged_superblock_and_the_volume_still_opens() {
     assert!(ok(&["info", image_str]).contains("block size:       4096"));
 }
 
+/// A volume a newer build made is refused as such (EOPNOTSUPP, naming the
+/// version), not called damaged, and left as it was.
+#[test]
+fn a_newer_format_version_is_named_not_called_damage() {
+    use foliofs::format::Superblock;
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let image = dir.path().join("vol.img");
+    let image_str = image.to_str().unwrap();
+    ok(&["mkfs", image_str, "--size", "32M"]);
+    let mut bytes = std::fs::read(&image).unwrap();
+    let mut superblock = Superblock::decode(&bytes[..4096]).unwrap();
+    superblock.version = 99;
+    for copy in 0..2 {
+        let offset = Superblock::copy_offset(superblock.block_bytes, copy) as usize;
+        let encoded = superblock.encode();
+        bytes[offset..offset + encoded.len()].copy_from_slice(&encoded);
+    }
+    std::fs::write(&image, &bytes).unwrap();
+    let message = fails(&["info", image_str]);
+    assert!(message.contains("unsupported format version 99"), "{message}");
+    assert!(message.contains("a newer build made it"), "{message}");
+    assert!(!message.contains("damaged"), "{message}");
+    assert_eq!(std::fs::read(&image).unwrap(), bytes, "the image changed");
+}
+
 /// `-o`'s help is made from the option tables: every key is in it.
 #[test]
 fn options_help_lists_every_key() {

@@ -82,18 +82,27 @@ pub struct SuperblockCopies {
     pub b: Option<Result<Superblock, String>>,
     /// The first device error met reading a copy.
     pub read_error: Option<std::io::Error>,
+    /// Why a copy was refused for its format version (a newer build's
+    /// volume, not a damaged one).
+    pub unsupported_version: Option<String>,
 }
 
 pub fn read_superblock_copies(device: &Device) -> SuperblockCopies {
     let sector = device.logical_block_bytes().max(SECTOR_BYTES_MIN) as usize;
     let mut buffer = AlignedBuf::zeroed(sector);
     let mut read_error = None;
+    let mut unsupported_version = None;
     let mut read_at = |offset: u64| -> Option<Result<Superblock, String>> {
         if offset + sector as u64 > device.size_bytes() {
             return None;
         }
         Some(match device.read(offset, &mut buffer) {
-            Ok(()) => Superblock::decode(&buffer).map_err(|error: FormatError| error.to_string()),
+            Ok(()) => Superblock::decode(&buffer).map_err(|error: FormatError| {
+                if matches!(error, FormatError::UnsupportedVersion { .. }) {
+                    unsupported_version.get_or_insert(error.to_string());
+                }
+                error.to_string()
+            }),
             Err(error) => {
                 let message = error.to_string();
                 read_error.get_or_insert(error);
@@ -120,7 +129,7 @@ pub fn read_superblock_copies(device: &Device) -> SuperblockCopies {
             break;
         }
     }
-    SuperblockCopies { a, b, read_error }
+    SuperblockCopies { a, b, read_error, unsupported_version }
 }
 
 /// The superblock to mount with: copy A, or copy B when A is damaged.
@@ -141,6 +150,12 @@ pub fn read_superblock(device: &Device) -> Result<Superblock> {
         (Some(Err(_)), _) if copies.read_error.is_some() => {
             let error = copies.read_error.expect("checked");
             return Err(Error::io("read superblock", error));
+        }
+        // A newer build's volume: EOPNOTSUPP naming the version, not
+        // "damaged".
+        (Some(Err(_)), _) if copies.unsupported_version.is_some() => {
+            let why = copies.unsupported_version.expect("checked");
+            return Err(Error::Unsupported(format!("cannot open this volume: {why}")));
         }
         (Some(Err(why)), _) => {
             return Err(Error::Corrupt(format!(

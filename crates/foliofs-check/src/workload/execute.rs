@@ -6,7 +6,7 @@ use foliofs::FallocateMode;
 use foliofs::{OpenFlags, Privilege, RenameFlags, Volume, XattrFlags};
 
 use super::{xattr_name, CloneMode, InodeModel, Op, SpanKind, ThreadModel};
-use crate::model::{apply_fallocate, read_file, read_xattrs};
+use crate::model::{apply_fallocate, clone_rule, copy_rule, read_file, read_xattrs};
 use crate::{owner, pattern, SECTOR_BYTES};
 
 pub(super) type Executed = Result<(Vec<u64>, SpanKind), String>;
@@ -225,29 +225,31 @@ impl ThreadModel {
     ) -> Executed {
         let block = u64::from(volume.statfs().block_bytes);
         let source = self.inodes[&src].content.clone();
-        let dst_bytes = self.inodes[&dst].content.len() as u64;
-        let expected = expected_clone(mode, block, (&source, src_pos), (dst_bytes, dst_pos), len)
-            .and_then(|length| {
-                let (src_end, dst_end) = (src_pos + length, dst_pos + length);
-                let blocks = |length: u64| match mode {
-                    CloneMode::Copy => length,
-                    _ => length.div_ceil(block) * block,
-                };
-                let overlap = src == dst
-                    && length > 0
-                    && src_pos < dst_pos + blocks(length)
-                    && dst_pos < src_pos + blocks(length);
-                if overlap {
-                    return Err("overlapping ranges of one file");
-                }
-                if mode == CloneMode::Dedupe {
+        let (src_bytes, dst_bytes) = (source.len() as u64, self.inodes[&dst].content.len() as u64);
+        let same_file = src == dst;
+        let expected = match mode {
+            CloneMode::Copy => copy_rule(src_bytes, same_file, src_pos, dst_pos, len),
+            CloneMode::Clone | CloneMode::Dedupe => {
+                let dedupe = mode == CloneMode::Dedupe;
+                let rule = clone_rule(
+                    block, src_bytes, dst_bytes, same_file, src_pos, dst_pos, len, dedupe,
+                );
+                rule.map(|length| {
+                    // A dedupe's ranges lie inside both files (the rule).
                     let target = &self.inodes[&dst].content;
-                    let same = source[src_pos as usize..src_end as usize]
-                        == target[dst_pos as usize..dst_end as usize];
-                    return Ok(if same { length } else { 0 });
-                }
-                Ok(length)
-            });
+                    let (src_end, dst_end) = (src_pos + length, dst_pos + length);
+                    let differ = || {
+                        source[src_pos as usize..src_end as usize]
+                            != target[dst_pos as usize..dst_end as usize]
+                    };
+                    if dedupe && differ() {
+                        0
+                    } else {
+                        length
+                    }
+                })
+            }
+        };
         let source_file = open(volume, src, OpenFlags::READ)?;
         let target_file = open(volume, dst, OpenFlags::WRITE)?;
         let result = match mode {
@@ -266,22 +268,22 @@ impl ThreadModel {
             Ok(())
         };
         let done = match (result, expected) {
-            (Ok(done), Ok(length)) if done == length => done,
-            (Ok(done), Ok(length)) if mode == CloneMode::Copy && done < length => {
+            (Ok(done), Some(length)) if done == length => done,
+            (Ok(done), Some(length)) if mode == CloneMode::Copy && done < length => {
                 // Cut short for want of space: adopted below.
                 done
             }
-            (Ok(done), Ok(length)) => {
+            (Ok(done), Some(length)) => {
                 return Err(format!("{mode:?} answered {done} bytes where {length} were due"));
             }
-            (Ok(done), Err(why)) => {
-                return Err(format!("{mode:?} of {done} bytes accepted {why}"));
+            (Ok(done), None) => {
+                return Err(format!("{mode:?} of {done} bytes accepted what its rules refuse"));
             }
-            (Err(error), Err(_)) if error.errno() == libc::EINVAL => {
+            (Err(error), None) if error.errno() == libc::EINVAL => {
                 unchanged(self)?;
                 return skipped();
             }
-            (Err(error), Ok(length))
+            (Err(error), Some(length))
                 if error.errno() == libc::ENOSPC && mode != CloneMode::Dedupe =>
             {
                 let data = &source[src_pos as usize..(src_pos + length) as usize];
@@ -536,38 +538,4 @@ impl ThreadModel {
         inode.sizes_seen.insert(inode.content.len() as u64);
         Ok(())
     }
-}
-
-/// The length a clone, dedupe or copy must answer before any same-file
-/// overlap or content check, or why it must be refused (EINVAL): the rules
-/// of `File::clone_range_from` and `File::copy_range_from`.
-fn expected_clone(
-    mode: CloneMode,
-    block: u64,
-    (source, src_pos): (&[u8], u64),
-    (dst_bytes, dst_pos): (u64, u64),
-    len: u64,
-) -> Result<u64, &'static str> {
-    let src_bytes = source.len() as u64;
-    if mode == CloneMode::Copy {
-        return Ok(len.min(src_bytes.saturating_sub(src_pos)));
-    }
-    if src_pos > src_bytes {
-        return Err("a source offset past its end");
-    }
-    let length = if len == 0 { src_bytes - src_pos } else { len };
-    let (src_end, dst_end) = (src_pos + length, dst_pos + length);
-    if src_end > src_bytes {
-        return Err("a range past the source's end");
-    }
-    if mode == CloneMode::Dedupe && dst_end > dst_bytes {
-        return Err("a dedupe past the destination's end");
-    }
-    if !src_pos.is_multiple_of(block) || !dst_pos.is_multiple_of(block) {
-        return Err("offsets that are not block-aligned");
-    }
-    if !length.is_multiple_of(block) && !(src_end == src_bytes && dst_end >= dst_bytes) {
-        return Err("a partial block not at the ends of both files");
-    }
-    Ok(length)
 }
