@@ -114,8 +114,23 @@ impl File {
     /// `src_pos` to this file at `dst_pos`, stopping at the source's end of
     /// file; returns the bytes copied. Where both offsets sit at the same
     /// place in their blocks, the whole blocks are cloned (no data moves)
-    /// and only the partial blocks at the edges are copied.
+    /// and only the partial blocks at the edges are copied. With `dsync`
+    /// on this file the copy is durable on return, as a write would be.
     pub fn copy_range_from(
+        &self,
+        src: &File,
+        src_pos: u64,
+        dst_pos: u64,
+        length: u64,
+    ) -> Result<u64> {
+        let copied = self.copy_range_unsynced(src, src_pos, dst_pos, length)?;
+        if self.flags().dsync && copied > 0 {
+            self.sync_range(dst_pos, dst_pos + copied, true)?;
+        }
+        Ok(copied)
+    }
+
+    fn copy_range_unsynced(
         &self,
         src: &File,
         src_pos: u64,

@@ -454,7 +454,7 @@ impl File {
         space::seek(&self.shared.engine, &self.inode, pos, Whence::Hole)
     }
 
-    fn sync_range(&self, start: u64, end: u64, data_only: bool) -> Result<()> {
+    pub(super) fn sync_range(&self, start: u64, end: u64, data_only: bool) -> Result<()> {
         self.shared.check_running()?;
         let written = writeback::write_back(&self.shared.engine, &self.inode, start, end);
         if let Some(message) = self.inode.check_error(&self.errors_seen) {
