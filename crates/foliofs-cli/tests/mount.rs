@@ -1828,3 +1828,63 @@ fn cp_through_the_mount_clones_and_the_copies_stay_apart() {
     let info = ok(FOLIOFS, &["info", mounted.image_str()]);
     assert!(info.contains("shared:"), "{info}");
 }
+
+/// copy_file_range(2) on `source` and `target` at their offsets: the count.
+fn copy_file_range(source: &fs::File, from: i64, target: &fs::File, to: i64, length: usize) -> i64 {
+    let (mut from, mut to) = (from, to);
+    // SAFETY: two open descriptors and offsets that live across the call.
+    let copied = unsafe {
+        libc::copy_file_range(
+            std::os::fd::AsRawFd::as_raw_fd(source),
+            &mut from,
+            std::os::fd::AsRawFd::as_raw_fd(target),
+            &mut to,
+            length,
+            0,
+        )
+    };
+    assert!(copied >= 0, "copy_file_range: {}", std::io::Error::last_os_error());
+    copied as i64
+}
+
+/// A copy_file_range into a file opened O_DSYNC is durable when it
+/// returns, as a write through that file is: the daemon, SIGKILLed right
+/// after (with no background commit or writeback to save it), leaves the
+/// clones, the copied edges and the size on the image. It did not: the
+/// library ignored O_DSYNC there.
+#[test]
+fn copy_file_range_into_an_o_dsync_file_survives_a_sigkill() {
+    if skip_requested() {
+        return;
+    }
+    let options = "writeback_interval_ms=0,commit_interval_ms=0";
+    let mut mounted = Mounted::new(4096, "64M", options);
+    let original = pattern(43, (1 << 20) + 333);
+    let source = fs::File::create(mounted.path("source")).unwrap();
+    source.write_all_at(&original, 0).unwrap();
+    source.sync_all().unwrap();
+    drop(source);
+    fs::File::create(mounted.path("target")).unwrap().sync_all().unwrap();
+    let source = fs::File::open(mounted.path("source")).unwrap();
+    let target = fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DSYNC)
+        .open(mounted.path("target"))
+        .unwrap();
+    // Whole blocks and edges (a clone), then bytes apart within blocks (a copy).
+    assert_eq!(copy_file_range(&source, 100, &target, 100, 600_000), 600_000);
+    assert_eq!(copy_file_range(&source, 7, &target, 700_000, 300_000), 300_000);
+    let mut expected = vec![0u8; 1_000_000];
+    expected[100..600_100].copy_from_slice(&original[100..600_100]);
+    expected[700_000..].copy_from_slice(&original[7..300_007]);
+    let mut daemon = mounted.daemon.take().unwrap();
+    kill_daemon(&mut daemon, &mounted.point);
+    drop((source, target));
+    assert!(unmount_command(&mounted.point, true).status.success());
+    mounted.fsck_clean();
+    mounted.mount("");
+    let found = fs::read(mounted.path("target")).unwrap();
+    assert!(found == expected, "{} bytes after the crash, {} copied", found.len(), expected.len());
+    mounted.unmount();
+    mounted.fsck_clean();
+}

@@ -1345,7 +1345,10 @@ impl Filesystem for FolioFs {
     /// copy_file_range(2), which `cp` uses: answered as a clone of the
     /// whole blocks (no data moves, the blocks are shared) and a copy of
     /// the partial blocks at the edges (`File::copy_range_from`). FICLONE
-    /// and FIDEDUPERANGE never reach a FUSE daemon.
+    /// and FIDEDUPERANGE never reach a FUSE daemon. Into a handle opened
+    /// O_DSYNC or O_SYNC the copy is durable before the reply; with
+    /// zero-message opens it is not, for the request carries no open flags
+    /// (fuse_copy_file_range_in has none, unlike reads and writes).
     fn copy_file_range(
         &self,
         req: &Request,
