@@ -27,7 +27,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use crate::cache::{Folio, FolioState, InodeCache};
+use crate::cache::{BlockBits, Folio, FolioState, InodeCache};
 use crate::engine::{Engine, FILE_BYTES_MAX};
 use crate::error::{Error, IoContext, Result};
 use crate::iomap::{self, MapKind};
@@ -512,10 +512,20 @@ fn write_into_folio(
     }
     let end = pos + length;
     let (first, count) = folio.blocks_of(pos, end);
+    let dirty_mode = engine.cache.policy().dirty_mode;
+    if engine.meta.may_copy_on_write() {
+        let mut dirtied = match dirty_mode {
+            DirtyMode::Block => BlockBits::new(folio.block_count()),
+            DirtyMode::Folio => state.uptodate.clone(),
+        };
+        dirtied.set_range(first, count);
+        dirtied.intersect_with(&state.mapped);
+        reserve_copies(engine, inode.ino, folio, &mut state, &dirtied)?;
+    }
     let start = (pos - folio.pos()) as usize;
     state.data[start..start + length as usize].copy_from_slice(&piece[..length as usize]);
     state.uptodate.set_range(first, count);
-    match engine.cache.policy().dirty_mode {
+    match dirty_mode {
         DirtyMode::Block => inode.mark_dirty(folio, &mut state, first, count),
         DirtyMode::Folio => {
             let mut whole = state.uptodate.clone();
@@ -531,6 +541,33 @@ fn write_into_folio(
         }
     }
     Ok(length)
+}
+
+/// Promises a block to the copy of each of a folio's blocks `dirtied` maps
+/// onto shared blocks that has no promise yet (`FolioState::copy_reserved`),
+/// before any byte changes: writeback then always finds the space to copy
+/// them. The promise goes with the copy writeback makes, or with the folio
+/// if it is dropped first.
+fn reserve_copies(
+    engine: &Engine,
+    ino: u64,
+    folio: &Folio,
+    state: &mut FolioState,
+    dirtied: &BlockBits,
+) -> Result<()> {
+    let folio_block = folio.pos() / engine.block_bytes;
+    let mut reserved = state.copy_reserved.clone();
+    for (first, count) in dirtied.runs() {
+        let runs =
+            iomap::blocks_to_copy(&engine.meta, ino, folio_block + first as u64, count as u64)?;
+        for (file_block, block_count) in runs {
+            reserved.set_range((file_block - folio_block) as usize, block_count as usize);
+        }
+    }
+    let newly = reserved.count_set() - state.copy_reserved.count_set();
+    iomap::reserve_copies(&engine.meta, ino, newly as u64)?;
+    state.copy_reserved = reserved;
+    Ok(())
 }
 
 /// Truncates or extends the file to `new_size`.

@@ -149,7 +149,7 @@ pub fn walk(
     intent: Intent,
     block_bytes: u64,
 ) -> Walk<'_> {
-    Walk { meta, ino, pos, length, intent, block_bytes, done: 0, failed: false }
+    Walk { meta, ino, pos, length, intent, block_bytes, done: 0, failed: false, copies_reserved: 0 }
 }
 
 /// The iterator [`walk`] returns.
@@ -163,6 +163,24 @@ pub struct Walk<'a> {
     /// Bytes of the range the ranges yielded so far cover.
     done: u64,
     failed: bool,
+    /// Blocks promised to copies of shared blocks ([`reserve_copies`]) that
+    /// the walk's copy-on-write allocations take before any other space.
+    copies_reserved: u64,
+}
+
+impl Walk<'_> {
+    /// Lets the walk's copy-on-write allocations use `block_count` blocks
+    /// promised by [`reserve_copies`] (writeback of the blocks that
+    /// reserved them).
+    pub fn paying_copies_with(mut self, block_count: u64) -> Self {
+        self.copies_reserved = block_count;
+        self
+    }
+
+    /// The promised blocks no copy took: the caller gives them back.
+    pub fn copies_reserved_left(&self) -> u64 {
+        self.copies_reserved
+    }
 }
 
 impl Iterator for Walk<'_> {
@@ -174,7 +192,16 @@ impl Iterator for Walk<'_> {
         }
         let at = self.pos + self.done;
         let left = self.length - self.done;
-        match begin(self.meta, self.ino, at, left, self.intent, self.block_bytes) {
+        let begun = begin(
+            self.meta,
+            self.ino,
+            at,
+            left,
+            self.intent,
+            self.block_bytes,
+            &mut self.copies_reserved,
+        );
+        match begun {
             Ok(mapping) => {
                 let range = MappedRange::clip(mapping, self.pos, self.done, self.length);
                 self.done = range.end;
@@ -197,9 +224,10 @@ fn begin(
     length: u64,
     intent: Intent,
     block_bytes: u64,
+    copies_reserved: &mut u64,
 ) -> Result<Mapping> {
     assert!(length > 0);
-    let mapping = map_first_blocks(meta, ino, pos, length, intent, block_bytes)?;
+    let mapping = map_first_blocks(meta, ino, pos, length, intent, block_bytes, copies_reserved)?;
     // What every caller relies on when it advances by the mapping, as the
     // kernel's iomap_iter_done checks: it starts at or before `pos`, covers
     // `pos`, ends no later than the block holding the range's last byte,
@@ -232,6 +260,7 @@ fn map_first_blocks(
     length: u64,
     intent: Intent,
     block_bytes: u64,
+    copies_reserved: &mut u64,
 ) -> Result<Mapping> {
     let first_block = pos / block_bytes;
     let wanted_blocks = (pos + length).div_ceil(block_bytes) - first_block;
@@ -263,7 +292,7 @@ fn map_first_blocks(
                 if intent != Intent::Write || !mapping.shared {
                     return Ok(mapping);
                 }
-                match allocate_cow(meta, ino, mapping.length / block_bytes)? {
+                match allocate_cow(meta, ino, mapping.length / block_bytes, copies_reserved)? {
                     Allocation::Mapped(run) => {
                         return Ok(Mapping {
                             kind: MapKind::Unwritten,
@@ -376,11 +405,22 @@ fn mapped(
 /// Takes up to `block_count` free blocks for a write that copies shared
 /// blocks: no extent maps them until the write completes ([`end_write`]
 /// remaps them over the shared ones), so a crash before leaves them free.
-fn allocate_cow(meta: &MetaStore, ino: u64, block_count: u64) -> Result<Allocation> {
+/// Blocks promised to copies (`copies_reserved`) pay first, and what the
+/// run took of them leaves the count.
+fn allocate_cow(
+    meta: &MetaStore,
+    ino: u64,
+    block_count: u64,
+    copies_reserved: &mut u64,
+) -> Result<Allocation> {
     let mut space = meta.space();
     let goal = space.alloc.cursor();
-    match space.alloc.allocate(goal, block_count, 0) {
-        Some(run) => Ok(Allocation::Mapped(run)),
+    let from_reserved = block_count.min(*copies_reserved);
+    match space.alloc.allocate(goal, block_count, from_reserved) {
+        Some(run) => {
+            *copies_reserved -= from_reserved.min(run.count);
+            Ok(Allocation::Mapped(run))
+        }
         None if space.pending_free_blocks() > 0 => Ok(Allocation::NeedsCommit),
         None => {
             Err(Error::NoSpace(format!("no free blocks to copy shared blocks of inode {ino} to")))
@@ -494,6 +534,65 @@ pub fn reserve(meta: &MetaStore, ino: u64, pos: u64, length: u64, block_bytes: u
         }
     }
     Err(Error::NoSpace(format!("no free blocks for a write to inode {ino}")))
+}
+
+/// The blocks of `[first_block, first_block + block_count)` of file `ino`
+/// that a write must copy (mapped onto shared blocks, or onto blocks
+/// unshared by a record not yet durable), as runs `(file_block, count)`.
+/// Empty at the cost of two atomic loads on a volume without clones.
+pub fn blocks_to_copy(
+    meta: &MetaStore,
+    ino: u64,
+    first_block: u64,
+    block_count: u64,
+) -> Result<SmallVec<[(u64, u64); 4]>> {
+    let mut runs: SmallVec<[(u64, u64); 4]> = SmallVec::new();
+    if !meta.may_copy_on_write() {
+        return Ok(runs);
+    }
+    let inode = meta.inode(ino).ok_or_else(|| Error::BadHandle(format!("inode {ino} is gone")))?;
+    let extents = inode.extents().ok_or_else(|| Error::IsDir(format!("inode {ino}")))?;
+    for extent in extents.range(first_block, first_block + block_count) {
+        if extent.kind == ExtentKind::Delalloc {
+            continue;
+        }
+        let mut block = extent.file_block;
+        while block < extent.file_end() {
+            let dev_block = extent.dev_block + (block - extent.file_block);
+            let (shared, count) = meta.shared_run(dev_block, extent.file_end() - block);
+            if shared {
+                match runs.last_mut() {
+                    Some((start, length)) if *start + *length == block => *length += count,
+                    _ => runs.push((block, count)),
+                }
+            }
+            block += count;
+        }
+    }
+    Ok(runs)
+}
+
+/// Promises `block_count` free blocks to the copies of shared blocks a
+/// buffered write dirtied ([`MetaStore::reserve_copies`]), committing once
+/// when only blocks freed by records not yet durable could pay. ENOSPC when
+/// they cannot be had: a full volume fails the write, as [`reserve`] does,
+/// never the writeback.
+pub fn reserve_copies(meta: &MetaStore, ino: u64, block_count: u64) -> Result<()> {
+    if block_count == 0 {
+        return Ok(());
+    }
+    for attempt in 0..2 {
+        if meta.reserve_copies(block_count) {
+            return Ok(());
+        }
+        if attempt == 0 && meta.space().pending_free_blocks() > 0 {
+            meta.commit_all()?;
+            meta.release_durable_frees();
+        }
+    }
+    Err(Error::NoSpace(format!(
+        "no free blocks for copies of {block_count} shared blocks of inode {ino}"
+    )))
 }
 
 /// Prefers the device block right after the extent before `file_block`, so

@@ -50,11 +50,13 @@ const THROTTLE_WAIT_STEPS_MAX: u32 = 100;
 /// (see [`InodeCache::folio_being_filled`]).
 const SPARE_FILLING_MAX: Duration = Duration::from_secs(1);
 
-/// A folio held for writeback: read-locked, with the dirty bits it had.
+/// A folio held for writeback: read-locked, with the dirty bits it had and
+/// those of its blocks that had a block promised to their copy.
 struct Held<'a> {
     folio: &'a Folio,
     state: RwLockReadGuard<'a, FolioState>,
     dirty: BlockBits,
+    copy_reserved: BlockBits,
 }
 
 /// Part of a run: bytes of one held folio.
@@ -208,6 +210,10 @@ fn write_batch(
     size_may_grow: &mut bool,
 ) -> Result<()> {
     let mut held = Vec::new();
+    // Blocks promised to the copies of the batch's shared blocks: the
+    // copy-on-write allocations of `map_runs` take them, and what they do
+    // not take (blocks unshared since they were dirtied) goes back.
+    let mut copies_reserved = 0u64;
     for folio in folios {
         let mut state = folio.write();
         if state.dirty.is_empty() {
@@ -215,8 +221,10 @@ fn write_batch(
             continue;
         }
         let dirty = inode.take_dirty(folio, &mut state);
+        let copy_reserved = state.copy_reserved.take();
+        copies_reserved += copy_reserved.count_set() as u64;
         let state = RwLockWriteGuard::downgrade(state);
-        held.push(Held { folio, state, dirty });
+        held.push(Held { folio, state, dirty, copy_reserved });
     }
     // The dirty count just fell by the batch: a writer throttled above the
     // dirty limit may copy on while the batch is written, instead of
@@ -224,7 +232,8 @@ fn write_batch(
     engine.cache.note_progress();
     let runs = dirty_runs(&held, engine.block_bytes);
     let mut failures = Failures::default();
-    let pieces = map_runs(engine, inode.ino, &runs, &mut failures);
+    let pieces = map_runs(engine, inode.ino, &runs, &mut failures, &mut copies_reserved);
+    engine.meta.release_copies(copies_reserved);
     if failures.first_error.is_some() {
         // A run left unwritten: no later run may move the size past it.
         *size_may_grow = false;
@@ -252,10 +261,10 @@ fn write_batch(
         &mut failures,
     );
     // Unlock, then put the failed blocks back for the next writeback.
-    let taken: Vec<(&Folio, BlockBits)> =
-        held.into_iter().map(|held| (held.folio, held.dirty)).collect();
+    let taken: Vec<(&Folio, BlockBits, BlockBits)> =
+        held.into_iter().map(|held| (held.folio, held.dirty, held.copy_reserved)).collect();
     let Some(error) = failures.first_error else { return Ok(()) };
-    for (folio, dirty) in taken {
+    for (folio, dirty, copy_reserved) in taken {
         let mut retry = BlockBits::new(folio.block_count());
         for &(start, end) in &failures.ranges {
             let (first, count) = folio.blocks_of(start, end);
@@ -263,7 +272,15 @@ fn write_batch(
         }
         retry.intersect_with(&dirty);
         if !retry.is_empty() {
-            inode.redirty(folio, &mut folio.write(), &retry);
+            let mut state = folio.write();
+            inode.redirty(folio, &mut state, &retry);
+            // The failed copies gave their blocks back: promise them again
+            // where free space still can.
+            let mut copies = copy_reserved;
+            copies.intersect_with(&retry);
+            if engine.meta.reserve_copies(copies.count_set() as u64) {
+                state.copy_reserved.union_with(&copies);
+            }
         }
     }
     inode.record_error(error.to_string());
@@ -306,13 +323,22 @@ struct Request {
 
 /// Maps every run (allocating delayed and new space), in file order so a
 /// file written in order is laid out in order.
-fn map_runs(engine: &Engine, ino: u64, runs: &[Run], failures: &mut Failures) -> Vec<Piece> {
+/// Copies of shared blocks take `copies_reserved` blocks first; what they
+/// left is left there.
+fn map_runs(
+    engine: &Engine,
+    ino: u64,
+    runs: &[Run],
+    failures: &mut Failures,
+    copies_reserved: &mut u64,
+) -> Vec<Piece> {
     let mut pieces = Vec::new();
     for (index, run) in runs.iter().enumerate() {
-        let walk =
-            iomap::walk(&engine.meta, ino, run.pos, run.bytes, Intent::Write, engine.block_bytes);
+        let mut walk =
+            iomap::walk(&engine.meta, ino, run.pos, run.bytes, Intent::Write, engine.block_bytes)
+                .paying_copies_with(*copies_reserved);
         let mut mapped_bytes = 0;
-        for range in walk {
+        for range in walk.by_ref() {
             match range {
                 Ok(range) => {
                     // Runs are whole blocks, so each piece starts its mapping.
@@ -331,6 +357,7 @@ fn map_runs(engine: &Engine, ino: u64, runs: &[Run], failures: &mut Failures) ->
                 Err(error) => failures.add(run.pos + mapped_bytes, run.pos + run.bytes, error),
             }
         }
+        *copies_reserved = walk.copies_reserved_left();
     }
     pieces
 }

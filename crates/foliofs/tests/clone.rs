@@ -9,11 +9,15 @@ mod common;
 
 use foliofs::dev::fault::Keep;
 use foliofs::dev::AlignedBuf;
-use foliofs::{Error, FallocateMode, File, OpenFlags, Volume};
+use foliofs::options::DirtyMode;
+use foliofs::{Error, FallocateMode, File, OpenFlags, Volume, VolumeOptions};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use common::{direct_unit, new_volume, open_image, owner, pattern, ROOT};
+use common::{
+    direct_unit, new_volume, new_volume_with_options, open_image, open_image_with, owner, pattern,
+    ROOT,
+};
 
 block_size_tests!(
     a_clone_shares_every_block_and_writes_copy_only_their_own,
@@ -23,6 +27,8 @@ block_size_tests!(
     a_block_unshared_by_a_record_not_yet_durable_is_still_copied_on_write,
     partial_writes_into_cloned_fallocated_space_keep_its_zeros,
     a_copy_range_into_a_dsync_file_is_durable_on_return,
+    buffered_overwrites_of_shared_blocks_reserve_their_copies,
+    a_full_volume_refuses_overwrites_of_a_clone_when_written,
 );
 
 fn create(volume: &Volume, name: &str) -> u64 {
@@ -607,6 +613,140 @@ fn partial_writes_into_cloned_fallocated_space_keep_its_zeros(block_bytes: u32) 
         assert_same(&dst, &expected, "the clone");
         let src = contents(&open(&volume, ino, false));
         assert_same(&src, &vec![0u8; 4 * block], "the original");
+        volume.check_shared_counts().unwrap();
+    }
+}
+
+fn available_blocks(volume: &Volume) -> u64 {
+    volume.statfs().available_blocks
+}
+
+/// A buffered overwrite of shared blocks promises a block to each copy as
+/// the blocks become dirty, as a write into a hole does: the promise shows
+/// in the available space at once, goes with the copy writeback makes, and
+/// comes back whole when the dirty blocks are dropped or found unshared.
+fn buffered_overwrites_of_shared_blocks_reserve_their_copies(block_bytes: u32) {
+    let (device, volume) = new_volume(32 << 20, block_bytes);
+    let block = block_bytes as usize;
+    let empty = available_blocks(&volume);
+    let src_ino = create(&volume, "src");
+    let mut expected = pattern(1, 16 * block);
+    open(&volume, src_ino, false).write_all_at(&expected, 0).unwrap();
+    volume.clone_file("/src", "/dst").unwrap();
+    volume.sync().unwrap();
+    let dst_ino = volume.inodes().lookup(ROOT, b"dst").unwrap().ino;
+    let dst = open(&volume, dst_ino, false);
+    let settled = available_blocks(&volume);
+    assert_eq!(settled, empty - 16);
+    assert_eq!(volume.statfs().shared_blocks, 16);
+
+    let write = |expected: &mut Vec<u8>, data: Vec<u8>, at: usize| {
+        dst.write_all_at(&data, at as u64).unwrap();
+        expected[at..at + data.len()].copy_from_slice(&data);
+    };
+    // Blocks 2..5 whole and a few bytes inside block 8: four copies.
+    write(&mut expected, pattern(2, 3 * block), 2 * block);
+    write(&mut expected, pattern(3, 10), 8 * block + 5);
+    assert_eq!(available_blocks(&volume), settled - 4, "promised when dirtied");
+    // Dirty again before writeback: nothing more is promised.
+    write(&mut expected, pattern(4, 2 * block), 2 * block);
+    assert_eq!(available_blocks(&volume), settled - 4);
+    dst.sync_all().unwrap();
+    assert_eq!(available_blocks(&volume), settled - 4, "the copies took the promised blocks");
+    assert_eq!(volume.statfs().shared_blocks, 12);
+    // Blocks copied once are the clone's own: overwriting them promises nothing.
+    write(&mut expected, pattern(5, block), 2 * block);
+    assert_eq!(available_blocks(&volume), settled - 4);
+
+    // Dirty shared blocks that a truncate drops give their promise back
+    // (cutting shared blocks frees none: the original keeps them).
+    write(&mut expected, pattern(6, 2 * block), 13 * block);
+    assert_eq!(available_blocks(&volume), settled - 6);
+    dst.set_len(14 * block as u64).unwrap();
+    expected.truncate(14 * block);
+    assert_eq!(available_blocks(&volume), settled - 5, "the truncate gave block 14's back");
+    // A punch of a dirty shared block leaves no promise and no block behind.
+    write(&mut expected, pattern(7, block), 10 * block);
+    dst.fallocate(FallocateMode::PunchHole, 10 * block as u64, block as u64).unwrap();
+    expected[10 * block..11 * block].fill(0);
+    volume.sync().unwrap();
+    assert_eq!(available_blocks(&volume), settled - 5, "block 13's copy alone was taken");
+
+    // A block unshared before its writeback needs no copy: its promise goes
+    // back when writeback finds it unshared.
+    write(&mut expected, pattern(8, block), 12 * block);
+    volume.remove_file("/src").unwrap();
+    // The blocks only the original mapped (2, 3, 4, 8, 10, 13, 14, 15) are
+    // freed once the removal is durable; an fsync of another file commits.
+    let other = create(&volume, "other");
+    open(&volume, other, false).sync_all().unwrap();
+    assert_eq!(available_blocks(&volume), settled - 6 + 8);
+    dst.sync_all().unwrap();
+    assert_eq!(volume.statfs().shared_blocks, 0);
+    assert_eq!(available_blocks(&volume), settled - 5 + 8, "written in place");
+    assert_same(&contents(&dst), &expected, "the clone");
+    drop(dst);
+    volume.close().unwrap();
+    let (_, volume) = open_image(device.image()).unwrap();
+    assert_same(&contents(&open(&volume, dst_ino, false)), &expected, "the clone remounted");
+    volume.check_shared_counts().unwrap();
+    volume.remove_file("/dst").unwrap();
+    volume.remove_file("/other").unwrap();
+    volume.sync().unwrap();
+    assert_eq!(available_blocks(&volume), empty, "no promise leaked");
+}
+
+/// On a volume too full to copy every shared block of a clone, its
+/// overwrite is refused when written (ENOSPC, or a short write), and the
+/// writeback of what was accepted finds its space: it once took the copies'
+/// blocks only at writeback, where fsync failed with EIO ("no free blocks to
+/// copy shared blocks"). In both dirty-tracking modes.
+fn a_full_volume_refuses_overwrites_of_a_clone_when_written(block_bytes: u32) {
+    for dirty in [DirtyMode::Block, DirtyMode::Folio] {
+        let options = VolumeOptions { dirty, ..common::options() };
+        let (device, volume) = new_volume_with_options(16 << 20, block_bytes, None, &options);
+        let block = block_bytes as u64;
+        let available = volume.statfs().available_blocks;
+        let file_blocks = available * 2 / 3;
+        let original = pattern(1, (file_blocks * block) as usize);
+        let src_ino = create(&volume, "src");
+        open(&volume, src_ino, false).write_all_at(&original, 0).unwrap();
+        volume.clone_file("/src", "/dst").unwrap();
+        volume.sync().unwrap();
+        let dst_ino = volume.inodes().lookup(ROOT, b"dst").unwrap().ino;
+        let dst = open(&volume, dst_ino, false);
+        let copies_max = volume.statfs().available_blocks;
+        assert!(copies_max < file_blocks, "the volume cannot copy the whole clone");
+
+        let new = pattern(2, original.len());
+        let chunk = 64 << 10;
+        let mut accepted = 0usize;
+        let refusal = loop {
+            let end = (accepted + chunk).min(new.len());
+            match dst.write_at(&new[accepted..end], accepted as u64) {
+                Ok(written) if written == end - accepted => accepted = end,
+                Ok(written) => {
+                    accepted += written;
+                    break "a short write".to_string();
+                }
+                Err(error) => {
+                    assert_eq!(error.errno(), libc::ENOSPC, "{dirty:?}: {error}");
+                    break error.to_string();
+                }
+            }
+            assert!(accepted < new.len(), "{dirty:?}: the whole clone was accepted");
+        };
+        let context = format!("{dirty:?}, {block_bytes}-byte blocks, refused by {refusal}");
+        assert!(accepted > 0, "{context}: nothing accepted");
+        assert!(accepted as u64 <= copies_max * block, "{context}: {accepted} bytes accepted");
+        dst.sync_all().unwrap_or_else(|error| panic!("{context}: the writeback failed: {error}"));
+        drop(dst);
+        volume.close().unwrap();
+        let (_, volume) = open_image_with(device.image(), &options).unwrap();
+        let mut expected = original.clone();
+        expected[..accepted].copy_from_slice(&new[..accepted]);
+        assert_same(&contents(&open(&volume, dst_ino, false)), &expected, &context);
+        assert_same(&contents(&open(&volume, src_ino, false)), &original, &context);
         volume.check_shared_counts().unwrap();
     }
 }

@@ -6,6 +6,9 @@
 //! - mapped: the block has space on disk or a delayed reservation, so a
 //!   write to it needs no trip to the allocator (cleared only by dropping
 //!   the folio, which every operation that unmaps blocks does first).
+//! - copy_reserved: the block is dirty over shared blocks (a clone's), and
+//!   one free block is promised to the copy its writeback makes; dropping
+//!   the folio unwritten gives the promise back.
 //!
 //! Lock order: folios of one file in ascending offset, and never while
 //! holding the metadata lock.
@@ -24,6 +27,7 @@ pub struct FolioState {
     pub uptodate: BlockBits,
     pub dirty: BlockBits,
     pub mapped: BlockBits,
+    pub copy_reserved: BlockBits,
 }
 
 pub struct Folio {
@@ -57,6 +61,7 @@ impl Folio {
             uptodate: BlockBits::new(block_count),
             dirty: BlockBits::new(block_count),
             mapped: BlockBits::new(block_count),
+            copy_reserved: BlockBits::new(block_count),
         };
         Self {
             pos,
@@ -136,6 +141,10 @@ impl Drop for Folio {
     fn drop(&mut self) {
         self.accounting.cached_bytes.fetch_sub(self.bytes as u64, Ordering::Relaxed);
         self.accounting.live_folios.fetch_sub(1, Ordering::Relaxed);
+        let promised_blocks = self.state.get_mut().copy_reserved.count_set() as u64;
+        if promised_blocks > 0 {
+            (self.accounting.give_back_reserved)(promised_blocks);
+        }
         let empty = FolioMemory::whole(crate::dev::AlignedBuf::zeroed(0));
         let data = std::mem::replace(&mut self.state.get_mut().data, empty);
         if *self.release_memory.get_mut() {

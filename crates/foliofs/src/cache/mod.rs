@@ -46,7 +46,15 @@ pub struct Accounting {
     pub(crate) pool: BufferPool,
     /// What files' dirty ages count from.
     epoch: Instant,
+    /// Gives free space back the blocks promised to copies of shared
+    /// blocks (`FolioState::copy_reserved`) when a folio holding such
+    /// promises is dropped before its writeback made the copies.
+    pub(crate) give_back_reserved: GiveBackReserved,
 }
+
+/// How the cache returns reserved blocks to free space without naming the
+/// allocator: called with a block count.
+pub type GiveBackReserved = Arc<dyn Fn(u64) + Send + Sync>;
 
 impl Accounting {
     /// Milliseconds since the cache began, from 1 (0 is never a time).
@@ -641,13 +649,16 @@ pub struct PageCache {
 }
 
 impl PageCache {
-    pub fn new(policy: CachePolicy) -> Self {
+    /// A cache that gives the copy reservations of folios it drops back
+    /// through `give_back_reserved`.
+    pub fn new(policy: CachePolicy, give_back_reserved: GiveBackReserved) -> Self {
         let accounting = Arc::new(Accounting {
             cached_bytes: AtomicU64::new(0),
             live_folios: AtomicUsize::new(0),
             dirty_bytes: AtomicU64::new(0),
             pool: BufferPool::new(policy.cache_bytes),
             epoch: Instant::now(),
+            give_back_reserved,
         });
         Self {
             policy,
@@ -1082,7 +1093,7 @@ mod tests {
     fn cache(cache_bytes: u64) -> PageCache {
         let options =
             VolumeOptions { cache_bytes, folio_max_bytes: 64 << 10, ..Default::default() };
-        PageCache::new(CachePolicy::new(&options, 4096))
+        PageCache::new(CachePolicy::new(&options, 4096), Arc::new(|_| {}))
     }
 
     #[test]

@@ -473,12 +473,40 @@ impl MetaStore {
     /// `count`) that holds. Costs two atomic loads on a volume without
     /// clones.
     pub fn shared_run(&self, dev_block: u64, count: u64) -> (bool, u64) {
-        if self.shared_blocks.load(Ordering::Acquire) == 0
-            && self.unsharing_blocks.load(Ordering::Acquire) == 0
-        {
+        if !self.may_copy_on_write() {
             return (false, count);
         }
         self.space().copy_on_write_run(dev_block, count)
+    }
+
+    /// Whether any write may have to copy shared blocks: false on a volume
+    /// without clones (two atomic loads).
+    pub fn may_copy_on_write(&self) -> bool {
+        self.shared_blocks.load(Ordering::Acquire) > 0
+            || self.unsharing_blocks.load(Ordering::Acquire) > 0
+    }
+
+    /// Promises `block_count` free blocks to the copies that writeback will
+    /// make of shared blocks a buffered write dirtied, or none (false):
+    /// taken when the blocks become dirty, as delayed allocations are, so a
+    /// full volume fails the write and never the writeback. Without the
+    /// space mutex (`alloc::Promises`).
+    pub fn reserve_copies(&self, block_count: u64) -> bool {
+        self.promises.reserve(block_count)
+    }
+
+    /// Gives back blocks promised by [`MetaStore::reserve_copies`] that no
+    /// copy took.
+    pub fn release_copies(&self, block_count: u64) {
+        if block_count > 0 {
+            self.promises.unreserve(block_count);
+        }
+    }
+
+    /// [`MetaStore::release_copies`] as a function the folio cache can hold.
+    pub fn copy_release(&self) -> Arc<dyn Fn(u64) + Send + Sync> {
+        let promises = Arc::clone(&self.promises);
+        Arc::new(move |block_count| promises.unreserve(block_count))
     }
 
     /// Checks the shared-block counts against every extent map, as mount

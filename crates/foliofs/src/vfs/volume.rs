@@ -373,7 +373,10 @@ impl Volume {
         if options.discard && !options.read_only {
             meta.enable_discard(block_bytes);
         }
-        let cache = crate::cache::PageCache::new(CachePolicy::new(options, block_bytes));
+        let cache = crate::cache::PageCache::new(
+            CachePolicy::new(options, block_bytes),
+            meta.copy_release(),
+        );
         let background = Default::default();
         let engine =
             Engine { device, meta, cache, block_bytes, options: options.clone(), background };
