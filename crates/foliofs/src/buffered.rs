@@ -565,7 +565,8 @@ fn reserve_copies(
         }
     }
     let newly = reserved.count_set() - state.copy_reserved.count_set();
-    iomap::reserve_copies(&engine.meta, ino, newly as u64)?;
+    let promised = iomap::reserve_copies(&engine.meta, ino, newly as u64)?;
+    promised.take_over();
     state.copy_reserved = reserved;
     Ok(())
 }

@@ -572,18 +572,48 @@ pub fn blocks_to_copy(
     Ok(runs)
 }
 
-/// Promises `block_count` free blocks to the copies of shared blocks a
-/// buffered write dirtied ([`MetaStore::reserve_copies`]), committing once
-/// when only blocks freed by records not yet durable could pay. ENOSPC when
-/// they cannot be had: a full volume fails the write, as [`reserve`] does,
-/// never the writeback.
-pub fn reserve_copies(meta: &MetaStore, ino: u64, block_count: u64) -> Result<()> {
+/// Blocks promised to the copies of shared blocks that writes will make,
+/// not yet taken: given back when dropped. Walks pay with them
+/// ([`Walk::paying_copies_with`]).
+#[must_use]
+pub struct CopyReservation<'a> {
+    meta: &'a MetaStore,
+    pub block_count: u64,
+}
+
+impl<'a> CopyReservation<'a> {
+    /// Takes charge of `block_count` blocks already promised (those of
+    /// folios' `copy_reserved` bits, handed to their writeback).
+    pub fn adopt(meta: &'a MetaStore, block_count: u64) -> Self {
+        Self { meta, block_count }
+    }
+
+    /// Hands the promised blocks to the caller, who now owns giving them
+    /// back (a folio's `copy_reserved` bits).
+    pub fn take_over(mut self) -> u64 {
+        std::mem::take(&mut self.block_count)
+    }
+}
+
+impl Drop for CopyReservation<'_> {
+    fn drop(&mut self) {
+        self.meta.release_copies(self.block_count);
+    }
+}
+
+/// Promises `block_count` free blocks to copies of shared blocks
+/// ([`MetaStore::reserve_copies`]), committing once when only blocks freed
+/// by records not yet durable could pay. ENOSPC when they cannot be had, so
+/// that a full volume fails a write before it changes anything (a buffered
+/// write, as [`reserve`] does, never its writeback; a zeroing of both edges
+/// of a range, never after the first).
+pub fn reserve_copies(meta: &MetaStore, ino: u64, block_count: u64) -> Result<CopyReservation<'_>> {
     if block_count == 0 {
-        return Ok(());
+        return Ok(CopyReservation::adopt(meta, 0));
     }
     for attempt in 0..2 {
         if meta.reserve_copies(block_count) {
-            return Ok(());
+            return Ok(CopyReservation::adopt(meta, block_count));
         }
         if attempt == 0 && meta.space().pending_free_blocks() > 0 {
             meta.commit_all()?;

@@ -172,6 +172,18 @@ impl<'a> DataPath<'a> {
     /// block is Written (holes and Unwritten blocks read as zeros already).
     /// A whole block is left alone: callers unmap or convert those.
     pub fn zero_in_block(&self, ino: u64, from: u64, to: u64) -> Result<()> {
+        self.zero_in_block_paying(ino, from, to, &mut 0)
+    }
+
+    /// [`DataPath::zero_in_block`] whose copy of a shared block takes one of
+    /// `copies_reserved` blocks, promised before ([`iomap::reserve_copies`]).
+    pub fn zero_in_block_paying(
+        &self,
+        ino: u64,
+        from: u64,
+        to: u64,
+        copies_reserved: &mut u64,
+    ) -> Result<()> {
         let block_start = self.align_down(from);
         debug_assert!(to <= block_start + self.engine.block_bytes);
         if from >= to || (from == block_start && to == block_start + self.engine.block_bytes) {
@@ -185,7 +197,7 @@ impl<'a> DataPath<'a> {
             return Ok(());
         };
         if range.mapping.shared {
-            return self.zero_in_shared_block(ino, from, to);
+            return self.zero_in_shared_block(ino, from, to, copies_reserved);
         }
         let dev_offset = range.dev_offset;
         let mut block = AlignedBuf::zeroed(self.engine.block_bytes as usize);
@@ -203,13 +215,21 @@ impl<'a> DataPath<'a> {
     /// [`DataPath::zero_in_block`] for a block other files map too: the
     /// zeroed copy goes to new space, remapped once written; the size and
     /// times stay as they are.
-    fn zero_in_shared_block(&self, ino: u64, from: u64, to: u64) -> Result<()> {
+    fn zero_in_shared_block(
+        &self,
+        ino: u64,
+        from: u64,
+        to: u64,
+        copies_reserved: &mut u64,
+    ) -> Result<()> {
         let block_bytes = self.engine.block_bytes;
         let block_start = self.align_down(from);
         let meta = &self.engine.meta;
-        let Some(range) =
-            iomap::walk(meta, ino, block_start, block_bytes, Intent::Write, block_bytes).next()
-        else {
+        let mut walk = iomap::walk(meta, ino, block_start, block_bytes, Intent::Write, block_bytes)
+            .paying_copies_with(*copies_reserved);
+        let range = walk.next();
+        *copies_reserved = walk.copies_reserved_left();
+        let Some(range) = range else {
             return Ok(());
         };
         let mapping = range?.mapping;

@@ -15,6 +15,8 @@
 //!
 //! Callers hold the file's I/O lock exclusively.
 
+use smallvec::SmallVec;
+
 use crate::alloc::BlockRun;
 use crate::cache::InodeCache;
 use crate::engine::{Engine, FILE_BYTES_MAX};
@@ -117,11 +119,12 @@ pub fn fallocate(
         }
         FallocateMode::ZeroRange { keep_size } => {
             flush_and_drop(engine, inode, offset, end)?;
-            // The whole blocks first: a shortage of space fails there with
-            // nothing changed, before a partial block is zeroed. The size
-            // moves last, once the edges read as zeros.
+            // The space for every change first: a shortage of it fails
+            // with nothing changed, before a partial block is zeroed. The
+            // size moves last, once the edges read as zeros.
+            let mut edge_copies = reserve_edge_copies(engine, ino, offset, end)?;
             allocate(engine, ino, offset.div_ceil(block), end / block, true, None)?;
-            zero_edges(engine, ino, offset, end)?;
+            zero_edges(engine, ino, offset, end, &mut edge_copies)?;
             let new_size = (!keep_size && end > size).then_some(end);
             if new_size.is_some() {
                 engine.meta.transact(&[ino], |txn| {
@@ -133,7 +136,8 @@ pub fn fallocate(
         }
         FallocateMode::PunchHole => {
             flush_and_drop(engine, inode, offset, end)?;
-            zero_edges(engine, ino, offset, end)?;
+            let mut edge_copies = reserve_edge_copies(engine, ino, offset, end)?;
+            zero_edges(engine, ino, offset, end, &mut edge_copies)?;
             let (first, last) = (offset.div_ceil(block), end / block);
             engine.meta.transact(&[ino], |txn| {
                 if last > first {
@@ -170,14 +174,47 @@ pub fn fallocate(
     }
 }
 
+/// Promises a block to each copy zeroing the edges of `[start, end)` may
+/// make (a partly covered block that is shared), so that a full volume
+/// fails the zeroing before the first edge changes, not between the two.
+fn reserve_edge_copies(
+    engine: &Engine,
+    ino: u64,
+    start: u64,
+    end: u64,
+) -> Result<iomap::CopyReservation<'_>> {
+    let block = engine.block_bytes;
+    let mut edges: SmallVec<[u64; 2]> = SmallVec::new();
+    if !start.is_multiple_of(block) {
+        edges.push(start / block);
+    }
+    if !end.is_multiple_of(block) && edges.last() != Some(&(end / block)) {
+        edges.push(end / block);
+    }
+    let mut block_count = 0;
+    for edge in edges {
+        let runs = iomap::blocks_to_copy(&engine.meta, ino, edge, 1)?;
+        block_count += runs.iter().map(|&(_, count)| count).sum::<u64>();
+    }
+    iomap::reserve_copies(&engine.meta, ino, block_count)
+}
+
 /// Zeroes on disk the parts of the first and last blocks of `[start, end)`
-/// that the range covers only partly.
-fn zero_edges(engine: &Engine, ino: u64, start: u64, end: u64) -> Result<()> {
+/// that the range covers only partly; copies of shared blocks take the
+/// blocks `copies` promised.
+fn zero_edges(
+    engine: &Engine,
+    ino: u64,
+    start: u64,
+    end: u64,
+    copies: &mut iomap::CopyReservation<'_>,
+) -> Result<()> {
     let data = DataPath::new(engine);
     let first_block_end = engine.align_down(start) + engine.block_bytes;
-    data.zero_in_block(ino, start, end.min(first_block_end))?;
+    data.zero_in_block_paying(ino, start, end.min(first_block_end), &mut copies.block_count)?;
     if end > first_block_end {
-        data.zero_in_block(ino, engine.align_down(end).max(start), end)?;
+        let last_block_start = engine.align_down(end).max(start);
+        data.zero_in_block_paying(ino, last_block_start, end, &mut copies.block_count)?;
     }
     Ok(())
 }

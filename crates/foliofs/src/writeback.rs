@@ -213,7 +213,7 @@ fn write_batch(
     // Blocks promised to the copies of the batch's shared blocks: the
     // copy-on-write allocations of `map_runs` take them, and what they do
     // not take (blocks unshared since they were dirtied) goes back.
-    let mut copies_reserved = 0u64;
+    let mut copies = iomap::CopyReservation::adopt(&engine.meta, 0);
     for folio in folios {
         let mut state = folio.write();
         if state.dirty.is_empty() {
@@ -222,7 +222,7 @@ fn write_batch(
         }
         let dirty = inode.take_dirty(folio, &mut state);
         let copy_reserved = state.copy_reserved.take();
-        copies_reserved += copy_reserved.count_set() as u64;
+        copies.block_count += copy_reserved.count_set() as u64;
         let state = RwLockWriteGuard::downgrade(state);
         held.push(Held { folio, state, dirty, copy_reserved });
     }
@@ -232,8 +232,8 @@ fn write_batch(
     engine.cache.note_progress();
     let runs = dirty_runs(&held, engine.block_bytes);
     let mut failures = Failures::default();
-    let pieces = map_runs(engine, inode.ino, &runs, &mut failures, &mut copies_reserved);
-    engine.meta.release_copies(copies_reserved);
+    let pieces = map_runs(engine, inode.ino, &runs, &mut failures, &mut copies.block_count);
+    drop(copies);
     if failures.first_error.is_some() {
         // A run left unwritten: no later run may move the size past it.
         *size_may_grow = false;

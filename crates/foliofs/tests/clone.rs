@@ -29,6 +29,7 @@ block_size_tests!(
     a_copy_range_into_a_dsync_file_is_durable_on_return,
     buffered_overwrites_of_shared_blocks_reserve_their_copies,
     a_full_volume_refuses_overwrites_of_a_clone_when_written,
+    zeroing_two_shared_edges_with_one_free_block_changes_nothing,
 );
 
 fn create(volume: &Volume, name: &str) -> u64 {
@@ -747,6 +748,36 @@ fn a_full_volume_refuses_overwrites_of_a_clone_when_written(block_bytes: u32) {
         expected[..accepted].copy_from_slice(&new[..accepted]);
         assert_same(&contents(&open(&volume, dst_ino, false)), &expected, &context);
         assert_same(&contents(&open(&volume, src_ino, false)), &original, &context);
+        volume.check_shared_counts().unwrap();
+    }
+}
+
+/// A punch or zero-range whose both edges cut into shared blocks needs two
+/// copies: with one block free it is refused before either edge changes
+/// (the first edge was once zeroed, then the second refused; found by the
+/// crash checker with four threads filling the volume).
+fn zeroing_two_shared_edges_with_one_free_block_changes_nothing(block_bytes: u32) {
+    let block = block_bytes as u64;
+    for mode in [FallocateMode::PunchHole, FallocateMode::ZeroRange { keep_size: false }] {
+        let (_device, volume) = new_volume(8 << 20, block_bytes);
+        let file_blocks = volume.statfs().available_blocks - 1;
+        let original = pattern(1, (file_blocks * block) as usize);
+        let src_ino = create(&volume, "src");
+        open(&volume, src_ino, false).write_all_at(&original, 0).unwrap();
+        volume.clone_file("/src", "/dst").unwrap();
+        volume.sync().unwrap();
+        assert_eq!(volume.statfs().available_blocks, 1);
+        let dst_ino = volume.inodes().lookup(ROOT, b"dst").unwrap().ino;
+        let dst = open(&volume, dst_ino, false);
+        let error = dst.fallocate(mode, block / 2, block).unwrap_err();
+        assert_eq!(error.errno(), libc::ENOSPC, "{mode:?}: {error}");
+        assert_same(&contents(&dst), &original, &format!("{mode:?} refused"));
+        assert_eq!(volume.statfs().available_blocks, 1, "{mode:?}: the promise came back");
+        // One edge alone fits.
+        dst.fallocate(mode, block / 2, block / 4).unwrap();
+        let mut expected = original.clone();
+        expected[(block / 2) as usize..(block * 3 / 4) as usize].fill(0);
+        assert_same(&contents(&dst), &expected, &format!("{mode:?} of one edge"));
         volume.check_shared_counts().unwrap();
     }
 }

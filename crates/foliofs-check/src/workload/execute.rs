@@ -286,7 +286,9 @@ impl ThreadModel {
             (Err(error), Some(length))
                 if error.errno() == libc::ENOSPC && mode != CloneMode::Dedupe =>
             {
-                let data = &source[src_pos as usize..(src_pos + length) as usize];
+                let Some(data) = source.get(src_pos as usize..(src_pos + length) as usize) else {
+                    return Err(format!("{mode:?}: {error}, where the model has nothing to copy"));
+                };
                 self.adopt_partial(volume, dst, dst_pos as usize, data)?;
                 self.inodes.get_mut(&dst).expect("known").history.record(dst_pos as usize, data);
                 return Ok((vec![dst], SpanKind::Other));
