@@ -595,6 +595,11 @@ pub fn set_size(engine: &Engine, inode: &InodeCache, new_size: u64) -> Result<()
     // the file as it was, not without the dirty data it had cached (found
     // by tests/faults.rs).
     let data = DataPath::new(engine);
+    engine.meta.check_room_for_unmapping(
+        inode.ino,
+        new_size.div_ceil(engine.block_bytes),
+        u64::MAX,
+    )?;
     data.zero_block_tail(inode.ino, kept_end)?;
     {
         let _serial = inode.lock_writeback();

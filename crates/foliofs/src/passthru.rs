@@ -277,6 +277,7 @@ impl<'a> DataPath<'a> {
             attrs.mtime = now;
             attrs.ctime = now;
             if mapped_end > first_gone_block {
+                txn.ensure_room_for_unmapping(ino, first_gone_block, u64::MAX)?;
                 txn.apply(Record::ExtentUnmap {
                     ino,
                     file_block: first_gone_block,

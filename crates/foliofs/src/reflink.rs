@@ -63,17 +63,41 @@ pub fn clone_range(
     let mut done_blocks = 0;
     while done_blocks < block_count {
         let (chunk_end, _) = engine.meta.transact(&[src_ino, dst_ino], |txn| {
+            txn.ensure_metadata_room(EXTENTS_PER_TXN as u64 * EXTENT_LOG_BYTES + 25 + 78)?;
+            // Each run of equal count the cloned blocks cross is a
+            // shared-count record: half the room left goes to them, the
+            // rest to the destination's replaced blocks.
+            let mut counts_left = txn.shared_count_room() / 2;
+            assert!(counts_left > 0, "a journal group holds no shared-count record");
             let extents = iomap::file_extents(txn.state(), src_ino)?;
-            let pieces: Vec<_> = extents
+            let mut pieces = Vec::new();
+            let mut cut_short = false;
+            for extent in extents
                 .range(first_src_block + done_blocks, first_src_block + block_count)
                 .take(EXTENTS_PER_TXN)
-                .collect();
+            {
+                let (blocks, counts) = match extent.kind {
+                    ExtentKind::Delalloc => (extent.block_count, 0),
+                    _ => txn.blocks_cloneable(extent.dev_block, extent.block_count, counts_left),
+                };
+                if blocks > 0 {
+                    pieces.push(crate::extent::Extent { block_count: blocks, ..extent });
+                }
+                counts_left -= counts;
+                if blocks < extent.block_count {
+                    cut_short = true;
+                    break;
+                }
+            }
             // Where this transaction stops: after its last extent when the
             // range has more, else at the range's end (holes included).
             let chunk_end = match pieces.last() {
-                Some(last) if pieces.len() == EXTENTS_PER_TXN => last.file_end() - first_src_block,
+                Some(last) if cut_short || pieces.len() == EXTENTS_PER_TXN => {
+                    last.file_end() - first_src_block
+                }
                 _ => block_count,
             };
+            assert!(chunk_end > done_blocks, "a clone step that clones nothing");
             if let Some(delayed) = pieces.iter().find(|piece| piece.kind == ExtentKind::Delalloc) {
                 return Err(Error::io(
                     format!(
@@ -84,7 +108,8 @@ pub fn clone_range(
                     std::io::Error::from_raw_os_error(libc::EIO),
                 ));
             }
-            txn.ensure_metadata_room(pieces.len() as u64 * EXTENT_LOG_BYTES + 25 + 78)?;
+            let replaced_first = first_dst_block + done_blocks;
+            txn.ensure_room_for_unmapping(dst_ino, replaced_first, chunk_end - done_blocks)?;
             txn.apply(Record::ExtentUnmap {
                 ino: dst_ino,
                 file_block: first_dst_block + done_blocks,

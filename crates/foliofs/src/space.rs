@@ -136,11 +136,13 @@ pub fn fallocate(
         }
         FallocateMode::PunchHole => {
             flush_and_drop(engine, inode, offset, end)?;
+            let (first, last) = (offset.div_ceil(block), end / block);
+            engine.meta.check_room_for_unmapping(ino, first, last.saturating_sub(first))?;
             let mut edge_copies = reserve_edge_copies(engine, ino, offset, end)?;
             zero_edges(engine, ino, offset, end, &mut edge_copies)?;
-            let (first, last) = (offset.div_ceil(block), end / block);
             engine.meta.transact(&[ino], |txn| {
                 if last > first {
+                    txn.ensure_room_for_unmapping(ino, first, last - first)?;
                     txn.apply(Record::ExtentUnmap {
                         ino,
                         file_block: first,
@@ -383,6 +385,9 @@ fn shift(
         }
         let mapped_end = extents.end_block();
         txn.ensure_metadata_room(48 * moved.len() as u64 + 128)?;
+        if collapse {
+            txn.ensure_room_for_unmapping(ino, first, count)?;
+        }
         if mapped_end > first {
             txn.apply(Record::ExtentUnmap {
                 ino,

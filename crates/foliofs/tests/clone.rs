@@ -15,8 +15,8 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use common::{
-    direct_unit, new_volume, new_volume_with_options, open_image, open_image_with, owner, pattern,
-    ROOT,
+    direct_unit, new_volume, new_volume_with_journal, new_volume_with_options, open_image,
+    open_image_with, owner, pattern, ROOT,
 };
 
 block_size_tests!(
@@ -779,5 +779,85 @@ fn zeroing_two_shared_edges_with_one_free_block_changes_nothing(block_bytes: u32
         expected[(block / 2) as usize..(block * 3 / 4) as usize].fill(0);
         assert_same(&contents(&dst), &expected, &format!("{mode:?} of one edge"));
         volume.check_shared_counts().unwrap();
+    }
+}
+
+/// Blocks of one file whose counts alternate (a clone overwrote every other
+/// block) are a shared-count record each when they go. Unlinking such a
+/// file, more records than one journal group holds, once stopped the
+/// process on an assertion; now it is freed in steps, crash-safe, a clone
+/// of it is made in steps too, and a truncate that cannot be done in one
+/// step is refused with ENOSPC, the file unchanged.
+#[test]
+fn a_file_of_more_shared_pieces_than_a_journal_group_holds_is_freed_in_steps() {
+    for block_bytes in [1024u32, 4096] {
+        let block = block_bytes as usize;
+        let blocks = 2000;
+        let (device, volume) = new_volume_with_journal(
+            (blocks * block * 4) as u64 + (8 << 20),
+            block_bytes,
+            Some(64 << 10),
+        );
+        let empty = available_blocks(&volume);
+        let src_ino = create(&volume, "src");
+        let original = pattern(1, blocks * block);
+        open(&volume, src_ino, false).write_all_at(&original, 0).unwrap();
+        volume.clone_file("/src", "/clone").unwrap();
+        let clone_ino = volume.inodes().lookup(ROOT, b"clone").unwrap().ino;
+        let mut expected_clone = original.clone();
+        let clone = open(&volume, clone_ino, false);
+        for index in (0..blocks).step_by(2) {
+            let data = pattern(2 + index as u64, block);
+            clone.write_all_at(&data, (index * block) as u64).unwrap();
+            expected_clone[index * block..(index + 1) * block].copy_from_slice(&data);
+        }
+        drop(clone);
+        volume.sync().unwrap();
+        assert_eq!(volume.statfs().shared_blocks, blocks as u64 / 2);
+        let context = format!("{block_bytes}-byte blocks");
+
+        // One truncate cannot hold the counts: refused, nothing changed.
+        let src = open(&volume, src_ino, false);
+        let error = src.set_len(0).unwrap_err();
+        assert_eq!(error.errno(), libc::ENOSPC, "{context}: {error}");
+        assert!(error.to_string().contains("smaller steps"), "{context}: {error}");
+        assert_same(&contents(&src), &original, &format!("{context}: the refused truncate"));
+        drop(src);
+
+        // A clone of it is made in steps.
+        volume.clone_file("/src", "/again").unwrap();
+        let again_ino = volume.inodes().lookup(ROOT, b"again").unwrap().ino;
+        assert_same(&contents(&open(&volume, again_ino, false)), &original, &context);
+        volume.check_shared_counts().unwrap();
+        volume.remove_file("/again").unwrap();
+        volume.sync().unwrap();
+
+        // Unlinked in steps; a crash anywhere leaves it whole or gone.
+        device.reset_log();
+        volume.remove_file("/src").unwrap();
+        volume.sync().unwrap();
+        let mut points = device.durability_points();
+        points.push(device.log_len());
+        points.sort_unstable();
+        points.dedup();
+        for &cut in &points {
+            let crashed = format!("{context}, crash at {cut}");
+            let (_, recovered) = open_image(device.crash_image(cut, &|_| Keep::Nothing))
+                .unwrap_or_else(|error| panic!("{crashed}: {error}"));
+            recovered.check_shared_counts().unwrap_or_else(|error| panic!("{crashed}: {error}"));
+            if let Ok(found) = recovered.inodes().lookup(ROOT, b"src") {
+                let found = contents(&open(&recovered, found.ino, false));
+                assert_same(&found, &original, &format!("{crashed}: the original"));
+            }
+            let found = contents(&open(&recovered, clone_ino, false));
+            assert_same(&found, &expected_clone, &format!("{crashed}: the clone"));
+        }
+        assert!(volume.inodes().lookup(ROOT, b"src").is_err());
+        assert_eq!(volume.statfs().shared_blocks, 0, "{context}");
+        assert_same(&contents(&open(&volume, clone_ino, false)), &expected_clone, &context);
+        volume.check_shared_counts().unwrap();
+        volume.remove_file("/clone").unwrap();
+        volume.sync().unwrap();
+        assert_eq!(available_blocks(&volume), empty, "{context}: every block came back");
     }
 }

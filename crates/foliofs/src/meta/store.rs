@@ -180,6 +180,9 @@ pub struct Txn<'a> {
     state: MetaState<'a>,
     space: &'a Mutex<Space>,
     space_contention: &'a Contention,
+    /// The volume's shared blocks, so that a transaction on a volume
+    /// without clones never takes the space mutex to count them.
+    volume_shared_blocks: &'a AtomicU64,
     records: Vec<Record>,
     displaced: Vec<Extent>,
     /// Device blocks mapped by this transaction's records: a block that one
@@ -340,6 +343,152 @@ impl<'a> Txn<'a> {
         }
         self.log_bytes_granted = self.log_bytes_granted.max(log_bytes_needed);
         Ok(())
+    }
+}
+
+impl Txn<'_> {
+    /// How many shared-count records unmapping file blocks `[first_block,
+    /// first_block + block_count)` of `ino` writes at most
+    /// ([`shared_counts_in`]); 0 on a volume without clones, without the
+    /// space mutex.
+    pub fn shared_counts_unmapping(&self, ino: u64, first_block: u64, block_count: u64) -> u64 {
+        if self.volume_shared_blocks.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        let Some(extents) = self.state.inode(ino).and_then(|inode| inode.extents()) else {
+            return 0;
+        };
+        shared_counts_in(extents, &self.space().shared, first_block, block_count)
+    }
+
+    /// How many leading blocks of device run `[dev_block, dev_block +
+    /// block_count)` one more mapping may take while writing at most
+    /// `counts_max` shared-count records (one per run of equal count it
+    /// crosses), and how many it writes. All of them, for one record, on
+    /// a volume without clones.
+    pub fn blocks_cloneable(
+        &self,
+        dev_block: u64,
+        block_count: u64,
+        counts_max: u64,
+    ) -> (u64, u64) {
+        if self.volume_shared_blocks.load(Ordering::Acquire) == 0 {
+            return if counts_max > 0 { (block_count, 1) } else { (0, 0) };
+        }
+        let space = self.space();
+        let mut blocks = 0;
+        let mut counts = 0;
+        for piece in space.shared.counted(dev_block, block_count) {
+            if counts == counts_max {
+                break;
+            }
+            blocks += piece.count;
+            counts += 1;
+        }
+        (blocks, counts)
+    }
+
+    /// How many shared-count records the journal group still holds beside
+    /// what this transaction reserved, with half kept back: a bound for
+    /// the unmapping it may do.
+    pub fn shared_count_room(&self) -> u64 {
+        let left = self.log_bytes_max.saturating_sub(self.log_bytes_granted);
+        left / 2 / SHARED_SET_RECORD_BYTES as u64
+    }
+
+    /// Refuses (ENOSPC, nothing changed) an unmapping of `[first_block,
+    /// first_block + block_count)` of `ino` whose shared-count records
+    /// would not fit one journal group: a range holding that many
+    /// separately counted pieces of clones is cut in smaller steps.
+    pub fn ensure_room_for_unmapping(
+        &self,
+        ino: u64,
+        first_block: u64,
+        block_count: u64,
+    ) -> Result<()> {
+        let counts = self.shared_counts_unmapping(ino, first_block, block_count);
+        check_unmapping_room(ino, counts, self.shared_count_room())
+    }
+
+    /// The first file block of `ino` such that unmapping everything before
+    /// it writes at most `counts_max` shared-count records: where a free
+    /// in steps cuts next. None when the whole file fits.
+    pub fn unmapping_cut(&self, ino: u64, counts_max: u64) -> Option<u64> {
+        if self.volume_shared_blocks.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let extents = self.state.inode(ino).and_then(|inode| inode.extents())?;
+        let space = self.space();
+        let mut counts = 0u64;
+        for extent in extents.iter().filter(|extent| extent.kind != ExtentKind::Delalloc) {
+            for piece in space.shared.counted(extent.dev_block, extent.block_count) {
+                if piece.refs < 2 {
+                    continue;
+                }
+                if counts == counts_max {
+                    return Some(extent.file_block + (piece.start - extent.dev_block));
+                }
+                counts += 1;
+            }
+        }
+        None
+    }
+}
+
+/// One shared-count record per run of equal count (two or more) that the
+/// device blocks of `extents`' blocks `[first_block, first_block +
+/// block_count)` cross: what unmapping them writes at most.
+fn shared_counts_in(
+    extents: &crate::extent::ExtentMap,
+    shared: &SharedBlocks,
+    first_block: u64,
+    block_count: u64,
+) -> u64 {
+    let end = first_block.saturating_add(block_count);
+    extents
+        .range(first_block, end)
+        .filter(|extent| extent.kind != ExtentKind::Delalloc)
+        .map(|extent| {
+            let pieces = shared.counted(extent.dev_block, extent.block_count);
+            pieces.iter().filter(|piece| piece.refs >= 2).count() as u64
+        })
+        .sum()
+}
+
+fn check_unmapping_room(ino: u64, counts: u64, room: u64) -> Result<()> {
+    if counts > room {
+        return Err(Error::NoSpace(format!(
+            "inode {ino}: the range maps {counts} separately counted pieces of shared blocks; \
+             one change holds {room} (change it in smaller steps)"
+        )));
+    }
+    Ok(())
+}
+
+impl MetaStore {
+    /// Refuses (ENOSPC) an unmapping of `[first_block, first_block +
+    /// block_count)` of `ino` that no transaction could hold
+    /// ([`Txn::ensure_room_for_unmapping`]), before the caller changes
+    /// anything else; the transaction that unmaps checks again.
+    pub fn check_room_for_unmapping(
+        &self,
+        ino: u64,
+        first_block: u64,
+        block_count: u64,
+    ) -> Result<()> {
+        if self.shared_blocks.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        let view = self.view(&[ino]);
+        let Some(extents) = view.inode(ino).and_then(|inode| inode.extents()) else {
+            return Ok(());
+        };
+        let counts = shared_counts_in(extents, &self.space().shared, first_block, block_count);
+        let log_bytes_max = self.journal.geometry().group_payload_bytes_max();
+        let room = log_bytes_max.saturating_sub(TXN_LOG_BYTES_UNRESERVED)
+            / 2
+            / SHARED_SET_RECORD_BYTES as u64;
+        check_unmapping_room(ino, counts, room)
     }
 }
 
@@ -681,6 +830,7 @@ impl MetaStore {
             state: MetaState::lock(&self.core, ShardSet::of(inos)),
             space: &self.space,
             space_contention: &self.space_contention,
+            volume_shared_blocks: &self.shared_blocks,
             records: Vec::new(),
             displaced: Vec::new(),
             remapped: Vec::new(),

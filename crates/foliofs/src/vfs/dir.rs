@@ -78,10 +78,7 @@ impl Dir {
             // A read-only volume frees orphans at its next writable mount.
             return Ok(());
         }
-        self.shared.meta.transact(&[ino], |txn| {
-            Shared::free_if_orphaned(txn, ino);
-            Ok(())
-        })?;
+        self.shared.free_orphan(ino)?;
         Ok(())
     }
 }

@@ -541,11 +541,10 @@ impl File {
             // under its own lock.
             let _exclusive = self.inode.io.exclusive(|| self.shared.engine.device.unplug());
             let _serial = self.inode.lock_writeback();
-            let freed =
-                self.shared.meta.transact(&[ino], |txn| Ok(Shared::free_if_orphaned(txn, ino)));
+            let freed = self.shared.free_orphan(ino);
             // Cached data goes only with the inode (someone may have opened
             // it by number meanwhile).
-            if matches!(freed, Ok((true, _))) {
+            if matches!(freed, Ok(true)) {
                 self.inode.remove_range(0, u64::MAX);
             }
             freed

@@ -133,9 +133,13 @@ fn drop_link(txn: &mut Txn<'_>, ino: u64, now: Timestamp) {
     let inode = txn.state().inode(ino).expect("validated inode");
     let is_dir = inode.attrs.kind == InodeKind::Dir;
     let nlink = if is_dir { 0 } else { inode.attrs.nlink.saturating_sub(1) };
-    if nlink == 0 && inode.open_handles == 0 {
+    let frees_at_once = || txn.shared_counts_unmapping(ino, 0, u64::MAX) <= txn.shared_count_room();
+    if nlink == 0 && inode.open_handles == 0 && frees_at_once() {
         txn.apply(Record::InodeFree { ino });
     } else {
+        // An inode whose blocks' shared counts would not fit this
+        // transaction stays an orphan, freed in steps right after it
+        // (`Shared::free_orphan`) or by the next mount.
         update_attrs(txn, ino, |attrs| {
             attrs.nlink = nlink;
             attrs.ctime = now;
@@ -432,6 +436,9 @@ impl Inodes<'_> {
         self.with_quiesced_victim(parent, name, |victim| {
             let done = self.unlink_entry(parent, name, victim)?;
             unlinked = victim.filter(|_| done);
+            if let Some(ino) = unlinked {
+                self.volume.shared.free_orphan(ino)?;
+            }
             Ok(done)
         })?;
         // Its other names, if any, show one link fewer.
@@ -531,6 +538,9 @@ impl Inodes<'_> {
             let names = RenameNames { parent, name, new_parent, new_name };
             let done = self.rename_entry(names, flags, moving, victim)?;
             replaced = victim.filter(|_| done);
+            if let Some(ino) = replaced.filter(|_| !flags.exchange) {
+                self.volume.shared.free_orphan(ino)?;
+            }
             Ok(done)
         })?;
         // The moved inode's ctime (and a directory's ".."), and the

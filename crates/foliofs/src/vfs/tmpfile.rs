@@ -12,7 +12,6 @@ use super::attr::Owner;
 use super::file::{File, OpenFlags};
 use super::inodes::Inodes;
 use super::namespace::{apply_new_inode, NewInode};
-use super::volume::Shared;
 
 impl Inodes<'_> {
     /// Creates a regular file with no name in directory `parent` (whose
@@ -57,11 +56,7 @@ impl Inodes<'_> {
         // Nothing frees it before this open: only closing one of its handles
         // or mounting frees an inode with no links, and it has no handles.
         self.open_file(ino, flags).inspect_err(|_| {
-            let _ = self
-                .volume
-                .shared
-                .meta
-                .transact(&[ino], |txn| Ok(Shared::free_if_orphaned(txn, ino)));
+            let _ = self.volume.shared.free_orphan(ino);
         })
     }
 }

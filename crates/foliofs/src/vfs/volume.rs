@@ -69,17 +69,49 @@ impl Shared {
         inode.open_handles == 0 && inode.attrs.nlink == 0
     }
 
-    /// Frees `ino` in `txn` if it is still an orphan (someone may have
-    /// opened it by number since its last handle closed); whether it did.
-    pub(crate) fn free_if_orphaned(txn: &mut crate::meta::Txn<'_>, ino: u64) -> bool {
-        let orphaned = txn
-            .state()
-            .inode(ino)
-            .is_some_and(|inode| inode.open_handles == 0 && inode.attrs.nlink == 0);
-        if orphaned {
-            txn.apply(Record::InodeFree { ino });
+    /// Frees `ino` if it is still an orphan (no links, no handles: someone
+    /// may have opened it by number since its last handle closed); whether
+    /// it did. When its blocks' shared counts would not fit one
+    /// transaction, the leading part of the file that fits is unmapped
+    /// first, step by step: the orphan is out of every directory already,
+    /// so a crash between steps leaves it for the next mount to free.
+    pub(crate) fn free_orphan(&self, ino: u64) -> Result<bool> {
+        enum Step {
+            Freed,
+            Kept,
+            Cut,
         }
-        orphaned
+        let is_orphan =
+            |inode: &crate::meta::Inode| inode.open_handles == 0 && inode.attrs.nlink == 0;
+        // Nearly always gone already (freed where its last link went): a
+        // read, not a transaction, says so.
+        if !self.meta.inode(ino).is_some_and(|inode| is_orphan(&inode)) {
+            return Ok(false);
+        }
+        loop {
+            let (step, _) = self.meta.transact(&[ino], |txn| {
+                if !txn.state().inode(ino).is_some_and(is_orphan) {
+                    return Ok(Step::Kept);
+                }
+                let room = txn.shared_count_room();
+                assert!(room > 0, "a journal group holds no shared-count record");
+                match txn.unmapping_cut(ino, room) {
+                    None => {
+                        txn.apply(Record::InodeFree { ino });
+                        Ok(Step::Freed)
+                    }
+                    Some(cut) => {
+                        txn.apply(Record::ExtentUnmap { ino, file_block: 0, block_count: cut });
+                        Ok(Step::Cut)
+                    }
+                }
+            })?;
+            match step {
+                Step::Freed => return Ok(true),
+                Step::Kept => return Ok(false),
+                Step::Cut => {}
+            }
+        }
     }
 
     /// Tells the background committer, the flusher and the background
@@ -669,6 +701,14 @@ fn free_orphans(shared: &Shared) -> Result<()> {
         return Ok(());
     }
     tracing::info!("freeing {} orphaned inodes", orphans.len());
+    if shared.meta.shared_blocks() > 0 {
+        // Their blocks' shared counts are records too: one orphan at a
+        // time, each in as many steps as its counts need.
+        for &ino in &orphans {
+            shared.free_orphan(ino)?;
+        }
+        return shared.meta.commit_all();
+    }
     // In batches: one transaction must fit a journal group, and a crash can
     // leave more orphans than a small journal's group holds records.
     let mut lsn = 0;
