@@ -4,15 +4,25 @@
 # mount answers with a clone) and the space it uses; then 4 KiB direct
 # overwrites of an unshared file, of a clone (first a sequential pass that
 # copies every block once, then random), and random overwrites into blocks
-# still shared, with the device bytes the daemon wrote for them (journal
-# included). Usage: scripts/clone-bench.sh [path/to/foliofs] [path/to/fio]
-# (defaults target/release/foliofs, ../shared/tools/bin/fio).
+# still shared, with the device bytes written for them (the daemon's, journal
+# included); buffered random overwrites of an unshared file and of a clone's
+# shared blocks (each copy's space reserved at write time, written back by
+# the end fsync). Then the same steps on kernel XFS with reflink=1 on a loop
+# device with direct I/O (`cp --reflink=always`; device bytes from the loop
+# device's counters). Usage: scripts/clone-bench.sh [path/to/foliofs]
+# [path/to/fio] (defaults target/release/foliofs, ../shared/tools/bin/fio).
 # docs/BENCHMARKS.md, "Clones", has a run.
 set -eu
 F=$(realpath "${1:-target/release/foliofs}")
 FIO=$(realpath "${2:-../shared/tools/bin/fio}")
 work=$(mktemp -d /tmp/clone-bench.XXXXXX)
-trap 'umount "$work/mnt" 2>/dev/null || true; rm -rf "$work"' EXIT
+loop=
+cleanup() {
+    umount "$work/mnt" 2>/dev/null || true
+    [ -n "$loop" ] && losetup -d "$loop" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
 mkdir "$work/mnt"
 cd "$work"
 
@@ -37,23 +47,53 @@ echo "== 4 KiB direct overwrites, iodepth 16, 512 MiB files"
 sleep 1
 pid=$(pgrep -f "mount $work/cow.img" | head -1)
 written() { awk '/^write_bytes/ {print $2}' "/proc/$pid/io"; }
-dd if=/dev/urandom of=mnt/plain bs=4M count=128 conv=fsync status=none
-dd if=/dev/urandom of=mnt/base bs=4M count=128 conv=fsync status=none
-cp mnt/base mnt/clone
-sync mnt/clone
-job() { # name file rw time_based
-    local before after
+job() { # name file rw time_based direct
+    local before after runtime=
+    # A pass that is not time-based runs to its end: every block copied.
+    [ "$4" = 1 ] && runtime="--runtime=10 --time_based"
     before=$(written)
-    "$FIO" --name="$1" --filename="mnt/$2" --rw="$3" --bs=4k --direct=1 --ioengine=libaio \
-        --iodepth=16 --size=512M --runtime=10 --time_based="$4" \
+    # shellcheck disable=SC2086
+    "$FIO" --name="$1" --filename="mnt/$2" --rw="$3" --bs=4k --direct="$5" --ioengine=libaio \
+        --iodepth=16 --size=512M $runtime --end_fsync=1 \
         --output-format=terse --terse-version=3 \
         | awk -F';' '{printf "%s: %.0f IOPS, %.0f MiB written by fio", $3, $49, $47 / 1024}'
     after=$(written)
-    echo ", $(( (after - before) >> 20 )) MiB by the daemon"
+    echo ", $(( (after - before) >> 20 )) MiB by the device"
 }
-job unshared-randwrite plain randwrite 1
-job clone-first-pass clone write 0
-job clone-randwrite-after clone randwrite 1
-job shared-randwrite base randwrite 1
+overwrites() {
+    job unshared-randwrite plain randwrite 1 1
+    job clone-first-pass clone write 0 1
+    job clone-randwrite-after clone randwrite 1 1
+    job shared-randwrite base randwrite 1 1
+    job buffered-unshared-randwrite plain randwrite 1 0
+    job buffered-shared-randwrite base2 randwrite 1 0
+}
+prepare() { # copy-command
+    local file
+    for file in plain base base2; do
+        dd if=/dev/urandom of=mnt/$file bs=4M count=128 conv=fsync status=none
+    done
+    $1 mnt/base mnt/clone
+    $1 mnt/base2 mnt/clone2
+    sync mnt/clone mnt/clone2
+}
+prepare cp
+overwrites
 umount mnt; sleep 1
 "$F" fsck cow.img
+rm cow.img
+
+echo "== the same on kernel XFS, reflink=1, loop device with direct I/O"
+truncate -s 12G xfs.img
+loop=$(losetup --find --show --direct-io=on xfs.img)
+mkfs.xfs -q -m reflink=1 "$loop"
+mount "$loop" mnt
+sectors() { awk '{print $7}' "/sys/block/$(basename "$loop")/stat"; }
+written() { echo $(( $(sectors) * 512 )); }
+dd if=/dev/zero of=mnt/big bs=4M count=2560 conv=fsync status=none
+start=$(date +%s%N); cp --reflink=always mnt/big mnt/copy; end=$(date +%s%N)
+echo "cp --reflink=always of 10 GiB: $(( (end - start) / 1000 )) us"
+rm mnt/big mnt/copy
+prepare "cp --reflink=always"
+overwrites
+umount mnt
