@@ -54,6 +54,16 @@ fn direct_write(file: &File, data: &[u8], pos: u64) {
     assert_eq!(file.write_at(&buffer, pos).unwrap(), data.len());
 }
 
+/// Every flush boundary the device saw since its log was last reset, and
+/// its end: where the crash tests cut.
+fn crash_points(device: &foliofs::dev::fault::FaultDev) -> Vec<usize> {
+    let mut points = device.durability_points();
+    points.push(device.log_len());
+    points.sort_unstable();
+    points.dedup();
+    points
+}
+
 fn free_blocks(volume: &Volume) -> u64 {
     volume.sync().unwrap();
     volume.statfs().free_blocks
@@ -497,10 +507,7 @@ fn a_crash_anywhere_leaves_each_block_old_or_new_and_the_counts_right(block_byte
     drop((src, src_direct));
     volume.remove_file("/src").unwrap();
     volume.sync().unwrap();
-    let mut points = device.durability_points();
-    points.push(device.log_len());
-    points.sort_unstable();
-    points.dedup();
+    let points = crash_points(&device);
     for &cut in &points {
         for variant in 0..3 {
             let image = device.crash_image(cut, &|_| match variant {
@@ -555,10 +562,7 @@ fn a_block_unshared_by_a_record_not_yet_durable_is_still_copied_on_write(block_b
     let direct = open(&volume, src_ino, true);
     let new = pattern(2, 2 * block);
     direct_write(&direct, &new, 0);
-    let mut points = device.durability_points();
-    points.push(device.log_len());
-    points.sort_unstable();
-    points.dedup();
+    let points = crash_points(&device);
     for &cut in &points {
         for keep in [Keep::Nothing, Keep::All] {
             let context = format!("block {block_bytes}, crash at {cut}, keep {keep:?}");
@@ -836,10 +840,7 @@ fn a_file_of_more_shared_pieces_than_a_journal_group_holds_is_freed_in_steps() {
         device.reset_log();
         volume.remove_file("/src").unwrap();
         volume.sync().unwrap();
-        let mut points = device.durability_points();
-        points.push(device.log_len());
-        points.sort_unstable();
-        points.dedup();
+        let points = crash_points(&device);
         for &cut in &points {
             let crashed = format!("{context}, crash at {cut}");
             let (_, recovered) = open_image(device.crash_image(cut, &|_| Keep::Nothing))
