@@ -38,7 +38,17 @@ start=$(date +%s%N); cp mnt/big mnt/copy2; sync mnt/copy2; end=$(date +%s%N)
 echo "cp then fsync: $(( (end - start) / 1000 )) us"
 echo "blocks used after: $(df -B4096 --output=used mnt | tail -1)"
 cmp mnt/big mnt/copy
+mkdir mnt/tree
+for d in $(seq 100); do
+    mkdir "mnt/tree/d$d"
+    for f in $(seq 100); do echo "$d $f" > "mnt/tree/d$d/f$f"; done
+done
 umount mnt; sleep 1
+echo "== unmounted: foliofs cp --reflink=always and foliofs snapshot"
+start=$(date +%s%N); "$F" cp --reflink=always big.img:/big big.img:/copy3; end=$(date +%s%N)
+echo "foliofs cp --reflink=always of 10 GiB (open, clone, close): $(( (end - start) / 1000 )) us"
+start=$(date +%s%N); "$F" snapshot big.img:/tree /tree2; end=$(date +%s%N)
+echo "foliofs snapshot of 100 directories of 100 files: $(( (end - start) / 1000 )) us"
 rm big.img
 
 echo "== 4 KiB direct overwrites, iodepth 16, 512 MiB files"
