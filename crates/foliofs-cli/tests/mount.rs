@@ -1829,6 +1829,60 @@ fn cp_through_the_mount_clones_and_the_copies_stay_apart() {
     assert!(info.contains("shared:"), "{info}");
 }
 
+/// A copy_file_range of more than 4 GiB is one call through the mount
+/// where the kernel asks FUSE_COPY_FILE_RANGE_64 (Linux 6.18): the daemon
+/// answers the whole length at once. An older kernel's FUSE_COPY_FILE_RANGE
+/// counts in 32 bits, so there one call copies less than 4 GiB. Before the
+/// daemon answered the 64-bit request, 6.18 fell back to the 32-bit one.
+#[test]
+fn a_copy_of_six_gib_is_one_copy_file_range_call() {
+    if skip_requested() {
+        return;
+    }
+    let mounted = Mounted::new(4096, "64M", "");
+    let (head, tail) = (pattern(44, 65536), pattern(45, 65536));
+    let tail_at = 5u64 << 30;
+    let source = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(mounted.path("sparse"))
+        .unwrap();
+    source.write_all_at(&head, 0).unwrap();
+    source.write_all_at(&tail, tail_at).unwrap();
+    let length = 6u64 << 30;
+    source.set_len(length).unwrap();
+    source.sync_all().unwrap();
+    let target = fs::File::create(mounted.path("copy")).unwrap();
+    let copied = copy_file_range(&source, 0, &target, 0, length as usize) as u64;
+    if kernel_at_least(6, 18) {
+        assert_eq!(copied, length, "one call copies the whole 6 GiB");
+    } else {
+        assert!(copied > 0 && copied < 1 << 32, "one 32-bit call copied {copied}");
+    }
+    drop((source, target));
+    let copy = fs::File::open(mounted.path("copy")).unwrap();
+    assert_eq!(copy.metadata().unwrap().len(), copied);
+    let mut read = vec![0u8; 65536];
+    copy.read_exact_at(&mut read, 0).unwrap();
+    assert_eq!(read, head);
+    copy.read_exact_at(&mut read, 1 << 30).unwrap();
+    assert!(read.iter().all(|&byte| byte == 0), "a hole of the source reads as zeros");
+    if copied == length {
+        copy.read_exact_at(&mut read, tail_at).unwrap();
+        assert_eq!(read, tail);
+    }
+}
+
+/// Whether the running kernel is `major.minor` or newer.
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit());
+    let running_major: u32 = parts.next().unwrap().parse().unwrap();
+    let running_minor: u32 = parts.next().unwrap().parse().unwrap();
+    (running_major, running_minor) >= (major, minor)
+}
+
 /// copy_file_range(2) on `source` and `target` at their offsets: the count.
 fn copy_file_range(source: &fs::File, from: i64, target: &fs::File, to: i64, length: usize) -> i64 {
     let (mut from, mut to) = (from, to);

@@ -17,9 +17,9 @@ use foliofs::{
 };
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, ReplyAttr, ReplyCopied, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::attr::{errno, file_attr, file_type, timestamp};
@@ -37,11 +37,12 @@ use crate::inode_files::{self, InodeFiles};
 use crate::invalidate::{self, Invalidator};
 use crate::mount_options::{MountOptions, PageCacheUse};
 
-/// Capabilities asked of the kernel at init, each only where it offers it.
-/// The most one copy_file_range reply can count (its size is 32 bits), in
-/// whole 64 KiB so that a clone of large blocks is never cut short.
+/// The most one FUSE_COPY_FILE_RANGE reply can count (its size is 32
+/// bits), in whole 64 KiB so that a clone of large blocks is never cut
+/// short. FUSE_COPY_FILE_RANGE_64 has no such cap.
 const COPY_FILE_RANGE_BYTES_MAX: u64 = (u32::MAX as u64) & !0xFFFF;
 
+/// Capabilities asked of the kernel at init, each only where it offers it.
 const WANTED_CAPABILITIES: &[InitFlags] = &[
     // Shared mmap on FOPEN_DIRECT_IO files (kernel 6.6+).
     InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
@@ -416,6 +417,41 @@ impl FolioFs {
         // Any open file may be cached: through the page cache, or mapped.
         self.invalidator.page_cached(ino);
         Ok((fh, self.fopen_flags(open)))
+    }
+}
+
+/// A file of a copy_file_range request: its inode, handle and offset.
+type CopyEnd = (INodeNo, FileHandle, u64);
+
+impl FolioFs {
+    /// copy_file_range(2) for both request kinds: answered as a clone of
+    /// the whole blocks (no data moves, the blocks are shared) and a copy
+    /// of the partial blocks at the edges (`File::copy_range_from`).
+    /// FICLONE and FIDEDUPERANGE never reach a FUSE daemon. Into a handle
+    /// opened O_DSYNC or O_SYNC the copy is durable before the reply; with
+    /// zero-message opens it is not, for the request carries no open flags
+    /// (fuse_copy_file_range_in has none, unlike reads and writes).
+    fn copy_range(
+        &self,
+        req: &Request,
+        (ino_in, fh_in, offset_in): CopyEnd,
+        (ino_out, fh_out, offset_out): CopyEnd,
+        len: u64,
+        flags: CopyFileRangeFlags,
+    ) -> Result<u64, Errno> {
+        invalidate::mark_serving();
+        if !flags.is_empty() {
+            return Err(Errno::EINVAL);
+        }
+        let readable = inode_files::Access { write: false, direct: false, dsync: false };
+        let source = self.served_file("copy_file_range", ino_in, fh_in, Some(readable))?;
+        let writable = inode_files::Access { write: true, direct: false, dsync: false };
+        let target = self.served_file("copy_file_range", ino_out, fh_out, Some(writable))?;
+        let kill = WriteFlags::FUSE_WRITE_KILL_SUIDGID;
+        self.remove_privileges("copy_file_range", req, ino_out, kill)?;
+        target
+            .copy_range_from(&source, offset_in, offset_out, len)
+            .map_err(|error| self.failed("copy_file_range", &error))
     }
 }
 
@@ -1342,13 +1378,10 @@ impl Filesystem for FolioFs {
         }
     }
 
-    /// copy_file_range(2), which `cp` uses: answered as a clone of the
-    /// whole blocks (no data moves, the blocks are shared) and a copy of
-    /// the partial blocks at the edges (`File::copy_range_from`). FICLONE
-    /// and FIDEDUPERANGE never reach a FUSE daemon. Into a handle opened
-    /// O_DSYNC or O_SYNC the copy is durable before the reply; with
-    /// zero-message opens it is not, for the request carries no open flags
-    /// (fuse_copy_file_range_in has none, unlike reads and writes).
+    /// copy_file_range(2), which `cp` uses, as the kernel before 6.18 asks
+    /// it (and 6.18 after an ENOSYS to [`Self::copy_file_range_64`]): its
+    /// reply counts bytes in 32 bits, so a call copies less than 4 GiB and
+    /// the caller asks again for the rest.
     fn copy_file_range(
         &self,
         req: &Request,
@@ -1362,29 +1395,35 @@ impl Filesystem for FolioFs {
         flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        invalidate::mark_serving();
-        if !flags.is_empty() {
-            return reply.error(Errno::EINVAL);
-        }
-        let readable = inode_files::Access { write: false, direct: false, dsync: false };
-        let source = match self.served_file("copy_file_range", ino_in, fh_in, Some(readable)) {
-            Ok(file) => file,
-            Err(errno) => return reply.error(errno),
-        };
-        let writable = inode_files::Access { write: true, direct: false, dsync: false };
-        let target = match self.served_file("copy_file_range", ino_out, fh_out, Some(writable)) {
-            Ok(file) => file,
-            Err(errno) => return reply.error(errno),
-        };
-        let kill = WriteFlags::FUSE_WRITE_KILL_SUIDGID;
-        if let Err(errno) = self.remove_privileges("copy_file_range", req, ino_out, kill) {
-            return reply.error(errno);
-        }
-        // The reply counts bytes in 32 bits; the caller asks again for more.
+        let source = (ino_in, fh_in, offset_in);
+        let target = (ino_out, fh_out, offset_out);
         let len = len.min(COPY_FILE_RANGE_BYTES_MAX);
-        match target.copy_range_from(&source, offset_in, offset_out, len) {
-            Ok(copied) => reply.written(copied as u32),
-            Err(error) => reply.error(self.failed("copy_file_range", &error)),
+        match self.copy_range(req, source, target, len, flags) {
+            Ok(copied) => reply.written(u32::try_from(copied).expect("capped below 4 GiB")),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    /// FUSE_COPY_FILE_RANGE_64 (Linux 6.18): the caller's whole length in
+    /// one request, so `cp` of a 10 GiB file is one clone.
+    fn copy_file_range_64(
+        &self,
+        req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: CopyFileRangeFlags,
+        reply: ReplyCopied,
+    ) {
+        let source = (ino_in, fh_in, offset_in);
+        let target = (ino_out, fh_out, offset_out);
+        match self.copy_range(req, source, target, len, flags) {
+            Ok(copied) => reply.copied(copied),
+            Err(errno) => reply.error(errno),
         }
     }
 

@@ -59,6 +59,7 @@ pub use crate::poll_events::PollEvents;
 pub use crate::rename_flags::RenameFlags;
 pub use crate::reply::ReplyAttr;
 pub use crate::reply::ReplyBmap;
+pub use crate::reply::ReplyCopied;
 pub use crate::reply::ReplyCreate;
 pub use crate::reply::ReplyData;
 pub use crate::reply::ReplyDirectory;
@@ -93,6 +94,8 @@ mod dev_fuse;
 #[cfg(feature = "experimental")]
 pub mod experimental;
 mod forget_one;
+#[cfg(target_os = "linux")]
+mod idle_commit;
 mod ll;
 mod mnt;
 mod notify;
@@ -106,8 +109,6 @@ mod request;
 mod request_param;
 mod session;
 mod time;
-#[cfg(target_os = "linux")]
-mod idle_commit;
 #[cfg(target_os = "linux")]
 mod uring;
 
@@ -1026,6 +1027,34 @@ pub trait Filesystem: Send + Sync + 'static {
     ) {
         warn!(
             "[Not Implemented] copy_file_range(ino_in: {ino_in:#x?}, fh_in: {fh_in}, \
+            offset_in: {offset_in}, ino_out: {ino_out:#x?}, fh_out: {fh_out}, \
+            offset_out: {offset_out}, len: {len}, flags: {flags:?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// Copy the specified range from the source inode to the destination
+    /// inode, answering with a 64-bit count (`FUSE_COPY_FILE_RANGE_64`,
+    /// protocol 7.45, Linux 6.18): the kernel asks this first with the
+    /// caller's whole length. If this method is not implemented (ENOSYS)
+    /// the kernel remembers it and asks [`Filesystem::copy_file_range`]
+    /// instead, with the length capped below 4 GiB.
+    #[cfg(target_os = "linux")]
+    fn copy_file_range_64(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: CopyFileRangeFlags,
+        reply: ReplyCopied,
+    ) {
+        warn!(
+            "[Not Implemented] copy_file_range_64(ino_in: {ino_in:#x?}, fh_in: {fh_in}, \
             offset_in: {offset_in}, ino_out: {ino_out:#x?}, fh_out: {fh_out}, \
             offset_out: {offset_out}, len: {len}, flags: {flags:?})"
         );

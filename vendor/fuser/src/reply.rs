@@ -888,6 +888,35 @@ impl ReplyLseek {
     }
 }
 
+///
+/// The reply to [`crate::Filesystem::copy_file_range_64`]: how many bytes
+/// were copied, in 64 bits.
+#[derive(Debug)]
+pub struct ReplyCopied {
+    reply: ReplyRaw,
+}
+
+impl Reply for ReplyCopied {
+    fn new(unique: ll::RequestId, sender: ReplySender) -> ReplyCopied {
+        ReplyCopied {
+            reply: Reply::new(unique, sender),
+        }
+    }
+}
+
+impl ReplyCopied {
+    /// Reply to a request with the number of bytes copied
+    pub fn copied(self, bytes: u64) {
+        self.reply
+            .send_ll(&ll::ResponseStruct::new_copy_file_range_64(bytes));
+    }
+
+    /// Reply to a request with the given error code
+    pub fn error(self, err: Errno) {
+        self.reply.error(err);
+    }
+}
+
 #[cfg(test)]
 mod test {
     use std::sync::mpsc::sync_channel;

@@ -545,6 +545,22 @@ impl<'a> RequestWithSender<'a> {
                 );
             }
             #[cfg(target_os = "linux")]
+            ll::Operation::CopyFileRange64(x) => {
+                let (i, o) = (x.src()?, x.dest()?);
+                filesystem.copy_file_range_64(
+                    self.request_header(),
+                    i.inode,
+                    i.file_handle,
+                    i.offset,
+                    o.inode,
+                    o.file_handle,
+                    o.offset,
+                    x.len(),
+                    x.flags(),
+                    self.reply(),
+                );
+            }
+            #[cfg(target_os = "linux")]
             ll::Operation::TmpFile(x) => {
                 filesystem.tmpfile(
                     self.request_header(),

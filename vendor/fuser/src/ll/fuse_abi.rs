@@ -164,6 +164,11 @@ pub(crate) enum fuse_opcode {
     // Protocol 7.37: O_TMPFILE (fs/fuse/dir.c fuse_tmpfile).
     #[cfg(target_os = "linux")]
     FUSE_TMPFILE = 51,
+    // Protocol 7.45 (Linux 6.18): copy_file_range with a 64-bit reply
+    // (fs/fuse/file.c __fuse_copy_file_range tries it first, and falls back
+    // to FUSE_COPY_FILE_RANGE, capped below 4 GiB, after ENOSYS).
+    #[cfg(target_os = "linux")]
+    FUSE_COPY_FILE_RANGE_64 = 53,
 
     #[cfg(target_os = "macos")]
     FUSE_SETVOLNAME = 61,
@@ -748,6 +753,13 @@ pub(crate) struct fuse_lseek_in {
 #[derive(Debug, IntoBytes, KnownLayout, Immutable)]
 pub(crate) struct fuse_lseek_out {
     pub(crate) offset: i64,
+}
+
+/// The reply to FUSE_COPY_FILE_RANGE_64 (protocol 7.45).
+#[repr(C)]
+#[derive(Debug, IntoBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_copy_file_range_out {
+    pub(crate) bytes_copied: u64,
 }
 
 #[repr(C)]

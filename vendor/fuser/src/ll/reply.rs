@@ -250,6 +250,12 @@ impl ResponseStruct<abi::fuse_lseek_out> {
     }
 }
 
+impl ResponseStruct<abi::fuse_copy_file_range_out> {
+    pub(crate) fn new_copy_file_range_64(bytes_copied: u64) -> Self {
+        ResponseStruct(abi::fuse_copy_file_range_out { bytes_copied })
+    }
+}
+
 pub(crate) struct ResponseIoctl<'a> {
     out: abi::fuse_ioctl_out,
     iovs: &'a [IoSlice<'a>],
@@ -722,6 +728,21 @@ mod test {
             0x00, 0x00, 0x00, 0x00,
         ];
         let r = ResponseStruct::new_open(FileHandle(0x1122), FopenFlags::from_bits_retain(0x33), 0);
+        assert_eq!(
+            r.with_iovec(RequestId(0xdeadbeef), ioslice_to_vec),
+            expected
+        );
+    }
+
+    #[test]
+    fn reply_copy_file_range_64() {
+        // A count above 4 GiB: its high half must reach the kernel, where
+        // a fuse_write_out would have carried only the low 32 bits.
+        let expected = vec![
+            0x18, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xef, 0xbe, 0xad, 0xde, 0x00, 0x00,
+            0x00, 0x00, 0x00, 0x10, 0x00, 0x80, 0x02, 0x00, 0x00, 0x00,
+        ];
+        let r = ResponseStruct::new_copy_file_range_64(0x2_8000_1000);
         assert_eq!(
             r.with_iovec(RequestId(0xdeadbeef), ioslice_to_vec),
             expected

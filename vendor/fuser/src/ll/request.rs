@@ -1885,6 +1885,11 @@ mod op {
                 arg: data.fetch()?,
             }),
             #[cfg(target_os = "linux")]
+            fuse_opcode::FUSE_COPY_FILE_RANGE_64 => Operation::CopyFileRange64(CopyFileRange {
+                header,
+                arg: data.fetch()?,
+            }),
+            #[cfg(target_os = "linux")]
             fuse_opcode::FUSE_TMPFILE => Operation::TmpFile(TmpFile {
                 header,
                 arg: data.fetch()?,
@@ -1963,6 +1968,9 @@ pub(crate) enum Operation<'a> {
     Rename2(Rename2<'a>),
     Lseek(Lseek<'a>),
     CopyFileRange(CopyFileRange<'a>),
+    /// The same arguments, answered with a 64-bit count (protocol 7.45).
+    #[cfg(target_os = "linux")]
+    CopyFileRange64(CopyFileRange<'a>),
     #[cfg(target_os = "linux")]
     TmpFile(TmpFile<'a>),
 
@@ -2142,12 +2150,17 @@ impl fmt::Display for Operation<'_> {
                 x.len()
             ),
             #[cfg(target_os = "linux")]
-            Operation::TmpFile(x) => write!(
+            Operation::CopyFileRange64(x) => write!(
                 f,
-                "TMPFILE mode {:#05o}, flags {:#x}",
-                x.mode(),
-                x.flags()
+                "COPY_FILE_RANGE_64 src {:?}, dest {:?}, len {}",
+                x.src(),
+                x.dest(),
+                x.len()
             ),
+            #[cfg(target_os = "linux")]
+            Operation::TmpFile(x) => {
+                write!(f, "TMPFILE mode {:#05o}, flags {:#x}", x.mode(), x.flags())
+            }
 
             #[cfg(target_os = "macos")]
             Operation::SetVolName(x) => write!(f, "SETVOLNAME name {:?}", x.name()),
@@ -2375,6 +2388,47 @@ mod tests {
                 assert_eq!(x.mode(), 0o644);
                 assert_eq!(x.umask(), 0o755);
                 assert_eq!(x.name(), OsStr::new("foo.txt"));
+            }
+            _ => panic!("Unexpected request operation"),
+        }
+    }
+
+    /// FUSE_COPY_FILE_RANGE_64 (opcode 53): the arguments of
+    /// FUSE_COPY_FILE_RANGE, a length above 4 GiB kept whole.
+    #[cfg(all(target_os = "linux", target_endian = "little"))]
+    #[test]
+    fn copy_file_range_64() {
+        let mut bytes = [0u8; 96];
+        bytes[0] = 96; // len
+        bytes[4] = 53; // opcode
+        bytes[16] = 0x07; // nodeid of the source
+        let fields: [u64; 7] = [
+            0x11,          // fh_in
+            0x2000,        // off_in
+            0x09,          // nodeid_out
+            0x22,          // fh_out
+            0x4000,        // off_out
+            0x2_8000_0000, // len: 10 GiB
+            0,             // flags
+        ];
+        for (n, field) in fields.iter().enumerate() {
+            bytes[40 + 8 * n..48 + 8 * n].copy_from_slice(&field.to_le_bytes());
+        }
+        let aligned = AlignedData(bytes);
+        let req = AnyRequest::try_from(&aligned[..]).unwrap();
+        match req.operation().unwrap() {
+            Operation::CopyFileRange64(x) => {
+                let (src, dest) = (x.src().unwrap(), x.dest().unwrap());
+                assert_eq!(
+                    (src.inode, src.file_handle, src.offset),
+                    (INodeNo(7), FileHandle(0x11), 0x2000)
+                );
+                assert_eq!(
+                    (dest.inode, dest.file_handle, dest.offset),
+                    (INodeNo(9), FileHandle(0x22), 0x4000)
+                );
+                assert_eq!(x.len(), 0x2_8000_0000);
+                assert!(x.flags().is_empty());
             }
             _ => panic!("Unexpected request operation"),
         }
