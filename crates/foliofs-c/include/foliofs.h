@@ -479,6 +479,18 @@ int foliofs_rmdir(const struct FoliofsVolume *volume, const char *path);
 int foliofs_clone_file(const struct FoliofsVolume *volume, const char *from, const char *to);
 
 /**
+ * Clones the directory tree `from` to `to` (which must not exist) as one
+ * instant of the volume: other threads' changes wait while it is made.
+ * Directories and symlinks are made again, regular files share their
+ * blocks, other nodes are skipped. The files cloned, or -errno.
+ *
+ * # Safety
+ *
+ * `volume` is open; `from` and `to` are NUL-terminated strings.
+ */
+int64_t foliofs_clone_tree(const struct FoliofsVolume *volume, const char *from, const char *to);
+
+/**
  * Renames `from` to `to`, replacing what is there. 0 or -errno.
  *
  * # Safety

@@ -810,6 +810,27 @@ pub unsafe extern "C" fn foliofs_clone_file(
     unsafe { with_two_paths(volume, from, to, |volume, from, to| volume.clone_file(from, to)) }
 }
 
+/// Clones the directory tree `from` to `to` (which must not exist) as one
+/// instant of the volume: other threads' changes wait while it is made.
+/// Directories and symlinks are made again, regular files share their
+/// blocks, other nodes are skipped. The files cloned, or -errno.
+///
+/// # Safety
+///
+/// `volume` is open; `from` and `to` are NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_clone_tree(
+    volume: *const FoliofsVolume,
+    from: *const c_char,
+    to: *const c_char,
+) -> i64 {
+    guarded(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (volume, from, to) = unsafe { (volume_ref(volume)?, path_of(from)?, path_of(to)?) };
+        volume.clone_tree(from, to).map(|(files, _skipped)| files as i64)
+    })
+}
+
 /// Renames `from` to `to`, replacing what is there. 0 or -errno.
 ///
 /// # Safety

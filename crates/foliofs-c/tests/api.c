@@ -198,6 +198,8 @@ int main(int argc, char **argv) {
     /* Clones: a whole file, then a range; a misaligned one is -EINVAL. */
     MUST(foliofs_clone_file(volume, "/d/a", "/d/a-clone"));
     EXPECT(foliofs_clone_file(volume, "/d/a", "/d/a-clone"), -EEXIST);
+    EXPECT(foliofs_clone_tree(volume, "/d", "/d-snapshot") > 1, 1);
+    EXPECT(foliofs_clone_tree(volume, "/d", "/d-snapshot"), -EEXIST);
     struct FoliofsFile *source = NULL;
     struct FoliofsFile *target = NULL;
     MUST(foliofs_file_open(volume, "/d/a-clone", O_RDONLY, 0, &source));

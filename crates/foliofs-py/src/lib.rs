@@ -262,6 +262,20 @@ impl Volume {
         })
     }
 
+    /// Clones the directory tree `source` to `destination` (which must not
+    /// exist) as one instant of the volume: other threads' changes wait
+    /// while it is made. Returns (files cloned, nodes skipped).
+    fn clone_tree(
+        &self,
+        py: Python<'_>,
+        source: String,
+        destination: String,
+    ) -> PyResult<(u64, u64)> {
+        self.call(py, |volume| {
+            volume.clone_tree(&source, &destination).map_err(|error| os_error(error, Some(&source)))
+        })
+    }
+
     /// os.path.exists.
     fn exists(&self, py: Python<'_>, path: String) -> PyResult<bool> {
         self.call(py, |volume| {

@@ -124,6 +124,17 @@ def test_clone_file_shares_then_copies_on_write(volume):
         assert f.read() == data[:4096] + b"changed" + data[4096 + 7:]
 
 
+def test_clone_tree_copies_the_tree_at_one_instant(volume):
+    volume.makedirs("/tree/sub")
+    with volume.open("/tree/sub/file", "wb") as f:
+        f.write(b"tree data")
+    assert volume.clone_tree("/tree", "/tree-snapshot") == (1, 0)
+    with pytest.raises(FileExistsError):
+        volume.clone_tree("/tree", "/tree-snapshot")
+    with volume.open("/tree-snapshot/sub/file", "rb") as f:
+        assert f.read() == b"tree data"
+
+
 def test_volume_options_are_mount_options(tmp_path):
     image = str(tmp_path / "vol.img")
     foliofs.mkfs(image, 64 << 20, block_size=4096, options="engine=sync")

@@ -117,8 +117,8 @@ pub use options::VolumeOptions;
 pub use space::FallocateMode;
 pub use trim::TrimRange;
 pub use vfs::{
-    Access, Credentials, DirEntry, File, FileType, Metadata, MkfsOptions, OpenOptions, Permissions,
-    ReadDir, ShutdownMode, Volume,
+    Access, Credentials, DirEntry, File, FileType, Frozen, Metadata, MkfsOptions, OpenOptions,
+    Permissions, ReadDir, ShutdownMode, Volume,
 };
 
 // The inode-level types the FUSE front end uses.

@@ -5,7 +5,7 @@
 //! keep nothing.
 //!
 //! The ordered locks, in the order they are taken (ARCHITECTURE.md, "Locks"):
-//! a file's I/O lock, its writeback lock, the rename mutex, the checkpoint
+//! the volume's write gate, a file's I/O lock, its writeback lock, the rename mutex, the checkpoint
 //! mutex, the metadata shards (in ascending shard index), the space mutex,
 //! the journal's mutex. The cache's folio map, folio locks and dirty index
 //! sit between the writeback lock and the rename mutex and are not tracked
@@ -71,6 +71,9 @@ impl Contention {
 /// An ordered lock's place in the order: a lower level is taken first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
+    /// A slot of the volume's write gate (`vfs::freeze`): taken at the
+    /// start of a changing operation, all of them by a freeze.
+    Freeze = 0,
     /// `io_lock::InodeIo`, shared or exclusive.
     InodeIo = 1,
     /// `cache::InodeCache`'s writeback lock.
@@ -90,7 +93,8 @@ pub enum Level {
 
 impl Level {
     /// Every level, in the order they are taken.
-    pub const ORDER: [Level; 7] = [
+    pub const ORDER: [Level; 8] = [
+        Level::Freeze,
         Level::InodeIo,
         Level::Writeback,
         Level::Rename,

@@ -73,6 +73,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "iomap",
             "journal",
             "layout",
+            "lock_order",
             "meta",
             "options",
             "reflink",

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::freeze::Writing;
 use crate::buffered::{self, Readahead};
 use crate::cache::InodeCache;
 use crate::dev::AlignedBuf;
@@ -190,12 +191,15 @@ impl File {
         Ok(())
     }
 
-    pub(super) fn check_writable(&self) -> Result<()> {
+    /// Passes the volume's write gate ([`super::freeze`]) and checks the
+    /// handle writes; the operation ends when the value is dropped.
+    pub(super) fn check_writable(&self) -> Result<Writing<'_>> {
+        let writing = self.shared.write_gate.start_write();
         self.shared.check_running()?;
         if !self.flags.write {
             return Err(Error::BadHandle("file not open for writing".into()));
         }
-        Ok(())
+        Ok(writing)
     }
 
     /// Reads at `pos`; returns the bytes read, fewer than asked at end of file.
@@ -248,7 +252,7 @@ impl File {
     /// Writes at `pos` (at the end of file with `append`); returns the bytes
     /// written. With `dsync` the data is durable on return.
     pub fn write_at(&self, data: &[u8], pos: u64) -> Result<usize> {
-        self.check_writable()?;
+        let _writing = self.check_writable()?;
         let engine = &self.shared.engine;
         // Before either path: a direct overwrite of written blocks needs no
         // metadata, so nothing below would refuse it on a volume that went
@@ -363,13 +367,17 @@ impl File {
 
     /// Asynchronous write from an owned buffer (direct files only).
     pub fn write_at_async(&self, buffer: AlignedBuf, pos: u64) -> DirectFuture {
-        let checked = self.check_direct().and_then(|()| self.check_writable()).and_then(|()| {
-            // As in write_at: an overwrite alone would not be refused.
-            self.shared.meta.refusal().map_or(Ok(()), Err)?;
-            self.shared.check_data_change(self.ino, pos, "writing before its end")
-        });
+        // The gate is held while the write is submitted; a freeze that
+        // follows waits for it at the file's I/O lock.
+        let checked =
+            self.check_direct().and_then(|()| self.check_writable()).and_then(|writing| {
+                // As in write_at: an overwrite alone would not be refused.
+                self.shared.meta.refusal().map_or(Ok(()), Err)?;
+                self.shared.check_data_change(self.ino, pos, "writing before its end")?;
+                Ok(writing)
+            });
         match checked {
-            Ok(()) => {
+            Ok(_writing) => {
                 let engine = &self.shared.engine;
                 let shared: Arc<dyn WriteObserver> = Arc::clone(&self.shared) as _;
                 let sequential = self.continues_direct(pos, buffer.len());
@@ -400,7 +408,7 @@ impl File {
 
     /// Truncates or extends to `size` bytes.
     pub fn set_len(&self, size: u64) -> Result<()> {
-        self.check_writable()?;
+        let _writing = self.check_writable()?;
         // Any size change, growing included, as the kernel's truncate.
         self.shared.check_data_change(self.ino, 0, "changing its size")?;
         if let Some(refusal) = self.shared.meta.refusal() {
@@ -417,7 +425,7 @@ impl File {
     /// fallocate(2): preallocate, punch a hole, zero, collapse or insert a
     /// range (see [`FallocateMode`]).
     pub fn fallocate(&self, mode: FallocateMode, offset: u64, length: u64) -> Result<()> {
-        self.check_writable()?;
+        let _writing = self.check_writable()?;
         // Append-only files take plain preallocation alone (vfs_fallocate).
         let start = if matches!(mode, FallocateMode::Allocate { .. }) { u64::MAX } else { 0 };
         self.shared.check_data_change(self.ino, start, "fallocate")?;

@@ -109,6 +109,7 @@ impl Inodes<'_> {
     /// setting or clearing immutable or append-only needs
     /// `may_protect` (CAP_LINUX_IMMUTABLE), EPERM otherwise.
     pub fn set_flags(&self, ino: u64, flags: u32, may_protect: bool) -> Result<()> {
+        let _writing = self.volume.shared.write_gate.start_write();
         if flags & !INODE_FLAGS_KNOWN != 0 {
             return Err(Error::Unsupported(format!(
                 "inode flags {:#x} (this volume keeps {INODE_FLAGS_KNOWN:#x})",

@@ -325,6 +325,7 @@ impl Inodes<'_> {
         target: Option<&[u8]>,
         rdev: u32,
     ) -> Result<Attr> {
+        let _writing = self.volume.shared.write_gate.start_write();
         check_name(name)?;
         let ino = self.volume.shared.meta.take_ino(kind == InodeKind::Dir);
         let (attr, _) = self.volume.shared.meta.transact(&[parent, ino], |txn| {
@@ -386,6 +387,7 @@ impl Inodes<'_> {
 
     /// Adds the name `new_name` in `new_parent` for the existing inode `ino`.
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
+        let _writing = self.volume.shared.write_gate.start_write();
         check_name(new_name)?;
         let (attr, _) = self.volume.shared.meta.transact(&[ino, new_parent], |txn| {
             let attrs = attrs_of(txn.state(), ino)?;
@@ -432,6 +434,7 @@ impl Inodes<'_> {
     /// Removes a non-directory name; the inode goes when its last link and
     /// its last open handle are gone.
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        let _writing = self.volume.shared.write_gate.start_write();
         let mut unlinked = None;
         self.with_quiesced_victim(parent, name, |victim| {
             let done = self.unlink_entry(parent, name, victim)?;
@@ -472,6 +475,7 @@ impl Inodes<'_> {
 
     /// Removes the empty directory `name` from `parent`.
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        let _writing = self.volume.shared.write_gate.start_write();
         const ATTEMPTS_MAX: usize = 16;
         let meta = &self.volume.shared.meta;
         for _ in 0..ATTEMPTS_MAX {
@@ -522,6 +526,7 @@ impl Inodes<'_> {
         new_name: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
+        let _writing = self.volume.shared.write_gate.start_write();
         check_name(name)?;
         check_name(new_name)?;
         if flags.exchange && flags.no_replace {
@@ -660,6 +665,7 @@ impl Inodes<'_> {
 
     /// Changes attributes; a size change truncates or extends the file.
     pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
+        let _writing = self.volume.shared.write_gate.start_write();
         check_attr_change(&self.volume.shared.meta.view(&[ino]), ino, changes)?;
         if let Some(size) = changes.size {
             let kind = attrs_of(&self.volume.shared.meta.view(&[ino]), ino)?.kind;
@@ -693,6 +699,7 @@ impl Inodes<'_> {
     /// system (FUSE direct writes; fallocate). Returns whether the mode
     /// changed.
     pub fn remove_privileges(&self, ino: u64, caller: Owner, kill_setid: bool) -> Result<bool> {
+        let _writing = self.volume.shared.write_gate.start_write();
         let to_remove = |state: &dyn InodeTable| -> Result<(u32, bool)> {
             // The data change that follows is refused on an immutable file:
             // nothing may change before it either.
@@ -742,6 +749,7 @@ impl Inodes<'_> {
         chown: bool,
         mode: Option<u32>,
     ) -> Result<Option<u32>> {
+        let _writing = self.volume.shared.write_gate.start_write();
         if truncate || chown {
             self.remove_privileges(ino, caller, truncate)?;
         }

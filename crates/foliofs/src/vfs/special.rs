@@ -22,6 +22,7 @@ impl Inodes<'_> {
         rdev: u32,
         owner: Owner,
     ) -> Result<Attr> {
+        let _writing = self.volume.shared.write_gate.start_write();
         match kind {
             InodeKind::File => return self.create(parent, name, mode, owner),
             InodeKind::Dir | InodeKind::Symlink => {

@@ -26,6 +26,7 @@ impl Inodes<'_> {
         flags: OpenFlags,
         linkable: bool,
     ) -> Result<File> {
+        let _writing = self.volume.shared.write_gate.start_write();
         if !flags.write {
             // As open(2): O_TMPFILE needs O_WRONLY or O_RDWR.
             return Err(Error::invalid("an unnamed file must be opened for writing"));

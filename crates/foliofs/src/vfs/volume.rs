@@ -51,6 +51,8 @@ pub(crate) struct Shared {
     pub(crate) superblock: Superblock,
     pub(crate) load_report: LoadReport,
     pub(crate) observers: super::observe::Observers,
+    /// Passed by every changing operation; closed by a freeze.
+    pub(crate) write_gate: super::freeze::WriteGate,
 }
 
 impl std::ops::Deref for Shared {
@@ -417,6 +419,7 @@ impl Volume {
             superblock,
             load_report,
             observers: Default::default(),
+            write_gate: Default::default(),
         });
         if !options.read_only {
             free_orphans(&shared)?;

@@ -143,6 +143,7 @@ impl Inodes<'_> {
         flags: XattrFlags,
         privilege: Privilege,
     ) -> Result<()> {
+        let _writing = self.volume.shared.write_gate.start_write();
         let namespace = namespace_of(name)?;
         if value.len() > XATTR_VALUE_BYTES_MAX {
             return Err(Error::TooBig(format!(
@@ -240,6 +241,7 @@ impl Inodes<'_> {
 
     /// Removes `name` from `ino` (removexattr).
     pub fn remove_xattr(&self, ino: u64, name: &[u8], privilege: Privilege) -> Result<()> {
+        let _writing = self.volume.shared.write_gate.start_write();
         let namespace = namespace_of(name)?;
         self.volume.shared.meta.transact(&[ino], |txn| {
             let inode = inode_of(txn.state(), ino)?;
