@@ -6,6 +6,7 @@
 //! and charts (`chart`) that quote each seed's own posted figures (`posted`).
 
 pub mod chart;
+pub mod cpu;
 pub mod jobfile;
 pub mod latency;
 pub mod nbd;

@@ -302,6 +302,9 @@ fn bench_metadata_reports_folio_memory_of_small_files() {
     ]);
     assert!(output.contains("create + write 4k + close, 512 files"), "{output}");
     assert!(output.contains("ops per CPU second"), "{output}");
+    // The job's own CPU apart from the engine threads' beside it.
+    assert!(output.contains("CPU per op (us): jobs "), "{output}");
+    assert!(output.contains(" CPUs busy"), "{output}");
     // 512 folios of 4 KiB fill one 2 MiB slab exactly.
     assert!(
         output.contains(

@@ -47,7 +47,8 @@ pub fn run(args: &MetadataArgs, options: &VolumeOptions) -> anyhow::Result<ExitC
     let before = volume.device().stats();
     let waits_before = volume.lock_waits();
     let resident_before = resident_bytes();
-    let cpu_before = cpu_seconds();
+    let cpu_before = foliofs_bench::cpu::process_seconds();
+    let threads_before = foliofs_bench::cpu::seconds_by_thread_name();
     let started = Instant::now();
     let fsync = !args.no_fsync;
     let workers: Vec<_> = (0..args.jobs)
@@ -58,14 +59,22 @@ pub fn run(args: &MetadataArgs, options: &VolumeOptions) -> anyhow::Result<ExitC
         })
         .collect();
     let mut latencies = Latencies::new();
+    let mut jobs_cpu_seconds = Some(0.0);
     for worker in workers {
-        let job = worker.join().map_err(|_| anyhow::anyhow!("a bench job panicked"))??;
+        let (job, job_cpu) =
+            worker.join().map_err(|_| anyhow::anyhow!("a bench job panicked"))??;
         latencies.merge(&job);
+        jobs_cpu_seconds = jobs_cpu_seconds.zip(job_cpu).map(|(sum, job)| sum + job);
     }
     let elapsed = started.elapsed();
+    let engine_threads = foliofs_bench::cpu::used_between(
+        &threads_before,
+        &foliofs_bench::cpu::seconds_by_thread_name(),
+    );
     let stats = volume.device().stats().since(&before);
     let waits = volume.lock_waits();
-    let cpu_used = cpu_seconds().zip(cpu_before).map(|(after, was)| after - was);
+    let cpu_used =
+        foliofs_bench::cpu::process_seconds().zip(cpu_before).map(|(after, was)| after - was);
     let resident_grown = resident_bytes().zip(resident_before).map(|(after, was)| after - was);
     let cache = volume.cache_stats();
     let operations = latencies.count() as f64;
@@ -82,6 +91,23 @@ pub fn run(args: &MetadataArgs, options: &VolumeOptions) -> anyhow::Result<ExitC
             cpu_used * 1e6 / operations,
             operations / cpu_used.max(0.01)
         );
+        if let Some(jobs) = jobs_cpu_seconds {
+            // What bounds the speed-up on few CPUs: every job's own CPU,
+            // and what the engine's threads spend beside them.
+            let per_op_us = |seconds: f64| seconds * 1e6 / operations;
+            let others: Vec<String> = engine_threads
+                .iter()
+                .take(4)
+                .map(|(name, seconds)| format!("{name} {:.1}", per_op_us(*seconds)))
+                .collect();
+            println!(
+                "  CPU per op (us): jobs {:.1}, other threads {:.1} ({}); {:.2} CPUs busy",
+                per_op_us(jobs),
+                per_op_us((cpu_used - jobs).max(0.0)),
+                others.join(", "),
+                cpu_used / elapsed.as_secs_f64()
+            );
+        }
     }
     println!("  {}", foliofs_bench::latency::lock_waits_line(&waits_before, &waits, operations));
     println!(
@@ -117,17 +143,6 @@ pub fn run(args: &MetadataArgs, options: &VolumeOptions) -> anyhow::Result<ExitC
     Ok(ExitCode::SUCCESS)
 }
 
-/// CPU time of the whole process so far (Linux: /proc/self/stat's utime and
-/// stime, in USER_HZ ticks, which the kernel ABI fixes at 100 a second).
-fn cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // The command name may hold spaces: fields are counted after its ')'.
-    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) as f64 / 100.0)
-}
-
 /// The process's resident memory (Linux), or None where it cannot be read.
 fn resident_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -142,7 +157,7 @@ fn create_and_write(
     files: u64,
     file_bytes: usize,
     fsync: bool,
-) -> anyhow::Result<Latencies> {
+) -> anyhow::Result<(Latencies, Option<f64>)> {
     let dir =
         volume.inodes().mkdir(1, format!("job{job}").as_bytes(), 0o755, Owner::current())?.ino;
     let data = vec![0xABu8; file_bytes];
@@ -159,5 +174,5 @@ fn create_and_write(
         file.close()?;
         latencies.record(started.elapsed());
     }
-    Ok(latencies)
+    Ok((latencies, foliofs_bench::cpu::thread_seconds()))
 }
