@@ -299,6 +299,14 @@ impl<G> Ordered<G> {
         Self { guard: lock(), _held: held }
     }
 
+    /// Tries a lock of an unindexed `level` without waiting (no order to
+    /// check: a try cannot deadlock); None, claiming nothing, when it is
+    /// taken.
+    pub fn try_lock(level: Level, lock: impl FnOnce() -> Option<G>) -> Option<Self> {
+        let guard = lock()?;
+        Some(Self { guard, _held: Held::claim_unchecked(level, None) })
+    }
+
     /// Tries a lock of `level` without waiting (no order to check: a try
     /// cannot deadlock); None, claiming nothing, when it is taken.
     pub fn try_lock_at(

@@ -121,6 +121,9 @@ pub struct FillTicket {
     bypass_writes: u64,
 }
 
+/// A file's writeback lock, held ([`InodeCache::lock_writeback`]).
+pub type WritebackGuard<'a> = Ordered<MutexGuard<'a, ()>>;
+
 pub struct InodeCache {
     pub ino: u64,
     pub io: InodeIo,
@@ -219,8 +222,15 @@ fn keys_overlapping(folios: &BTreeMap<u64, Arc<Folio>>, start: u64, end: u64) ->
 impl InodeCache {
     /// The file's writeback lock: held by writeback and by everything
     /// that drops its folios; after the I/O lock in the lock order.
-    pub fn lock_writeback(&self) -> Ordered<MutexGuard<'_, ()>> {
+    pub fn lock_writeback(&self) -> WritebackGuard<'_> {
         Ordered::lock(Level::Writeback, || self.writeback_lock.lock())
+    }
+
+    /// The writeback lock if it is free: for a writeback that already holds
+    /// other files' writeback locks (files of one level are not ordered
+    /// against each other, so it must not wait).
+    pub fn try_lock_writeback(&self) -> Option<WritebackGuard<'_>> {
+        Ordered::try_lock(Level::Writeback, || self.writeback_lock.try_lock())
     }
 
     /// Counts a write that bypasses the cache as in flight, before it

@@ -778,9 +778,12 @@ fn test_volume(options: &str) -> (Volume, Arc<crate::dev::FaultDev>) {
 mod writeback_tests {
     use std::time::Duration;
 
+    use crate::dev::fault::{FaultOp, FaultRule};
     use crate::format::ROOT_INO;
     use crate::vfs::{OpenFlags, Owner, Volume};
-    use crate::writeback::{write_back, write_back_expired, write_back_sparing};
+    use crate::writeback::{
+        write_back, write_back_background, write_back_expired, write_back_sparing,
+    };
 
     // Here rather than in writeback.rs, which may not build a volume.
 
@@ -886,6 +889,99 @@ mod writeback_tests {
         assert_eq!(dirty_folios(), Vec::<u64>::new());
         assert_eq!(engine.meta.inode(ino).unwrap().attrs.size, 6 * MIB);
         drop(file);
+        volume.close().unwrap();
+    }
+
+    /// Creates `count` files of 1 KiB (file `i` holds byte `i + 1`),
+    /// written and closed, so they are dirty with no handle open.
+    fn small_closed_files(volume: &Volume, count: u8) -> Vec<u64> {
+        let owner = Owner { uid: 0, gid: 0 };
+        (0..count)
+            .map(|index| {
+                let name = format!("small{index}");
+                let ino =
+                    volume.inodes().create(ROOT_INO, name.as_bytes(), 0o644, owner).unwrap().ino;
+                let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
+                file.write_at(&[index + 1; 1024], 0).unwrap();
+                file.close().unwrap();
+                ino
+            })
+            .collect()
+    }
+
+    /// A closed file has nobody filling its folio: the flusher's pass
+    /// leaves nothing of it dirty (a small file's one write ends inside its
+    /// folio, and was spared as if a writer were half-way through it).
+    #[test]
+    fn background_writeback_spares_nothing_of_a_closed_file() {
+        let volume = quiet_volume("");
+        let engine = &volume.shared.engine;
+        let ino = small_closed_files(&volume, 1)[0];
+        let inode = volume.shared.inode_cache(ino);
+        assert_eq!(inode.dirty_bytes(), 4096);
+        write_back_sparing(engine, &inode, 0, u64::MAX, Duration::from_secs(3600)).unwrap();
+        assert_eq!(inode.dirty_bytes(), 0, "a closed file is written back whole");
+        assert_eq!(engine.meta.inode(ino).unwrap().attrs.size, 1024);
+        volume.close().unwrap();
+    }
+
+    /// The flusher's pass writes small files in groups: their blocks,
+    /// allocated one after another, go out in one device request, and
+    /// each file is then converted and sized as if written alone.
+    #[test]
+    fn small_files_are_written_back_in_one_request() {
+        let (volume, device) = super::test_volume("writeback_interval_ms=0,commit_interval_ms=0");
+        let engine = &volume.shared.engine;
+        let inos = small_closed_files(&volume, 16);
+        let requests_before = engine.device.stats().write_requests;
+        write_back_background(engine).unwrap();
+        assert_eq!(engine.device.stats().write_requests - requests_before, 1);
+        for &ino in &inos {
+            assert_eq!(volume.shared.inode_cache(ino).dirty_bytes(), 0);
+            assert_eq!(engine.meta.inode(ino).unwrap().attrs.size, 1024);
+        }
+        volume.close().unwrap();
+        // On disk: every file's own bytes, read back through a fresh cache.
+        let device = std::sync::Arc::new(crate::dev::Device::new(
+            std::sync::Arc::new(crate::dev::FaultDev::from_image(device.image(), 512)),
+            crate::dev::FuaMode::Native,
+        ));
+        let volume =
+            Volume::open_device(device, &crate::options::VolumeOptions::default()).unwrap();
+        for (index, &ino) in inos.iter().enumerate() {
+            let file = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
+            let mut bytes = vec![0; 2048];
+            assert_eq!(file.read_at(&mut bytes, 0).unwrap(), 1024);
+            assert!(bytes[..1024].iter().all(|&byte| byte == index as u8 + 1), "file {index}");
+        }
+        volume.close().unwrap();
+    }
+
+    /// A group's request that fails is tried again file by file: a file
+    /// whose own write fails again stays dirty and reports the error at its
+    /// next fsync; its neighbours in the failed request are written and
+    /// report nothing.
+    #[test]
+    fn a_failed_group_request_fails_only_the_files_that_fail_alone() {
+        let (volume, device) = super::test_volume("writeback_interval_ms=0,commit_interval_ms=0");
+        let engine = &volume.shared.engine;
+        let inos = small_closed_files(&volume, 8);
+        // The group's request, then the first file's write alone.
+        device.add_rule(FaultRule::next(FaultOp::Write, 2));
+        assert!(write_back_background(engine).is_err());
+        assert_eq!(device.failures_injected(), 2);
+        let dirty: Vec<u64> = inos
+            .iter()
+            .copied()
+            .filter(|&ino| volume.shared.inode_cache(ino).dirty_bytes() > 0)
+            .collect();
+        assert_eq!(dirty.len(), 1, "only the file whose write failed alone stays dirty");
+        for &ino in &inos {
+            let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
+            let synced = file.sync_all();
+            assert_eq!(synced.is_err(), ino == dirty[0], "fsync of inode {ino}: {synced:?}");
+            assert_eq!(engine.meta.inode(ino).unwrap().attrs.size, 1024);
+        }
         volume.close().unwrap();
     }
 }
