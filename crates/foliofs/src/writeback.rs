@@ -10,6 +10,12 @@
 //! has to precede a journal commit ("ordered data" is not needed); the
 //! journal flushes completed writes before each group anyway.
 //!
+//! A pass over many files (the flusher's, syncfs) writes the small ones in
+//! groups: their runs are mapped one file after another, so delayed
+//! allocation lays them out side by side, and the group's requests are
+//! merged by device offset into few large writes, as the kernel's block
+//! plug merges the bios of the inodes one writeback pass visits.
+//!
 //! A failed write leaves its blocks dirty (retried by the next writeback,
 //! never dropped) and advances the file's error sequence, which the next
 //! fsync of every handle reports once.
