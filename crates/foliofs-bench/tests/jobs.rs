@@ -13,7 +13,12 @@ use serde_json::Value;
 fn volume() -> Volume {
     let raw = Arc::new(FaultDev::new(96 << 20, 512));
     let device = Arc::new(Device::new(raw, FuaMode::Native));
-    let mkfs = MkfsOptions { block_bytes: 4096, journal_bytes: None, root_owner: Owner::current() };
+    let mkfs = MkfsOptions {
+        block_bytes: 4096,
+        journal_bytes: None,
+        checkpoint_bytes: None,
+        root_owner: Owner::current(),
+    };
     Volume::format(&device, &mkfs).unwrap();
     let options =
         VolumeOptions { commit_interval_ms: 0, writeback_interval_ms: 0, ..Default::default() };

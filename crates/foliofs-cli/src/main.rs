@@ -57,6 +57,11 @@ enum Command {
         /// Journal size (default 1/128 of the volume, at least 1 MiB).
         #[arg(long)]
         journal_size: Option<String>,
+        /// Room for metadata (inodes, names, extents, xattrs): each of the two
+        /// checkpoint slots, 1M to 1G (default 1/128 of the volume, at least
+        /// 1 MiB: about 75,000 empty files a GiB).
+        #[arg(long)]
+        metadata_size: Option<String>,
     },
     /// Print the superblock, layout and usage of a volume.
     Info { image: PathBuf },
@@ -225,9 +230,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let options = foliofs::VolumeOptions::parse(&cli.options)?;
     use commands::*;
     match cli.command {
-        Command::Mkfs { image, size, block_size, journal_size } => {
-            mkfs::run(&image, size.as_deref(), &block_size, journal_size.as_deref(), &options)
-        }
+        Command::Mkfs { image, size, block_size, journal_size, metadata_size } => mkfs::run(
+            &image,
+            &mkfs::Sizes {
+                volume: size.as_deref(),
+                block: &block_size,
+                journal: journal_size.as_deref(),
+                metadata: metadata_size.as_deref(),
+            },
+            &options,
+        ),
         Command::Info { image } => info::run(&image, &options),
         Command::Fsck { image } => fsck::run(&image, &options),
         Command::Ls { target, long } => files::ls(&target, long, &options),

@@ -92,6 +92,10 @@ fn mkfs_rejects_bad_sizes_with_clear_messages() {
     );
     assert!(fails(&["mkfs", image, "--size", "lots"]).contains("bad size"));
     assert!(fails(&["mkfs", &format!("{image}.missing")]).contains("--size"));
+    let tiny = fails(&["mkfs", image, "--size", "64M", "--metadata-size", "64k"]);
+    assert!(tiny.contains("metadata size") && tiny.contains("outside"), "{tiny}");
+    let made = ok(&["mkfs", image, "--size", "64M", "--metadata-size", "3M"]);
+    assert!(made.contains("two checkpoint slots of 3072 KiB"), "{made}");
 }
 
 #[test]

@@ -36,6 +36,7 @@ pub fn plan_sized(
     volume_bytes: u64,
     block_bytes: u32,
     journal_bytes: Option<u64>,
+    checkpoint_bytes: Option<u64>,
 ) -> Result<Superblock> {
     check_mkfs_args(volume_bytes, block_bytes)?;
     if volume_bytes > device.size_bytes() {
@@ -56,6 +57,7 @@ pub fn plan_sized(
         block_bytes,
         sector_bytes,
         journal_bytes,
+        checkpoint_bytes,
         uuid,
         Timestamp::now(),
     )

@@ -406,3 +406,48 @@ fn a_readers_size_follows_changes_made_through_other_paths(block_bytes: u32) {
     assert_eq!(read(&mut buffer), 0, "a truncate to nothing");
     assert_eq!(reader.read_in_place(0, block, |_| ()).unwrap(), None);
 }
+
+/// The room for metadata is the checkpoint slot, sized at mkfs: a volume
+/// refuses the create that would outgrow it with ENOSPC naming the remedy,
+/// keeps every file it took, and the same volume made with twice the room
+/// takes about twice the files.
+#[test]
+fn mkfs_metadata_size_sets_how_many_files_fit() {
+    use std::sync::Arc;
+
+    use foliofs::dev::{Device, FaultDev, FuaMode};
+    use foliofs::vfs::MkfsOptions;
+
+    let files_that_fit = |checkpoint_bytes: Option<u64>| -> u64 {
+        let raw = Arc::new(FaultDev::new(64 << 20, 512));
+        let device = Arc::new(Device::new(raw, FuaMode::Native));
+        let mkfs = MkfsOptions { checkpoint_bytes, root_owner: owner(), ..MkfsOptions::default() };
+        foliofs::Volume::format(&device, &mkfs).unwrap();
+        let volume = foliofs::Volume::open_device(device, &common::options()).unwrap();
+        let mut created = 0u64;
+        let refusal = loop {
+            let name = format!("file-with-a-longish-name-{created:06}");
+            match volume.inodes().create(ROOT, name.as_bytes(), 0o644, owner()) {
+                Ok(_) => created += 1,
+                Err(error) => break error,
+            }
+            assert!(created < 1_000_000, "the metadata never ran out of room");
+        };
+        assert_eq!(refusal.errno(), libc::ENOSPC, "{refusal}");
+        assert!(refusal.to_string().contains("--metadata-size"), "{refusal}");
+        assert_eq!(names(&volume, ROOT).len() as u64, created);
+        volume.close().unwrap();
+        created
+    };
+    // 64 MiB volumes: the default slot is its 1 MiB floor.
+    let default = files_that_fit(None);
+    let doubled = files_that_fit(Some(2 << 20));
+    assert!(default > 1_000, "{default} files in 1 MiB of metadata");
+    assert!(doubled > default * 3 / 2, "{doubled} files in 2 MiB against {default} in 1 MiB");
+    let refused = foliofs::Volume::format(
+        &Arc::new(Device::new(Arc::new(FaultDev::new(64 << 20, 512)), FuaMode::Native)),
+        &MkfsOptions { checkpoint_bytes: Some(4 << 10), ..MkfsOptions::default() },
+    )
+    .unwrap_err();
+    assert!(refused.to_string().contains("metadata size"), "{refused}");
+}

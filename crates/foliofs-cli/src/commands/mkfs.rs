@@ -6,22 +6,26 @@ use foliofs::options::parse_size;
 use foliofs::vfs::MkfsOptions;
 use foliofs::{Volume, VolumeOptions};
 
-pub fn run(
-    image: &Path,
-    size: Option<&str>,
-    block_size: &str,
-    journal_size: Option<&str>,
-    options: &VolumeOptions,
-) -> anyhow::Result<ExitCode> {
-    let block_bytes = parse_size(block_size).context("--block-size")?;
+/// The sizes `foliofs mkfs` was given, as typed (e.g. `4G`).
+pub struct Sizes<'a> {
+    pub volume: Option<&'a str>,
+    pub block: &'a str,
+    pub journal: Option<&'a str>,
+    pub metadata: Option<&'a str>,
+}
+
+pub fn run(image: &Path, sizes: &Sizes<'_>, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
+    let block_bytes = parse_size(sizes.block).context("--block-size")?;
     let block_bytes = u32::try_from(block_bytes)
         .map_err(|_| anyhow::anyhow!("block size {block_bytes} is too large"))?;
-    let size_bytes = size.map(parse_size).transpose().context("--size")?;
+    let size_bytes = sizes.volume.map(parse_size).transpose().context("--size")?;
     if size_bytes.is_none() && !image.exists() && !foliofs::dev::nbd::is_nbd_uri(image) {
         anyhow::bail!("{} does not exist: give --size to create it", image.display());
     }
-    let journal_bytes = journal_size.map(parse_size).transpose().context("--journal-size")?;
-    let mkfs = MkfsOptions { block_bytes, journal_bytes, ..MkfsOptions::default() };
+    let journal_bytes = sizes.journal.map(parse_size).transpose().context("--journal-size")?;
+    let checkpoint_bytes = sizes.metadata.map(parse_size).transpose().context("--metadata-size")?;
+    let mkfs =
+        MkfsOptions { block_bytes, journal_bytes, checkpoint_bytes, ..MkfsOptions::default() };
     let superblock = Volume::mkfs_path(image, size_bytes, &mkfs, options)?;
     let block = superblock.block_bytes_u64();
     println!(

@@ -58,12 +58,14 @@ pub struct Superblock {
 
 impl Superblock {
     /// Computes the layout of a new volume of `volume_bytes`, with a journal
-    /// of `journal_bytes` (rounded up to blocks) or a default size.
+    /// of `journal_bytes` and checkpoint slots of `checkpoint_bytes` each
+    /// (rounded up to blocks), or default sizes.
     pub fn layout(
         volume_bytes: u64,
         block_bytes: u32,
         sector_bytes: u32,
         journal_bytes: Option<u64>,
+        checkpoint_bytes: Option<u64>,
         uuid: [u8; 16],
         created: Timestamp,
     ) -> Result<Self, FormatError> {
@@ -98,7 +100,22 @@ impl Superblock {
             None => (volume_bytes / 128).clamp(JOURNAL_BYTES_DEFAULT_MIN, JOURNAL_BYTES_MAX),
         };
         let journal_blocks = blocks_of(journal_bytes);
-        let slot_blocks = blocks_of((volume_bytes / 128).clamp(SLOT_BYTES_MIN, SLOT_BYTES_MAX));
+        let slot_bytes = match checkpoint_bytes {
+            Some(bytes) if (SLOT_BYTES_MIN..=SLOT_BYTES_MAX).contains(&bytes) => bytes,
+            Some(bytes) => {
+                return Err(FormatError::invalid(
+                    WHAT,
+                    "metadata size",
+                    format!(
+                        "{bytes} bytes is outside {} MiB ..= {} GiB",
+                        SLOT_BYTES_MIN >> 20,
+                        SLOT_BYTES_MAX >> 30
+                    ),
+                ))
+            }
+            None => (volume_bytes / 128).clamp(SLOT_BYTES_MIN, SLOT_BYTES_MAX),
+        };
+        let slot_blocks = blocks_of(slot_bytes);
         let journal = Region { start_block: 2, block_count: journal_blocks };
         let slot_a = Region { start_block: journal.end_block(), block_count: slot_blocks };
         let slot_b = Region { start_block: slot_a.end_block(), block_count: slot_blocks };
@@ -281,8 +298,16 @@ mod tests {
     use super::*;
 
     fn sample() -> Superblock {
-        Superblock::layout(64 << 20, 4096, 512, None, [7; 16], Timestamp { secs: 1, nanos: 2 })
-            .unwrap()
+        Superblock::layout(
+            64 << 20,
+            4096,
+            512,
+            None,
+            None,
+            [7; 16],
+            Timestamp { secs: 1, nanos: 2 },
+        )
+        .unwrap()
     }
 
     #[test]
@@ -304,9 +329,16 @@ mod tests {
     #[test]
     fn every_block_size_lays_out() {
         for shift in 10..=16 {
-            let superblock =
-                Superblock::layout(32 << 20, 1 << shift, 512, None, [1; 16], Timestamp::default())
-                    .unwrap();
+            let superblock = Superblock::layout(
+                32 << 20,
+                1 << shift,
+                512,
+                None,
+                None,
+                [1; 16],
+                Timestamp::default(),
+            )
+            .unwrap();
             assert_eq!(Superblock::decode(&superblock.encode()).unwrap(), superblock);
         }
     }
@@ -314,14 +346,23 @@ mod tests {
     #[test]
     fn rejects_bad_block_sizes_and_small_volumes() {
         let ts = Timestamp::default();
-        assert!(Superblock::layout(64 << 20, 3000, 512, None, [0; 16], ts).is_err());
-        assert!(Superblock::layout(64 << 20, 512, 512, None, [0; 16], ts).is_err());
-        assert!(Superblock::layout(64 << 20, 1 << 17, 512, None, [0; 16], ts).is_err());
-        let err = Superblock::layout(1 << 20, 4096, 512, None, [0; 16], ts).unwrap_err();
+        assert!(Superblock::layout(64 << 20, 3000, 512, None, None, [0; 16], ts).is_err());
+        assert!(Superblock::layout(64 << 20, 512, 512, None, None, [0; 16], ts).is_err());
+        assert!(Superblock::layout(64 << 20, 1 << 17, 512, None, None, [0; 16], ts).is_err());
+        let err = Superblock::layout(1 << 20, 4096, 512, None, None, [0; 16], ts).unwrap_err();
         assert!(err.to_string().contains("too small"), "{err}");
-        assert!(Superblock::layout(64 << 20, 4096, 512, Some(1 << 10), [0; 16], ts).is_err());
-        let small = Superblock::layout(64 << 20, 4096, 512, Some(64 << 10), [0; 16], ts).unwrap();
+        assert!(Superblock::layout(64 << 20, 4096, 512, Some(1 << 10), None, [0; 16], ts).is_err());
+        let small =
+            Superblock::layout(64 << 20, 4096, 512, Some(64 << 10), None, [0; 16], ts).unwrap();
         assert_eq!(small.journal.block_count, 16);
+        // Room for metadata: 1 MiB to 1 GiB a slot, and data left over.
+        let roomy =
+            Superblock::layout(64 << 20, 4096, 512, None, Some(3 << 20), [0; 16], ts).unwrap();
+        assert_eq!(roomy.checkpoint_slots.map(|slot| slot.block_count), [768, 768]);
+        let tiny = Superblock::layout(64 << 20, 4096, 512, None, Some(64 << 10), [0; 16], ts);
+        assert!(tiny.unwrap_err().to_string().contains("metadata size"));
+        let no_data = Superblock::layout(64 << 20, 4096, 512, None, Some(32 << 20), [0; 16], ts);
+        assert!(no_data.unwrap_err().to_string().contains("no room left for data"));
     }
 
     #[test]

@@ -27,6 +27,7 @@ impl Fixture {
             4096,
             512,
             Some(JOURNAL_BYTES),
+            None,
             [7; 16],
             Timestamp::now(),
         )

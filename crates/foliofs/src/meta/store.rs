@@ -329,7 +329,8 @@ impl<'a> Txn<'a> {
         let needed = self.state.persisted_bytes_estimate() + extra_bytes;
         if needed > self.metadata_bytes_max {
             return Err(Error::NoSpace(format!(
-                "metadata would need {needed} bytes; the checkpoint slot holds {}",
+                "metadata would need {needed} bytes; the checkpoint slot holds {} (make the \
+                 volume larger, or with more room for metadata: foliofs mkfs --metadata-size)",
                 self.metadata_bytes_max
             )));
         }

@@ -463,7 +463,12 @@ pub(crate) fn superblock_write_errors_fail_mkfs_cleanly(block_bytes: u32) {
         let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
         let at = copy * u64::from(block_bytes);
         raw.add_rule(FaultRule::next(FaultOp::Write, 1).in_range(at..at + 512));
-        let mkfs = MkfsOptions { block_bytes, journal_bytes: None, root_owner: owner() };
+        let mkfs = MkfsOptions {
+            block_bytes,
+            journal_bytes: None,
+            checkpoint_bytes: None,
+            root_owner: owner(),
+        };
         let error = Volume::format(&device, &mkfs).expect_err("mkfs fails");
         assert!(is_eio(&error), "{error}");
         assert!(error.to_string().contains("superblock"), "{error}");
@@ -482,7 +487,12 @@ pub(crate) fn superblock_write_errors_fail_mkfs_cleanly(block_bytes: u32) {
     let raw = Arc::new(FaultDev::new(16 << 20, 512));
     let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
     raw.add_rule(FaultRule::every_nth(FaultOp::Flush, 1));
-    let mkfs = MkfsOptions { block_bytes, journal_bytes: None, root_owner: owner() };
+    let mkfs = MkfsOptions {
+        block_bytes,
+        journal_bytes: None,
+        checkpoint_bytes: None,
+        root_owner: owner(),
+    };
     expect_eio(Volume::format(&device, &mkfs).map(|_| ()), "mkfs with failing flushes");
 }
 
