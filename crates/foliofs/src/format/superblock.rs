@@ -4,6 +4,8 @@
 //! checkpoint slots and the journal, so the superblock is never rewritten and
 //! can never be torn after mkfs.
 
+use std::ops::RangeInclusive;
+
 use super::codec::{crc_with_hole, open_header, Writer};
 use super::record::Timestamp;
 use super::{
@@ -84,37 +86,19 @@ impl Superblock {
         let block = u64::from(block_bytes);
         let block_count = volume_bytes / block;
         let blocks_of = |bytes: u64| bytes.div_ceil(block);
-        let journal_bytes = match journal_bytes {
-            Some(bytes) if (JOURNAL_BYTES_MIN..=JOURNAL_BYTES_MAX).contains(&bytes) => bytes,
-            Some(bytes) => {
-                return Err(FormatError::invalid(
-                    WHAT,
-                    "journal size",
-                    format!(
-                        "{bytes} bytes is outside {} KiB ..= {} MiB",
-                        JOURNAL_BYTES_MIN >> 10,
-                        JOURNAL_BYTES_MAX >> 20
-                    ),
-                ))
-            }
-            None => (volume_bytes / 128).clamp(JOURNAL_BYTES_DEFAULT_MIN, JOURNAL_BYTES_MAX),
-        };
+        let journal_bytes = size_within(
+            "journal size",
+            journal_bytes,
+            JOURNAL_BYTES_MIN..=JOURNAL_BYTES_MAX,
+            (volume_bytes / 128).clamp(JOURNAL_BYTES_DEFAULT_MIN, JOURNAL_BYTES_MAX),
+        )?;
         let journal_blocks = blocks_of(journal_bytes);
-        let slot_bytes = match checkpoint_bytes {
-            Some(bytes) if (SLOT_BYTES_MIN..=SLOT_BYTES_MAX).contains(&bytes) => bytes,
-            Some(bytes) => {
-                return Err(FormatError::invalid(
-                    WHAT,
-                    "metadata size",
-                    format!(
-                        "{bytes} bytes is outside {} MiB ..= {} GiB",
-                        SLOT_BYTES_MIN >> 20,
-                        SLOT_BYTES_MAX >> 30
-                    ),
-                ))
-            }
-            None => (volume_bytes / 128).clamp(SLOT_BYTES_MIN, SLOT_BYTES_MAX),
-        };
+        let slot_bytes = size_within(
+            "metadata size",
+            checkpoint_bytes,
+            SLOT_BYTES_MIN..=SLOT_BYTES_MAX,
+            (volume_bytes / 128).clamp(SLOT_BYTES_MIN, SLOT_BYTES_MAX),
+        )?;
         let slot_blocks = blocks_of(slot_bytes);
         let journal = Region { start_block: 2, block_count: journal_blocks };
         let slot_a = Region { start_block: journal.end_block(), block_count: slot_blocks };
@@ -291,6 +275,32 @@ fn check_sector_bytes(sector_bytes: u32, block_bytes: u32) -> Result<(), FormatE
         ));
     }
     Ok(())
+}
+
+/// The size asked for if it is within `range` (an error naming `what`
+/// if not), else `default`.
+fn size_within(
+    what: &'static str,
+    chosen: Option<u64>,
+    range: RangeInclusive<u64>,
+    default: u64,
+) -> Result<u64, FormatError> {
+    let Some(bytes) = chosen else { return Ok(default) };
+    if range.contains(&bytes) {
+        return Ok(bytes);
+    }
+    let (min, max) = (size_text(*range.start()), size_text(*range.end()));
+    Err(FormatError::invalid(WHAT, what, format!("{bytes} bytes is outside {min} ..= {max}")))
+}
+
+/// A power-of-two size as people write it: 65536 as "64 KiB".
+fn size_text(bytes: u64) -> String {
+    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{} {unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes} bytes")
 }
 
 #[cfg(test)]
