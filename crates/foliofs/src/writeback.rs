@@ -282,20 +282,53 @@ fn group_member<'a>(
 /// written alone cost a device request and its wait each (12,000 files/s
 /// of 1 KiB written back, the writers throttled behind it).
 fn write_group(engine: &Engine, members: Vec<GroupMember<'_>>) -> Result<()> {
-    let mut prepared: Vec<Prepared<'_>> = members
+    let prepared: Vec<Prepared<'_>> = members
         .iter()
         .map(|member| prepare_batch(engine, member.inode, &member.folios, true))
         .collect();
-    let mut parts: Vec<(usize, usize)> = prepared
+    let outcomes = write_prepared(engine, &prepared);
+    let mut result = Ok(());
+    for ((member, batch), outcomes) in members.iter().zip(prepared).zip(outcomes) {
+        let (written, _) = finish_batch(engine, member.inode, batch, outcomes);
+        let inode = member.inode;
+        if let (true, Some(first), Some(last)) =
+            (written.is_ok() && inode.drops_behind(), member.folios.first(), member.folios.last())
+        {
+            inode.drop_behind_range(first.pos(), last.end(), u64::MAX);
+        }
+        let written = written.and_then(|()| {
+            if inode.dirty_bytes() == 0 {
+                settle_disk_size(engine, inode)
+            } else {
+                Ok(())
+            }
+        });
+        if result.is_ok() {
+            result = written;
+        }
+    }
+    engine.cache.note_progress();
+    result
+}
+
+/// Writes the requests of prepared batches (one file's, or a group's):
+/// sorted by device offset, neighbours joined into one vectored write, at
+/// most `REQUEST_BYTES_MAX` and `SLICES_PER_REQUEST_MAX` each; each batch's
+/// outcomes in its requests' order. A joined request of several files that
+/// fails is written again part by part, so one file's bad block does not
+/// fail its neighbours' writeback (and their next fsync); one file's parts
+/// fail together, as one request of theirs would.
+fn write_prepared(engine: &Engine, batches: &[Prepared<'_>]) -> Vec<Vec<std::io::Result<()>>> {
+    let mut parts: Vec<(usize, usize)> = batches
         .iter()
         .enumerate()
         .flat_map(|(file, batch)| (0..batch.requests.len()).map(move |request| (file, request)))
         .collect();
-    parts.sort_by_key(|&(file, request)| prepared[file].requests[request].dev_offset);
+    parts.sort_by_key(|&(file, request)| batches[file].requests[request].dev_offset);
     let mut merged: Vec<MergedRequest<'_>> = Vec::new();
     for (file, index) in parts {
-        let request = &prepared[file].requests[index];
-        let slices = prepared[file].slices(request);
+        let request = &batches[file].requests[index];
+        let slices = batches[file].slices(request);
         match merged.last_mut() {
             Some(last)
                 if last.dev_offset + last.bytes == request.dev_offset
@@ -321,63 +354,51 @@ fn write_group(engine: &Engine, members: Vec<GroupMember<'_>>) -> Result<()> {
         engine.device.write_vectored(request.dev_offset, &request.slices, false)
     });
     let mut outcomes: Vec<Vec<Option<std::io::Result<()>>>> =
-        prepared.iter().map(|batch| (0..batch.requests.len()).map(|_| None).collect()).collect();
+        batches.iter().map(|batch| (0..batch.requests.len()).map(|_| None).collect()).collect();
     for (request, outcome) in merged.iter().zip(merged_outcomes) {
+        let (first_file, _) = request.parts[0];
+        let one_file = request.parts.iter().all(|&(file, _)| file == first_file);
         match outcome {
-            Ok(()) => {
+            Err(_) if !one_file => {
                 for &(file, index) in &request.parts {
-                    outcomes[file][index] = Some(Ok(()));
-                }
-            }
-            Err(error) if request.parts.len() == 1 => {
-                let (file, index) = request.parts[0];
-                outcomes[file][index] = Some(Err(error));
-            }
-            // Each part again alone: one file's bad block must not fail its
-            // neighbours' writeback (and their next fsync).
-            Err(_) => {
-                for &(file, index) in &request.parts {
-                    let part = &prepared[file].requests[index];
-                    let slices = prepared[file].slices(part);
+                    let part = &batches[file].requests[index];
+                    let slices = batches[file].slices(part);
                     let outcome = engine.device.write_vectored(part.dev_offset, &slices, false);
                     outcomes[file][index] = Some(outcome);
                 }
             }
+            outcome => {
+                for &(file, index) in &request.parts {
+                    outcomes[file][index] = Some(copy_outcome(&outcome));
+                }
+            }
         }
     }
-    drop(merged);
-    let written_bytes: u64 = prepared
+    let outcomes: Vec<Vec<std::io::Result<()>>> = outcomes
+        .into_iter()
+        .map(|batch| batch.into_iter().map(|outcome| outcome.expect("every request ran")).collect())
+        .collect();
+    let written_bytes: u64 = batches
         .iter()
         .zip(&outcomes)
         .flat_map(|(batch, outcomes)| batch.requests.iter().zip(outcomes))
-        .filter(|(_, outcome)| matches!(outcome, Some(Ok(()))))
+        .filter(|(_, outcome)| outcome.is_ok())
         .map(|(request, _)| request.bytes)
         .sum();
     throttle.writeback_finished(written_bytes);
-    let mut result = Ok(());
-    for ((member, batch), outcomes) in members.iter().zip(prepared.drain(..)).zip(outcomes) {
-        let outcomes =
-            outcomes.into_iter().map(|outcome| outcome.expect("every request ran")).collect();
-        let (written, _) = finish_batch(engine, member.inode, batch, outcomes);
-        let inode = member.inode;
-        if let (true, Some(first), Some(last)) =
-            (written.is_ok() && inode.drops_behind(), member.folios.first(), member.folios.last())
-        {
-            inode.drop_behind_range(first.pos(), last.end(), u64::MAX);
-        }
-        let written = written.and_then(|()| {
-            if inode.dirty_bytes() == 0 {
-                settle_disk_size(engine, inode)
-            } else {
-                Ok(())
-            }
-        });
-        if result.is_ok() {
-            result = written;
-        }
+    outcomes
+}
+
+/// An outcome for each part of a joined request (an I/O error keeps its
+/// errno).
+fn copy_outcome(outcome: &std::io::Result<()>) -> std::io::Result<()> {
+    match outcome {
+        Ok(()) => Ok(()),
+        Err(error) => Err(error.raw_os_error().map_or_else(
+            || std::io::Error::new(error.kind(), error.to_string()),
+            std::io::Error::from_raw_os_error,
+        )),
     }
-    engine.cache.note_progress();
-    result
 }
 
 /// Requests of several files that are neighbours on the device, as one.
@@ -415,20 +436,7 @@ fn write_batch(
     size_may_grow: &mut bool,
 ) -> Result<()> {
     let batch = prepare_batch(engine, inode, folios, *size_may_grow);
-    let throttle = engine.cache.throttle();
-    throttle.writeback_started();
-    let outcomes = issue_each(batch.requests.len(), |index| {
-        let request = &batch.requests[index];
-        engine.device.write_vectored(request.dev_offset, &batch.slices(request), false)
-    });
-    let written_bytes: u64 = batch
-        .requests
-        .iter()
-        .zip(&outcomes)
-        .filter(|(_, outcome)| outcome.is_ok())
-        .map(|(request, _)| request.bytes)
-        .sum();
-    throttle.writeback_finished(written_bytes);
+    let outcomes = write_prepared(engine, std::slice::from_ref(&batch)).pop().expect("one batch");
     let (written, grows) = finish_batch(engine, inode, batch, outcomes);
     *size_may_grow = grows;
     written
