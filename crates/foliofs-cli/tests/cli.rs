@@ -318,6 +318,28 @@ fn bench_metadata_reports_folio_memory_of_small_files() {
         "{output}"
     );
     assert!(output.contains("resident memory grew"), "{output}");
+    // Files of 1 KiB on 4 KiB blocks take 1 KiB of memory each: 2,048 of
+    // them fill one slab (a block each took four).
+    let output = ok(&[
+        "bench",
+        "metadata",
+        "--image",
+        image,
+        "--image-size",
+        "64M",
+        "--files",
+        "2048",
+        "--file-size",
+        "1024",
+        "--no-fsync",
+    ]);
+    assert!(
+        output.contains(
+            "folio cache: 8.0 MiB in 2048 folios for 2.0 MiB written (8.0 MiB dirty); \
+                         folio memory 2.0 MiB (1.00x the data)"
+        ),
+        "{output}"
+    );
 }
 
 /// A quick seed run without peers writes its table, JSON and goals.

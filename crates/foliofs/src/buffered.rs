@@ -171,7 +171,10 @@ pub fn read_in_place<R>(
     }
     let start = (pos - folio.pos()) as usize;
     let bytes = (end - pos) as usize;
-    let consumed = consume(&state.data[start..start + bytes]);
+    // Zeros past a folio's memory (a small file extended) are not at hand:
+    // a copying read makes them.
+    let Some(held) = state.in_memory(start, start + bytes) else { return Ok(None) };
+    let consumed = consume(held);
     drop(state);
     let sequential = readahead.is_sequential(pos);
     readahead.note_read(end);
@@ -198,7 +201,7 @@ fn copy_out(
     {
         let state = folio.read();
         if state.uptodate.all_set(first, count) {
-            out.copy_from_slice(&state.data[start..start + out.len()]);
+            state.copy_out(start, out);
             return Ok(());
         }
     }
@@ -208,7 +211,7 @@ fn copy_out(
     } else {
         fill_blocks(engine, inode, folio, &mut state, first, count, size)?;
     }
-    out.copy_from_slice(&state.data[start..start + out.len()]);
+    state.copy_out(start, out);
     Ok(())
 }
 
@@ -427,16 +430,17 @@ fn fill_blocks(
             while block_index < map_first + map_count && !state.uptodate.get(block_index) {
                 block_index += 1;
             }
-            let bytes = &mut state.data[run_first * block..block_index * block];
-            let run_pos = folio.pos() + (run_first * block) as u64;
+            let (run_start, run_end) = (run_first * block, block_index * block);
+            let run_pos = folio.pos() + run_start as u64;
             if mapping.kind == MapKind::Written && run_pos < size {
                 let dev_offset = mapping.dev_offset + (run_pos - mapping.offset);
+                let bytes = folio.bytes_mut(state, run_start, run_end);
                 engine
                     .device
                     .read(dev_offset, bytes)
                     .context(|| format!("read of inode {ino} at device offset {dev_offset}"))?;
             } else {
-                bytes.fill(0);
+                state.zero(run_start, run_end);
             }
             filled.push((run_first, block_index - run_first));
         }
@@ -523,7 +527,9 @@ fn write_into_folio(
         reserve_copies(engine, inode.ino, folio, &mut state, &dirtied)?;
     }
     let start = (pos - folio.pos()) as usize;
-    state.data[start..start + length as usize].copy_from_slice(&piece[..length as usize]);
+    folio
+        .bytes_mut(&mut state, start, start + length as usize)
+        .copy_from_slice(&piece[..length as usize]);
     state.uptodate.set_range(first, count);
     match dirty_mode {
         DirtyMode::Block => inode.mark_dirty(folio, &mut state, first, count),

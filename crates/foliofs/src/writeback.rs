@@ -750,7 +750,7 @@ fn slices_of<'a>(run: &Run, held: &'a [Held<'a>], skip: u64, bytes: u64) -> Vec<
     let mut skip = skip as usize;
     let mut wanted = bytes as usize;
     for segment in &run.segments {
-        if wanted == 0 || slices.len() == SLICES_PER_REQUEST_MAX {
+        if wanted == 0 {
             break;
         }
         if skip >= segment.bytes {
@@ -759,9 +759,15 @@ fn slices_of<'a>(run: &Run, held: &'a [Held<'a>], skip: u64, bytes: u64) -> Vec<
         }
         let start = segment.offset + skip;
         let length = (segment.bytes - skip).min(wanted);
-        slices.push(IoSlice::new(&held[segment.held].state.data[start..start + length]));
+        // A folio's memory, then zeros for what it does not hold.
+        for bytes in held[segment.held].state.io_slices(start, length) {
+            if slices.len() == SLICES_PER_REQUEST_MAX {
+                return slices;
+            }
+            slices.push(IoSlice::new(bytes));
+            wanted -= bytes.len();
+        }
         skip = 0;
-        wanted -= length;
     }
     slices
 }

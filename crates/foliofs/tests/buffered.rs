@@ -148,6 +148,7 @@ block_size_tests!(
     a_small_write_into_a_new_file_makes_a_small_folio,
     sequential_writes_grow_folios_up_to_folio_max,
     many_small_files_stay_within_twice_their_data,
+    small_files_take_memory_for_what_they_hold_not_a_block,
     mixed_folio_sizes_and_overlaps_read_back_exact,
     dirty_folio_writes_back_whole_folios_of_a_file_written_small,
     drop_behind_keeps_no_copy_of_what_was_read_or_written_back,
@@ -693,6 +694,47 @@ fn sequential_writes_grow_folios_up_to_folio_max(block_bytes: u32) {
     expected_data.resize(16 << 20, 0);
     expected_data.extend_from_slice(&[1; 4096]);
     assert!(read_all(&volume, ino) == expected_data);
+}
+
+/// Files of 1,000 bytes take 1 KiB of folio memory each on every block
+/// size (a folio of one block holds only what was written of it): 2,048 of
+/// them fill one 2 MiB slab, where a block each took 8 MiB on 4 KiB blocks.
+/// Appends grow a folio's memory, and every byte reads back, from the cache
+/// and after a remount.
+fn small_files_take_memory_for_what_they_hold_not_a_block(block_bytes: u32) {
+    let files = if block_bytes == 65536 { 512 } else { 2048 };
+    let image_bytes = if block_bytes == 65536 { 128 << 20 } else { 64 << 20 };
+    let options = common::options();
+    let (device, volume) = new_volume_with_options(image_bytes, block_bytes, None, &options);
+    let mut expected = Vec::new();
+    for index in 0..files {
+        let ino = create(&volume, &format!("f{index}"));
+        let data = pattern(index, 1000);
+        let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
+        file.write_at(&data, 0).unwrap();
+        file.close().unwrap();
+        expected.push((ino, data));
+    }
+    let stats = volume.cache_stats();
+    assert_eq!(stats.folios, files * 1000_u64.div_ceil(block_bytes as u64));
+    assert_eq!(stats.memory_bytes, 2 << 20, "one slab of 1 KiB pieces for {files} files");
+    for (index, (ino, data)) in expected.iter_mut().enumerate().step_by(2) {
+        let appended = pattern(index as u64 + 10_000, 2000);
+        let file = volume.inodes().open_file(*ino, OpenFlags::WRITE).unwrap();
+        file.write_at(&appended, 1000).unwrap();
+        file.close().unwrap();
+        data.extend_from_slice(&appended);
+    }
+    for (ino, data) in &expected {
+        assert!(read_all(&volume, *ino) == *data, "inode {ino} from the cache");
+    }
+    volume.close().unwrap();
+    let (_, reopened) = open_image_with(device.image(), &options).unwrap();
+    for (ino, data) in &expected {
+        assert!(read_all(&reopened, *ino) == *data, "inode {ino} after a remount");
+    }
+    let report = foliofs::fsck::check(reopened.device().clone());
+    assert!(report.is_clean(), "fsck: {:?}", report.problems);
 }
 
 /// Many new 4 KiB files (each created, written, closed) take at most twice

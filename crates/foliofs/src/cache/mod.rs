@@ -26,6 +26,7 @@ use rustc_hash::FxHashMap;
 pub use bits::BlockBits;
 pub use folio::{Folio, FolioState};
 pub use pool::BufferPool;
+use pool::FolioMemory;
 pub use throttle::{DirtyLimits, DirtyThrottle};
 
 pub use crate::io_lock::Exclusive as IoExclusive;
@@ -44,6 +45,8 @@ pub struct Accounting {
     pub(crate) live_folios: AtomicUsize,
     dirty_bytes: AtomicU64,
     pub(crate) pool: BufferPool,
+    /// The least memory a folio holds when it holds any (`CachePolicy`).
+    pub(crate) memory_unit_bytes: usize,
     /// What files' dirty ages count from.
     epoch: Instant,
     /// Gives free space back the blocks promised to copies of shared
@@ -63,6 +66,9 @@ impl Accounting {
     }
 }
 
+/// The smallest slab piece (`pool`'s smallest class).
+const MEMORY_UNIT_BYTES_MIN: u64 = 512;
+
 /// The cache's policies, from the volume options and the block size.
 #[derive(Debug, Clone, Copy)]
 pub struct CachePolicy {
@@ -75,6 +81,10 @@ pub struct CachePolicy {
     /// How long data may stay dirty before the flusher's interval pass
     /// writes its file back (the kernel's dirty_expire_centisecs).
     pub dirty_expire: Duration,
+    /// The least memory a folio of one block holds when it holds any: the
+    /// device's logical block, at least the smallest slab piece (512 B), so
+    /// a direct write takes every buffer of it.
+    pub memory_unit_bytes: u64,
 }
 
 impl CachePolicy {
@@ -88,7 +98,14 @@ impl CachePolicy {
             dirty_background_bytes: options.dirty_background_limit_bytes(),
             dirty_limit_bytes: options.dirty_limit_bytes(),
             dirty_expire: Duration::from_millis(options.dirty_expire_ms),
+            memory_unit_bytes: MEMORY_UNIT_BYTES_MIN,
         }
+    }
+
+    /// The policy for a device of `logical_block_bytes`.
+    pub fn for_device(mut self, logical_block_bytes: u64) -> Self {
+        self.memory_unit_bytes = logical_block_bytes.max(MEMORY_UNIT_BYTES_MIN);
+        self
     }
 
     /// Where pacing of writers starts and stops.
@@ -673,6 +690,7 @@ impl PageCache {
             live_folios: AtomicUsize::new(0),
             dirty_bytes: AtomicU64::new(0),
             pool: BufferPool::new(policy.cache_bytes),
+            memory_unit_bytes: policy.memory_unit_bytes as usize,
             epoch: Instant::now(),
             give_back_reserved,
         });
@@ -827,7 +845,13 @@ impl PageCache {
             // Folios may have come meanwhile: fit again (it only shrinks).
             bytes = fitting_bytes(&folios, pos, bytes, block, end_limit);
             let start = pos - pos % bytes;
-            let data = self.accounting.pool.take(bytes as usize);
+            // A folio of one block gets its memory as it is written (see
+            // `folio`): most of a small file's block is never written.
+            let data = if bytes == block && block > self.policy.memory_unit_bytes {
+                FolioMemory::empty()
+            } else {
+                self.accounting.pool.take(bytes as usize)
+            };
             self.accounting.cached_bytes.fetch_add(bytes, Ordering::Relaxed);
             let folio = Arc::new(Folio::new(
                 start,
@@ -1138,6 +1162,58 @@ mod tests {
         assert_eq!(inode.folios_in(0, u64::MAX).len(), FOLIOS);
         let scanned = cache.shard(3).clock_entries_scanned.load(Ordering::Relaxed);
         assert!(scanned <= 4 * FOLIOS, "compactions scanned {scanned} entries for {FOLIOS} folios");
+        inode.remove_range(0, u64::MAX);
+    }
+
+    /// A folio of one block holds only what was written of it: its memory
+    /// grows in powers of two from the unit and keeps its bytes, and
+    /// reads and device writes see zeros past it. Larger folios, and every
+    /// folio when the device's logical block is the block, get all of
+    /// their memory at once.
+    #[test]
+    fn a_folio_of_one_block_holds_only_what_was_written_of_it() {
+        let cache = cache(64 << 20);
+        let inode = cache.inode(3);
+        let folio = cache.folio_for(&inode, 0, 1000, u64::MAX);
+        assert_eq!(folio.bytes(), 4096);
+        let mut state = folio.write();
+        assert_eq!(state.memory_bytes(), 0);
+        folio.bytes_mut(&mut state, 0, 700).fill(7);
+        assert_eq!(state.memory_bytes(), 1024);
+        folio.bytes_mut(&mut state, 1500, 1600).fill(9);
+        assert_eq!(state.memory_bytes(), 2048);
+        let mut expected = vec![0u8; 4096];
+        expected[..700].fill(7);
+        expected[1500..1600].fill(9);
+        let mut out = vec![1u8; 4096];
+        state.copy_out(0, &mut out);
+        assert!(out == expected, "memory, then zeros");
+        let mut past = vec![1u8; 1000];
+        state.copy_out(3000, &mut past);
+        assert!(past.iter().all(|&byte| byte == 0), "wholly past the memory");
+        let slices: Vec<&[u8]> = state.io_slices(512, 3584).collect();
+        let lengths: Vec<usize> = slices.iter().map(|slice| slice.len()).collect();
+        assert_eq!(lengths, [1536, 2048], "the memory held, then zeros");
+        assert!(slices.concat() == expected[512..]);
+        assert_eq!(state.in_memory(1024, 2048).map(<[u8]>::len), Some(1024));
+        assert!(state.in_memory(1024, 2049).is_none(), "past the memory");
+        state.zero(600, 4096);
+        expected[600..].fill(0);
+        state.copy_out(0, &mut out);
+        assert!(out == expected);
+        folio.bytes_mut(&mut state, 0, 4096);
+        assert_eq!(state.memory_bytes(), 4096);
+        drop(state);
+        let large = cache.folio_for(&inode, 65536, 16384, u64::MAX);
+        assert_eq!((large.bytes(), large.read().memory_bytes()), (16384, 16384));
+        inode.remove_range(0, u64::MAX);
+
+        let options = VolumeOptions { cache_bytes: 64 << 20, ..Default::default() };
+        let policy = CachePolicy::new(&options, 4096).for_device(4096);
+        let whole_blocks = PageCache::new(policy, Arc::new(|_| {}));
+        let inode = whole_blocks.inode(3);
+        let folio = whole_blocks.folio_for(&inode, 0, 1000, u64::MAX);
+        assert_eq!(folio.read().memory_bytes(), 4096, "the device's block is the unit");
         inode.remove_range(0, u64::MAX);
     }
 

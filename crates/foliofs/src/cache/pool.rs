@@ -261,6 +261,11 @@ impl FolioMemory {
     pub fn whole(buffer: AlignedBuf) -> Self {
         Self { kind: MemoryKind::Whole(buffer) }
     }
+
+    /// No memory (a folio that holds none of its bytes yet).
+    pub fn empty() -> Self {
+        Self::whole(AlignedBuf::zeroed(0))
+    }
 }
 
 impl Deref for FolioMemory {

@@ -424,7 +424,8 @@ impl Volume {
             meta.enable_discard(block_bytes);
         }
         let cache = crate::cache::PageCache::new(
-            CachePolicy::new(options, block_bytes),
+            CachePolicy::new(options, block_bytes)
+                .for_device(u64::from(device.logical_block_bytes())),
             meta.copy_release(),
         );
         let background = Default::default();
