@@ -2,15 +2,19 @@
 //! bitmaps): one bit per file-system block, so a 2 MiB folio of 4 KiB blocks
 //! needs 512 bits.
 
+use smallvec::{smallvec, SmallVec};
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockBits {
-    words: Box<[u64]>,
+    /// Inline up to 64 blocks: a folio's four bitmaps then cost no heap
+    /// allocation, and most folios (every small file's) have one block.
+    words: SmallVec<[u64; 1]>,
     block_count: usize,
 }
 
 impl BlockBits {
     pub fn new(block_count: usize) -> Self {
-        Self { words: vec![0; block_count.div_ceil(64)].into_boxed_slice(), block_count }
+        Self { words: smallvec![0; block_count.div_ceil(64)], block_count }
     }
 
     pub fn block_count(&self) -> usize {
