@@ -293,17 +293,13 @@ fn bench_metadata_reports_folio_memory_of_small_files() {
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("metadata.img");
     let image = image.to_str().unwrap();
-    let output = ok(&[
-        "bench",
-        "metadata",
-        "--image",
-        image,
-        "--image-size",
-        "64M",
-        "--files",
-        "512",
-        "--no-fsync",
-    ]);
+    let bench = |files: &str, file_size: &str| {
+        let fixed = ["bench", "metadata", "--image", image, "--image-size", "64M", "--no-fsync"];
+        let mut args: Vec<&str> = fixed.to_vec();
+        args.extend(["--files", files, "--file-size", file_size]);
+        ok(&args)
+    };
+    let output = bench("512", "4k");
     assert!(output.contains("create + write 4k + close, 512 files"), "{output}");
     assert!(output.contains("ops per CPU second"), "{output}");
     // The job's own CPU apart from the engine threads' beside it.
@@ -320,19 +316,7 @@ fn bench_metadata_reports_folio_memory_of_small_files() {
     assert!(output.contains("resident memory grew"), "{output}");
     // Files of 1 KiB on 4 KiB blocks take 1 KiB of memory each: 2,048 of
     // them fill one slab (a block each took four).
-    let output = ok(&[
-        "bench",
-        "metadata",
-        "--image",
-        image,
-        "--image-size",
-        "64M",
-        "--files",
-        "2048",
-        "--file-size",
-        "1024",
-        "--no-fsync",
-    ]);
+    let output = bench("2048", "1024");
     assert!(
         output.contains(
             "folio cache: 8.0 MiB in 2048 folios for 2.0 MiB written (8.0 MiB dirty); \

@@ -149,7 +149,9 @@ impl Folio {
             grown[..held].copy_from_slice(&state.data);
             grown[held..].fill(0);
             let old = std::mem::replace(&mut state.data, grown);
-            self.accounting.pool.give(old);
+            if held > 0 {
+                self.accounting.pool.give(old);
+            }
         }
         &mut state.data[start..end]
     }
