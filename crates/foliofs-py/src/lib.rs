@@ -14,8 +14,11 @@
 //!     volume.listdir("/docs")  # writes raise OSError(errno.EROFS)
 //! ```
 //!
-//! - `mkfs(image, size_bytes, block_size=4096, options=None)` formats
-//!   `image` (created or overwritten).
+//! - `mkfs(image, size_bytes, block_size=4096, options=None,
+//!   journal_size=None, metadata_size=None)` formats `image` (created or
+//!   overwritten); the sizes are bytes, as `foliofs mkfs --journal-size`
+//!   and `--metadata-size` (room for every inode, entry and extent: a
+//!   volume for many small files wants more).
 //! - `Volume(image, options=None, read_only=False)` opens the volume in
 //!   `image`. `options` is a `key=value,...` string with the keys of
 //!   `foliofs mount -o` and `foliofs bench -o` (`engine=sync,cache_bytes=64M`,
@@ -88,18 +91,27 @@ fn volume_options(options: Option<&str>, read_only: bool) -> PyResult<VolumeOpti
 }
 
 /// Formats `image` (created or overwritten) as a volume of `size_bytes`;
-/// `options` as `Volume`'s, for the device (engine, direct, fua).
+/// `options` as `Volume`'s, for the device (engine, direct, fua);
+/// `journal_size` and `metadata_size` in bytes (`MkfsOptions`'
+/// `journal_bytes` and `checkpoint_bytes`), None for the defaults.
 #[pyfunction]
-#[pyo3(signature = (image, size_bytes, block_size=4096, options=None))]
+#[pyo3(signature = (image, size_bytes, block_size=4096, options=None, journal_size=None, metadata_size=None))]
 fn mkfs(
     py: Python<'_>,
     image: PathBuf,
     size_bytes: u64,
     block_size: u32,
     options: Option<&str>,
+    journal_size: Option<u64>,
+    metadata_size: Option<u64>,
 ) -> PyResult<()> {
     let options = volume_options(options, false)?;
-    let mkfs = MkfsOptions { block_bytes: block_size, ..MkfsOptions::default() };
+    let mkfs = MkfsOptions {
+        block_bytes: block_size,
+        journal_bytes: journal_size,
+        checkpoint_bytes: metadata_size,
+        ..MkfsOptions::default()
+    };
     py.detach(|| CoreVolume::mkfs_path(&image, Some(size_bytes), &mkfs, &options))
         .map(drop)
         .map_err(|error| os_error(error, image.to_str()))

@@ -155,6 +155,27 @@ def test_volume_options_are_mount_options(tmp_path):
         assert volume.listdir() == ["f"]
 
 
+def test_mkfs_metadata_size_sets_how_many_files_fit(tmp_path):
+    image = str(tmp_path / "vol.img")
+    # 64 MiB volumes: the default 1 MiB of metadata room fills before
+    # 20,000 empty files; 4 MiB holds them.
+    foliofs.mkfs(image, 64 << 20)
+    with foliofs.Volume(image) as volume:
+        with pytest.raises(OSError) as refused:
+            for index in range(20000):
+                volume.open(f"/f{index}", "wb").close()
+        assert refused.value.errno == errno.ENOSPC
+    foliofs.mkfs(image, 64 << 20, journal_size=2 << 20, metadata_size=4 << 20)
+    with foliofs.Volume(image) as volume:
+        for index in range(20000):
+            volume.open(f"/f{index}", "wb").close()
+        assert len(volume.listdir()) == 20000
+    # Refused with EINVAL, the message naming the field.
+    with pytest.raises(OSError, match=r"metadata size: 1000 bytes is outside 1 MiB") as bad:
+        foliofs.mkfs(image, 64 << 20, metadata_size=1000)
+    assert bad.value.errno == errno.EINVAL
+
+
 def test_read_only_volume_reads_and_refuses_changes(tmp_path):
     image = str(tmp_path / "vol.img")
     foliofs.mkfs(image, 64 << 20)
