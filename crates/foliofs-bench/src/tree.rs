@@ -654,7 +654,10 @@ fn run_in_process(
 pub struct TreeRow {
     pub label: String,
     pub jobs: u64,
+    /// The median of `runs`, per phase.
     pub rates: Vec<f64>,
+    /// Each run's rates, in the order they ran.
+    pub runs: Vec<Vec<f64>>,
     /// What else was measured (in process: the metadata lock waits).
     pub note: Option<String>,
 }
@@ -678,6 +681,9 @@ pub struct TreeOptions {
     /// Each count of jobs to run every row with (the tree shared out
     /// between them).
     pub jobs: Vec<u64>,
+    /// Runs of every row, at least 1; within a run each count of jobs runs
+    /// in turn, so a drift of the machine's speed falls on all of them.
+    pub reps: usize,
     pub layout: Layout,
     /// Run the kernel peers and the rows through FUSE (root and the tools).
     pub peers: bool,
@@ -742,16 +748,27 @@ pub fn run(
     if let Some(&jobs) = options.jobs.iter().find(|&&jobs| jobs == 0 || jobs > shape.files) {
         anyhow::bail!("{jobs} jobs for {} files: each job needs a file at least", shape.files);
     }
+    anyhow::ensure!(options.reps > 0, "no runs to make");
     let mkfs = MkfsOptions { block_bytes: 4096, ..MkfsOptions::default() };
     let mut rows = Vec::new();
+    let runs_text = |rep: usize| {
+        if options.reps == 1 {
+            String::new()
+        } else {
+            format!(", run {} of {}", rep + 1, options.reps)
+        }
+    };
 
-    for &jobs in &options.jobs {
-        progress(&format!("foliofs (in process), {}", jobs_text(jobs)));
-        Volume::mkfs_path(image, None, &mkfs, &options.volume_options)?;
-        let volume = Volume::open(image, &options.volume_options)?;
-        let (rates, waits) = run_in_process(&volume, &shape, jobs, layout).context("in process")?;
-        volume.close()?;
-        rows.push(TreeRow { label: "foliofs".into(), jobs, rates, note: Some(waits) });
+    for rep in 0..options.reps {
+        for &jobs in &options.jobs {
+            progress(&format!("foliofs (in process), {}{}", jobs_text(jobs), runs_text(rep)));
+            Volume::mkfs_path(image, None, &mkfs, &options.volume_options)?;
+            let volume = Volume::open(image, &options.volume_options)?;
+            let (rates, waits) =
+                run_in_process(&volume, &shape, jobs, layout).context("in process")?;
+            volume.close()?;
+            record(&mut rows, "foliofs", jobs, rates, Some(waits));
+        }
     }
 
     if options.peers {
@@ -759,8 +776,8 @@ pub fn run(
             let mount_point =
                 options.work_dir.join(format!("foliofs-tree-mnt-{}", std::process::id()));
             for (label, variant_options) in mount_variants(options) {
-                for &jobs in &options.jobs {
-                    progress(&format!("{label}, {}", jobs_text(jobs)));
+                for (rep, &jobs) in runs_of(options) {
+                    progress(&format!("{label}, {}{}", jobs_text(jobs), runs_text(rep)));
                     Volume::mkfs_path(image, None, &mkfs, &options.volume_options)?;
                     let mount_options = [options.volume_options_text.as_str(), &variant_options]
                         .iter()
@@ -773,7 +790,7 @@ pub fn run(
                         .with_context(|| label.clone());
                     mounted.stop()?;
                     let (rates, _) = measured?;
-                    rows.push(TreeRow { label: label.clone(), jobs, rates, note: None });
+                    record(&mut rows, &label, jobs, rates, None);
                 }
             }
             let _ = std::fs::remove_dir(&mount_point);
@@ -786,17 +803,57 @@ pub fn run(
         )?;
         for fs in &peers.file_systems {
             let label = format!("kernel {}", fs.name);
-            for &jobs in &options.jobs {
-                progress(&format!("{label}, {}", jobs_text(jobs)));
+            for (rep, &jobs) in runs_of(options) {
+                progress(&format!("{label}, {}{}", jobs_text(jobs), runs_text(rep)));
                 let (rates, _) =
                     run_on_path(&fs.mount, &shape, jobs, layout).with_context(|| label.clone())?;
-                rows.push(TreeRow { label: label.clone(), jobs, rates, note: None });
+                record(&mut rows, &label, jobs, rates, None);
             }
         }
         drop(peers);
     }
     let goals = goals(&rows, layout);
     Ok(TreeResult { shape, layout, rows, goals })
+}
+
+/// Every (run, count of jobs) in the order they run.
+fn runs_of(options: &TreeOptions) -> impl Iterator<Item = (usize, &u64)> {
+    (0..options.reps).flat_map(move |rep| options.jobs.iter().map(move |jobs| (rep, jobs)))
+}
+
+/// Adds a run to the row of `label` with `jobs` (made on its first run);
+/// the row's rates become the median of its runs, its note the last run's.
+fn record(rows: &mut Vec<TreeRow>, label: &str, jobs: u64, rates: Vec<f64>, note: Option<String>) {
+    let index = match rows.iter().position(|row| row.label == label && row.jobs == jobs) {
+        Some(index) => index,
+        None => {
+            rows.push(TreeRow {
+                label: label.to_string(),
+                jobs,
+                rates: Vec::new(),
+                runs: Vec::new(),
+                note: None,
+            });
+            rows.len() - 1
+        }
+    };
+    let row = &mut rows[index];
+    row.runs.push(rates);
+    row.rates = (0..PHASES.len())
+        .map(|phase| median(row.runs.iter().map(|run| run[phase]).collect()))
+        .collect();
+    row.note = note;
+}
+
+/// The middle value (the mean of the middle two of an even count).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    if values.len().is_multiple_of(2) {
+        (values[middle - 1] + values[middle]) / 2.0
+    } else {
+        values[middle]
+    }
 }
 
 /// The goals: in process every phase >= 2x kernel ext4 with as many
@@ -838,8 +895,9 @@ fn goals(rows: &[TreeRow], layout: Layout) -> Vec<TreeGoal> {
         (layout, find("foliofs", 1), find("foliofs", 2))
     {
         let target = 1.6;
+        let factors = scaling_of(two, one);
         for (index, phase) in PHASES.iter().enumerate() {
-            let value = two.rates[index] / one.rates[index].max(1e-9);
+            let value = factors[index].median;
             goals.push(TreeGoal {
                 text: format!("foliofs {} 2 jobs / 1 job >= {target}", phase.name(layout)),
                 value,
@@ -871,9 +929,35 @@ fn layout_name(layout: Layout) -> &'static str {
     }
 }
 
+/// How a phase scaled: the median of each run's own factor (a run's rate
+/// over the same run's rate with fewer jobs), and the lowest and highest.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Factor {
+    pub median: f64,
+    pub low: f64,
+    pub high: f64,
+}
+
+/// `row` over `base`, per phase, run by run.
+fn scaling_of(row: &TreeRow, base: &TreeRow) -> Vec<Factor> {
+    (0..PHASES.len())
+        .map(|phase| {
+            let factors: Vec<f64> = row
+                .runs
+                .iter()
+                .zip(&base.runs)
+                .map(|(run, base_run)| run[phase] / base_run[phase].max(1e-9))
+                .collect();
+            let low = factors.iter().copied().fold(f64::INFINITY, f64::min);
+            let high = factors.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            Factor { median: median(factors), low, high }
+        })
+        .collect()
+}
+
 /// Each row's rates over the same file system's rates with the fewest
 /// jobs, for the file systems run with more than one count of jobs.
-fn scaling_rows(rows: &[TreeRow]) -> Vec<(String, u64, u64, Vec<f64>)> {
+fn scaling_rows(rows: &[TreeRow]) -> Vec<(String, u64, u64, Vec<Factor>)> {
     let mut scaling = Vec::new();
     for row in rows {
         let fewest = rows
@@ -884,8 +968,7 @@ fn scaling_rows(rows: &[TreeRow]) -> Vec<(String, u64, u64, Vec<f64>)> {
         if fewest.jobs == row.jobs {
             continue;
         }
-        let factors = row.rates.iter().zip(&fewest.rates).map(|(rate, base)| rate / base.max(1e-9));
-        scaling.push((row.label.clone(), row.jobs, fewest.jobs, factors.collect()));
+        scaling.push((row.label.clone(), row.jobs, fewest.jobs, scaling_of(row, fewest)));
     }
     scaling
 }
@@ -908,6 +991,14 @@ pub fn to_markdown(result: &TreeResult) -> String {
         .iter()
         .map(|phase| format!("{} ({})", phase.name(layout), phase.unit(layout)))
         .collect();
+    let runs = result.rows.first().map_or(1, |row| row.runs.len());
+    if runs > 1 {
+        let _ = writeln!(
+            text,
+            "Medians of {runs} runs; a scaling factor is the median of each run's own, with \
+             the lowest and highest.\n"
+        );
+    }
     let _ = writeln!(text, "| row | jobs | {} |", header.join(" | "));
     let _ = writeln!(text, "|---|---:|{}", "---:|".repeat(PHASES.len()));
     for row in &result.rows {
@@ -919,8 +1010,13 @@ pub fn to_markdown(result: &TreeResult) -> String {
         let _ = writeln!(text, "\n| scaling | jobs | {} |", header.join(" | "));
         let _ = writeln!(text, "|---|---:|{}", "---:|".repeat(PHASES.len()));
         for (label, jobs, fewest, factors) in &scaling {
-            let factors: Vec<String> =
-                factors.iter().map(|factor| format!("{factor:.2}x")).collect();
+            let factors: Vec<String> = factors
+                .iter()
+                .map(|factor| match result.rows[0].runs.len() {
+                    1 => format!("{:.2}x", factor.median),
+                    _ => format!("{:.2}x ({:.2}-{:.2})", factor.median, factor.low, factor.high),
+                })
+                .collect();
             let _ = writeln!(text, "| {label} | {jobs} / {fewest} | {} |", factors.join(" | "));
         }
     }
@@ -955,13 +1051,15 @@ pub fn to_json(result: &TreeResult) -> Value {
             "label": row.label,
             "jobs": row.jobs,
             "rates": row.rates,
+            "runs": row.runs,
             "note": row.note,
         })).collect::<Vec<_>>(),
         "scaling": scaling_rows(&result.rows).iter().map(|(label, jobs, fewest, factors)| json!({
             "label": label,
             "jobs": jobs,
             "over_jobs": fewest,
-            "factors": factors,
+            "factors": factors.iter().map(|factor| factor.median).collect::<Vec<_>>(),
+            "factor_ranges": factors.iter().map(|factor| [factor.low, factor.high]).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "goals": result.goals.iter().map(|goal| json!({
             "text": goal.text,
@@ -1004,6 +1102,27 @@ mod tests {
         assert_eq!(shares(&shape, 4, Layout::Subtrees)[0].leaf_dirs(), 3);
     }
 
+    /// A row's rates are the medians of its runs, and a factor the median
+    /// of each run's own: a run that was slow throughout moves neither.
+    #[test]
+    fn factors_are_medians_of_each_runs_own() {
+        let mut rows = Vec::new();
+        let phases = PHASES.len();
+        for (one, two) in [(100.0, 200.0), (50.0, 60.0), (200.0, 250.0)] {
+            record(&mut rows, "fs", 1, vec![one; phases], None);
+            record(&mut rows, "fs", 2, vec![two; phases], Some("last".into()));
+        }
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].rates[0], rows[1].rates[0]), (100.0, 200.0));
+        assert_eq!(rows[1].note.as_deref(), Some("last"));
+        let scaling = scaling_rows(&rows);
+        let factor = scaling[0].3[0];
+        // Runs of 2.0, 1.2 and 1.25: the median is 1.25, where the ratio of
+        // the medians (200 / 100) would claim 2.0.
+        assert_eq!(factor, Factor { median: 1.25, low: 1.2, high: 2.0 });
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
+
     fn entries(dir: &Path) -> usize {
         std::fs::read_dir(dir).unwrap().count()
     }
@@ -1040,6 +1159,7 @@ mod tests {
         let options = TreeOptions {
             shape,
             jobs: vec![1, 3],
+            reps: 2,
             layout: Layout::SharedDirs,
             peers: false,
             work_dir: dir.clone(),
@@ -1051,10 +1171,12 @@ mod tests {
         };
         let result = run(&options, &image, &|_| {}).unwrap();
         assert_eq!(result.rows.len(), 2);
+        assert!(result.rows.iter().all(|row| row.runs.len() == 2), "two runs a row");
         assert!(result.rows.iter().all(|row| row.rates.iter().all(|&rate| rate > 0.0)));
         assert!(result.rows[1].note.as_deref().unwrap().starts_with("lock waits: shards"));
         let markdown = to_markdown(&result);
         assert!(markdown.contains("| foliofs | 3 / 1 |"), "{markdown}");
+        assert!(markdown.contains("Medians of 2 runs"), "{markdown}");
         // The last run's volume: every file and directory gone but the root.
         let volume = Volume::open(&image, &VolumeOptions::default()).unwrap();
         assert_eq!(volume.inodes().readdir(1).unwrap().len(), 0);

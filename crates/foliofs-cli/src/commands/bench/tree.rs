@@ -35,6 +35,12 @@ pub struct TreeArgs {
     /// rates scale.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     jobs: Vec<u64>,
+    /// Runs of every row (each count of jobs in turn within a run): rates
+    /// are medians, and a scaling factor is the median of each run's own,
+    /// printed with its range. On a machine whose speed drifts, a factor
+    /// from one run of each count can be off by a third.
+    #[arg(long, default_value = "1")]
+    reps: usize,
     /// All jobs in the same directories (each its own file names) instead
     /// of each in its own subtree; the rename phase renames files.
     #[arg(long)]
@@ -65,6 +71,9 @@ pub fn run(
     if files == 0 || args.files_per_dir == 0 || args.dirs_per_branch == 0 {
         bail!("--files, --files-per-dir and --dirs-per-branch must be at least 1");
     }
+    if args.reps == 0 {
+        bail!("--reps must be at least 1");
+    }
     if let Some(bad) = args.jobs.iter().find(|&&jobs| jobs == 0 || jobs > files) {
         bail!("--jobs {bad}: each job needs at least one of the {files} files");
     }
@@ -92,6 +101,7 @@ pub fn run(
     let tree_options = tree::TreeOptions {
         shape,
         jobs: args.jobs.clone(),
+        reps: args.reps,
         layout: if args.shared_dir { tree::Layout::SharedDirs } else { tree::Layout::Subtrees },
         peers,
         work_dir: std::env::current_dir()?,
