@@ -8,7 +8,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use foliofs::FallocateMode;
 use foliofs::{
@@ -297,6 +297,35 @@ impl FolioFs {
                 tracing::debug!("keeping inode {} for the kernel: {error}", attr.ino);
             }
         }
+    }
+
+    /// After an ENOSPC: waits (up to a second) while another open handle
+    /// holds an unlinked file, for the kernel's RELEASE of it; whether a
+    /// handle was released since `seen`. The kernel sends RELEASE after
+    /// close(2) returns, in the background, so `rm` of a file just written
+    /// can reach us first and leave its blocks held until then: space a
+    /// program saw freed would otherwise be refused (xfstests
+    /// generic/213), as XFS flushes its background inode frees on ENOSPC.
+    fn wait_for_orphans_released(&self, fh: FileHandle, seen: u64) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut looked_at = seen;
+        while Instant::now() < deadline {
+            let holds_orphan = self
+                .handles
+                .open_file_inos(fh.0)
+                .into_iter()
+                .any(|ino| self.volume.inodes().getattr(ino).is_ok_and(|attr| attr.nlink == 0));
+            if !holds_orphan {
+                break;
+            }
+            // A release since the last look: look again before waiting.
+            let released = self.handles.released();
+            if released == looked_at && !self.handles.wait_for_release(looked_at, deadline) {
+                break;
+            }
+            looked_at = self.handles.released();
+        }
+        self.handles.released() != seen
     }
 
     fn open_flags(&self, flags: i32) -> OpenFlags {
@@ -971,7 +1000,9 @@ impl Filesystem for FolioFs {
         };
         // A request still running on the handle holds a clone; the last
         // owner's drop closes the file then.
-        match Arc::try_unwrap(file).map(File::close) {
+        let closed = Arc::try_unwrap(file).map(File::close);
+        self.handles.note_released();
+        match closed {
             Ok(Err(error)) => reply.error(self.failed("release", &error)),
             _ => reply.ok(),
         }
@@ -1370,8 +1401,16 @@ impl Filesystem for FolioFs {
         if let Err(errno) = self.remove_privileges("fallocate", req, ino, kill) {
             return reply.error(errno);
         }
-        let result =
-            FallocateMode::from_flags(mode).and_then(|mode| file.fallocate(mode, offset, length));
+        let released = self.handles.released();
+        let fallocate = || {
+            FallocateMode::from_flags(mode).and_then(|mode| file.fallocate(mode, offset, length))
+        };
+        let mut result = fallocate();
+        if matches!(result, Err(foliofs::Error::NoSpace(_)))
+            && self.wait_for_orphans_released(fh, released)
+        {
+            result = fallocate();
+        }
         match result {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(self.failed("fallocate", &error)),

@@ -4,9 +4,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use foliofs::{Dir, DirEntry, File};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 /// An open directory and the listing readdir pages through: a snapshot taken
 /// when a walk starts (offset 0: the first read, and every one after
@@ -115,6 +116,10 @@ const SHARD_COUNT: usize = 16;
 pub(crate) struct Handles {
     shards: [RwLock<HashMap<u64, Handle>>; SHARD_COUNT],
     next_fh: AtomicU64,
+    /// File handles released and closed so far, and their waiters
+    /// ([`Handles::wait_for_release`]).
+    released: Mutex<u64>,
+    release_done: Condvar,
 }
 
 impl Handles {
@@ -122,7 +127,45 @@ impl Handles {
         Self {
             shards: std::array::from_fn(|_| RwLock::new(HashMap::new())),
             next_fh: AtomicU64::new(1),
+            released: Mutex::new(0),
+            release_done: Condvar::new(),
         }
+    }
+
+    /// How many file handles have been released and closed.
+    pub(crate) fn released(&self) -> u64 {
+        *self.released.lock()
+    }
+
+    /// After a file handle was removed and its file closed.
+    pub(crate) fn note_released(&self) {
+        *self.released.lock() += 1;
+        self.release_done.notify_all();
+    }
+
+    /// Waits until more than `seen` file handles were released, or until
+    /// `deadline`; whether one was.
+    pub(crate) fn wait_for_release(&self, seen: u64, deadline: Instant) -> bool {
+        let mut released = self.released.lock();
+        while *released == seen {
+            if self.release_done.wait_until(&mut released, deadline).timed_out() {
+                break;
+            }
+        }
+        *released != seen
+    }
+
+    /// The inodes of the open file handles but `except`.
+    pub(crate) fn open_file_inos(&self, except: u64) -> Vec<u64> {
+        let mut inos = Vec::new();
+        for shard in &self.shards {
+            for (&fh, handle) in shard.read().iter() {
+                if let (Handle::File(file), true) = (handle, fh != except) {
+                    inos.push(file.ino());
+                }
+            }
+        }
+        inos
     }
 
     fn shard(&self, fh: u64) -> &RwLock<HashMap<u64, Handle>> {
