@@ -3,10 +3,12 @@
 //! (`targets`: the raw device, memory), reported as fio does, in text or
 //! fio's JSON shape (`report`); and the seed experiments (`seeds`) beside the
 //! kernel's ext4 and XFS (`peers`) and on qemu-nbd (`nbd`), with tables, JSON
-//! and charts (`chart`) that quote each seed's own posted figures (`posted`).
+//! and charts (`chart`) that quote each seed's own posted figures (`posted`);
+//! the metadata loops through the OS (`creates`, `tree`).
 
 pub mod chart;
 pub mod cpu;
+pub mod creates;
 pub mod jobfile;
 pub mod latency;
 pub mod nbd;

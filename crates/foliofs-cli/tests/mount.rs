@@ -414,6 +414,48 @@ fn bench_target_files_runs_verified_jobs_on_the_mount() {
     mounted.fsck_clean();
 }
 
+/// `foliofs bench metadata --peers` runs its loop (create, write, fsync,
+/// close) from the same jobs through the mount and on the kernel's ext4 and
+/// XFS, prints a rate for each and foliofs against ext4, and leaves nothing
+/// behind: not the image, the mount point, or the peers' loop devices and
+/// files.
+#[test]
+fn bench_metadata_peers_run_the_same_loop_through_the_os() {
+    if skip_requested() {
+        return;
+    }
+    require(&["fio", "losetup", "mkfs.ext4", "mkfs.xfs"]);
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let output = Command::new(FOLIOFS)
+        .args(["bench", "metadata", "--peers", "--files", "200", "--jobs", "2"])
+        .args(["--file-size", "1k"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("the same loop through the OS, 2 jobs:"), "{stdout}");
+    let rate = |label: &str| -> f64 {
+        let line = stdout
+            .lines()
+            .find(|line| line.trim_start().starts_with(label))
+            .unwrap_or_else(|| panic!("no row {label:?}: {stdout}"));
+        assert!(line.contains("lat (us): min="), "{line}");
+        let rest = line.trim_start()[label.len()..].trim_start();
+        rest.split(' ').next().unwrap().parse().unwrap_or_else(|_| panic!("{line}"))
+    };
+    for label in ["foliofs (mount)", "kernel ext4", "kernel xfs"] {
+        assert!(rate(label) > 0.0, "{label}: {stdout}");
+    }
+    assert!(stdout.contains("foliofs / kernel ext4: "), "{stdout}");
+    assert!(stdout.contains("x in process, ") && stdout.contains("x through the mount"));
+    let leftovers: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = dir.path().to_str().unwrap();
+    assert!(!mounts.contains(root), "a mount left under {root}: {mounts}");
+}
+
 #[test]
 fn fio_verifies_buffered_io_with_the_kernel_page_cache() {
     fio_verifies_buffered_io_with("page_cache=kernel,dirty=folio");

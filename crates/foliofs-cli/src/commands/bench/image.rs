@@ -35,6 +35,7 @@ impl ImageArgs {
 pub struct BenchImage {
     path: PathBuf,
     temporary: bool,
+    mkfs: MkfsOptions,
 }
 
 impl BenchImage {
@@ -55,20 +56,27 @@ impl BenchImage {
             // killed by its user must not leave gigabytes behind).
             foliofs_bench::peers::remove_at_cleanup(&path);
         }
-        let image = Self { path, temporary };
+        let block_bytes = u32::try_from(parse_size(&args.block_size).context("--block-size")?)?;
+        let mkfs = MkfsOptions { block_bytes, ..MkfsOptions::default() };
+        let image = Self { path, temporary, mkfs };
         let size_bytes = match &args.image_size {
             Some(text) => parse_size(text).context("--image-size")?,
             None => default_bytes,
         };
-        let block_bytes = u32::try_from(parse_size(&args.block_size).context("--block-size")?)?;
-        let mkfs = MkfsOptions { block_bytes, ..MkfsOptions::default() };
         // An NBD export is the server's to size and lay out.
         let on_nbd = foliofs::dev::nbd::is_nbd_uri(&image.path);
         if !on_nbd && (image.temporary || !image.path.exists()) {
             lay_out(&image.path, size_bytes)?;
         }
-        Volume::mkfs_path(&image.path, None, &mkfs, options)?;
+        image.reformat(options)?;
         Ok(image)
+    }
+
+    /// Formats the image again, as `create` did (a fresh volume for the
+    /// next row of a comparison).
+    pub fn reformat(&self, options: &VolumeOptions) -> anyhow::Result<()> {
+        Volume::mkfs_path(&self.path, None, &self.mkfs, options)?;
+        Ok(())
     }
 
     pub fn path(&self) -> &Path {

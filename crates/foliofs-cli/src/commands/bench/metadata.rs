@@ -2,7 +2,9 @@
 //! `--no-fsync`), close; over and over, from one or more threads. Reports the
 //! rate, the latencies, the device requests per file, and the memory the
 //! files took: the folio cache's bytes and folios, and the process's
-//! resident memory against the data written.
+//! resident memory against the data written. With `--peers` the same loop
+//! then runs through the OS: on foliofs mounted through FUSE and on the
+//! kernel's ext4 and XFS (`foliofs_bench::creates`), with the same jobs.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -14,7 +16,9 @@ use foliofs::options::parse_size;
 use foliofs::{OpenFlags, Owner, Volume, VolumeOptions};
 
 use super::image::{BenchImage, ImageArgs};
+use foliofs_bench::creates::{self, CreateLoop, CreateRun};
 use foliofs_bench::latency::Latencies;
+use foliofs_bench::peers::{self, FuseMount, Peers};
 
 #[derive(Args)]
 pub struct MetadataArgs {
@@ -31,12 +35,26 @@ pub struct MetadataArgs {
     /// written back when the volume closes, outside the timing).
     #[arg(long)]
     no_fsync: bool,
+    /// Then run the same loop, with the same jobs, through the mount and
+    /// on the kernel's ext4 and XFS (loop devices over laid-out files in
+    /// the current directory; needs root, mkfs.ext4, mkfs.xfs and FUSE).
+    #[arg(long)]
+    peers: bool,
     #[command(flatten)]
     image: ImageArgs,
 }
 
-pub fn run(args: &MetadataArgs, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
+pub fn run(
+    args: &MetadataArgs,
+    options: &VolumeOptions,
+    options_text: &str,
+) -> anyhow::Result<ExitCode> {
     let file_bytes = parse_size(&args.file_size).context("--file-size")? as usize;
+    if args.peers {
+        if let Some(why) = peers::unavailable() {
+            anyhow::bail!("--peers cannot run here: {why}");
+        }
+    }
     let files = args.files * args.jobs;
     let data_bytes = files * file_bytes as u64;
     // Room for the data twice over, and for the metadata: the checkpoint
@@ -140,7 +158,58 @@ pub fn run(args: &MetadataArgs, options: &VolumeOptions) -> anyhow::Result<ExitC
         Ok(volume) => volume.close()?,
         Err(_) => anyhow::bail!("bench jobs still hold the volume"),
     }
+    if args.peers {
+        let work = CreateLoop { jobs: args.jobs, files_per_job: args.files, file_bytes, fsync };
+        let in_process_rate = operations / elapsed.as_secs_f64();
+        run_through_the_os(&work, &image, options, options_text, in_process_rate)?;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The loop through the OS: on foliofs mounted (the image formatted again)
+/// and on ext4 and XFS; a line each, then foliofs against ext4.
+fn run_through_the_os(
+    work: &CreateLoop,
+    image: &BenchImage,
+    options: &VolumeOptions,
+    options_text: &str,
+    in_process_rate: f64,
+) -> anyhow::Result<()> {
+    let jobs = if work.jobs == 1 { "1 job".to_string() } else { format!("{} jobs", work.jobs) };
+    println!("  the same loop through the OS, {jobs}:");
+    let print_row = |label: &str, run: &CreateRun| {
+        println!("    {label:<16} {:.0} ops/s; {}", run.rate(), run.latencies.summary());
+    };
+    let work_dir = std::env::current_dir()?;
+    image.reformat(options)?;
+    let program = std::env::current_exe().context("the foliofs executable, to mount")?;
+    let mount_point = work_dir.join(format!("foliofs-metadata-mnt-{}", std::process::id()));
+    let mounted = FuseMount::start(&program, image.path(), &mount_point, options_text)?;
+    let through_mount = creates::run_on_path(&mounted.mount, work).context("through the mount");
+    mounted.stop()?;
+    let _ = std::fs::remove_dir(&mount_point);
+    let through_mount = through_mount?;
+    print_row("foliofs (mount)", &through_mount);
+    let peers_dir = work_dir.join(format!("foliofs-metadata-peers-{}", std::process::id()));
+    let peers = Peers::start_for_files(&peers_dir, work.peer_bytes(), work.peer_inodes())?;
+    let mut ext4_rate = None;
+    for fs in &peers.file_systems {
+        let label = format!("kernel {}", fs.name);
+        let run = creates::run_on_path(&fs.mount, work).with_context(|| label.clone())?;
+        print_row(&label, &run);
+        if fs.name == "ext4" {
+            ext4_rate = Some(run.rate());
+        }
+    }
+    drop(peers);
+    if let Some(ext4) = ext4_rate {
+        println!(
+            "  foliofs / kernel ext4: {:.2}x in process, {:.2}x through the mount",
+            in_process_rate / ext4,
+            through_mount.rate() / ext4
+        );
+    }
+    Ok(())
 }
 
 /// The process's resident memory (Linux), or None where it cannot be read.

@@ -24,7 +24,8 @@ pub struct BenchArgs {
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
-    /// Metadata operations: create a file, write 4 KiB, fsync, close.
+    /// Metadata operations: create a file, write 4 KiB, fsync, close; with
+    /// --peers also through the mount and on the kernel's ext4 and XFS.
     Metadata(metadata::MetadataArgs),
     /// The five seed experiments, old policy against new, against the
     /// engine's limits and the kernel's ext4 and XFS (as root, with fio).
@@ -45,7 +46,7 @@ pub fn run(
     let _clean_up = foliofs_bench::peers::CleanUpOnDrop;
     match args.command {
         None => jobs::run(&args.jobs, options, options_text),
-        Some(BenchCommand::Metadata(args)) => metadata::run(&args, options),
+        Some(BenchCommand::Metadata(args)) => metadata::run(&args, options, options_text),
         Some(BenchCommand::Seeds(args)) => seeds::run(&args, options, options_text),
         Some(BenchCommand::Tree(args)) => tree::run(&args, options, options_text),
     }
