@@ -846,7 +846,8 @@ fn record(rows: &mut Vec<TreeRow>, label: &str, jobs: u64, rates: Vec<f64>, note
 }
 
 /// The middle value (the mean of the middle two of an even count).
-fn median(mut values: Vec<f64>) -> f64 {
+/// The median of `values` (the mean of the middle two when even).
+pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let middle = values.len() / 2;
     if values.len().is_multiple_of(2) {
@@ -938,6 +939,15 @@ pub struct Factor {
     pub high: f64,
 }
 
+impl Factor {
+    /// The median of runs' own factors, and their range.
+    pub fn of(factors: Vec<f64>) -> Self {
+        let low = factors.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = factors.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        Self { median: median(factors), low, high }
+    }
+}
+
 /// `row` over `base`, per phase, run by run.
 fn scaling_of(row: &TreeRow, base: &TreeRow) -> Vec<Factor> {
     (0..PHASES.len())
@@ -948,9 +958,7 @@ fn scaling_of(row: &TreeRow, base: &TreeRow) -> Vec<Factor> {
                 .zip(&base.runs)
                 .map(|(run, base_run)| run[phase] / base_run[phase].max(1e-9))
                 .collect();
-            let low = factors.iter().copied().fold(f64::INFINITY, f64::min);
-            let high = factors.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            Factor { median: median(factors), low, high }
+            Factor::of(factors)
         })
         .collect()
 }

@@ -326,6 +326,51 @@ fn bench_metadata_reports_folio_memory_of_small_files() {
     );
 }
 
+/// `bench metadata --jobs 1,2 --reps 2`: every count runs in every run,
+/// each on a fresh volume, and the summary gives each count's median rate
+/// and the median of each run's own 2 / 1 factor, inside its range.
+#[test]
+fn bench_metadata_runs_each_count_of_jobs_and_prints_how_it_scaled() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("metadata.img");
+    let output = ok(&[
+        "bench",
+        "metadata",
+        "--image",
+        image.to_str().unwrap(),
+        "--image-size",
+        "64M",
+        "--no-fsync",
+        "--files",
+        "300",
+        "--jobs",
+        "1,2",
+        "--reps",
+        "2",
+    ]);
+    assert_eq!(output.matches("300 files x 1 job,").count(), 2, "{output}");
+    assert_eq!(output.matches("300 files x 2 jobs,").count(), 2, "{output}");
+    // Each run starts from an empty volume: a second run's mkdir of job0
+    // would fail on the first run's.
+    assert!(output.contains("creates/s, median of 2 runs;"), "{output}");
+    assert!(output.contains("| | 1 job | 2 jobs | 2 / 1 |"), "{output}");
+    let row = output.lines().find(|line| line.starts_with("| in process |")).expect(&output);
+    let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+    let one: f64 = cells[1].parse().unwrap();
+    let two: f64 = cells[2].parse().unwrap();
+    assert!(one > 0.0 && two > 0.0, "{row}");
+    let (median, range) = cells[3].split_once(" (").expect(row);
+    let (low, high) = range.trim_end_matches(')').split_once('-').expect(row);
+    let [median, low, high]: [f64; 3] =
+        [median, low, high].map(|value| value.parse().unwrap_or_else(|_| panic!("{row}")));
+    assert!(low <= median && median <= high, "{row}");
+    for bad in [["--jobs", "1,0"], ["--reps", "0"]] {
+        let error =
+            fails(&["bench", "metadata", "--image", image.to_str().unwrap(), bad[0], bad[1]]);
+        assert!(error.contains(bad[0]), "{error}");
+    }
+}
+
 /// A quick seed run without peers writes its table, JSON and goals.
 #[test]
 fn bench_seeds_quick_writes_results() {

@@ -427,7 +427,7 @@ fn bench_metadata_peers_run_the_same_loop_through_the_os() {
     require(&["fio", "losetup", "mkfs.ext4", "mkfs.xfs"]);
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let output = Command::new(FOLIOFS)
-        .args(["bench", "metadata", "--peers", "--files", "200", "--jobs", "2"])
+        .args(["bench", "metadata", "--peers", "--files", "200", "--jobs", "1,2"])
         .args(["--file-size", "1k"])
         .current_dir(dir.path())
         .output()
@@ -449,6 +449,12 @@ fn bench_metadata_peers_run_the_same_loop_through_the_os() {
     }
     assert!(stdout.contains("foliofs / kernel ext4: "), "{stdout}");
     assert!(stdout.contains("x in process, ") && stdout.contains("x through the mount"));
+    // The summary: a row per file system, and foliofs over ext4.
+    for row in ["in process", "foliofs (mount)", "kernel ext4", "kernel xfs"] {
+        assert!(stdout.contains(&format!("| {row} | ")), "{row}: {stdout}");
+    }
+    assert!(stdout.contains("| in process / ext4 | "), "{stdout}");
+    assert!(stdout.contains("| foliofs (mount) / ext4 | "), "{stdout}");
     let leftovers: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();

@@ -6,6 +6,7 @@
 //! then runs through the OS: on foliofs mounted through FUSE and on the
 //! kernel's ext4 and XFS (`foliofs_bench::creates`), with the same jobs.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,15 +20,24 @@ use super::image::{BenchImage, ImageArgs};
 use foliofs_bench::creates::{self, CreateLoop, CreateRun};
 use foliofs_bench::latency::Latencies;
 use foliofs_bench::peers::{self, FuseMount, Peers};
+use foliofs_bench::tree::{self, Factor};
 
 #[derive(Args)]
 pub struct MetadataArgs {
     /// Files to create per job.
     #[arg(long, default_value = "2000")]
     files: u64,
-    /// Threads creating files at once (each in its own directory).
+    /// Threads creating files at once (each in its own directory); a list
+    /// (1,2,16) runs each count in turn and prints how the rate scales
+    /// over the first.
+    #[arg(long, default_value = "1", value_delimiter = ',')]
+    jobs: Vec<u64>,
+    /// Runs of every count of jobs, each on a freshly formatted volume;
+    /// within a run each count runs in turn, so a drift of the machine's
+    /// speed falls on all of them. Rates are medians, factors the median
+    /// of each run's own.
     #[arg(long, default_value = "1")]
-    jobs: u64,
+    reps: usize,
     /// Bytes written to each file before its fsync.
     #[arg(long, default_value = "4k")]
     file_size: String,
@@ -44,23 +54,113 @@ pub struct MetadataArgs {
     image: ImageArgs,
 }
 
+/// Rates of one row: `runs[rep][index of the count of jobs]`.
+struct Row {
+    label: String,
+    runs: Vec<Vec<f64>>,
+}
+
+impl Row {
+    fn new(label: &str, reps: usize, counts: usize) -> Self {
+        Self { label: label.to_string(), runs: vec![vec![0.0; counts]; reps] }
+    }
+
+    fn median(&self, count: usize) -> f64 {
+        tree::median(self.runs.iter().map(|run| run[count]).collect())
+    }
+
+    /// Each run's rate with `count` over its own with the first count.
+    fn scaling(&self, count: usize) -> Factor {
+        Factor::of(self.runs.iter().map(|run| run[count] / run[0].max(1e-9)).collect())
+    }
+}
+
 pub fn run(
     args: &MetadataArgs,
     options: &VolumeOptions,
     options_text: &str,
 ) -> anyhow::Result<ExitCode> {
     let file_bytes = parse_size(&args.file_size).context("--file-size")? as usize;
+    if args.jobs.is_empty() || args.jobs.contains(&0) {
+        anyhow::bail!("--jobs takes counts of at least 1");
+    }
+    if args.reps == 0 {
+        anyhow::bail!("--reps must be at least 1");
+    }
     if args.peers {
         if let Some(why) = peers::unavailable() {
             anyhow::bail!("--peers cannot run here: {why}");
         }
     }
-    let files = args.files * args.jobs;
+    let jobs_max = args.jobs.iter().copied().max().expect("at least one count");
+    let files = args.files * jobs_max;
     let data_bytes = files * file_bytes as u64;
     // Room for the data twice over, and for the metadata: the checkpoint
     // slots are a fixed share of the volume, about 16 KiB of it per file.
     let image_bytes = (1 << 30) + 2 * data_bytes + files * (16 << 10);
     let image = BenchImage::create(&args.image, image_bytes, options)?;
+    let fsync = !args.no_fsync;
+    let counts = args.jobs.len();
+    let mut rows = vec![Row::new("in process", args.reps, counts)];
+    let work_of = |jobs| CreateLoop { jobs, files_per_job: args.files, file_bytes, fsync };
+    let through_os = if args.peers {
+        let largest = work_of(jobs_max);
+        let os = ThroughTheOs::start(&largest, options_text)?;
+        rows.push(Row::new("foliofs (mount)", args.reps, counts));
+        for fs in &os.peers.file_systems {
+            rows.push(Row::new(&format!("kernel {}", fs.name), args.reps, counts));
+        }
+        Some(os)
+    } else {
+        None
+    };
+    let mut formatted = true;
+    for rep in 0..args.reps {
+        for (count, &jobs) in args.jobs.iter().enumerate() {
+            if !formatted {
+                image.reformat(options)?;
+            }
+            formatted = false;
+            let work = work_of(jobs);
+            rows[0].runs[rep][count] = run_in_process(&image, options, &args.file_size, &work)?;
+            if let Some(os) = &through_os {
+                image.reformat(options)?;
+                let rates = os.run(&work, &image, rep)?;
+                for (row, rate) in rows[1..].iter_mut().zip(&rates) {
+                    row.runs[rep][count] = *rate;
+                }
+                let rate_of = |label: &str| {
+                    rows.iter()
+                        .find(|row| row.label == label)
+                        .map_or(0.0, |row| row.runs[rep][count])
+                };
+                let ext4 = rate_of("kernel ext4").max(1e-9);
+                println!(
+                    "  foliofs / kernel ext4: {:.2}x in process, {:.2}x through the mount",
+                    rate_of("in process") / ext4,
+                    rate_of("foliofs (mount)") / ext4
+                );
+            }
+        }
+    }
+    if let Some(os) = through_os {
+        os.stop();
+    }
+    if args.reps > 1 || counts > 1 {
+        print_summary(args, &rows);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One run in process, on the formatted image; prints its report and
+/// returns its rate.
+fn run_in_process(
+    image: &BenchImage,
+    options: &VolumeOptions,
+    file_size: &str,
+    work: &CreateLoop,
+) -> anyhow::Result<f64> {
+    let data_bytes = work.files() * work.file_bytes as u64;
     let volume = Arc::new(Volume::open(image.path(), options)?);
     let before = volume.device().stats();
     let waits_before = volume.lock_waits();
@@ -68,12 +168,13 @@ pub fn run(
     let cpu_before = foliofs_bench::cpu::process_seconds();
     let threads_before = foliofs_bench::cpu::seconds_by_thread_name();
     let started = Instant::now();
-    let fsync = !args.no_fsync;
-    let workers: Vec<_> = (0..args.jobs)
+    let workers: Vec<_> = (0..work.jobs)
         .map(|job| {
             let volume = Arc::clone(&volume);
-            let files = args.files;
-            std::thread::spawn(move || create_and_write(&volume, job, files, file_bytes, fsync))
+            let work = *work;
+            std::thread::spawn(move || {
+                create_and_write(&volume, job, work.files_per_job, work.file_bytes, work.fsync)
+            })
         })
         .collect();
     let mut latencies = Latencies::new();
@@ -96,10 +197,13 @@ pub fn run(
     let resident_grown = resident_bytes().zip(resident_before).map(|(after, was)| after - was);
     let cache = volume.cache_stats();
     let operations = latencies.count() as f64;
-    let sync = if fsync { " + fsync" } else { "" };
+    let sync = if work.fsync { " + fsync" } else { "" };
     println!(
-        "metadata: create + write {}{sync} + close, {} files x {} jobs, engine {:?}, fua {:?}",
-        args.file_size, args.files, args.jobs, options.engine, options.fua
+        "metadata: create + write {file_size}{sync} + close, {} files x {}, engine {:?}, fua {:?}",
+        work.files_per_job,
+        jobs_text(work.jobs),
+        options.engine,
+        options.fua
     );
     println!("  {:.0} ops/s; {}", operations / elapsed.as_secs_f64(), latencies.summary());
     if let Some(cpu_used) = cpu_used {
@@ -158,58 +262,116 @@ pub fn run(
         Ok(volume) => volume.close()?,
         Err(_) => anyhow::bail!("bench jobs still hold the volume"),
     }
-    if args.peers {
-        let work = CreateLoop { jobs: args.jobs, files_per_job: args.files, file_bytes, fsync };
-        let in_process_rate = operations / elapsed.as_secs_f64();
-        run_through_the_os(&work, &image, options, options_text, in_process_rate)?;
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(operations / elapsed.as_secs_f64())
 }
 
-/// The loop through the OS: on foliofs mounted (the image formatted again)
-/// and on ext4 and XFS; a line each, then foliofs against ext4.
-fn run_through_the_os(
-    work: &CreateLoop,
-    image: &BenchImage,
-    options: &VolumeOptions,
-    options_text: &str,
-    in_process_rate: f64,
-) -> anyhow::Result<()> {
-    let jobs = if work.jobs == 1 { "1 job".to_string() } else { format!("{} jobs", work.jobs) };
-    println!("  the same loop through the OS, {jobs}:");
-    let print_row = |label: &str, run: &CreateRun| {
-        println!("    {label:<16} {:.0} ops/s; {}", run.rate(), run.latencies.summary());
-    };
-    let work_dir = std::env::current_dir()?;
-    image.reformat(options)?;
-    let program = std::env::current_exe().context("the foliofs executable, to mount")?;
-    let mount_point = work_dir.join(format!("foliofs-metadata-mnt-{}", std::process::id()));
-    let mounted = FuseMount::start(&program, image.path(), &mount_point, options_text)?;
-    let through_mount = creates::run_on_path(&mounted.mount, work).context("through the mount");
-    mounted.stop()?;
-    let _ = std::fs::remove_dir(&mount_point);
-    let through_mount = through_mount?;
-    print_row("foliofs (mount)", &through_mount);
-    let peers_dir = work_dir.join(format!("foliofs-metadata-peers-{}", std::process::id()));
-    let peers = Peers::start_for_files(&peers_dir, work.peer_bytes(), work.peer_inodes())?;
-    let mut ext4_rate = None;
-    for fs in &peers.file_systems {
-        let label = format!("kernel {}", fs.name);
-        let run = creates::run_on_path(&fs.mount, work).with_context(|| label.clone())?;
-        print_row(&label, &run);
-        if fs.name == "ext4" {
-            ext4_rate = Some(run.rate());
+/// The loop through the OS: on foliofs mounted (the image formatted again
+/// for each run) and on ext4 and XFS (made once, at the start; each run in
+/// a directory of its own, removed after it).
+struct ThroughTheOs {
+    peers: Peers,
+    program: PathBuf,
+    mount_point: PathBuf,
+    /// `foliofs mount -o`: the bench's volume options.
+    mount_options: String,
+}
+
+impl ThroughTheOs {
+    /// Lays out and makes the peers, with room for `largest`.
+    fn start(largest: &CreateLoop, options_text: &str) -> anyhow::Result<Self> {
+        let work_dir = std::env::current_dir()?;
+        let program = std::env::current_exe().context("the foliofs executable, to mount")?;
+        let mount_point = work_dir.join(format!("foliofs-metadata-mnt-{}", std::process::id()));
+        let peers_dir = work_dir.join(format!("foliofs-metadata-peers-{}", std::process::id()));
+        let peers =
+            Peers::start_for_files(&peers_dir, largest.peer_bytes(), largest.peer_inodes())?;
+        let mount_options = options_text.to_string();
+        Ok(Self { peers, program, mount_point, mount_options })
+    }
+
+    /// One run of `work` through the mount of the formatted `image`, then on
+    /// each peer; prints a line each and returns the rates in that order.
+    fn run(&self, work: &CreateLoop, image: &BenchImage, rep: usize) -> anyhow::Result<Vec<f64>> {
+        let jobs = work.jobs;
+        println!("  the same loop through the OS, {}:", jobs_text(jobs));
+        let print_row = |label: &str, run: &CreateRun| {
+            println!("    {label:<16} {:.0} ops/s; {}", run.rate(), run.latencies.summary());
+        };
+        let mounted =
+            FuseMount::start(&self.program, image.path(), &self.mount_point, &self.mount_options)?;
+        let through_mount = creates::run_on_path(&mounted.mount, work).context("through the mount");
+        mounted.stop()?;
+        let through_mount = through_mount?;
+        print_row("foliofs (mount)", &through_mount);
+        let mut rates = vec![through_mount.rate()];
+        for fs in &self.peers.file_systems {
+            let label = format!("kernel {}", fs.name);
+            let base = fs.mount.join(format!("run{rep}-jobs{jobs}"));
+            std::fs::create_dir(&base).with_context(|| format!("mkdir {}", base.display()))?;
+            let run = creates::run_on_path(&base, work).with_context(|| label.clone())?;
+            print_row(&label, &run);
+            rates.push(run.rate());
+            // Outside the timing: the next run starts from an empty file
+            // system again, as the mount's does.
+            std::fs::remove_dir_all(&base).with_context(|| format!("remove {}", base.display()))?;
         }
+        Ok(rates)
     }
-    drop(peers);
-    if let Some(ext4) = ext4_rate {
-        println!(
-            "  foliofs / kernel ext4: {:.2}x in process, {:.2}x through the mount",
-            in_process_rate / ext4,
-            through_mount.rate() / ext4
-        );
+
+    fn stop(self) {
+        let _ = std::fs::remove_dir(&self.mount_point);
+        drop(self.peers);
     }
-    Ok(())
+}
+
+/// Every row's median rate per count of jobs, how each scaled over the
+/// first count, and (with peers) foliofs over ext4.
+fn print_summary(args: &MetadataArgs, rows: &[Row]) {
+    let jobs_text =
+        |jobs: u64| if jobs == 1 { "1 job".to_string() } else { format!("{jobs} jobs") };
+    let runs = if args.reps == 1 { "1 run".to_string() } else { format!("{} runs", args.reps) };
+    println!();
+    println!("creates/s, median of {runs}; a factor is the median of each run's own (its range):");
+    let first = args.jobs[0];
+    let mut header: Vec<String> = args.jobs.iter().map(|&jobs| jobs_text(jobs)).collect();
+    header.extend(args.jobs[1..].iter().map(|jobs| format!("{jobs} / {first}")));
+    println!("| | {} |", header.join(" | "));
+    println!("|---|{}", "---:|".repeat(header.len()));
+    for row in rows {
+        let mut cells: Vec<String> =
+            (0..args.jobs.len()).map(|count| format!("{:.0}", row.median(count))).collect();
+        cells.extend((1..args.jobs.len()).map(|count| {
+            let factor = row.scaling(count);
+            format!("{:.2} ({:.2}-{:.2})", factor.median, factor.low, factor.high)
+        }));
+        println!("| {} | {} |", row.label, cells.join(" | "));
+    }
+    let Some(ext4) = rows.iter().find(|row| row.label == "kernel ext4") else { return };
+    for row in rows.iter().filter(|row| !row.label.starts_with("kernel")) {
+        let over: Vec<String> = (0..args.jobs.len())
+            .map(|count| {
+                let factors = row
+                    .runs
+                    .iter()
+                    .zip(&ext4.runs)
+                    .map(|(run, ext4_run)| run[count] / ext4_run[count].max(1e-9))
+                    .collect();
+                format!("{:.2}", tree::median(factors))
+            })
+            .collect();
+        // Blank under the scaling columns.
+        let blank = " |".repeat(args.jobs.len() - 1);
+        println!("| {} / ext4 | {} |{blank}", row.label, over.join(" | "));
+    }
+}
+
+/// "1 job", "2 jobs".
+fn jobs_text(jobs: u64) -> String {
+    if jobs == 1 {
+        "1 job".to_string()
+    } else {
+        format!("{jobs} jobs")
+    }
 }
 
 /// The process's resident memory (Linux), or None where it cannot be read.
