@@ -378,7 +378,7 @@ fn finish_write(
     let data_lsn = engine.meta.inode(ino).map_or(0, |found| found.data_lsn);
     let lsn = lsn.unwrap_or(0).max(data_lsn);
     if lsn > engine.meta.journal().durable_lsn() {
-        return engine.meta.make_durable(lsn);
+        return engine.meta.make_durable(lsn, None);
     }
     if fua_sent {
         return Ok(());
@@ -438,7 +438,7 @@ fn write_alone(
     let written = DataPath::new(engine).write(ino, data, pos)?;
     if dsync {
         let lsn = engine.meta.inode(ino).map_or(0, |inode| inode.data_lsn);
-        engine.meta.make_durable(lsn)?;
+        engine.meta.make_durable(lsn, None)?;
     }
     Ok(written)
 }

@@ -1,6 +1,7 @@
 //! The metadata journal: group commit of logical redo records and checkpoints
-//! to alternating slots (this file); loading, checkpoint plus replay, at
-//! mount (`replay`).
+//! to alternating slots (this file); fsyncs from several threads batched
+//! into one group (`batch`); loading, checkpoint plus replay, at mount
+//! (`replay`).
 //!
 //! Positions in the journal are *virtual*: they only grow, and the physical
 //! offset is `virtual % journal_bytes`. A group never straddles the end of
@@ -32,6 +33,9 @@ use crate::format::record::{decode_all, Record};
 use crate::format::{align_up, CheckpointHeader, Superblock, HEADER_BYTES};
 use crate::lock_order::{Contention, Level, Ordered};
 
+pub use batch::SyncOnTheWay;
+
+mod batch;
 mod replay;
 #[cfg(test)]
 mod tests;
@@ -139,6 +143,9 @@ pub struct Journal {
     durable_lsn: AtomicU64,
     commit_finished: Condvar,
     contention: Contention,
+    /// Syncs on their way to the commit, which a sync leading a group
+    /// waits for (`batch`).
+    batch: batch::SyncBatch,
 }
 
 /// What mount reads: the checkpoint, then the journal records after it.
@@ -200,6 +207,7 @@ impl Journal {
             durable_lsn: AtomicU64::new(position.next_lsn - 1),
             commit_finished: Condvar::new(),
             contention: Contention::default(),
+            batch: batch::SyncBatch::default(),
         }
     }
 
@@ -324,7 +332,20 @@ impl Journal {
     /// device write: the first becomes the leader and writes all pending
     /// records as one group; the others wait for it.
     pub fn commit(&self, lsn: u64) -> Result<(), CommitError> {
+        self.commit_batching(lsn, false)
+    }
+
+    /// As [`Journal::commit`], for a sync: before leading a group it waits
+    /// for other syncs on their way (`batch`), so one group covers them.
+    pub fn commit_sync(&self, lsn: u64) -> Result<(), CommitError> {
+        self.commit_batching(lsn, true)
+    }
+
+    fn commit_batching(&self, lsn: u64, batching: bool) -> Result<(), CommitError> {
         let mut inner = self.inner();
+        // Once per call: a sync waits for those on their way when it
+        // first would lead, not again after every group.
+        let mut may_wait = batching;
         loop {
             if let Some(failure) = &inner.failed {
                 return Err(CommitError::Failed(failure.clone()));
@@ -337,6 +358,11 @@ impl Journal {
                 continue;
             }
             assert!(lsn < inner.next_lsn, "committing lsn {lsn}, which was never appended");
+            if std::mem::take(&mut may_wait)
+                && self.wait_for_syncs_on_the_way(inner.guard_mut(), lsn)
+            {
+                continue;
+            }
             self.lead_one_group(inner.guard_mut())?;
         }
     }
@@ -387,10 +413,16 @@ impl Journal {
             let (bytes, header_crc) =
                 encode_group(&self.geometry.uuid, link, &payload, self.geometry.sector_bytes);
             let device_offset = self.geometry.journal_offset + self.physical_offset(position);
-            self.write_durably(device_offset, &bytes, "journal group").map(|()| header_crc)
+            let started = std::time::Instant::now();
+            let written = self.write_durably(device_offset, &bytes, "journal group");
+            self.batch.note_group_write(started.elapsed());
+            written.map(|()| header_crc)
         });
         inner.leader_active = false;
         self.commit_finished.notify_all();
+        // A sync waiting for others on their way may find its records in
+        // this group.
+        self.batch.notify_group_written();
         if payload.capacity() > inner.spare.capacity() {
             inner.spare = payload;
         }

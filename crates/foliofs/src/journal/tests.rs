@@ -12,14 +12,14 @@ const VOLUME_BYTES: u64 = 8 << 20;
 /// The smallest journal mkfs makes: a group holds at most 16 KiB.
 const JOURNAL_BYTES: u64 = 64 << 10;
 
-struct Fixture {
+pub(super) struct Fixture {
     raw: Arc<FaultDev>,
-    device: Arc<Device>,
+    pub(super) device: Arc<Device>,
     geometry: JournalGeometry,
 }
 
 impl Fixture {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         let raw = Arc::new(FaultDev::new(VOLUME_BYTES, 512));
         let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
         let superblock = Superblock::layout(
@@ -38,7 +38,7 @@ impl Fixture {
     }
 
     /// The journal as a mount would open it now.
-    fn open(&self) -> (Journal, Loaded) {
+    pub(super) fn open(&self) -> (Journal, Loaded) {
         let loaded = load(&self.device, &self.geometry).expect("load");
         let journal =
             Journal::new(Arc::clone(&self.device), self.geometry.clone(), loaded.position);
@@ -51,7 +51,7 @@ fn record(txn: u64, index: u64) -> Record {
     Record::ExtentUnmap { ino: txn + 2, file_block: index, block_count: 1 }
 }
 
-fn transaction(txn: u64, records: u64) -> Vec<Record> {
+pub(super) fn transaction(txn: u64, records: u64) -> Vec<Record> {
     (0..records).map(|index| record(txn, index)).collect()
 }
 

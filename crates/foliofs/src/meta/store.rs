@@ -27,7 +27,7 @@ use crate::extent::ExtentKind;
 use crate::format::codec::Writer;
 use crate::format::record::SHARED_SET_RECORD_BYTES;
 use crate::format::{ExtentState, InodeAttrs, Record, Superblock, ROOT_INO};
-use crate::journal::{self, CommitError, Journal, JournalGeometry};
+use crate::journal::{self, CommitError, Journal, JournalGeometry, SyncOnTheWay};
 use crate::lock_order::{Contention, Level, Ordered};
 use crate::refcount::{self, SharedBlocks};
 
@@ -1072,8 +1072,16 @@ impl MetaStore {
 
     /// Makes every record up to `lsn` durable, checkpointing when the log is full.
     pub fn commit(&self, lsn: u64) -> Result<()> {
+        self.commit_with(lsn, |journal, lsn| journal.commit(lsn))
+    }
+
+    fn commit_with(
+        &self,
+        lsn: u64,
+        commit: impl Fn(&Journal, u64) -> std::result::Result<(), CommitError>,
+    ) -> Result<()> {
         loop {
-            match self.journal.commit(lsn) {
+            match commit(&self.journal, lsn) {
                 Ok(()) => {
                     self.discard_durable_frees();
                     return Ok(());
@@ -1088,14 +1096,21 @@ impl MetaStore {
 
     /// Commits up to `lsn`, then flushes plain data writes the commit did
     /// not already cover: what fsync, fdatasync and syncfs promise.
-    pub fn make_durable(&self, lsn: u64) -> Result<()> {
+    ///
+    /// `on_the_way`, the caller's own announcement (`Journal::announce_sync`),
+    /// arrives here: its records are appended. The commit then waits for
+    /// other syncs still on their way before leading a group.
+    pub fn make_durable(&self, lsn: u64, on_the_way: Option<SyncOnTheWay<'_>>) -> Result<()> {
+        if let Some(on_the_way) = on_the_way {
+            on_the_way.arrive();
+        }
         if self.journal.device().is_shut_down() {
             return Err(Error::ShutDown);
         }
         if let Some(failure) = self.journal.failure() {
             return Err(Error::io(failure, std::io::Error::from_raw_os_error(libc::EIO)));
         }
-        self.commit(lsn)?;
+        self.commit_with(lsn, |journal, lsn| journal.commit_sync(lsn))?;
         self.journal
             .flush_data()
             .map_err(|message| Error::io(message, std::io::Error::from_raw_os_error(libc::EIO)))

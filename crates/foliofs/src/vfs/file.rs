@@ -464,12 +464,15 @@ impl File {
 
     pub(super) fn sync_range(&self, start: u64, end: u64, data_only: bool) -> Result<()> {
         self.shared.check_running()?;
+        // Announced before the data goes out, so that a sync about to lead
+        // a journal group meanwhile waits for this one to share it.
+        let on_the_way = self.shared.meta.journal().announce_sync();
         let written = writeback::write_back(&self.shared.engine, &self.inode, start, end);
         if let Some(message) = self.inode.check_error(&self.errors_seen) {
             return Err(Error::io(message, std::io::Error::from_raw_os_error(libc::EIO)));
         }
         written?;
-        self.shared.fsync_inode(self.ino, data_only)
+        self.shared.fsync_inode(self.ino, data_only, Some(on_the_way))
     }
 
     /// Makes the file's data and metadata durable, as

@@ -771,7 +771,7 @@ impl Inodes<'_> {
     /// Makes the inode's changes durable: all of them (fsync), or only those
     /// needed to read its data back (fdatasync).
     pub fn fsync_inode(&self, ino: u64, data_only: bool) -> Result<()> {
-        self.volume.shared.fsync_inode(ino, data_only)
+        self.volume.shared.fsync_inode(ino, data_only, None)
     }
 }
 

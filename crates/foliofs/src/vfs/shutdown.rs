@@ -51,7 +51,9 @@ impl Volume {
         }
         let flushed = match mode {
             ShutdownMode::Sync => shared.sync(),
-            ShutdownMode::FlushLog => shared.meta.make_durable(shared.meta.journal().last_lsn()),
+            ShutdownMode::FlushLog => {
+                shared.meta.make_durable(shared.meta.journal().last_lsn(), None)
+            }
             ShutdownMode::Immediate => Ok(()),
         };
         shared.meta.journal().shut_down();

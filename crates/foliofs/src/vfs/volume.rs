@@ -15,7 +15,7 @@ use crate::format::{
     InodeAttrs, InodeKind, Record, Superblock, Timestamp, NAME_BYTES_MAX, ROOT_INO,
 };
 use crate::iomap::{self, Intent, MapKind};
-use crate::journal::JournalGeometry;
+use crate::journal::{JournalGeometry, SyncOnTheWay};
 use crate::layout;
 use crate::meta::{InodeTable, InodeView, LoadReport, MetaStore, Viewed};
 use crate::options::{AtimePolicy, VolumeOptions};
@@ -265,7 +265,12 @@ impl Shared {
     /// Commits the journal up to the inode's last change (all changes, or
     /// with `data_only` those needed to read the data back), then flushes
     /// plain data writes the commit did not already cover.
-    pub(crate) fn fsync_inode(&self, ino: u64, data_only: bool) -> Result<()> {
+    pub(crate) fn fsync_inode(
+        &self,
+        ino: u64,
+        data_only: bool,
+        on_the_way: Option<SyncOnTheWay<'_>>,
+    ) -> Result<()> {
         let (lsn, times_dirty) = {
             let inode = self.existing_inode(ino)?;
             (if data_only { inode.data_lsn } else { inode.meta_lsn }, inode.times_dirty)
@@ -286,14 +291,14 @@ impl Shared {
         } else {
             lsn
         };
-        self.meta.make_durable(lsn)
+        self.meta.make_durable(lsn, on_the_way)
     }
 
     /// Makes everything changed so far durable: cached data is written
     /// back, then the journal committed and the device flushed.
     pub(crate) fn sync(&self) -> Result<()> {
         writeback::write_back_all(&self.engine)?;
-        self.meta.make_durable(self.meta.journal().last_lsn())
+        self.meta.make_durable(self.meta.journal().last_lsn(), None)
     }
 }
 
