@@ -1099,8 +1099,10 @@ impl MetaStore {
     ///
     /// `on_the_way`, the caller's own announcement (`Journal::announce_sync`),
     /// arrives here: its records are appended. The commit then waits for
-    /// other syncs still on their way before leading a group.
+    /// other syncs still on their way before leading a group. Without one
+    /// (direct I/O, syncfs, shutdown) it waits for nobody.
     pub fn make_durable(&self, lsn: u64, on_the_way: Option<SyncOnTheWay<'_>>) -> Result<()> {
+        let batching = on_the_way.is_some();
         if let Some(on_the_way) = on_the_way {
             on_the_way.arrive();
         }
@@ -1110,7 +1112,11 @@ impl MetaStore {
         if let Some(failure) = self.journal.failure() {
             return Err(Error::io(failure, std::io::Error::from_raw_os_error(libc::EIO)));
         }
-        self.commit_with(lsn, |journal, lsn| journal.commit_sync(lsn))?;
+        if batching {
+            self.commit_with(lsn, |journal, lsn| journal.commit_sync(lsn))?;
+        } else {
+            self.commit(lsn)?;
+        }
         self.journal
             .flush_data()
             .map_err(|message| Error::io(message, std::io::Error::from_raw_os_error(libc::EIO)))
