@@ -114,6 +114,12 @@ impl Drop for SyncOnTheWay<'_> {
 }
 
 impl Journal {
+    /// As `SyncBatch::assume_group_write`, for tests outside the journal.
+    #[cfg(test)]
+    pub(crate) fn assume_group_write(&self, elapsed: Duration) {
+        self.batch.assume_group_write(elapsed);
+    }
+
     /// Announces a sync that is about to write its data back and commit.
     pub fn announce_sync(&self) -> SyncOnTheWay<'_> {
         self.batch.on_the_way.fetch_add(1, Ordering::AcqRel);

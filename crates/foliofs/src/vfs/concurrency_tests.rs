@@ -125,3 +125,63 @@ fn a_held_transaction_blocks_nothing_unrelated() {
     drop(file);
     volume.close().unwrap();
 }
+
+/// An fsync announces itself before its writeback (`File::sync_range`):
+/// file B's fsync is stopped inside its writeback's first transaction, and
+/// meanwhile file A's fsync, about to lead a journal group, waits for it.
+/// Once B goes on, one group (one FUA write) makes both durable.
+#[test]
+fn an_fsync_waits_for_another_under_way_and_they_share_a_group() {
+    let image = tempfile::NamedTempFile::new().unwrap();
+    image.as_file().set_len(64 << 20).unwrap();
+    let options = VolumeOptions { commit_interval_ms: 0, ..VolumeOptions::default() };
+    Volume::mkfs_path(image.path(), None, &MkfsOptions::default(), &options).unwrap();
+    let volume = Volume::open(image.path(), &options).unwrap();
+    let inodes = volume.inodes();
+    let file_a = inodes.create(1, b"a", 0o644, OWNER).unwrap().ino;
+    let file_b = inodes.create(1, b"b", 0o644, OWNER).unwrap().ino;
+    // Both creates durable first: the group below holds only the syncs'.
+    volume.sync().unwrap();
+    volume.shared.meta.journal().assume_group_write(PATIENCE);
+
+    let (held_sender, held) = mpsc::channel::<()>();
+    let (release, released) = mpsc::channel::<()>();
+    let (synced_sender, synced) = mpsc::channel::<&str>();
+    let fua_before = volume.device().stats().fua_writes;
+    let shared_volume = &volume;
+    std::thread::scope(|scope| {
+        let volume = shared_volume;
+        let synced_b = synced_sender.clone();
+        scope.spawn(move || {
+            let file = volume.inodes().open_file(file_b, OpenFlags::WRITE).unwrap();
+            file.write_at(&[2; 4096], 0).unwrap();
+            let mut first = true;
+            test_hooks::set_inside_transaction(Some(Box::new(move |inos: &[u64]| {
+                if first && inos.contains(&file_b) {
+                    first = false;
+                    held_sender.send(()).unwrap();
+                    released.recv().unwrap();
+                }
+            })));
+            file.sync_all().unwrap();
+            test_hooks::set_inside_transaction(None);
+            synced_b.send("b").unwrap();
+        });
+        held.recv_timeout(PATIENCE).expect("b's writeback reached a transaction");
+        scope.spawn(move || {
+            let file = volume.inodes().open_file(file_a, OpenFlags::WRITE).unwrap();
+            file.write_at(&[1; 4096], 0).unwrap();
+            file.sync_all().unwrap();
+            synced_sender.send("a").unwrap();
+        });
+        // Not proof that a waits, but a sync that did not would be done.
+        let early = synced.recv_timeout(Duration::from_millis(300));
+        release.send(()).unwrap();
+        assert!(early.is_err(), "a's fsync did not wait for b's, under way");
+        let mut order: Vec<&str> = synced.iter().take(2).collect();
+        order.sort_unstable();
+        assert_eq!(order, ["a", "b"]);
+    });
+    assert_eq!(volume.device().stats().fua_writes, fua_before + 1, "one group for both fsyncs");
+    volume.close().unwrap();
+}
