@@ -17,6 +17,17 @@ fn shards_of(inos: &[u64]) -> Vec<usize> {
     inos.iter().map(|&ino| shard_of(ino)).collect()
 }
 
+/// A formatted 64 MiB volume with no background commits (so only what a
+/// test commits reaches the journal), and its image file.
+fn fresh_volume() -> (tempfile::NamedTempFile, Volume) {
+    let image = tempfile::NamedTempFile::new().unwrap();
+    image.as_file().set_len(64 << 20).unwrap();
+    let options = VolumeOptions { commit_interval_ms: 0, ..VolumeOptions::default() };
+    Volume::mkfs_path(image.path(), None, &MkfsOptions::default(), &options).unwrap();
+    let volume = Volume::open(image.path(), &options).unwrap();
+    (image, volume)
+}
+
 /// The first of `candidates` whose shard none of `held` has.
 fn clear_of(held: &[usize], candidates: &[u64]) -> u64 {
     *candidates
@@ -34,11 +45,7 @@ fn clear_of(held: &[usize], candidates: &[u64]) -> u64 {
 /// inodes may hash to one shard (1 in 256).
 #[test]
 fn a_held_transaction_blocks_nothing_unrelated() {
-    let image = tempfile::NamedTempFile::new().unwrap();
-    image.as_file().set_len(64 << 20).unwrap();
-    let options = VolumeOptions { commit_interval_ms: 0, ..VolumeOptions::default() };
-    Volume::mkfs_path(image.path(), None, &MkfsOptions::default(), &options).unwrap();
-    let volume = Volume::open(image.path(), &options).unwrap();
+    let (_image, volume) = fresh_volume();
     let inodes = volume.inodes();
     let dir_a = inodes.mkdir(1, b"a", 0o755, OWNER).unwrap().ino;
     let make = |prefix: &str, dir: bool| -> Vec<u64> {
@@ -132,11 +139,7 @@ fn a_held_transaction_blocks_nothing_unrelated() {
 /// Once B goes on, one group (one FUA write) makes both durable.
 #[test]
 fn an_fsync_waits_for_another_under_way_and_they_share_a_group() {
-    let image = tempfile::NamedTempFile::new().unwrap();
-    image.as_file().set_len(64 << 20).unwrap();
-    let options = VolumeOptions { commit_interval_ms: 0, ..VolumeOptions::default() };
-    Volume::mkfs_path(image.path(), None, &MkfsOptions::default(), &options).unwrap();
-    let volume = Volume::open(image.path(), &options).unwrap();
+    let (_image, volume) = fresh_volume();
     let inodes = volume.inodes();
     let file_a = inodes.create(1, b"a", 0o644, OWNER).unwrap().ino;
     let file_b = inodes.create(1, b"b", 0o644, OWNER).unwrap().ino;
