@@ -911,7 +911,7 @@ fn goals(rows: &[TreeRow], layout: Layout) -> Vec<TreeGoal> {
 }
 
 /// "1 job", "2 jobs".
-fn jobs_text(jobs: u64) -> String {
+pub fn jobs_text(jobs: u64) -> String {
     if jobs == 1 {
         "1 job".to_string()
     } else {

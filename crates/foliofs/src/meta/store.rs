@@ -1072,16 +1072,16 @@ impl MetaStore {
 
     /// Makes every record up to `lsn` durable, checkpointing when the log is full.
     pub fn commit(&self, lsn: u64) -> Result<()> {
-        self.commit_with(lsn, |journal, lsn| journal.commit(lsn))
+        self.commit_batching(lsn, false)
     }
 
-    fn commit_with(
-        &self,
-        lsn: u64,
-        commit: impl Fn(&Journal, u64) -> std::result::Result<(), CommitError>,
-    ) -> Result<()> {
+    /// As [`MetaStore::commit`]; `batching` for a sync, which first waits
+    /// for other syncs on their way (`Journal::commit_sync`).
+    fn commit_batching(&self, lsn: u64, batching: bool) -> Result<()> {
         loop {
-            match commit(&self.journal, lsn) {
+            let committed =
+                if batching { self.journal.commit_sync(lsn) } else { self.journal.commit(lsn) };
+            match committed {
                 Ok(()) => {
                     self.discard_durable_frees();
                     return Ok(());
@@ -1112,11 +1112,7 @@ impl MetaStore {
         if let Some(failure) = self.journal.failure() {
             return Err(Error::io(failure, std::io::Error::from_raw_os_error(libc::EIO)));
         }
-        if batching {
-            self.commit_with(lsn, |journal, lsn| journal.commit_sync(lsn))?;
-        } else {
-            self.commit(lsn)?;
-        }
+        self.commit_batching(lsn, batching)?;
         self.journal
             .flush_data()
             .map_err(|message| Error::io(message, std::io::Error::from_raw_os_error(libc::EIO)))

@@ -20,7 +20,7 @@ use super::image::{BenchImage, ImageArgs};
 use foliofs_bench::creates::{self, CreateLoop, CreateRun};
 use foliofs_bench::latency::Latencies;
 use foliofs_bench::peers::{self, FuseMount, Peers};
-use foliofs_bench::tree::{self, Factor};
+use foliofs_bench::tree::{self, jobs_text, Factor};
 
 #[derive(Args)]
 pub struct MetadataArgs {
@@ -114,13 +114,12 @@ pub fn run(
     } else {
         None
     };
-    let mut formatted = true;
     for rep in 0..args.reps {
         for (count, &jobs) in args.jobs.iter().enumerate() {
-            if !formatted {
+            // `create` formatted it for the first run.
+            if rep > 0 || count > 0 {
                 image.reformat(options)?;
             }
-            formatted = false;
             let work = work_of(jobs);
             rows[0].runs[rep][count] = run_in_process(&image, options, &args.file_size, &work)?;
             if let Some(os) = &through_os {
@@ -362,15 +361,6 @@ fn print_summary(args: &MetadataArgs, rows: &[Row]) {
         // Blank under the scaling columns.
         let blank = " |".repeat(args.jobs.len() - 1);
         println!("| {} / ext4 | {} |{blank}", row.label, over.join(" | "));
-    }
-}
-
-/// "1 job", "2 jobs".
-fn jobs_text(jobs: u64) -> String {
-    if jobs == 1 {
-        "1 job".to_string()
-    } else {
-        format!("{jobs} jobs")
     }
 }
 
