@@ -15,9 +15,9 @@
 //! [`MetaState`] is the write-locked side, the one through which records
 //! apply (`super::state`); [`MetaView`] the read-locked one. Both answer
 //! [`InodeTable::inode`] for their shards only: asking for an inode of
-//! another shard is a bug that debug builds report where it happens.
+//! another shard is a bug, which abandons a transaction (EIO, in every
+//! build: [`UndeclaredShard`]) and panics a view, where it happens.
 
-use std::cell::{Cell, OnceCell};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -182,13 +182,6 @@ impl MetaCore {
         guard
     }
 
-    fn try_write_shard(&self, index: usize) -> Option<Ordered<RwLockWriteGuard<'_, ShardInodes>>> {
-        let guard =
-            Ordered::try_lock_at(Level::Metadata, index, || self.shard(index).lock.try_write())?;
-        self.pay_checkpoint(index, &guard);
-        Some(guard)
-    }
-
     pub fn persisted_bytes_estimate(&self) -> u64 {
         self.persisted_bytes_estimate.load(Ordering::Relaxed).max(0) as u64
     }
@@ -206,88 +199,75 @@ pub trait InodeTable {
 type WriteGuard<'a> = Ordered<RwLockWriteGuard<'a, ShardInodes>>;
 type ReadGuard<'a> = Ordered<RwLockReadGuard<'a, ShardInodes>>;
 
-/// Slots for shards a transaction did not name: a bug, which debug builds
-/// report; release builds lock them all the same, up to this many.
-const UNNAMED_SLOTS: usize = 4;
+/// A transaction reached an inode whose shard it did not name. Taking that
+/// shard could break the ascending order (a thread holding it may be
+/// waiting for one this transaction holds, and neither would move), so it
+/// is never taken, in any build: the access unwinds with this payload to
+/// [`super::MetaStore::transact`], which abandons the transaction with EIO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct UndeclaredShard {
+    pub ino: u64,
+    pub shard: usize,
+}
+
+/// Runs `body`, turning an unwind from [`UndeclaredShard`] into an error
+/// value; any other panic goes on unwinding.
+pub(super) fn catch_undeclared<T>(body: impl FnOnce() -> T) -> Result<T, UndeclaredShard> {
+    // AssertUnwindSafe: what `body` changed before the unwind is the
+    // caller's to judge (`MetaStore::transact` shuts the volume down when
+    // records were applied), and no lock is left held: the guards drop.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).map_err(|payload| {
+        match payload.downcast::<UndeclaredShard>() {
+            Ok(undeclared) => *undeclared,
+            Err(other) => std::panic::resume_unwind(other),
+        }
+    })
+}
 
 /// Write guards of the shards a transaction (or mount's replay) changes:
-/// one slot per named shard, in ascending shard order (with every shard
-/// named, slot = shard), then a few empty slots for shards found unnamed.
+/// one per named shard, in ascending shard order (with every shard named,
+/// index = shard). Nothing else is ever locked through it.
 pub struct LockedShards<'a> {
-    core: &'a MetaCore,
-    /// The shard of each slot; `u16::MAX` while the slot is free.
-    slot_shards: SmallVec<[Cell<u16>; 8]>,
-    guards: SmallVec<[OnceCell<WriteGuard<'a>>; 8]>,
+    guards: SmallVec<[WriteGuard<'a>; 6]>,
     declared: ShardSet,
 }
 
 impl<'a> LockedShards<'a> {
     /// Write-locks the shards of `set`, in ascending index.
     fn lock(core: &'a MetaCore, set: ShardSet) -> Self {
-        let slots = set.len() + if set.is_all() { 0 } else { UNNAMED_SLOTS };
-        let mut slot_shards: SmallVec<[Cell<u16>; 8]> =
-            set.iter().map(|shard| Cell::new(shard as u16)).collect();
-        slot_shards.resize_with(slots, || Cell::new(u16::MAX));
-        let guards = set.iter().map(|shard| OnceCell::from(core.write_shard(shard))).collect();
-        let mut locked = Self { core, slot_shards, guards, declared: set };
-        locked.guards.resize_with(slots, OnceCell::new);
-        locked
+        let guards: SmallVec<[WriteGuard<'a>; 6]> =
+            set.iter().map(|shard| core.write_shard(shard)).collect();
+        assert_eq!(guards.len(), set.len(), "one guard per named shard");
+        Self { guards, declared: set }
     }
 
-    /// The slot of `shard`, if it is locked.
+    /// The index of `shard`'s guard, if the transaction named it.
     fn slot_of(&self, shard: usize) -> Option<usize> {
-        if self.declared.is_all() {
-            return Some(shard);
+        debug_assert!(shard < SHARD_COUNT);
+        match &self.declared {
+            ShardSet::All => Some(shard),
+            ShardSet::Some(shards) => shards.iter().position(|&named| usize::from(named) == shard),
         }
-        self.slot_shards.iter().position(|slot| usize::from(slot.get()) == shard)
     }
 
-    /// The guard of the shard holding `ino`. A shard the transaction did not
-    /// name is a bug (debug builds panic here); release builds take it all
-    /// the same, without waiting when that could break the order.
-    fn guard(&self, ino: u64) -> &WriteGuard<'a> {
+    /// The slot of the shard holding `ino`; unwinds with [`UndeclaredShard`]
+    /// when the transaction did not name it.
+    fn slot_for(&self, ino: u64) -> usize {
         let shard = shard_of(ino);
-        if let Some(slot) = self.slot_of(shard) {
-            if let Some(guard) = self.guards[slot].get() {
-                return guard;
-            }
+        match self.slot_of(shard) {
+            Some(slot) => slot,
+            None => std::panic::resume_unwind(Box::new(UndeclaredShard { ino, shard })),
         }
-        debug_assert!(
-            false,
-            "inode {ino} (shard {shard}) is not among the inodes the transaction named"
-        );
-        let slot = self
-            .slot_shards
-            .iter()
-            .position(|slot| slot.get() == u16::MAX)
-            .expect("a transaction touched more shards it did not name than it has slots for");
-        let highest = self.slot_shards.iter().map(Cell::get).filter(|&held| held != u16::MAX).max();
-        let guard = if highest.is_none_or(|highest| usize::from(highest) < shard) {
-            self.core.write_shard(shard)
-        } else {
-            loop {
-                if let Some(guard) = self.core.try_write_shard(shard) {
-                    break guard;
-                }
-                std::thread::yield_now();
-            }
-        };
-        self.slot_shards[slot].set(shard as u16);
-        self.guards[slot].get_or_init(|| guard)
     }
 
     /// The inodes of the shard holding `ino`, for a change.
     pub(super) fn shard_mut(&mut self, ino: u64) -> &mut ShardInodes {
-        let shard = shard_of(ino);
-        if self.slot_of(shard).is_none_or(|slot| self.guards[slot].get().is_none()) {
-            self.guard(ino);
-        }
-        let slot = self.slot_of(shard).expect("locked above");
-        self.guards[slot].get_mut().expect("locked above")
+        let slot = self.slot_for(ino);
+        &mut self.guards[slot]
     }
 
     pub fn inode(&self, ino: u64) -> Option<&Inode> {
-        self.guard(ino).inodes.get(&ino)
+        self.guards[self.slot_for(ino)].inodes.get(&ino)
     }
 
     /// Inode `ino` for a change: counts as one for the handles' copies.
@@ -300,12 +280,12 @@ impl<'a> LockedShards<'a> {
     /// The guards, when every shard is locked.
     fn all(&self) -> impl Iterator<Item = &ShardInodes> + use<'_, 'a> {
         assert!(self.declared.is_all(), "listing inodes needs every shard");
-        self.guards.iter().map(|guard| &**guard.get().expect("all locked"))
+        self.guards.iter().map(|guard| &**guard)
     }
 
     fn all_mut(&mut self) -> impl Iterator<Item = &mut ShardInodes> + use<'_, 'a> {
         assert!(self.declared.is_all(), "listing inodes needs every shard");
-        self.guards.iter_mut().map(|guard| &mut **guard.get_mut().expect("all locked"))
+        self.guards.iter_mut().map(|guard| &mut **guard)
     }
 }
 

@@ -33,7 +33,10 @@ use crate::refcount::{self, SharedBlocks};
 
 use super::checkpoint;
 use super::inode::Inode;
-use super::shards::{shard_of, MetaCore, MetaState, MetaView, ShardSet, SHARD_COUNT};
+use super::shards::{
+    catch_undeclared, shard_of, MetaCore, MetaState, MetaView, ShardSet, UndeclaredShard,
+    SHARD_COUNT,
+};
 use super::space::Space;
 
 /// `runs` sorted and joined where one ends where the next starts, as
@@ -163,6 +166,17 @@ struct CommitterMailbox {
 /// smallest journal's group (`JOURNAL_BYTES_MIN / 4`, 16 KiB) holds it many
 /// times over, so only a transaction that reserves more can be refused.
 pub const TXN_LOG_BYTES_UNRESERVED: u64 = 1024;
+
+/// What a transaction's end settles under the space mutex
+/// ([`MetaStore::append_settling`]).
+struct Settling {
+    /// Device blocks its records mapped that other mappings hold too.
+    shared_added: Vec<BlockRun>,
+    /// Extents its records displaced and did not map again.
+    freed: Vec<Extent>,
+    /// Blocks of delayed extents whose reservation an allocation took over.
+    reservation_taken_over: u64,
+}
 
 /// A transaction: records applied to the state as they are added, appended to
 /// the journal when the closure returns Ok. A closure validates before its
@@ -814,7 +828,8 @@ impl MetaStore {
     /// in ascending order before `change` runs and held until its records
     /// are in the log, so records of one inode reach the log in the order
     /// they changed it (docs/format.md, "Log order"). `change` may look at
-    /// inodes of those shards only.
+    /// inodes of those shards only: reaching another abandons the
+    /// transaction with EIO ([`MetaStore::abandon`]), never waits for it.
     pub fn transact<T>(
         &self,
         inos: &[u64],
@@ -823,11 +838,32 @@ impl MetaStore {
         if let Some(refusal) = self.refusal() {
             return Err(refusal);
         }
+        self.release_durable_frees();
+        let mut txn = self.begin(inos);
+        #[cfg(test)]
+        test_hooks::inside_transaction(inos);
+        let value = match catch_undeclared(|| change(&mut txn)) {
+            Ok(Ok(value)) => value,
+            Ok(Err(error)) => {
+                assert!(
+                    txn.records.is_empty(),
+                    "transaction failed after applying records: {error}"
+                );
+                return Err(error);
+            }
+            Err(undeclared) => return Err(self.abandon(inos, &txn, undeclared)),
+        };
+        let (lsn, pending_bytes) = self.log(txn);
+        self.bound_unwritten_log(lsn, pending_bytes)?;
+        Ok((value, lsn))
+    }
+
+    /// A transaction with the shards of `inos` write-locked.
+    fn begin(&self, inos: &[u64]) -> Txn<'_> {
         let metadata_bytes_max = self.journal.geometry().slot_payload_bytes_max();
         let log_bytes_max = self.journal.geometry().group_payload_bytes_max();
         debug_assert!(TXN_LOG_BYTES_UNRESERVED <= log_bytes_max);
-        self.release_durable_frees();
-        let mut txn = Txn {
+        Txn {
             state: MetaState::lock(&self.core, ShardSet::of(inos)),
             space: &self.space,
             space_contention: &self.space_contention,
@@ -842,19 +878,33 @@ impl MetaStore {
             log_bytes_granted: TXN_LOG_BYTES_UNRESERVED.min(log_bytes_max),
             log_bytes_max,
             reservation_taken_over: 0,
-        };
-        #[cfg(test)]
-        test_hooks::inside_transaction(inos);
-        let value = match change(&mut txn) {
-            Ok(value) => value,
-            Err(error) => {
-                assert!(
-                    txn.records.is_empty(),
-                    "transaction failed after applying records: {error}"
-                );
-                return Err(error);
-            }
-        };
+        }
+    }
+
+    /// Ends a transaction whose change reached an inode it did not name
+    /// (a bug in the caller): EIO for the operation. When it had applied
+    /// records, the inodes in memory are ahead of the log and no later
+    /// record could be trusted to follow them, so the volume shuts down
+    /// (mounting it again recovers what was durable).
+    fn abandon(&self, inos: &[u64], txn: &Txn<'_>, undeclared: UndeclaredShard) -> Error {
+        let UndeclaredShard { ino, shard } = undeclared;
+        let message = format!(
+            "a transaction over inodes {inos:?} reached inode {ino} (shard {shard}), which it \
+             did not name; abandoned with {} records applied",
+            txn.records.len()
+        );
+        tracing::error!("{message}");
+        if !txn.records.is_empty() {
+            self.journal.shut_down();
+        }
+        Error::Io { context: message, cause: std::io::Error::other("transaction abandoned") }
+    }
+
+    /// Appends the records of a transaction whose change succeeded, with
+    /// the shared-block counts they settle, frees what they displaced (once
+    /// durable), stamps the inodes' lsns and lets the shards go. Returns the
+    /// lsn of the last record and the bytes the log holds unwritten.
+    fn log(&self, txn: Txn<'_>) -> (u64, usize) {
         let Txn {
             mut state,
             records,
@@ -880,68 +930,13 @@ impl MetaStore {
         let settles = !shared_added.is_empty()
             || (self.shared_blocks.load(Ordering::Acquire) > 0
                 && freed.iter().any(|extent| extent.kind != ExtentKind::Delalloc));
-        let lsn = if settles {
-            let mut space = self.space();
-            let (delayed, mapped): (Vec<Extent>, Vec<Extent>) =
-                freed.into_iter().partition(|extent| extent.kind == ExtentKind::Delalloc);
-            let dropped: Vec<BlockRun> = mapped
-                .iter()
-                .map(|extent| BlockRun { start: extent.dev_block, count: extent.block_count })
-                .collect();
-            let runs_before = space.shared.run_count() as i64;
-            let settled = refcount::settle(&mut space.shared, &shared_added, &dropped);
-            let runs_after = space.shared.run_count() as i64;
-            for counted in &settled.counts {
-                Record::SharedSet {
-                    dev_block: counted.start,
-                    block_count: counted.count,
-                    refs: counted.refs,
-                }
-                .encode(&mut writer);
-            }
-            let record_count = (records.len() + settled.counts.len()) as u64;
-            assert!(
-                writer.len() as u64 <= log_bytes_max,
-                "a transaction's shared-block counts outgrew one journal group: {} bytes \
-                 ({} counts)",
-                writer.len(),
-                settled.counts.len()
-            );
-            self.core.persisted_bytes_estimate.fetch_add(
-                (runs_after - runs_before) * SHARED_SET_RECORD_BYTES as i64,
-                Ordering::Relaxed,
-            );
-            self.shared_blocks.store(space.shared.shared_blocks(), Ordering::Release);
-            let (lsn, pending_bytes) = self.journal.append_encoded(writer.as_bytes(), record_count);
-            for &run in &settled.unshared {
-                space.unsharing.push(lsn, run);
-            }
-            if !settled.unshared.is_empty() {
-                self.note_first_pending(&space);
-            }
-            let mut frees = delayed;
-            frees.extend(settled.freed.iter().map(|run| Extent {
-                file_block: 0,
-                block_count: run.count,
-                dev_block: run.start,
-                kind: ExtentKind::Written,
-            }));
-            if !frees.is_empty() {
-                space.release_displaced(&frees, lsn, reservation_taken_over);
-                self.note_first_pending(&space);
-            }
-            (lsn, pending_bytes)
+        let appended = if settles {
+            let settling = Settling { shared_added, freed, reservation_taken_over };
+            self.append_settling(writer, records.len() as u64, log_bytes_max, settling)
         } else {
-            let (lsn, pending_bytes) =
-                self.journal.append_encoded(writer.as_bytes(), records.len() as u64);
-            if !freed.is_empty() {
-                let mut space = self.space();
-                space.release_displaced(&freed, lsn, reservation_taken_over);
-                self.note_first_pending(&space);
-            }
-            (lsn, pending_bytes)
+            self.append_plain(&writer, records.len() as u64, &freed, reservation_taken_over)
         };
-        let (lsn, pending_bytes) = lsn;
+        let (lsn, _) = appended;
         for (ino, data) in touched {
             if let Some(inode) = state.inode_mut(ino) {
                 // fsync waits for an inode's lsns: they only move forward.
@@ -954,19 +949,101 @@ impl MetaStore {
             }
         }
         state.publish_estimate();
-        drop(state);
+        appended
+    }
+
+    /// Appends records that neither settle shared-block counts nor free
+    /// blocks that may be shared; frees what they displaced.
+    fn append_plain(
+        &self,
+        writer: &Writer,
+        record_count: u64,
+        freed: &[Extent],
+        reservation_taken_over: u64,
+    ) -> (u64, usize) {
+        let (lsn, pending_bytes) = self.journal.append_encoded(writer.as_bytes(), record_count);
+        if !freed.is_empty() {
+            let mut space = self.space();
+            space.release_displaced(freed, lsn, reservation_taken_over);
+            self.note_first_pending(&space);
+        }
+        (lsn, pending_bytes)
+    }
+
+    /// Appends records that change shared-block counts, with the counts
+    /// they settle to, all under the space mutex; frees the blocks no
+    /// mapping holds any more, and notes those no longer shared.
+    fn append_settling(
+        &self,
+        mut writer: Writer,
+        record_count: u64,
+        log_bytes_max: u64,
+        settling: Settling,
+    ) -> (u64, usize) {
+        let Settling { shared_added, freed, reservation_taken_over } = settling;
+        let mut space = self.space();
+        let (delayed, mapped): (Vec<Extent>, Vec<Extent>) =
+            freed.into_iter().partition(|extent| extent.kind == ExtentKind::Delalloc);
+        let dropped: Vec<BlockRun> = mapped
+            .iter()
+            .map(|extent| BlockRun { start: extent.dev_block, count: extent.block_count })
+            .collect();
+        let runs_before = space.shared.run_count() as i64;
+        let settled = refcount::settle(&mut space.shared, &shared_added, &dropped);
+        let runs_after = space.shared.run_count() as i64;
+        for counted in &settled.counts {
+            Record::SharedSet {
+                dev_block: counted.start,
+                block_count: counted.count,
+                refs: counted.refs,
+            }
+            .encode(&mut writer);
+        }
+        let record_count = record_count + settled.counts.len() as u64;
+        assert!(
+            writer.len() as u64 <= log_bytes_max,
+            "a transaction's shared-block counts outgrew one journal group: {} bytes ({} counts)",
+            writer.len(),
+            settled.counts.len()
+        );
+        self.core.persisted_bytes_estimate.fetch_add(
+            (runs_after - runs_before) * SHARED_SET_RECORD_BYTES as i64,
+            Ordering::Relaxed,
+        );
+        self.shared_blocks.store(space.shared.shared_blocks(), Ordering::Release);
+        let (lsn, pending_bytes) = self.journal.append_encoded(writer.as_bytes(), record_count);
+        for &run in &settled.unshared {
+            space.unsharing.push(lsn, run);
+        }
+        let mut frees = delayed;
+        frees.extend(settled.freed.iter().map(|run| Extent {
+            file_block: 0,
+            block_count: run.count,
+            dev_block: run.start,
+            kind: ExtentKind::Written,
+        }));
+        if !frees.is_empty() {
+            space.release_displaced(&frees, lsn, reservation_taken_over);
+        }
+        if !settled.unshared.is_empty() || !frees.is_empty() {
+            self.note_first_pending(&space);
+        }
+        (lsn, pending_bytes)
+    }
+
+    /// Bounds the unwritten log. Half a group's worth is handed to the
+    /// background committer, and the writer goes on (as jbd2 commits a
+    /// transaction grown too large); a writer that outruns it by a whole
+    /// group, or a volume without one, writes it itself.
+    fn bound_unwritten_log(&self, lsn: u64, pending_bytes: usize) -> Result<()> {
         let pending_bytes = pending_bytes as u64;
         let group_bytes_max = self.journal.geometry().group_bytes_max();
-        if pending_bytes > group_bytes_max / 2 {
-            // Bound the unwritten log. Half a group's worth is handed to the
-            // background committer, and the writer goes on (as jbd2 commits
-            // a transaction grown too large); a writer that outruns it by a
-            // whole group, or a volume without one, writes it itself.
-            if pending_bytes > group_bytes_max || !self.request_commit() {
-                self.commit(lsn)?;
-            }
+        if pending_bytes > group_bytes_max / 2
+            && (pending_bytes > group_bytes_max || !self.request_commit())
+        {
+            self.commit(lsn)?;
         }
-        Ok((value, lsn))
+        Ok(())
     }
 
     /// Asks the background committer to commit now; false when no
@@ -1226,3 +1303,7 @@ pub mod test_hooks {
         });
     }
 }
+
+#[cfg(test)]
+#[path = "undeclared_tests.rs"]
+mod undeclared_tests;
