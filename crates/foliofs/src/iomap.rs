@@ -253,6 +253,63 @@ fn begin(
     Ok(mapping)
 }
 
+/// How often one mapping may commit so that blocks freed by transactions
+/// not yet durable become usable, before it reports ENOSPC: other threads
+/// free and allocate meanwhile, so one commit may find the next frees
+/// pending again; each commit makes every pending free before it usable.
+const COMMITS_FOR_SPACE_MAX: u32 = 4;
+
+/// How often one mapping may look again after another writer changed the
+/// extent it found (a race each time, settled by the other's transaction):
+/// far more than threads can race it in turn, and a bound against a bug
+/// that would otherwise spin for ever.
+const LOOKUPS_AFTER_RACE_MAX: u32 = 1000;
+
+/// Counts a mapping's retries against their bounds.
+struct Retries {
+    ino: u64,
+    commits_for_space: u32,
+    lookups_after_race: u32,
+}
+
+impl Retries {
+    fn new(ino: u64) -> Self {
+        Self { ino, commits_for_space: 0, lookups_after_race: 0 }
+    }
+
+    /// Another writer changed the extent: look again, up to the bound.
+    fn raced(&mut self) -> Result<()> {
+        self.lookups_after_race += 1;
+        if self.lookups_after_race > LOOKUPS_AFTER_RACE_MAX {
+            return Err(Error::Io {
+                context: format!(
+                    "mapping inode {}: the extent changed under {LOOKUPS_AFTER_RACE_MAX} lookups \
+                     in a row",
+                    self.ino
+                ),
+                cause: std::io::Error::other("retries exhausted"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Nothing free but blocks waiting for their freeing to be durable:
+    /// commits so they can be taken, or ENOSPC (`refusal`) past the bound.
+    fn commit_for_space(
+        &mut self,
+        meta: &MetaStore,
+        refusal: impl FnOnce() -> String,
+    ) -> Result<()> {
+        if self.commits_for_space >= COMMITS_FOR_SPACE_MAX {
+            return Err(Error::NoSpace(refusal()));
+        }
+        self.commits_for_space += 1;
+        meta.commit_all()?;
+        meta.release_durable_frees();
+        Ok(())
+    }
+}
+
 fn map_first_blocks(
     meta: &MetaStore,
     ino: u64,
@@ -264,27 +321,21 @@ fn map_first_blocks(
 ) -> Result<Mapping> {
     let first_block = pos / block_bytes;
     let wanted_blocks = (pos + length).div_ceil(block_bytes) - first_block;
-    let mut commits_for_space = 0;
+    let mut retries = Retries::new(ino);
     loop {
-        let looked_up = lookup(meta, ino, first_block)?;
-        let hole_blocks = match looked_up {
+        let hole_blocks = match lookup(meta, ino, first_block)? {
             Lookup::Mapped(extent)
                 if intent == Intent::Write && extent.kind == ExtentKind::Delalloc =>
             {
                 match allocate_delalloc(meta, ino, first_block)? {
                     Some(run) => {
-                        return Ok(Mapping {
-                            kind: MapKind::Unwritten,
-                            offset: first_block * block_bytes,
-                            length: run.count.min(wanted_blocks) * block_bytes,
-                            dev_offset: run.start * block_bytes,
-                            new: false,
-                            shared: false,
-                            cow_source: None,
-                        })
+                        return Ok(delalloc_mapping(run, first_block, wanted_blocks, block_bytes))
                     }
                     // Writeback or truncate changed the extent: look again.
-                    None => continue,
+                    None => {
+                        retries.raced()?;
+                        continue;
+                    }
                 }
             }
             Lookup::Mapped(extent) => {
@@ -293,41 +344,26 @@ fn map_first_blocks(
                     return Ok(mapping);
                 }
                 match allocate_cow(meta, ino, mapping.length / block_bytes, copies_reserved)? {
-                    Allocation::Mapped(run) => {
-                        return Ok(Mapping {
-                            kind: MapKind::Unwritten,
-                            length: run.count * block_bytes,
-                            dev_offset: run.start * block_bytes,
-                            new: true,
-                            shared: false,
-                            cow_source: Some(CowSource {
-                                dev_offset: mapping.dev_offset,
-                                written: mapping.kind == MapKind::Written,
-                            }),
-                            ..mapping
-                        })
-                    }
-                    Allocation::NeedsCommit if commits_for_space == 0 => {
-                        commits_for_space += 1;
-                        meta.commit_all()?;
+                    Allocation::Mapped(run) => return Ok(cow_mapping(mapping, run, block_bytes)),
+                    Allocation::NeedsCommit => {
+                        retries.commit_for_space(meta, || {
+                            format!("no free blocks to copy shared blocks of inode {ino} to")
+                        })?;
                         continue;
                     }
-                    Allocation::Raced | Allocation::NeedsCommit => {
-                        return Err(Error::NoSpace(format!(
-                            "no free blocks to copy shared blocks of inode {ino} to"
-                        )));
+                    Allocation::Raced => {
+                        retries.raced()?;
+                        continue;
                     }
                 }
             }
             Lookup::Hole { block_count } => block_count.min(wanted_blocks),
         };
         if intent != Intent::Write {
-            let offset = first_block * block_bytes;
-            let length = hole_blocks * block_bytes;
             return Ok(Mapping {
                 kind: MapKind::Hole,
-                offset,
-                length,
+                offset: first_block * block_bytes,
+                length: hole_blocks * block_bytes,
                 dev_offset: 0,
                 new: false,
                 shared: false,
@@ -347,16 +383,48 @@ fn map_first_blocks(
                 })
             }
             // Another writer mapped the hole meanwhile: look again.
-            Allocation::Raced => {}
+            Allocation::Raced => retries.raced()?,
             // Freed space becomes usable once its transaction is durable.
-            Allocation::NeedsCommit if commits_for_space == 0 => {
-                commits_for_space += 1;
-                meta.commit_all()?;
-            }
             Allocation::NeedsCommit => {
-                return Err(Error::NoSpace(format!("no free blocks for inode {ino}")));
+                retries.commit_for_space(meta, || format!("no free blocks for inode {ino}"))?
             }
         }
+    }
+}
+
+/// The Unwritten mapping of a delayed extent's first blocks, given `run`.
+fn delalloc_mapping(
+    run: BlockRun,
+    first_block: u64,
+    wanted_blocks: u64,
+    block_bytes: u64,
+) -> Mapping {
+    debug_assert!(run.count > 0, "an empty run for a delayed extent");
+    Mapping {
+        kind: MapKind::Unwritten,
+        offset: first_block * block_bytes,
+        length: run.count.min(wanted_blocks) * block_bytes,
+        dev_offset: run.start * block_bytes,
+        new: false,
+        shared: false,
+        cow_source: None,
+    }
+}
+
+/// The mapping that writes shared blocks `shared` to their copy `run`.
+fn cow_mapping(shared: Mapping, run: BlockRun, block_bytes: u64) -> Mapping {
+    debug_assert!(run.count * block_bytes <= shared.length, "a copy longer than its source");
+    Mapping {
+        kind: MapKind::Unwritten,
+        length: run.count * block_bytes,
+        dev_offset: run.start * block_bytes,
+        new: true,
+        shared: false,
+        cow_source: Some(CowSource {
+            dev_offset: shared.dev_offset,
+            written: shared.kind == MapKind::Written,
+        }),
+        ..shared
     }
 }
 
@@ -611,18 +679,18 @@ pub fn reserve_copies(meta: &MetaStore, ino: u64, block_count: u64) -> Result<Co
     if block_count == 0 {
         return Ok(CopyReservation::adopt(meta, 0));
     }
-    for attempt in 0..2 {
+    let mut retries = Retries::new(ino);
+    let refusal =
+        || format!("no free blocks for copies of {block_count} shared blocks of inode {ino}");
+    loop {
         if meta.reserve_copies(block_count) {
             return Ok(CopyReservation::adopt(meta, block_count));
         }
-        if attempt == 0 && meta.space().pending_free_blocks() > 0 {
-            meta.commit_all()?;
-            meta.release_durable_frees();
+        if meta.space().pending_free_blocks() == 0 {
+            return Err(Error::NoSpace(refusal()));
         }
+        retries.commit_for_space(meta, refusal)?;
     }
-    Err(Error::NoSpace(format!(
-        "no free blocks for copies of {block_count} shared blocks of inode {ino}"
-    )))
 }
 
 /// Prefers the device block right after the extent before `file_block`, so
