@@ -329,6 +329,28 @@ pub fn check_workload(
             })?;
         }
     }
+    reservations_left(workload)
+}
+
+/// Once the workload is over and its data written back, no block may stay
+/// reserved: a reservation that outlives its write is space lost until the
+/// volume is opened again, and refuses writes for want of space meanwhile.
+/// Checked after the crash points, whose log the sync here extends.
+fn reservations_left(workload: &Workload) -> Result<(), Violation> {
+    let violation = |message| Violation { cut: None, log_len: workload.device.log_len(), message };
+    workload
+        .volume
+        .sync()
+        .map_err(|error| violation(format!("sync after the workload: {error}")))?;
+    let stat = workload.volume.statfs();
+    if stat.available_blocks != stat.free_blocks {
+        return Err(violation(format!(
+            "{} blocks still reserved with the volume idle ({} free, {} available)",
+            stat.free_blocks.saturating_sub(stat.available_blocks),
+            stat.free_blocks,
+            stat.available_blocks
+        )));
+    }
     Ok(())
 }
 

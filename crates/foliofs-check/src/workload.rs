@@ -361,6 +361,10 @@ pub struct ThreadModel {
     /// Every inode the thread created, linked or not.
     pub inodes: HashMap<u64, InodeModel>,
     next_name: u32,
+    /// Blocks the other threads may free between a refusal for want of
+    /// space and this thread's look at `statfs` (each may remove a whole
+    /// file meanwhile): the slack [`ThreadModel::judge_no_space`] allows.
+    pub(super) others_may_free_blocks: u64,
 }
 
 impl ThreadModel {
@@ -384,6 +388,10 @@ impl ThreadModel {
             initial_namespace: Tree::new(),
             inodes: HashMap::new(),
             next_name: 0,
+            others_may_free_blocks: (config.threads as u64 - 1)
+                * Geometry::of(config.block_bytes)
+                    .file_bytes_max
+                    .div_ceil(config.block_bytes as u64),
         };
         model.inodes.insert(log.ino, InodeModel::new(true));
         model.initial_namespace = model.namespace();

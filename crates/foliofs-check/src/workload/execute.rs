@@ -27,6 +27,11 @@ fn split(path: &str) -> (&str, &str) {
     path.rsplit_once('/').expect("absolute path")
 }
 
+/// Metadata room below which a refusal for want of space is believed: more
+/// than any one operation's records (a few extent records of up to 59 bytes
+/// and an inode's) and the other threads' at the same time.
+const METADATA_SHORT_BYTES: u64 = 16 << 10;
+
 fn open(volume: &Volume, ino: u64, flags: OpenFlags) -> Result<foliofs::File, String> {
     volume.inodes().open_file(ino, flags).map_err(|error| format!("open inode {ino}: {error}"))
 }
@@ -79,12 +84,19 @@ impl ThreadModel {
                     // Cutting into a shared block copies it (XFS's ftruncate
                     // on a reflinked file can fail so too): on a full volume
                     // that is refused, with the file as it was.
+                    // Cutting into a shared block, or growing from an end
+                    // of file inside one (its tail is zeroed), copies it.
                     let block = u64::from(volume.statfs().block_bytes);
-                    let cuts_a_block = !size.is_multiple_of(block)
-                        && *size < self.inodes[&ino].content.len() as u64;
-                    if error.errno() != libc::ENOSPC || !cuts_a_block {
+                    let old_size = self.inodes[&ino].content.len() as u64;
+                    let zeroes_in_a_block = if *size < old_size {
+                        !size.is_multiple_of(block)
+                    } else {
+                        !old_size.is_multiple_of(block)
+                    };
+                    if error.errno() != libc::ENOSPC || !zeroes_in_a_block {
                         return Err(format!("truncate: {error}"));
                     }
+                    self.judge_no_space(volume, 1, &error)?;
                     let now =
                         read_file(volume, ino).map_err(|error| format!("read back: {error}"))?;
                     if now != self.inodes[&ino].content {
@@ -302,6 +314,7 @@ impl ThreadModel {
             (Err(error), Some(length))
                 if error.errno() == libc::ENOSPC && mode != CloneMode::Dedupe =>
             {
+                self.judge_no_space(volume, length.div_ceil(block) + 2, &error)?;
                 let Some(data) = source.get(src_pos as usize..(src_pos + length) as usize) else {
                     return Err(format!("{mode:?}: {error}, where the model has nothing to copy"));
                 };
@@ -311,7 +324,20 @@ impl ThreadModel {
             }
             (Err(error), _) => return Err(format!("{mode:?}: {error}")),
         };
-        let data = &source[src_pos as usize..(src_pos + done) as usize];
+        // A copy starting at or past the source's end copies nothing
+        // (copy_file_range(2)), so the slice is empty there; bytes done
+        // past the end the model knows are a violation, never a panic.
+        let range = src_pos as usize..(src_pos + done) as usize;
+        let data: &[u8] = match source.get(range) {
+            _ if done == 0 => &[],
+            Some(data) => data,
+            None => {
+                return Err(format!(
+                    "{mode:?} answered {done} bytes from offset {src_pos} of inode {src}, \
+                     whose model holds {src_bytes} bytes"
+                ))
+            }
+        };
         let inode = self.inodes.get_mut(&dst).expect("known");
         inode.history.record(dst_pos as usize, data);
         let (start, end) = (dst_pos as usize, (dst_pos + done) as usize);
@@ -355,6 +381,10 @@ impl ThreadModel {
                 Ok((vec![ino], SpanKind::Other))
             }
             Err(error) if matches!(error.errno(), libc::EINVAL | libc::ENOSPC | libc::EFBIG) => {
+                if error.errno() == libc::ENOSPC {
+                    let block = u64::from(volume.statfs().block_bytes);
+                    self.judge_no_space(volume, len.div_ceil(block) + 2, &error)?;
+                }
                 // Refused: the file must be as it was.
                 let now = read_file(volume, ino).map_err(|error| format!("read back: {error}"))?;
                 if now != self.inodes[&ino].content {
@@ -518,10 +548,41 @@ impl ThreadModel {
             }
             Ok(_) => self.adopt_partial(volume, ino, start, data).map(|()| false),
             Err(error) if error.errno() == libc::ENOSPC => {
+                let block = u64::from(volume.statfs().block_bytes);
+                self.judge_no_space(volume, (data.len() as u64).div_ceil(block) + 2, &error)?;
                 self.adopt_partial(volume, ino, start, data).map(|()| false)
             }
             Err(error) => Err(format!("write: {error}")),
         }
+    }
+
+    /// Accepts a refusal for want of space only when the volume is short:
+    /// `statfs` shows fewer blocks available (free less reserved) than the
+    /// `needed_blocks` the operation could have wanted plus what the other
+    /// threads may have freed since, or the metadata nearly at its room.
+    fn judge_no_space(
+        &self,
+        volume: &Volume,
+        needed_blocks: u64,
+        error: &foliofs::Error,
+    ) -> Result<(), String> {
+        let stat = volume.statfs();
+        let blocks_short = stat.available_blocks < needed_blocks + self.others_may_free_blocks;
+        let metadata_short = stat.metadata_bytes + METADATA_SHORT_BYTES > stat.metadata_bytes_max;
+        if blocks_short || metadata_short {
+            return Ok(());
+        }
+        Err(format!(
+            "{error}, where the volume has {} blocks available ({} free), more than the {} \
+             the operation could want and {} the other threads could have freed; metadata \
+             {} of {} bytes",
+            stat.available_blocks,
+            stat.free_blocks,
+            needed_blocks,
+            self.others_may_free_blocks,
+            stat.metadata_bytes,
+            stat.metadata_bytes_max
+        ))
     }
 
     fn adopt_partial(
