@@ -599,7 +599,7 @@ pub fn set_size(engine: &Engine, inode: &InodeCache, new_size: u64) -> Result<()
     // The step that can fail for want of the device comes before the
     // folios past the new end are dropped: a truncate that fails must leave
     // the file as it was, not without the dirty data it had cached (found
-    // by tests/faults.rs).
+    // by tests/faults/random.rs).
     let data = DataPath::new(engine);
     engine.meta.check_room_for_unmapping(
         inode.ino,

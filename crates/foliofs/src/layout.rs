@@ -148,7 +148,7 @@ pub fn read_superblock(device: &Device) -> Result<Superblock> {
             return Err(Error::Corrupt("the device is too small to hold a foliofs volume".into()))
         }
         // No copy decoded and the device failed a read: that is the error
-        // (EIO), not a damaged volume (found by tests/faults.rs).
+        // (EIO), not a damaged volume (found by tests/faults/, checked by tests/faults/targeted.rs).
         (Some(Err(_)), _) if copies.read_error.is_some() => {
             let error = copies.read_error.expect("checked");
             return Err(Error::io("read superblock", error));

@@ -111,7 +111,7 @@ pub(crate) fn write_back_sparing(
     // truncate's) may be the retry that cleans a file whose size growth an
     // earlier failure held back, and syncfs then skips the clean file, so
     // the size stayed behind data it had reported durable (found by
-    // tests/faults.rs).
+    // tests/faults/random.rs).
     if inode.dirty_bytes() == 0 {
         return settle_disk_size(engine, inode);
     }

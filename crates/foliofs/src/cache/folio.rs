@@ -110,7 +110,7 @@ impl Folio {
     pub fn blocks_of(&self, start: u64, end: u64) -> (usize, usize) {
         // Clamped at both ends: writeback re-dirties every failed range in
         // every folio of its batch, so a range may lie wholly before or after
-        // this folio (it underflowed then; found by tests/faults.rs).
+        // this folio (it underflowed then; found by tests/faults/random.rs).
         let start = start.clamp(self.pos, self.end()) - self.pos;
         let end = end.clamp(self.pos, self.end()) - self.pos;
         if start >= end {

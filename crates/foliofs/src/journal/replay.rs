@@ -44,7 +44,7 @@ fn load_checkpoint(
             // mounting the other one instead would bring back an older state
             // (and the next checkpoint would overwrite the newer one), so a
             // device error fails the mount as the error it is (found by
-            // tests/faults.rs).
+            // tests/faults/, checked by tests/faults/targeted.rs).
             Err(error @ Error::Io { .. }) => return Err(error),
             Ok((header, records)) => {
                 if header.slot_index() != index {

@@ -256,7 +256,7 @@ impl File {
         let engine = &self.shared.engine;
         // Before either path: a direct overwrite of written blocks needs no
         // metadata, so nothing below would refuse it on a volume that went
-        // read-only (found by tests/faults.rs).
+        // read-only (found by tests/faults/random.rs).
         if let Some(refusal) = self.shared.meta.refusal() {
             return Err(refusal);
         }
