@@ -14,8 +14,9 @@
 //! The payload is every shard's inode records, then every shard's
 //! directory entries, so that at load each entry's inode already exists.
 
+use rustc_hash::FxHashMap;
+
 use super::inode::{Inode, InodeBody};
-use super::shards::{ShardInodes, SHARD_COUNT};
 use crate::format::codec::Writer;
 use crate::format::Record;
 
@@ -28,21 +29,17 @@ pub struct ShardPart {
     entry_records: u64,
 }
 
-/// No shard encoded yet: what a checkpoint starts from.
-pub fn no_parts() -> Vec<Option<ShardPart>> {
-    vec![None; SHARD_COUNT]
-}
-
 impl ShardPart {
-    pub fn encode(shard: &ShardInodes) -> Self {
-        let mut inos: Vec<u64> = shard.inodes.keys().copied().collect();
+    /// The records of one shard's `inodes`, by number.
+    pub fn encode(inodes: &FxHashMap<u64, Inode>) -> Self {
+        let mut inos: Vec<u64> = inodes.keys().copied().collect();
         inos.sort_unstable();
         let mut part =
             Self { inodes: Vec::new(), inode_records: 0, entries: Vec::new(), entry_records: 0 };
         let mut inode_writer = Writer::with_capacity(inos.len() * 96);
         let mut entry_writer = Writer::with_capacity(0);
         for ino in inos {
-            let inode = &shard.inodes[&ino];
+            let inode = &inodes[&ino];
             part.inode_records += encode_inode(ino, inode, &mut inode_writer);
             if let Some(entries) = inode.entries() {
                 for (name, &target) in entries {
@@ -54,6 +51,9 @@ impl ShardPart {
         }
         part.inodes = inode_writer.into_bytes();
         part.entries = entry_writer.into_bytes();
+        assert!(part.inode_records >= inodes.len() as u64, "an inode without its record");
+        assert_eq!(part.inodes.is_empty(), part.inode_records == 0);
+        assert_eq!(part.entries.is_empty(), part.entry_records == 0);
         part
     }
 }
@@ -97,6 +97,7 @@ fn encode_inode(ino: u64, inode: &Inode, writer: &mut Writer) -> u64 {
     if inode.flags != 0 {
         emit(Record::FlagsSet { ino, flags: inode.flags }, writer);
     }
+    debug_assert!(count >= 1, "inode {ino} encoded without its InodeSet");
     count
 }
 
@@ -114,5 +115,6 @@ pub fn assemble(parts: &[ShardPart]) -> (Vec<u8>, u64) {
         payload.extend_from_slice(&part.entries);
         count += part.entry_records;
     }
+    assert_eq!(payload.len(), bytes, "the payload is every part's bytes");
     (payload, count)
 }

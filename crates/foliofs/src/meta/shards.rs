@@ -13,7 +13,7 @@
 //!   bumps the inode's view generation (`Inode::note_changed`).
 //!
 //! [`MetaState`] is the write-locked side, the one through which records
-//! apply (`super::state`); [`MetaView`] the read-locked one. Both answer
+//! apply (`state.rs`); [`MetaView`] the read-locked one. Both answer
 //! [`InodeTable::inode`] for their shards only: asking for an inode of
 //! another shard is a bug, which abandons a transaction (EIO, in every
 //! build: [`UndeclaredShard`]) and panics a view, where it happens.
@@ -27,7 +27,7 @@ use smallvec::SmallVec;
 use crate::format::Region;
 use crate::lock_order::{Contention, Level, Ordered};
 
-use super::checkpoint::{no_parts, ShardPart};
+use super::checkpoint::ShardPart;
 use super::inode::Inode;
 
 /// log2 of the number of shards.
@@ -41,8 +41,18 @@ pub const SHARD_BITS: u32 = 12;
 /// often. A shard costs 128 bytes while empty.
 pub const SHARD_COUNT: usize = 1 << SHARD_BITS;
 
+/// Directories take the inode numbers that are multiples of this
+/// ([`super::MetaStore::take_ino`]), so that they live in shards of their
+/// own ([`shard_of`]).
+pub const DIRECTORY_INO_STRIDE: u64 = 8;
+
+/// No shard encoded yet: what a checkpoint starts from.
+pub fn no_parts() -> Vec<Option<ShardPart>> {
+    vec![None; SHARD_COUNT]
+}
+
 /// The shard that holds inode `ino`: directories (numbered in multiples of
-/// [`super::store::DIRECTORY_INO_STRIDE`]) in the lower half, the rest in
+/// [`DIRECTORY_INO_STRIDE`]) in the lower half, the rest in
 /// the upper, each by Fibonacci hashing, so that the consecutive numbers of
 /// one thread's batch spread over every shard of their half.
 ///
@@ -55,7 +65,7 @@ pub const SHARD_COUNT: usize = 1 << SHARD_BITS;
 pub fn shard_of(ino: u64) -> usize {
     let half = SHARD_COUNT / 2;
     let hashed = (ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - (SHARD_BITS - 1))) as usize;
-    if ino.is_multiple_of(super::store::DIRECTORY_INO_STRIDE) {
+    if ino.is_multiple_of(DIRECTORY_INO_STRIDE) {
         hashed
     } else {
         half + hashed
@@ -161,7 +171,7 @@ impl MetaCore {
         if shard.checkpoint_owed.load(Ordering::Acquire)
             && shard.checkpoint_owed.swap(false, Ordering::AcqRel)
         {
-            let part = ShardPart::encode(inodes);
+            let part = ShardPart::encode(&inodes.inodes);
             self.checkpoint_parts.lock()[index] = Some(part);
         }
     }
@@ -335,7 +345,7 @@ impl<'a> MetaState<'a> {
 
     /// Each shard's checkpoint part, when every shard is locked.
     pub(super) fn shard_parts(&self) -> Vec<ShardPart> {
-        self.locked.all().map(ShardPart::encode).collect()
+        self.locked.all().map(|shard| ShardPart::encode(&shard.inodes)).collect()
     }
 
     /// The upper bound of the checkpoint payload, with this transaction's
@@ -441,7 +451,7 @@ mod tests {
 
     #[test]
     fn consecutive_numbers_spread_over_every_shard_of_their_half() {
-        let stride = crate::meta::store::DIRECTORY_INO_STRIDE;
+        let stride = DIRECTORY_INO_STRIDE;
         let mut seen = vec![false; SHARD_COUNT];
         for ino in 1000..1000 + 4 * stride * SHARD_COUNT as u64 {
             seen[shard_of(ino)] = true;

@@ -21,6 +21,7 @@ struct PendingFrees {
 
 impl PendingFrees {
     fn push(&mut self, lsn: u64, run: BlockRun) {
+        assert!(run.count > 0, "an empty run freed at lsn {lsn}");
         self.by_lsn.entry(lsn).or_default().push(run);
         self.blocks += run.count;
     }
@@ -41,7 +42,11 @@ impl PendingFrees {
         };
         let taken: Vec<BlockRun> =
             std::mem::replace(&mut self.by_lsn, later).into_values().flatten().collect();
-        self.blocks -= taken.iter().map(|run| run.count).sum::<u64>();
+        let taken_blocks = taken.iter().map(|run| run.count).sum::<u64>();
+        assert!(taken_blocks <= self.blocks, "{taken_blocks} blocks taken of {}", self.blocks);
+        self.blocks -= taken_blocks;
+        // What is left was freed by records after `durable_lsn` only.
+        debug_assert!(self.first_lsn().is_none_or(|lsn| lsn > durable_lsn));
         taken
     }
 }
@@ -62,6 +67,7 @@ pub struct Unsharing {
 
 impl Unsharing {
     pub fn push(&mut self, lsn: u64, run: BlockRun) {
+        assert!(run.count > 0, "an empty run unshared at lsn {lsn}");
         self.by_lsn.entry(lsn).or_default().push(run);
         self.cover(run, 1);
     }
@@ -87,6 +93,7 @@ impl Unsharing {
                 self.cover(run, -1);
             }
         }
+        debug_assert!(self.first_lsn().is_none_or(|lsn| lsn > durable_lsn));
     }
 
     /// Blocks still copied on write for this reason.
@@ -150,7 +157,10 @@ impl Space {
     /// that maps the run says so when the delayed extent goes
     /// (`already_unreserved` of [`Space::release_displaced`]).
     pub fn allocate_reserved(&mut self, goal: u64, count: u64) -> Option<BlockRun> {
-        self.alloc.allocate(goal, count, count)
+        assert!(count > 0, "allocating no blocks for a delayed extent");
+        let run = self.alloc.allocate(goal, count, count)?;
+        assert!(run.count > 0 && run.count <= count, "{run:?} for {count} blocks");
+        Some(run)
     }
 
     /// Makes blocks freed by records up to `durable_lsn` allocatable (with
@@ -180,12 +190,14 @@ impl Space {
     pub fn copy_on_write_run(&self, start: u64, count: u64) -> (bool, u64) {
         let (shared, shared_for) = self.shared.run_at(start, count);
         let (unsharing, unsharing_for) = self.unsharing.covered.run_at(start, count);
-        match (shared, unsharing) {
+        let answer = match (shared, unsharing) {
             (false, false) => (false, shared_for.min(unsharing_for)),
             (true, false) => (true, shared_for),
             (false, true) => (true, unsharing_for),
             (true, true) => (true, shared_for.max(unsharing_for)),
-        }
+        };
+        debug_assert!(answer.1 <= count, "an answer for {} of {count} blocks", answer.1);
+        answer
     }
 
     /// Takes the runs freed by records up to `durable_lsn`, to be discarded
@@ -200,6 +212,11 @@ impl Space {
     /// Makes runs taken by [`Space::take_durable_frees`] allocatable.
     pub fn finish_discards(&mut self, runs: &[BlockRun]) {
         for &run in runs {
+            assert!(
+                run.count <= self.discarding_blocks,
+                "{run:?} discarded of {} blocks taken",
+                self.discarding_blocks
+            );
             self.discarding_blocks -= run.count;
             self.alloc.free(run);
         }

@@ -34,8 +34,8 @@ use crate::refcount::{self, SharedBlocks};
 use super::checkpoint;
 use super::inode::Inode;
 use super::shards::{
-    catch_undeclared, shard_of, MetaCore, MetaState, MetaView, ShardSet, UndeclaredShard,
-    SHARD_COUNT,
+    catch_undeclared, no_parts, shard_of, MetaCore, MetaState, MetaView, ShardSet, UndeclaredShard,
+    DIRECTORY_INO_STRIDE, SHARD_COUNT,
 };
 use super::space::Space;
 
@@ -1213,7 +1213,7 @@ impl MetaStore {
             let all = self.view_all();
             let point = self.journal.replay_point();
             let next_ino = self.core.next_ino.load(Ordering::Relaxed);
-            *self.core.checkpoint_parts.lock() = checkpoint::no_parts();
+            *self.core.checkpoint_parts.lock() = no_parts();
             for (index, _) in all.shards() {
                 self.core.shard(index).checkpoint_owed.store(true, Ordering::Release);
             }
@@ -1263,9 +1263,6 @@ thread_local! {
     /// A number [`MetaStore::peek_ino`] took, handed out next.
     static INO_PEEKED: Cell<Option<(u64, u64)>> = const { Cell::new(None) };
 }
-
-/// Directories take the inode numbers that are multiples of this.
-pub const DIRECTORY_INO_STRIDE: u64 = 8;
 
 /// Numbers a thread takes from the shared inode counter at a time.
 const INO_BATCH: u64 = 64;
