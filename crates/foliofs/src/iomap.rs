@@ -265,15 +265,16 @@ const COMMITS_FOR_SPACE_MAX: u32 = 4;
 /// that would otherwise spin for ever.
 const LOOKUPS_AFTER_RACE_MAX: u32 = 1000;
 
-/// Counts a mapping's retries against their bounds.
-struct Retries {
+/// Counts an operation's retries for space and after races against their
+/// bounds.
+pub(crate) struct Retries {
     ino: u64,
     commits_for_space: u32,
     lookups_after_race: u32,
 }
 
 impl Retries {
-    fn new(ino: u64) -> Self {
+    pub(crate) fn new(ino: u64) -> Self {
         Self { ino, commits_for_space: 0, lookups_after_race: 0 }
     }
 
@@ -295,7 +296,7 @@ impl Retries {
 
     /// Nothing free but blocks waiting for their freeing to be durable:
     /// commits so they can be taken, or ENOSPC (`refusal`) past the bound.
-    fn commit_for_space(
+    pub(crate) fn commit_for_space(
         &mut self,
         meta: &MetaStore,
         refusal: impl FnOnce() -> String,
@@ -584,7 +585,9 @@ pub fn reserve(meta: &MetaStore, ino: u64, pos: u64, length: u64, block_bytes: u
     let first_block = pos / block_bytes;
     let block_count = (pos + length).div_ceil(block_bytes) - first_block;
     let metadata_bytes_max = meta.journal().geometry().slot_payload_bytes_max();
-    for attempt in 0..2 {
+    let refusal = || format!("no free blocks for a write to inode {ino}");
+    let mut retries = Retries::new(ino);
+    loop {
         // The extents writeback will record must fit the checkpoint too.
         let mapped_blocks = if meta.persisted_bytes_estimate() + 128 > metadata_bytes_max {
             0
@@ -592,16 +595,16 @@ pub fn reserve(meta: &MetaStore, ino: u64, pos: u64, length: u64, block_bytes: u
             meta.reserve_delalloc(ino, first_block, block_count)
         };
         if mapped_blocks > 0 {
+            assert!(mapped_blocks <= block_count, "{mapped_blocks} of {block_count} reserved");
             let mapped_end = (first_block + mapped_blocks) * block_bytes;
             return Ok(mapped_end.min(pos + length) - pos);
         }
-        if attempt == 0 && meta.space().pending_free_blocks() > 0 {
-            // Freed space becomes usable once its transaction is durable.
-            meta.commit_all()?;
-            meta.release_durable_frees();
+        // Freed space becomes usable once its transaction is durable.
+        if meta.space().pending_free_blocks() == 0 {
+            return Err(Error::NoSpace(refusal()));
         }
+        retries.commit_for_space(meta, refusal)?;
     }
-    Err(Error::NoSpace(format!("no free blocks for a write to inode {ino}")))
 }
 
 /// The blocks of `[first_block, first_block + block_count)` of file `ino`

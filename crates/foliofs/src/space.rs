@@ -248,16 +248,19 @@ fn allocate(
     zero_written: bool,
     new_size: Option<u64>,
 ) -> Result<()> {
-    match allocate_once(engine, ino, first, last, zero_written, new_size) {
-        Err(Error::NoSpace(_)) if engine.meta.space().pending_free_blocks() > 0 => {
-            // Blocks a transaction freed are reusable only once it is
-            // durable (a crash would otherwise hand them to two files). Like
-            // XFS forcing its log, commit it now rather than fail while the
-            // background commit is seconds away (xfstests generic/213).
-            engine.meta.commit_all()?;
-            allocate_once(engine, ino, first, last, zero_written, new_size)
+    let mut retries = iomap::Retries::new(ino);
+    loop {
+        match allocate_once(engine, ino, first, last, zero_written, new_size) {
+            Err(Error::NoSpace(message)) if engine.meta.space().pending_free_blocks() > 0 => {
+                // Blocks a transaction freed are reusable only once it is
+                // durable (a crash would otherwise hand them to two files).
+                // Like XFS forcing its log, commit it now rather than fail
+                // while the background commit is seconds away (xfstests
+                // generic/213).
+                retries.commit_for_space(&engine.meta, || message)?;
+            }
+            other => return other,
         }
-        other => other,
     }
 }
 
