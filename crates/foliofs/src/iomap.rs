@@ -122,6 +122,7 @@ impl MappedRange {
             MapKind::Hole | MapKind::Delalloc => 0,
             MapKind::Unwritten | MapKind::Written => mapping.dev_offset + (at - mapping.offset),
         };
+        debug_assert!(end > done, "an empty range of {mapping:?} at {done}");
         Self { mapping, start: done, end, dev_offset }
     }
 
@@ -204,6 +205,8 @@ impl Iterator for Walk<'_> {
         match begun {
             Ok(mapping) => {
                 let range = MappedRange::clip(mapping, self.pos, self.done, self.length);
+                // Each step moves on, and never past the request.
+                assert!(range.end > self.done && range.end <= self.length, "{range:?}");
                 self.done = range.end;
                 Some(Ok(range))
             }
@@ -459,6 +462,7 @@ fn mapped(
     if kind != MapKind::Delalloc {
         (shared, blocks) = meta.shared_run(extent.dev_block, blocks);
     }
+    debug_assert!(blocks > 0 && blocks <= wanted_blocks, "{blocks} blocks of {extent:?}");
     let dev_offset = if kind == MapKind::Delalloc { 0 } else { extent.dev_block * block_bytes };
     Mapping {
         kind,
@@ -487,6 +491,7 @@ fn allocate_cow(
     let from_reserved = block_count.min(*copies_reserved);
     match space.alloc.allocate(goal, block_count, from_reserved) {
         Some(run) => {
+            assert!(run.count > 0 && run.count <= block_count, "{run:?} for {block_count}");
             *copies_reserved -= from_reserved.min(run.count);
             Ok(Allocation::Mapped(run))
         }
@@ -528,6 +533,7 @@ fn allocate_unwritten(
             return Err(Error::NoSpace(format!("no free blocks for inode {ino}")));
         };
         drop(space);
+        assert!(run.count > 0 && run.count <= wanted, "{run:?} for a hole of {wanted}");
         map_unwritten(txn, ino, file_block, run.start, run.count);
         Ok(Allocation::Mapped(run))
     })?;
@@ -550,6 +556,7 @@ fn allocate_delalloc(meta: &MetaStore, ino: u64, file_block: u64) -> Result<Opti
         let run = txn.allocate_reserved(goal, wanted).ok_or_else(|| {
             Error::NoSpace(format!("no free blocks for the reservation of inode {ino}"))
         })?;
+        assert!(run.count <= wanted, "{run:?} for a delayed extent of {wanted}");
         map_unwritten(txn, ino, file_block, run.start, run.count);
         Ok(Some(run))
     })?;
@@ -565,6 +572,7 @@ pub fn map_unwritten(
     dev_block: u64,
     block_count: u64,
 ) {
+    debug_assert!(block_count > 0, "mapping no blocks at {file_block} of inode {ino}");
     txn.apply(Record::ExtentMap {
         ino,
         file_block,
@@ -673,9 +681,10 @@ impl Drop for CopyReservation<'_> {
 }
 
 /// Promises `block_count` free blocks to copies of shared blocks
-/// ([`MetaStore::reserve_copies`]), committing once when only blocks freed
-/// by records not yet durable could pay. ENOSPC when they cannot be had, so
-/// that a full volume fails a write before it changes anything (a buffered
+/// ([`MetaStore::reserve_copies`]), committing (up to
+/// `COMMITS_FOR_SPACE_MAX` times) while only blocks freed by records not
+/// yet durable could pay. ENOSPC when they cannot be had, so that a full
+/// volume fails a write before it changes anything (a buffered
 /// write, as [`reserve`] does, never its writeback; a zeroing of both edges
 /// of a range, never after the first).
 pub fn reserve_copies(meta: &MetaStore, ino: u64, block_count: u64) -> Result<CopyReservation<'_>> {
