@@ -11,6 +11,8 @@ mod clone;
 #[cfg(test)]
 mod coherence_tests;
 #[cfg(test)]
+mod committer_tests;
+#[cfg(test)]
 mod concurrency_tests;
 mod dir;
 mod file;
@@ -27,6 +29,8 @@ mod special;
 mod tmpfile;
 mod trim;
 mod volume;
+#[cfg(test)]
+mod writeback_tests;
 mod xattr;
 
 pub use access::{Access, Credentials};
