@@ -24,6 +24,7 @@ mod namespace;
 mod observe;
 mod open_options;
 mod paths;
+mod setattr;
 mod shutdown;
 mod special;
 mod tmpfile;
