@@ -6,6 +6,7 @@
 
 mod access;
 mod acl;
+mod atime;
 mod attr;
 mod clone;
 #[cfg(test)]

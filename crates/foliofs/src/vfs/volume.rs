@@ -2,7 +2,6 @@
 //! background committer, sync, close.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -14,19 +13,16 @@ use crate::error::{Error, IoContext, Result};
 use crate::format::{
     InodeAttrs, InodeKind, Record, Superblock, Timestamp, NAME_BYTES_MAX, ROOT_INO,
 };
-use crate::iomap::{self, Intent, MapKind};
+use crate::iomap::MapKind;
 use crate::journal::{JournalGeometry, SyncOnTheWay};
 use crate::layout;
-use crate::meta::{InodeTable, InodeView, LoadReport, MetaStore, Viewed};
-use crate::options::{AtimePolicy, VolumeOptions};
+use crate::meta::{InodeTable, LoadReport, MetaStore};
+use crate::options::VolumeOptions;
 use crate::writeback;
 
 use super::attr::{Attr, Owner, StatFs};
-use super::inodes::Inodes;
-
-/// Under relatime an access time is advanced at least this often (a day, as
-/// the kernel).
-const RELATIME_AGE_SECS: i64 = 24 * 60 * 60;
+use super::freeze::{Frozen, WriteGate};
+use super::observe::{ChangeEvent, ChangeObserver, NamespaceEvent, NamespaceObserver, Observers};
 
 /// How [`Volume::mkfs_path`] and [`Volume::format`] lay out a volume.
 #[derive(Debug, Clone, Copy)]
@@ -61,9 +57,9 @@ pub(crate) struct Shared {
     pub(crate) engine: Arc<Engine>,
     pub(crate) superblock: Superblock,
     pub(crate) load_report: LoadReport,
-    pub(crate) observers: super::observe::Observers,
+    pub(crate) observers: Observers,
     /// Passed by every changing operation; closed by a freeze.
-    pub(crate) write_gate: super::freeze::WriteGate,
+    pub(crate) write_gate: WriteGate,
 }
 
 impl std::ops::Deref for Shared {
@@ -165,103 +161,6 @@ impl Shared {
         Ok(Attr::of(ino, inode, self.superblock.block_bytes))
     }
 
-    /// `ino`'s size and access-time outlook for a read, from `view` while
-    /// the inode has not changed since it was taken, else under its shard's
-    /// read lock (refreshing `view`): see `meta::view`. The caller holds the
-    /// inode's I/O lock shared, as for any read.
-    pub(crate) fn read_view(&self, ino: u64, view: &InodeView) -> Result<Viewed> {
-        if let Some(viewed) = view.current() {
-            return Ok(viewed);
-        }
-        let gone = || Error::BadHandle(format!("inode {ino} is gone"));
-        let has_generation = self.meta.inode(ino).ok_or_else(gone)?.view_generation.is_some();
-        if !has_generation {
-            // The first handle to read this inode gives it a generation.
-            let mut inode = self.meta.inode_mut(ino).ok_or_else(gone)?;
-            inode.view_generation.get_or_insert_with(|| Arc::new(AtomicU64::new(1)));
-        }
-        let inode = self.meta.inode(ino).ok_or_else(gone)?;
-        let source = inode.view_generation.as_ref().expect("given above, never taken away");
-        view.attach(source);
-        let generation = source.load(Ordering::Acquire);
-        let attrs = &inode.attrs;
-        let atime_quiet_until_secs = match self.options.atime {
-            _ if self.options.read_only || super::flags::skips_atime(&inode) => u64::MAX,
-            AtimePolicy::NoAtime => u64::MAX,
-            AtimePolicy::Strict => 0,
-            AtimePolicy::Relatime if attrs.mtime >= attrs.atime || attrs.ctime >= attrs.atime => 0,
-            AtimePolicy::Relatime => {
-                u64::try_from(attrs.atime.secs.saturating_add(RELATIME_AGE_SECS)).unwrap_or(0)
-            }
-        };
-        let viewed = Viewed { size_bytes: inode.size, atime_quiet_until_secs };
-        view.set(generation, viewed);
-        Ok(viewed)
-    }
-
-    /// [`Shared::accessed`] after a read that looked at `viewed`: nothing to
-    /// do, and no lock taken, while its access time is not due.
-    pub(crate) fn accessed_viewed(&self, ino: u64, viewed: &Viewed) {
-        let quiet = match viewed.atime_quiet_until_secs {
-            u64::MAX => true,
-            0 => false,
-            until => u64::try_from(crate::dev::realtime_coarse_secs()).is_ok_and(|now| now < until),
-        };
-        if !quiet {
-            self.accessed(ino);
-        }
-    }
-
-    /// A read of `ino` (its data, or a directory's listing) happened:
-    /// advances its access time where the volume's policy says so
-    /// (`AtimePolicy`), in memory. Under relatime a read lock decides and most
-    /// reads change nothing.
-    pub(crate) fn accessed(&self, ino: u64) {
-        let policy = self.options.atime;
-        if policy == AtimePolicy::NoAtime || self.options.read_only {
-            return;
-        }
-        let nodiratime = self.options.nodiratime;
-        let strict_now = (policy == AtimePolicy::Strict).then(Timestamp::now);
-        // Relatime's age is a day, so the coarse clock decides it: a full
-        // clock read on every cached read cost it 5% (4 KiB reads, `perf`);
-        // the time written is read in full, and only when an update is due.
-        let coarse_secs = match policy {
-            AtimePolicy::Relatime => crate::dev::realtime_coarse_secs(),
-            _ => 0,
-        };
-        let due = |attrs: &InodeAttrs| {
-            if nodiratime && attrs.kind == InodeKind::Dir {
-                return false;
-            }
-            match policy {
-                AtimePolicy::NoAtime => false,
-                AtimePolicy::Strict => strict_now.is_some_and(|now| attrs.atime != now),
-                // The kernel's relatime_need_update.
-                AtimePolicy::Relatime => {
-                    attrs.mtime >= attrs.atime
-                        || attrs.ctime >= attrs.atime
-                        || coarse_secs - attrs.atime.secs >= RELATIME_AGE_SECS
-                }
-            }
-        };
-        {
-            let Some(inode) = self.meta.inode(ino) else { return };
-            if !due(&inode.attrs) || super::flags::skips_atime(&inode) {
-                return;
-            }
-        }
-        let now = strict_now.unwrap_or_else(Timestamp::now);
-        // The read lock's answer again under the write lock: another
-        // reader may have advanced it meanwhile.
-        if let Some(mut inode) = self.meta.inode_mut(ino) {
-            if due(&inode.attrs) {
-                inode.attrs.atime = now;
-                inode.times_dirty = true;
-            }
-        }
-    }
-
     /// Commits the journal up to the inode's last change (all changes, or
     /// with `data_only` those needed to read the data back), then flushes
     /// plain data writes the commit did not already cover.
@@ -299,6 +198,16 @@ impl Shared {
     pub(crate) fn sync(&self) -> Result<()> {
         writeback::write_back_all(&self.engine)?;
         self.meta.make_durable(self.meta.journal().last_lsn(), None)
+    }
+
+    /// Reports a change to a file's data or size to the observer.
+    pub(crate) fn changed(&self, event: ChangeEvent) {
+        self.observers.changed(event);
+    }
+
+    /// Reports `events`; a no-op (not even a clone) without an observer.
+    pub(crate) fn namespace_changed(&self, events: &[NamespaceEvent]) {
+        self.observers.namespace_changed(events);
     }
 }
 
@@ -588,49 +497,38 @@ impl Volume {
     }
 }
 
-impl Inodes<'_> {
-    /// The folios cached for `ino`, as `(file offset, bytes)` in order.
-    pub fn cached_folios(&self, ino: u64) -> Vec<(u64, usize)> {
-        let Some(inode) = self.volume.shared.cache.existing_inode(ino) else { return Vec::new() };
-        inode.folios_in(0, u64::MAX).iter().map(|folio| (folio.pos(), folio.bytes())).collect()
+impl Volume {
+    /// FIFREEZE: waits for every operation that changes the volume to end,
+    /// writes back and commits everything, and keeps other threads' changes
+    /// waiting until the returned value is dropped (FITHAW), so the image
+    /// on the device is whole and stays so: a backup may copy it meanwhile.
+    /// Reads go on. This thread may still change the volume; a frozen
+    /// volume's snapshot is made so.
+    pub fn freeze(&self) -> Result<Frozen<'_>> {
+        let frozen = self.shared.write_gate.freeze()?;
+        self.shared.sync()?;
+        Ok(frozen)
     }
 
-    /// The extents of a file, like FIEMAP: file offset, device offset, length
-    /// and state, holes omitted.
-    pub fn fiemap(&self, ino: u64) -> Result<Vec<FiemapExtent>> {
-        self.volume.shared.check_running()?;
-        let block_bytes = self.volume.shared.block_bytes;
-        let end_block = {
-            let inode = self.volume.shared.existing_inode(ino)?;
-            let extents =
-                inode.extents().ok_or_else(|| Error::invalid("fiemap of a non-regular file"))?;
-            extents.end_block()
-        };
-        let mut out = Vec::new();
-        let walk = iomap::walk(
-            &self.volume.shared.meta,
-            ino,
-            0,
-            end_block * block_bytes,
-            Intent::Report,
-            block_bytes,
-        );
-        for range in walk {
-            let mapping = range?.mapping;
-            if mapping.kind != MapKind::Hole {
-                out.push(FiemapExtent {
-                    logical: mapping.offset,
-                    physical: mapping.dev_offset,
-                    length: mapping.length,
-                    kind: mapping.kind,
-                    last: false,
-                });
-            }
-        }
-        if let Some(last) = out.last_mut() {
-            last.last = true;
-        }
-        Ok(out)
+    /// Freezes without the sync, for work that flushes what it reads.
+    pub(super) fn freeze_unsynced(&self) -> Result<Frozen<'_>> {
+        self.shared.write_gate.freeze()
+    }
+
+    /// Calls `observer` after every change to a file's data or size, made
+    /// through any handle of this volume (buffered or direct writes,
+    /// truncates, fallocate); `None` stops the calls. One observer at a
+    /// time: setting one replaces the last.
+    pub fn set_change_observer(&self, observer: Option<ChangeObserver>) {
+        self.shared.observers.set_change(observer);
+    }
+
+    /// Calls `observer` after every change to a name (create, link,
+    /// unlink, rmdir, rename) or to an inode's attributes (setattr,
+    /// extended attributes), so that a cache of names and attributes may
+    /// keep them for long; `None` stops the calls.
+    pub fn set_namespace_observer(&self, observer: Option<NamespaceObserver>) {
+        self.shared.observers.set_namespace(observer);
     }
 }
 
@@ -800,4 +698,3 @@ pub(super) fn test_volume(options: &str) -> (Volume, Arc<crate::dev::FaultDev>) 
     }
     (Volume::open_device(device, &volume_options).unwrap(), raw)
 }
-
