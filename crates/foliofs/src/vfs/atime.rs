@@ -10,13 +10,13 @@ use crate::format::{InodeAttrs, InodeKind, Timestamp};
 use crate::meta::{InodeView, Viewed};
 use crate::options::AtimePolicy;
 
-use super::volume::Shared;
+use super::volume::VolumeCore;
 
 /// Under relatime an access time is advanced at least this often (a day, as
 /// the kernel).
 const RELATIME_AGE_SECS: i64 = 24 * 60 * 60;
 
-impl Shared {
+impl VolumeCore {
     /// `ino`'s size and access-time outlook for a read, from `view` while
     /// the inode has not changed since it was taken, else under its shard's
     /// read lock (refreshing `view`): see `meta::view`. The caller holds the
@@ -51,7 +51,7 @@ impl Shared {
         Ok(viewed)
     }
 
-    /// [`Shared::accessed`] after a read that looked at `viewed`: nothing to
+    /// [`VolumeCore::accessed`] after a read that looked at `viewed`: nothing to
     /// do, and no lock taken, while its access time is not due.
     pub(crate) fn accessed_viewed(&self, ino: u64, viewed: &Viewed) {
         let quiet = match viewed.atime_quiet_until_secs {

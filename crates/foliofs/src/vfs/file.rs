@@ -23,7 +23,7 @@ use super::attr::{Attr, SetAttr};
 use super::inodes::Inodes;
 use super::metadata::{Metadata, Permissions};
 use super::observe::ChangeEvent;
-use super::volume::Shared;
+use super::volume::VolumeCore;
 
 /// How an inode-level open ([`Inodes::open_file`](super::Inodes::open_file)) opens a file; the path-based calls take [`OpenOptions`](super::OpenOptions).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -86,7 +86,7 @@ impl OpenFlags {
 /// An open regular file. Closing (or dropping) the last handle of an
 /// unlinked file frees it.
 pub struct File {
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<VolumeCore>,
     pub(super) ino: u64,
     pub(super) inode: Arc<InodeCache>,
     flags: OpenFlags,
@@ -633,7 +633,7 @@ impl io::Seek for File {
 }
 
 /// A direct write's change event comes from the thread that completed it.
-impl WriteObserver for Shared {
+impl WriteObserver for VolumeCore {
     fn direct_written(&self, ino: u64, pos: u64, written: usize) {
         let changed = ChangeEvent::range(ino, pos, written as u64);
         self.changed(ChangeEvent { deferred: true, ..changed })

@@ -116,7 +116,7 @@ fn drop_link(txn: &mut Txn<'_>, ino: u64, now: Timestamp) {
     } else {
         // An inode whose blocks' shared counts would not fit this
         // transaction stays an orphan, freed in steps right after it
-        // (`Shared::free_orphan`) or by the next mount.
+        // (`VolumeCore::free_orphan`) or by the next mount.
         update_attrs(txn, ino, |attrs| {
             attrs.nlink = nlink;
             attrs.ctime = now;

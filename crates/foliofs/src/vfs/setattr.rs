@@ -12,7 +12,7 @@ use super::flags::{check_changeable, check_not_immutable};
 use super::inodes::Inodes;
 use super::namespace::{attrs_of, update_attrs, SET_GID};
 use super::observe::NamespaceEvent;
-use super::volume::Shared;
+use super::volume::VolumeCore;
 
 const SET_UID: u32 = 0o4000;
 const GROUP_EXEC: u32 = 0o010;
@@ -168,7 +168,7 @@ fn check_attr_change(
     }
 }
 
-impl Shared {
+impl VolumeCore {
     /// `setattr` without the size: one transaction.
     pub(super) fn change_attrs(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
         let (attr, _) = self.meta.transact(&[ino], |txn| {

@@ -52,8 +52,11 @@ impl Default for MkfsOptions {
     }
 }
 
-pub(crate) struct Shared {
-    /// Device, metadata and policies; `Shared` derefs to it.
+/// An open volume's state, which the [`Volume`] and each of its `File` and
+/// `Dir` handles hold an `Arc` of (the field each calls `shared`): the
+/// engine, the superblock, the observers and the write gate.
+pub(crate) struct VolumeCore {
+    /// Device, metadata and policies; `VolumeCore` derefs to it.
     pub(crate) engine: Arc<Engine>,
     pub(crate) superblock: Superblock,
     pub(crate) load_report: LoadReport,
@@ -62,14 +65,14 @@ pub(crate) struct Shared {
     pub(crate) write_gate: WriteGate,
 }
 
-impl std::ops::Deref for Shared {
+impl std::ops::Deref for VolumeCore {
     type Target = Engine;
     fn deref(&self) -> &Engine {
         &self.engine
     }
 }
 
-impl Shared {
+impl VolumeCore {
     /// Counts one open handle of `ino` (a file or a directory) out; true when
     /// it was the last of an inode no name refers to: an orphan to free.
     pub(crate) fn close_handle(&self, ino: u64) -> bool {
@@ -218,7 +221,7 @@ const BACKGROUND_WORKERS: usize = 4;
 /// An open volume. Dropping it commits and checkpoints (errors are logged);
 /// call [`Volume::close`] to see them.
 pub struct Volume {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<VolumeCore>,
     background: Option<JoinHandle<()>>,
     flusher: Option<JoinHandle<()>>,
     /// The engine's background workers (readahead ahead of readers).
@@ -345,7 +348,7 @@ impl Volume {
         let background = Default::default();
         let engine =
             Engine { device, meta, cache, block_bytes, options: options.clone(), background };
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(VolumeCore {
             engine: Arc::new(engine),
             superblock,
             load_report,
@@ -602,7 +605,7 @@ pub struct FiemapExtent {
 }
 
 /// Frees inodes that lost their last name while open when the volume stopped.
-fn free_orphans(shared: &Shared) -> Result<()> {
+fn free_orphans(shared: &VolumeCore) -> Result<()> {
     let orphans: Vec<u64> = {
         let state = shared.meta.view_all();
         let orphans: Vec<u64> = state
@@ -654,7 +657,7 @@ const ORPHANS_FREED_PER_TXN: usize = 1024;
 
 /// Commits the journal every `interval_ms`, and when a writer has logged
 /// half a group; checkpoints when the log fills.
-fn spawn_background(shared: Weak<Shared>, interval_ms: u64) -> std::io::Result<JoinHandle<()>> {
+fn spawn_background(shared: Weak<VolumeCore>, interval_ms: u64) -> std::io::Result<JoinHandle<()>> {
     if let Some(shared) = shared.upgrade() {
         shared.meta.committer_starting();
     }
