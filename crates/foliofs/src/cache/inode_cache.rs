@@ -119,6 +119,7 @@ pub(super) fn keys_overlapping(
 impl InodeCache {
     /// The entry of file `ino`, with no folio yet.
     pub(super) fn new(ino: u64, accounting: Arc<Accounting>, block_bytes: u64) -> Self {
+        debug_assert!(block_bytes.is_power_of_two(), "blocks of {block_bytes} bytes");
         Self {
             ino,
             io: InodeIo::new(),
@@ -285,6 +286,7 @@ impl InodeCache {
         dirty: bool,
         skip: impl Fn(&Folio) -> bool,
     ) -> Option<u64> {
+        debug_assert_eq!(block_bytes, self.block_bytes, "inode {}: another block size", self.ino);
         let mut at = start;
         // Looking for dirty blocks, only folios with some need a look.
         let folios = if dirty {
@@ -433,7 +435,10 @@ impl InodeCache {
             }
             self.accounting.dirty_bytes.fetch_add(bytes, Ordering::Relaxed);
         } else {
-            self.dirty_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            // Bits are cleared after they were set and counted, under the
+            // folio's lock: the count never goes below what is dirty.
+            let before = self.dirty_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            debug_assert!(before >= bytes, "inode {}: {bytes} dirty bytes of {before}", self.ino);
             self.accounting.dirty_bytes.fetch_sub(bytes, Ordering::Relaxed);
         }
     }
@@ -454,7 +459,8 @@ impl InodeCache {
             let taken = folio.write().dirty.take();
             self.account_dirty(-(taken.count_set() as i64));
         }
-        self.folio_count.fetch_sub(removed.len(), Ordering::AcqRel);
+        let before = self.folio_count.fetch_sub(removed.len(), Ordering::AcqRel);
+        debug_assert!(before >= removed.len(), "inode {}: folio count below zero", self.ino);
         removed.len()
     }
 
@@ -488,7 +494,8 @@ impl InodeCache {
                         folio.release_memory_when_dropped();
                     }
                 }
-                self.folio_count.fetch_sub(1, Ordering::AcqRel);
+                let before = self.folio_count.fetch_sub(1, Ordering::AcqRel);
+                debug_assert!(before > 0, "inode {}: folio count below zero", self.ino);
             }
         }
     }

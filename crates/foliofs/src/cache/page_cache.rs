@@ -30,6 +30,10 @@ fn fitting_bytes(
     block: u64,
     end_limit: u64,
 ) -> u64 {
+    debug_assert!(
+        bytes.is_power_of_two() && block.is_power_of_two() && bytes >= block,
+        "a folio of {bytes} bytes asked for on blocks of {block}"
+    );
     let next_start = folios.range(pos..).next().map_or(u64::MAX, |(&key, _)| key);
     let previous_end = folios.range(..pos).next_back().map_or(0, |(_, folio)| folio.end());
     let end_limit = end_limit.max(pos - pos % block + block);
@@ -63,6 +67,8 @@ pub enum FlusherRound {
 /// unrelated files take different locks (on 2 CPUs, two threads creating
 /// small files waited on the one map's lock more than on anything else).
 const CACHE_SHARDS: usize = 64;
+// `cache_shard_of` takes the hash's top bits: a power of two of shards.
+const _: () = assert!(CACHE_SHARDS.is_power_of_two());
 
 /// The shard of file `ino` (Fibonacci hashing, as the metadata's shards).
 fn cache_shard_of(ino: u64) -> usize {
@@ -103,6 +109,12 @@ impl PageCache {
     /// A cache that gives the copy reservations of folios it drops back
     /// through `give_back_reserved`.
     pub fn new(policy: CachePolicy, give_back_reserved: GiveBackReserved) -> Self {
+        assert!(
+            policy.block_bytes.is_power_of_two() && policy.folio_max_bytes >= policy.block_bytes,
+            "blocks of {} bytes, folios up to {}",
+            policy.block_bytes,
+            policy.folio_max_bytes
+        );
         let accounting = Arc::new(Accounting {
             cached_bytes: AtomicU64::new(0),
             live_folios: AtomicUsize::new(0),
@@ -242,6 +254,22 @@ impl PageCache {
             // Folios may have come meanwhile: fit again (it only shrinks).
             bytes = fitting_bytes(&folios, pos, bytes, block, end_limit);
             let start = pos - pos % bytes;
+            // No folio holds `pos`, and every folio is block-aligned, so the
+            // block around `pos` fits if nothing larger does: the new folio
+            // overlaps none (ARCHITECTURE.md: folios never overlap).
+            debug_assert!(
+                bytes <= self.policy.folio_max_bytes && start <= pos && pos - start < bytes,
+                "a folio of {bytes} bytes at {start} for {pos}"
+            );
+            debug_assert!(
+                folios.range(..start).next_back().is_none_or(|(_, before)| before.end() <= start),
+                "a new folio at {start} overlaps the one before it"
+            );
+            debug_assert!(
+                folios.range(start..).next().is_none_or(|(&next, _)| next >= start + bytes),
+                "a new folio [{start}, {}) overlaps the one after it",
+                start + bytes
+            );
             // A folio of one block gets its memory as it is written (see
             // `folio`): most of a small file's block is never written.
             let data = if bytes == block && block > self.policy.memory_unit_bytes {
@@ -360,7 +388,8 @@ impl PageCache {
             recycled.push(folio);
         }
         drop(folios);
-        inode.folio_count.fetch_sub(recycled.len(), Ordering::AcqRel);
+        let before = inode.folio_count.fetch_sub(recycled.len(), Ordering::AcqRel);
+        debug_assert!(before >= recycled.len(), "inode {}: folio count below zero", inode.ino);
         inode.stream_recycled_pos.store(reached, Ordering::Relaxed);
         // Dropped outside the map's lock: each gives its memory to the pool.
         drop(recycled);
@@ -423,7 +452,8 @@ impl PageCache {
             return false;
         }
         folios.remove(&folio.pos());
-        inode.folio_count.fetch_sub(1, Ordering::AcqRel);
+        let before = inode.folio_count.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(before > 0, "inode {}: folio count below zero", inode.ino);
         true
     }
 
