@@ -32,6 +32,9 @@ pub struct RenameFlags {
     pub whiteout: Option<Owner>,
 }
 
+// `check_name` shows the first 32 bytes of a name too long.
+const _: () = assert!(NAME_BYTES_MAX >= 32);
+
 fn check_name(name: &[u8]) -> Result<()> {
     if name.len() > NAME_BYTES_MAX {
         return Err(Error::NameTooLong(String::from_utf8_lossy(&name[..32]).into_owned() + "..."));
@@ -42,6 +45,7 @@ fn check_name(name: &[u8]) -> Result<()> {
             String::from_utf8_lossy(name)
         )));
     }
+    debug_assert!(!name.is_empty() && name.len() <= NAME_BYTES_MAX);
     Ok(())
 }
 
@@ -88,12 +92,17 @@ pub(super) fn attrs_of(state: &(impl InodeTable + ?Sized), ino: u64) -> Result<I
 /// Applies an InodeSet with `change` made to the current attributes.
 pub(super) fn update_attrs(txn: &mut Txn<'_>, ino: u64, change: impl FnOnce(&mut InodeAttrs)) {
     let mut attrs = txn.state().inode(ino).expect("validated inode").attrs;
+    let kind = attrs.kind;
     change(&mut attrs);
+    debug_assert_eq!(attrs.kind, kind, "inode {ino}: an inode never changes kind");
     txn.apply(Record::InodeSet { ino, attrs });
 }
 
 fn touch_dir(txn: &mut Txn<'_>, dir: u64, nlink_delta: i32, now: Timestamp) {
+    // One subdirectory's ".." at a time.
+    debug_assert!((-1..=1).contains(&nlink_delta), "a link count change of {nlink_delta}");
     update_attrs(txn, dir, |attrs| {
+        debug_assert_eq!(attrs.kind, InodeKind::Dir, "touching inode {dir}, not a directory");
         // Saturating: the count is loaded from the image unchecked, so a
         // damaged one (0, u32::MAX) must not panic a live change; fsck
         // reports it (found by fuzz_images).
@@ -109,6 +118,11 @@ fn touch_dir(txn: &mut Txn<'_>, dir: u64, nlink_delta: i32, now: Timestamp) {
 fn drop_link(txn: &mut Txn<'_>, ino: u64, now: Timestamp) {
     let inode = txn.state().inode(ino).expect("validated inode");
     let is_dir = inode.attrs.kind == InodeKind::Dir;
+    // rmdir and rename checked that a directory losing its name is empty.
+    debug_assert!(
+        !is_dir || inode.entries().is_some_and(|entries| entries.is_empty()),
+        "directory {ino} dropped while not empty"
+    );
     let nlink = if is_dir { 0 } else { inode.attrs.nlink.saturating_sub(1) };
     let frees_at_once = || txn.shared_counts_unmapping(ino, 0, u64::MAX) <= txn.shared_count_room();
     if nlink == 0 && inode.open_handles == 0 && frees_at_once() {
@@ -145,6 +159,12 @@ pub(super) fn apply_new_inode(
     extra: u64,
 ) -> Result<()> {
     let NewInode { ino, kind, mode, owner, nlink, size, now } = new;
+    // Each caller refused a number in use, and found `parent` a directory.
+    debug_assert!(txn.state().inode(ino).is_none(), "inode {ino} made twice");
+    debug_assert!(
+        txn.state().inode(parent).is_some_and(|dir| dir.entries().is_some()),
+        "inode {ino} made in {parent}, not a directory"
+    );
     let is_dir = kind == InodeKind::Dir;
     let (mode, inherited) = super::acl::inherit(txn.state(), parent, ino, kind, mode);
     let inherited_bytes: usize = inherited.iter().map(Record::encoded_bytes_max).sum();
@@ -197,11 +217,13 @@ pub(super) fn list(meta: &MetaStore, dir: u64) -> Result<Vec<DirEntry>> {
             kinds[index] = view.inode(named[index].1).map(|inode| inode.attrs.kind);
         }
     }
-    Ok(named
+    let listed: Vec<DirEntry> = named
         .into_iter()
         .zip(kinds)
         .filter_map(|((name, ino), kind)| Some(DirEntry { name, ino, kind: kind? }))
-        .collect())
+        .collect();
+    debug_assert!(listed.windows(2).all(|pair| pair[0].name < pair[1].name), "unsorted");
+    Ok(listed)
 }
 
 /// True if directory `ancestor` is `dir` or one of its parents, read a
@@ -302,6 +324,8 @@ impl Inodes<'_> {
         target: Option<&[u8]>,
         rdev: u32,
     ) -> Result<Attr> {
+        debug_assert!(target.is_none() || kind == InodeKind::Symlink, "a target for a {kind:?}");
+        debug_assert!(rdev == 0 || kind.is_device(), "a device number for a {kind:?}");
         let _writing = self.volume.shared.write_gate.start_write();
         check_name(name)?;
         let ino = self.volume.shared.meta.take_ino(kind == InodeKind::Dir);
@@ -390,6 +414,7 @@ impl Inodes<'_> {
             txn.ensure_metadata_room(100 + new_name.len() as u64)?;
             let now = Timestamp::now();
             update_attrs(txn, ino, |attrs| {
+                debug_assert!(attrs.nlink < LINK_COUNT_MAX, "checked in this transaction");
                 attrs.nlink += 1;
                 attrs.ctime = now;
             });
@@ -548,6 +573,8 @@ impl Inodes<'_> {
         victim: Option<u64>,
     ) -> Result<bool> {
         let RenameNames { parent, name, new_parent, new_name } = names;
+        // `rename` refused these pairs: plan_rename and apply_rename rely on it.
+        debug_assert!(!(flags.exchange && (flags.no_replace || flags.whiteout.is_some())));
         let meta = &self.volume.shared.meta;
         let is_dir = |ino: Option<u64>| {
             ino.and_then(|ino| meta.inode(ino))
@@ -618,6 +645,7 @@ impl Inodes<'_> {
                 }
                 continue;
             };
+            debug_assert_eq!(Some(cached.ino), victim, "the cache entry of another inode");
             let done = {
                 let _exclusive = cached.io.exclusive(|| self.volume.shared.engine.device.unplug());
                 let _serial = cached.lock_writeback();
@@ -728,6 +756,8 @@ fn plan_rename(
             return Err(Error::NotEmpty(display(new_name)));
         }
     }
+    debug_assert!(victim.is_none_or(|(victim, _)| victim != ino), "a rename onto itself");
+    debug_assert!(!flags.exchange || victim.is_some(), "an exchange with nothing");
     Ok(RenamePlan { ino, ino_is_dir, victim, is_noop: false })
 }
 
@@ -744,6 +774,10 @@ fn apply_whiteout(
     if txn.state().inode(ino).is_some() {
         return Err(Error::NoSpace("no inode numbers left".into()));
     }
+    debug_assert!(
+        dir_entries(txn.state(), parent).is_ok_and(|entries| !entries.contains_key(name)),
+        "a whiteout over an entry the rename left"
+    );
     let now = Timestamp::now();
     let kind = InodeKind::CharDevice;
     let new = NewInode { ino, kind, mode: 0, owner, nlink: 1, size: 0, now };
@@ -762,6 +796,7 @@ fn apply_rename(
     new_name: &[u8],
     exchange: bool,
 ) {
+    debug_assert!(!plan.is_noop, "a rename that changes nothing applied");
     let now = Timestamp::now();
     let moves_dir = |txn: &mut Txn<'_>, dir: u64, from: u64, to: u64| {
         if from != to {

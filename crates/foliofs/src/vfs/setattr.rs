@@ -34,6 +34,7 @@ fn setid_bits_to_drop(attrs: &InodeAttrs, caller: Owner) -> u32 {
     if attrs.mode & SET_GID != 0 && (attrs.mode & GROUP_EXEC != 0 || caller.gid != attrs.gid) {
         dropped |= SET_GID;
     }
+    debug_assert_eq!(dropped & !(SET_UID | SET_GID), 0, "only set-ID bits are dropped");
     dropped
 }
 
@@ -140,6 +141,7 @@ impl Inodes<'_> {
         if current & GROUP_EXEC != 0 {
             cleared |= current & SET_GID;
         }
+        debug_assert_eq!(cleared & !(SET_UID | SET_GID), 0, "only set-ID bits are cleared");
         Ok((cleared != 0).then(|| mode.unwrap_or(current) & !cleared))
     }
 }

@@ -77,6 +77,7 @@ impl VolumeCore {
     /// it was the last of an inode no name refers to: an orphan to free.
     pub(crate) fn close_handle(&self, ino: u64) -> bool {
         let Some(mut inode) = self.meta.inode_mut(ino) else { return false };
+        debug_assert!(inode.open_handles > 0, "inode {ino}: a handle closed that was not open");
         inode.open_handles -= 1;
         inode.open_handles == 0 && inode.attrs.nlink == 0
     }
