@@ -22,6 +22,7 @@ impl BlockBits {
     }
 
     pub fn get(&self, block: usize) -> bool {
+        debug_assert!(block < self.block_count, "block {block} of {}", self.block_count);
         self.words[block / 64] & (1 << (block % 64)) != 0
     }
 
@@ -55,16 +56,21 @@ impl BlockBits {
             }
             block += span;
         }
+        debug_assert!(changed <= count, "{changed} bits changed in a range of {count}");
         changed
     }
 
     /// Whether every bit of `[first, first + count)` is set.
     pub fn all_set(&self, first: usize, count: usize) -> bool {
+        debug_assert!(first + count <= self.block_count, "bit range past the folio");
         (first..first + count).all(|block| self.get(block))
     }
 
     pub fn count_set(&self) -> usize {
-        self.words.iter().map(|word| word.count_ones() as usize).sum()
+        let count = self.words.iter().map(|word| word.count_ones() as usize).sum();
+        // No bit past the folio's blocks is ever set (update_range asserts).
+        debug_assert!(count <= self.block_count, "{count} bits set of {}", self.block_count);
+        count
     }
 
     pub fn is_empty(&self) -> bool {
@@ -90,6 +96,7 @@ impl BlockBits {
 
     /// Keeps only the bits also set in `other`.
     pub fn intersect_with(&mut self, other: &BlockBits) {
+        assert_eq!(self.block_count, other.block_count);
         for (word, &theirs) in self.words.iter_mut().zip(other.words.iter()) {
             *word &= theirs;
         }

@@ -64,6 +64,7 @@ impl Folio {
             bytes.is_power_of_two() && bytes >= block_bytes && pos.is_multiple_of(bytes as u64)
         );
         assert!(data.len() <= bytes, "{} bytes of memory for a folio of {bytes}", data.len());
+        debug_assert!(block_bytes.is_power_of_two(), "blocks of {block_bytes} bytes");
         let block_count = bytes / block_bytes;
         accounting.live_folios.fetch_add(1, Ordering::Relaxed);
         let state = FolioState {
@@ -118,6 +119,7 @@ impl Folio {
         }
         let first = start as usize / self.block_bytes;
         let last = (end as usize).div_ceil(self.block_bytes);
+        debug_assert!(first < last && last <= self.block_count(), "blocks past the folio");
         (first, last - first)
     }
 
@@ -153,6 +155,12 @@ impl Folio {
                 self.accounting.pool.give(old);
             }
         }
+        debug_assert!(
+            end <= state.data.len() && state.data.len() <= self.bytes,
+            "memory of {} bytes for [{start}, {end}) of a folio of {}",
+            state.data.len(),
+            self.bytes
+        );
         &mut state.data[start..end]
     }
 
@@ -175,7 +183,8 @@ impl Folio {
 impl Drop for Folio {
     fn drop(&mut self) {
         self.accounting.cached_bytes.fetch_sub(self.bytes as u64, Ordering::Relaxed);
-        self.accounting.live_folios.fetch_sub(1, Ordering::Relaxed);
+        let live_before = self.accounting.live_folios.fetch_sub(1, Ordering::Relaxed);
+        debug_assert!(live_before > 0, "more folios dropped than made");
         let promised_blocks = self.state.get_mut().copy_reserved.count_set() as u64;
         if promised_blocks > 0 {
             (self.accounting.give_back_reserved)(promised_blocks);

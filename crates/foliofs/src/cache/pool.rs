@@ -35,6 +35,8 @@ const SMALLEST_CLASS_SHIFT: u32 = 9;
 const RELEASED_KEPT_BYTES_MAX: u64 = 8 << 20;
 /// Memory carved into small folios: a huge page.
 pub const SLAB_BYTES: usize = 2 << 20;
+// A slab divides into whole pieces of every class below it.
+const _: () = assert!(SLAB_BYTES.is_power_of_two() && SLAB_BYTES >> SMALLEST_CLASS_SHIFT > 1);
 /// Freed buffers kept whatever else the pool holds: a quarter of its limit,
 /// at most this.
 const KEPT_BYTES_ALWAYS_MAX: u64 = 256 << 20;
@@ -115,6 +117,7 @@ impl FreeSlabs {
         let mut state = self.state();
         if state.addresses.len() < self.count_max {
             state.addresses.push(address);
+            debug_assert!(state.addresses.len() <= self.count_max, "more slabs kept than allowed");
             return true;
         }
         false
@@ -205,7 +208,8 @@ fn unmap_slab(address: usize) {
     // SAFETY: a mapping made by `map_slab`, of exactly SLAB_BYTES, that
     // nothing uses any more (its owner is being dropped, or it was never
     // handed out).
-    unsafe { libc::munmap(address as *mut libc::c_void, SLAB_BYTES) };
+    let unmapped = unsafe { libc::munmap(address as *mut libc::c_void, SLAB_BYTES) };
+    debug_assert_eq!(unmapped, 0, "unmapping the slab at {address:#x}");
 }
 
 /// One slab's memory: `SLAB_BYTES`, aligned to it, initialised (zeroed when
@@ -225,6 +229,8 @@ unsafe impl Sync for SlabMemory {}
 impl SlabMemory {
     fn new(free_slabs: &'static FreeSlabs) -> Self {
         let pointer = free_slabs.take().unwrap_or_else(map_slab);
+        // Pieces are aligned to their size up to a page: the slab to a page.
+        debug_assert_eq!(pointer.as_ptr() as usize % 4096, 0, "a slab not page-aligned");
         Self { pointer, free_slabs }
     }
 
@@ -278,6 +284,7 @@ impl Deref for FolioMemory {
             // initialised (see SlabMemory) and kept alive by the Arc,
             // and the pool hands each piece to one FolioMemory at a time.
             MemoryKind::Piece { slab, offset, length } => unsafe {
+                debug_assert!(*offset + *length <= SLAB_BYTES, "a piece past its slab");
                 std::slice::from_raw_parts(slab.pointer.as_ptr().add(*offset), *length)
             },
         }
@@ -291,6 +298,7 @@ impl DerefMut for FolioMemory {
             // SAFETY: as in deref; no other FolioMemory covers these bytes,
             // and &mut self makes this access exclusive.
             MemoryKind::Piece { slab, offset, length } => unsafe {
+                debug_assert!(*offset + *length <= SLAB_BYTES, "a piece past its slab");
                 std::slice::from_raw_parts_mut(slab.pointer.as_ptr().add(*offset), *length)
             },
         }
@@ -326,6 +334,7 @@ impl Slab {
     }
 
     fn has_room(&self) -> bool {
+        debug_assert!(self.carved <= self.piece_count(), "carved past the slab's end");
         !self.returned.is_empty() || self.carved < self.piece_count()
     }
 }
@@ -387,6 +396,7 @@ impl BufferPool {
                 self.whole_bytes_out.fetch_add(bytes as u64, Ordering::Relaxed);
                 let mut state = self.state.lock();
                 if let Some(buffer) = state.classes[class].pop() {
+                    debug_assert!(state.kept_bytes >= bytes as u64, "kept bytes miscounted");
                     state.kept_bytes -= bytes as u64;
                     self.reused.fetch_add(1, Ordering::Relaxed);
                     return FolioMemory::whole(buffer);
@@ -404,6 +414,8 @@ impl BufferPool {
     }
 
     fn take_piece(&self, class: usize, bytes: usize) -> FolioMemory {
+        debug_assert!(bytes.is_power_of_two() && bytes < SLAB_BYTES, "a piece of {bytes} bytes");
+        debug_assert_eq!(Self::class_of(bytes), Some(class), "a piece of {bytes} in class {class}");
         let mut state = self.state.lock();
         if state.slabs_with_room[class].is_empty() {
             // Allocated (and zeroed) outside the lock: it faults in 2 MiB.
@@ -418,6 +430,7 @@ impl BufferPool {
         }
         let address = *state.slabs_with_room[class].first().expect("a slab with room");
         let slab = state.slabs.get_mut(&address).expect("listed slabs exist");
+        debug_assert_eq!(slab.piece_bytes, bytes, "a slab listed under another class");
         let offset = match slab.returned.pop() {
             Some(offset) => {
                 self.reused.fetch_add(1, Ordering::Relaxed);
@@ -429,7 +442,16 @@ impl BufferPool {
                 (slab.carved - 1) * bytes
             }
         };
+        // What `FolioMemory`'s from_raw_parts relies on: the piece lies
+        // inside its slab, at a multiple of its length.
+        assert!(
+            offset + bytes <= SLAB_BYTES,
+            "piece [{offset}, {}) past the slab of {SLAB_BYTES} bytes",
+            offset + bytes
+        );
+        assert!(offset.is_multiple_of(bytes), "piece at {offset} not aligned to its {bytes} bytes");
         slab.live += 1;
+        debug_assert!(slab.live <= slab.piece_count(), "more pieces live than the slab holds");
         let memory = Arc::clone(&slab.memory);
         if !slab.has_room() {
             state.slabs_with_room[class].remove(&address);
@@ -471,6 +493,14 @@ impl BufferPool {
         let address = memory.address();
         let mut state = self.state.lock();
         let Some(slab) = state.slabs.get_mut(&address) else { return };
+        debug_assert_eq!(slab.piece_bytes, bytes, "a piece given back to a slab of another size");
+        debug_assert!(
+            offset.is_multiple_of(bytes) && offset + bytes <= SLAB_BYTES,
+            "piece [{offset}, {}) given back is none of the slab's",
+            offset + bytes
+        );
+        debug_assert!(slab.live > 0, "a piece given back to a slab with none live");
+        debug_assert!(slab.returned.len() < slab.piece_count(), "a piece given back twice");
         slab.returned.push(offset);
         slab.live -= 1;
         let empty = slab.live == 0;
@@ -516,6 +546,7 @@ impl BufferPool {
                 .filter(|&other| !state.classes[other].is_empty());
             let Some(fullest) = fullest else { return };
             let evicted = state.classes[fullest].pop().expect("non-empty class");
+            debug_assert!(state.kept_bytes >= evicted.len() as u64, "kept bytes miscounted");
             state.kept_bytes -= evicted.len() as u64;
             freed.push(evicted);
         }

@@ -48,13 +48,17 @@ impl DirtyLimits {
     /// Below this writers are never paced (the kernel's freerun ceiling).
     pub fn freerun_bytes(&self) -> u64 {
         let background = self.background_bytes.min(self.limit_bytes);
-        background + (self.limit_bytes - background) / 2
+        let freerun = background + (self.limit_bytes - background) / 2;
+        debug_assert!(freerun <= self.limit_bytes, "freerun {freerun} past the limit");
+        freerun
     }
 
     /// Where pacing holds the dirty count: writers go at the bandwidth.
     pub fn setpoint_bytes(&self) -> u64 {
         let freerun = self.freerun_bytes();
-        freerun + (self.limit_bytes - freerun) / 2
+        let setpoint = freerun + (self.limit_bytes - freerun) / 2;
+        debug_assert!(freerun <= setpoint && setpoint <= self.limit_bytes);
+        setpoint
     }
 
     /// The paced rate as a fraction of the write bandwidth, for `dirty`
@@ -66,7 +70,9 @@ impl DirtyLimits {
         let setpoint = self.setpoint_bytes() as f64;
         let half_range = (self.limit_bytes as f64 - setpoint).max(1.0);
         let below = ((setpoint - dirty as f64) / half_range).clamp(-1.0, 1.0);
-        1.0 + below * below * below
+        let ratio = 1.0 + below * below * below;
+        debug_assert!((0.0..=2.0).contains(&ratio), "position ratio {ratio}");
+        ratio
     }
 }
 
@@ -179,11 +185,14 @@ impl DirtyThrottle {
         let mut pacing = self.pacing.lock();
         let Some(bandwidth) = pacing.write_bytes_per_s else { return Duration::ZERO };
         let rate = bandwidth * limits.position_ratio(dirty).max(POSITION_RATIO_MIN);
+        // Samples are bytes over a busy time that is not zero.
+        debug_assert!(rate > 0.0 && rate.is_finite(), "a paced rate of {rate} bytes/s");
         let slot = Duration::from_secs_f64(bytes as f64 / rate);
         let start = pacing.paced_until.filter(|&until| until > now).unwrap_or(now);
         let until = (start + slot).min(now + PAUSE_MAX);
         pacing.paced_until = Some(until);
         let pause = until - now;
+        debug_assert!(pause <= PAUSE_MAX, "a pause of {pause:?}");
         if pause < PAUSE_MIN {
             Duration::ZERO
         } else {

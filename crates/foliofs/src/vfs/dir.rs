@@ -9,12 +9,12 @@ use crate::format::InodeKind;
 
 use super::attr::{Attr, DirEntry};
 use super::inodes::Inodes;
-use super::volume::Shared;
+use super::volume::VolumeCore;
 
 /// An open directory. Closing (or dropping) the last handle of a removed
 /// directory frees it.
 pub struct Dir {
-    shared: Arc<Shared>,
+    shared: Arc<VolumeCore>,
     ino: u64,
     released: bool,
 }

@@ -23,7 +23,7 @@ use super::attr::{Attr, SetAttr};
 use super::inodes::Inodes;
 use super::metadata::{Metadata, Permissions};
 use super::observe::ChangeEvent;
-use super::volume::Shared;
+use super::volume::VolumeCore;
 
 /// How an inode-level open ([`Inodes::open_file`](super::Inodes::open_file)) opens a file; the path-based calls take [`OpenOptions`](super::OpenOptions).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -86,7 +86,7 @@ impl OpenFlags {
 /// An open regular file. Closing (or dropping) the last handle of an
 /// unlinked file frees it.
 pub struct File {
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<VolumeCore>,
     pub(super) ino: u64,
     pub(super) inode: Arc<InodeCache>,
     flags: OpenFlags,
@@ -139,6 +139,7 @@ impl Inodes<'_> {
             inode.open_handles += 1;
         }
         let inode = self.volume.shared.inode_cache(ino);
+        debug_assert_eq!(inode.ino, ino, "inode {ino} handed another's cache entry");
         if flags.drop_behind {
             inode.set_drop_behind();
         }
@@ -268,6 +269,7 @@ impl File {
         if self.flags.direct && !self.flags.append {
             let written =
                 direct::write(engine, &self.inode, self.ino, data, pos, self.flags.dsync)?;
+            debug_assert!(written <= data.len(), "wrote {written} bytes of {}", data.len());
             self.shared.changed(ChangeEvent::range(self.ino, pos, written as u64));
             return Ok(written);
         }
@@ -279,6 +281,7 @@ impl File {
             let pos = if self.flags.append { self.shared.size_of(self.ino)? } else { pos };
             (pos, buffered::write(engine, &self.inode, data, pos)?)
         };
+        debug_assert!(written <= data.len(), "wrote {written} bytes of {}", data.len());
         self.shared.changed(ChangeEvent::range(self.ino, pos, written as u64));
         writeback::balance_dirty(engine, &self.inode, written as u64);
         if self.flags.dsync {
@@ -336,6 +339,7 @@ impl File {
             (read, viewed)
         };
         let Some((consumed, count)) = read else { return Ok(None) };
+        debug_assert!(count <= length, "{count} bytes read in place of {length}");
         if count > 0 {
             self.shared.accessed_viewed(self.ino, &viewed);
         }
@@ -351,6 +355,7 @@ impl File {
     /// continues it: a sequential reader in requests smaller than a folio
     /// would otherwise read each folio from the device again.
     fn drop_consumed(&self, pos: u64, end: u64) -> Result<()> {
+        debug_assert!(pos <= end, "drop-behind of [{pos}, {end})");
         let size = self.shared.engine.size_of(self.ino)?;
         let consumed_end = if end >= size { u64::MAX } else { end };
         self.inode.drop_behind_range(pos, end, consumed_end);
@@ -463,6 +468,7 @@ impl File {
     }
 
     pub(super) fn sync_range(&self, start: u64, end: u64, data_only: bool) -> Result<()> {
+        debug_assert!(start <= end, "a sync of [{start}, {end})");
         self.shared.check_running()?;
         // Announced before the data goes out, so that a sync about to lead
         // a journal group meanwhile waits for this one to share it.
@@ -633,7 +639,7 @@ impl io::Seek for File {
 }
 
 /// A direct write's change event comes from the thread that completed it.
-impl WriteObserver for Shared {
+impl WriteObserver for VolumeCore {
     fn direct_written(&self, ino: u64, pos: u64, written: usize) {
         let changed = ChangeEvent::range(ino, pos, written as u64);
         self.changed(ChangeEvent { deferred: true, ..changed })

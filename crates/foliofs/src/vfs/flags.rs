@@ -24,7 +24,7 @@ use crate::format::Record;
 use crate::meta::InodeTable;
 
 use super::inodes::Inodes;
-use super::volume::Shared;
+use super::volume::VolumeCore;
 
 /// The flags only CAP_LINUX_IMMUTABLE may change.
 const PROTECTION_FLAGS: u32 = INODE_FLAG_IMMUTABLE | INODE_FLAG_APPEND;
@@ -71,7 +71,7 @@ pub(super) fn skips_atime(inode: &crate::meta::Inode) -> bool {
     inode.flags & INODE_FLAG_NOATIME != 0
 }
 
-impl Shared {
+impl VolumeCore {
     /// A data change of `ino` from byte `start` on: refused on an immutable
     /// file, and on an append-only one below its end of file.
     pub(super) fn check_data_change(&self, ino: u64, start: u64, what: &str) -> Result<()> {

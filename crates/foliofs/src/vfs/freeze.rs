@@ -17,6 +17,9 @@
 //! (a path call resolving to an inode call, a clone opening its copy)
 //! passes at once, and so do the freezing thread's own operations, which
 //! are how a snapshot writes its copy.
+//!
+//! [`Volume::freeze`]: super::Volume::freeze
+//! [`Volume::clone_tree`]: super::Volume::clone_tree
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,8 +28,6 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::error::{Error, Result};
 use crate::lock_order::{Level, Ordered};
-
-use super::volume::Volume;
 
 /// Slots of the gate: enough that the threads of a 16-core machine rarely
 /// share one.
@@ -97,7 +98,7 @@ impl WriteGate {
     /// Closes the gate: waits for the operations inside to end; until the
     /// value is dropped, other threads' changing operations wait, and this
     /// thread's pass.
-    fn freeze(&self) -> Result<Frozen<'_>> {
+    pub(crate) fn freeze(&self) -> Result<Frozen<'_>> {
         if self.thread_is_inside() {
             return Err(Error::invalid(
                 "a volume cannot be frozen from inside one of its own operations",
@@ -137,25 +138,6 @@ pub struct Frozen<'a> {
 impl Drop for Frozen<'_> {
     fn drop(&mut self) {
         self.gate.leave();
-    }
-}
-
-impl Volume {
-    /// FIFREEZE: waits for every operation that changes the volume to end,
-    /// writes back and commits everything, and keeps other threads' changes
-    /// waiting until the returned value is dropped (FITHAW), so the image
-    /// on the device is whole and stays so: a backup may copy it meanwhile.
-    /// Reads go on. This thread may still change the volume; a frozen
-    /// volume's snapshot is made so.
-    pub fn freeze(&self) -> Result<Frozen<'_>> {
-        let frozen = self.shared.write_gate.freeze()?;
-        self.shared.sync()?;
-        Ok(frozen)
-    }
-
-    /// Freezes without the sync, for work that flushes what it reads.
-    pub(super) fn freeze_unsynced(&self) -> Result<Frozen<'_>> {
-        self.shared.write_gate.freeze()
     }
 }
 

@@ -6,10 +6,13 @@
 
 mod access;
 mod acl;
+mod atime;
 mod attr;
 mod clone;
 #[cfg(test)]
 mod coherence_tests;
+#[cfg(test)]
+mod committer_tests;
 #[cfg(test)]
 mod concurrency_tests;
 mod dir;
@@ -22,11 +25,14 @@ mod namespace;
 mod observe;
 mod open_options;
 mod paths;
+mod setattr;
 mod shutdown;
 mod special;
 mod tmpfile;
 mod trim;
 mod volume;
+#[cfg(test)]
+mod writeback_tests;
 mod xattr;
 
 pub use access::{Access, Credentials};

@@ -1,7 +1,6 @@
 //! Namespace operations. Each validates against the current state and then
 //! applies its records in one transaction, so a failed check changes nothing.
 
-use crate::buffered;
 use crate::error::{Error, Result};
 use crate::format::record::is_valid_name;
 use crate::format::{
@@ -9,38 +8,16 @@ use crate::format::{
 };
 use crate::meta::{InodeTable, MetaStore, Txn};
 
-use super::attr::{Attr, DirEntry, Owner, SetAttr, TimeSet};
+use super::attr::{Attr, DirEntry, Owner};
 use super::flags::{check_changeable, check_not_immutable};
 use super::inodes::Inodes;
 use super::observe::NamespaceEvent;
-use super::volume::Shared;
 
 /// Most links a file may have (as ext4's EXT4_LINK_MAX).
 const LINK_COUNT_MAX: u32 = 65000;
 
-const SET_UID: u32 = 0o4000;
-const SET_GID: u32 = 0o2000;
-const GROUP_EXEC: u32 = 0o010;
-
-/// The extended attribute that holds a file's capabilities (setcap).
-const FILE_CAPABILITIES: &[u8] = b"security.capability";
-
-/// The set-ID bits that a change of a file's data (write, truncate,
-/// fallocate) by `caller` removes, as the kernel's
-/// `setattr_should_drop_suidgid`: set-user-ID always; set-group-ID when
-/// group execute is set (without it the bit is a locking mark, not a
-/// privilege) or the caller is not in the file's group. Root (taken as
-/// holding CAP_FSETID) keeps both; only regular files lose them.
-fn setid_bits_to_drop(attrs: &InodeAttrs, caller: Owner) -> u32 {
-    if attrs.kind != InodeKind::File || caller.uid == 0 {
-        return 0;
-    }
-    let mut dropped = attrs.mode & SET_UID;
-    if attrs.mode & SET_GID != 0 && (attrs.mode & GROUP_EXEC != 0 || caller.gid != attrs.gid) {
-        dropped |= SET_GID;
-    }
-    dropped
-}
+/// The set-group-ID bit (a directory passes it to what is made in it).
+pub(super) const SET_GID: u32 = 0o2000;
 
 /// renameat2 flags.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -55,6 +32,9 @@ pub struct RenameFlags {
     pub whiteout: Option<Owner>,
 }
 
+// `check_name` shows the first 32 bytes of a name too long.
+const _: () = assert!(NAME_BYTES_MAX >= 32);
+
 fn check_name(name: &[u8]) -> Result<()> {
     if name.len() > NAME_BYTES_MAX {
         return Err(Error::NameTooLong(String::from_utf8_lossy(&name[..32]).into_owned() + "..."));
@@ -65,6 +45,7 @@ fn check_name(name: &[u8]) -> Result<()> {
             String::from_utf8_lossy(name)
         )));
     }
+    debug_assert!(!name.is_empty() && name.len() <= NAME_BYTES_MAX);
     Ok(())
 }
 
@@ -104,19 +85,24 @@ fn check_not_removed(state: &(impl InodeTable + ?Sized), dir: u64) -> Result<()>
     Ok(())
 }
 
-fn attrs_of(state: &(impl InodeTable + ?Sized), ino: u64) -> Result<InodeAttrs> {
+pub(super) fn attrs_of(state: &(impl InodeTable + ?Sized), ino: u64) -> Result<InodeAttrs> {
     state.inode(ino).map(|inode| inode.attrs).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
 }
 
 /// Applies an InodeSet with `change` made to the current attributes.
-fn update_attrs(txn: &mut Txn<'_>, ino: u64, change: impl FnOnce(&mut InodeAttrs)) {
+pub(super) fn update_attrs(txn: &mut Txn<'_>, ino: u64, change: impl FnOnce(&mut InodeAttrs)) {
     let mut attrs = txn.state().inode(ino).expect("validated inode").attrs;
+    let kind = attrs.kind;
     change(&mut attrs);
+    debug_assert_eq!(attrs.kind, kind, "inode {ino}: an inode never changes kind");
     txn.apply(Record::InodeSet { ino, attrs });
 }
 
 fn touch_dir(txn: &mut Txn<'_>, dir: u64, nlink_delta: i32, now: Timestamp) {
+    // One subdirectory's ".." at a time.
+    debug_assert!((-1..=1).contains(&nlink_delta), "a link count change of {nlink_delta}");
     update_attrs(txn, dir, |attrs| {
+        debug_assert_eq!(attrs.kind, InodeKind::Dir, "touching inode {dir}, not a directory");
         // Saturating: the count is loaded from the image unchecked, so a
         // damaged one (0, u32::MAX) must not panic a live change; fsck
         // reports it (found by fuzz_images).
@@ -132,6 +118,11 @@ fn touch_dir(txn: &mut Txn<'_>, dir: u64, nlink_delta: i32, now: Timestamp) {
 fn drop_link(txn: &mut Txn<'_>, ino: u64, now: Timestamp) {
     let inode = txn.state().inode(ino).expect("validated inode");
     let is_dir = inode.attrs.kind == InodeKind::Dir;
+    // rmdir and rename checked that a directory losing its name is empty.
+    debug_assert!(
+        !is_dir || inode.entries().is_some_and(|entries| entries.is_empty()),
+        "directory {ino} dropped while not empty"
+    );
     let nlink = if is_dir { 0 } else { inode.attrs.nlink.saturating_sub(1) };
     let frees_at_once = || txn.shared_counts_unmapping(ino, 0, u64::MAX) <= txn.shared_count_room();
     if nlink == 0 && inode.open_handles == 0 && frees_at_once() {
@@ -139,7 +130,7 @@ fn drop_link(txn: &mut Txn<'_>, ino: u64, now: Timestamp) {
     } else {
         // An inode whose blocks' shared counts would not fit this
         // transaction stays an orphan, freed in steps right after it
-        // (`Shared::free_orphan`) or by the next mount.
+        // (`VolumeCore::free_orphan`) or by the next mount.
         update_attrs(txn, ino, |attrs| {
             attrs.nlink = nlink;
             attrs.ctime = now;
@@ -168,6 +159,12 @@ pub(super) fn apply_new_inode(
     extra: u64,
 ) -> Result<()> {
     let NewInode { ino, kind, mode, owner, nlink, size, now } = new;
+    // Each caller refused a number in use, and found `parent` a directory.
+    debug_assert!(txn.state().inode(ino).is_none(), "inode {ino} made twice");
+    debug_assert!(
+        txn.state().inode(parent).is_some_and(|dir| dir.entries().is_some()),
+        "inode {ino} made in {parent}, not a directory"
+    );
     let is_dir = kind == InodeKind::Dir;
     let (mode, inherited) = super::acl::inherit(txn.state(), parent, ino, kind, mode);
     let inherited_bytes: usize = inherited.iter().map(Record::encoded_bytes_max).sum();
@@ -220,11 +217,13 @@ pub(super) fn list(meta: &MetaStore, dir: u64) -> Result<Vec<DirEntry>> {
             kinds[index] = view.inode(named[index].1).map(|inode| inode.attrs.kind);
         }
     }
-    Ok(named
+    let listed: Vec<DirEntry> = named
         .into_iter()
         .zip(kinds)
         .filter_map(|((name, ino), kind)| Some(DirEntry { name, ino, kind: kind? }))
-        .collect())
+        .collect();
+    debug_assert!(listed.windows(2).all(|pair| pair[0].name < pair[1].name), "unsorted");
+    Ok(listed)
 }
 
 /// True if directory `ancestor` is `dir` or one of its parents, read a
@@ -325,6 +324,8 @@ impl Inodes<'_> {
         target: Option<&[u8]>,
         rdev: u32,
     ) -> Result<Attr> {
+        debug_assert!(target.is_none() || kind == InodeKind::Symlink, "a target for a {kind:?}");
+        debug_assert!(rdev == 0 || kind.is_device(), "a device number for a {kind:?}");
         let _writing = self.volume.shared.write_gate.start_write();
         check_name(name)?;
         let ino = self.volume.shared.meta.take_ino(kind == InodeKind::Dir);
@@ -413,6 +414,7 @@ impl Inodes<'_> {
             txn.ensure_metadata_room(100 + new_name.len() as u64)?;
             let now = Timestamp::now();
             update_attrs(txn, ino, |attrs| {
+                debug_assert!(attrs.nlink < LINK_COUNT_MAX, "checked in this transaction");
                 attrs.nlink += 1;
                 attrs.ctime = now;
             });
@@ -571,6 +573,8 @@ impl Inodes<'_> {
         victim: Option<u64>,
     ) -> Result<bool> {
         let RenameNames { parent, name, new_parent, new_name } = names;
+        // `rename` refused these pairs: plan_rename and apply_rename rely on it.
+        debug_assert!(!(flags.exchange && (flags.no_replace || flags.whiteout.is_some())));
         let meta = &self.volume.shared.meta;
         let is_dir = |ino: Option<u64>| {
             ino.and_then(|ino| meta.inode(ino))
@@ -641,6 +645,7 @@ impl Inodes<'_> {
                 }
                 continue;
             };
+            debug_assert_eq!(Some(cached.ino), victim, "the cache entry of another inode");
             let done = {
                 let _exclusive = cached.io.exclusive(|| self.volume.shared.engine.device.unplug());
                 let _serial = cached.lock_writeback();
@@ -663,139 +668,10 @@ impl Inodes<'_> {
         )))
     }
 
-    /// Changes attributes; a size change truncates or extends the file.
-    pub fn setattr(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
-        let _writing = self.volume.shared.write_gate.start_write();
-        check_attr_change(&self.volume.shared.meta.view(&[ino]), ino, changes)?;
-        if let Some(size) = changes.size {
-            let kind = attrs_of(&self.volume.shared.meta.view(&[ino]), ino)?.kind;
-            match kind {
-                InodeKind::Dir => return Err(Error::IsDir(format!("inode {ino}"))),
-                InodeKind::Symlink => return Err(Error::invalid("truncating a symlink")),
-                InodeKind::File => {}
-                _ => return Err(Error::invalid("truncating a special file")),
-            }
-            if let Some(refusal) = self.volume.shared.meta.refusal() {
-                return Err(refusal);
-            }
-            let inode = self.volume.shared.inode_cache(ino);
-            {
-                let _exclusive = inode.io.exclusive(|| self.volume.shared.engine.device.unplug());
-                buffered::set_size(&self.volume.shared.engine, &inode, size)?;
-            }
-            drop(inode);
-            self.volume.shared.cache.release_inode(ino, 0);
-            self.volume.shared.changed(super::observe::ChangeEvent::from_offset(ino, size));
-        }
-        self.volume.shared.change_attrs(ino, changes)
-    }
-
-    /// Takes away what a write, truncate or fallocate by `caller` must take
-    /// away before the change, as the kernel's `file_remove_privs`: the
-    /// set-ID bits `setid_bits_to_drop` names (when `kill_setid`: the kernel
-    /// says so for unprivileged callers), and the file capabilities
-    /// (`security.capability`), which any data change removes, root's too.
-    /// Front ends call it where the kernel leaves the rule to the file
-    /// system (FUSE direct writes; fallocate). Returns whether the mode
-    /// changed.
-    pub fn remove_privileges(&self, ino: u64, caller: Owner, kill_setid: bool) -> Result<bool> {
-        let _writing = self.volume.shared.write_gate.start_write();
-        let to_remove = |state: &dyn InodeTable| -> Result<(u32, bool)> {
-            // The data change that follows is refused on an immutable file:
-            // nothing may change before it either.
-            check_not_immutable(state, ino, "writing")?;
-            let inode = state.inode(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
-            let setid = if kill_setid { setid_bits_to_drop(&inode.attrs, caller) } else { 0 };
-            let capability = inode.xattrs.contains_key(FILE_CAPABILITIES);
-            Ok((setid, capability))
-        };
-        // Most files have neither, and this runs before every write: a read
-        // lock decides.
-        if to_remove(&self.volume.shared.meta.view(&[ino]))? == (0, false) {
-            return Ok(false);
-        }
-        let (dropped, _) = self.volume.shared.meta.transact(&[ino], |txn| {
-            let (dropped, capability) = to_remove(txn.state())?;
-            if dropped == 0 && !capability {
-                return Ok(false);
-            }
-            if capability {
-                txn.apply(Record::XattrRemove { ino, name: FILE_CAPABILITIES.to_vec() });
-            }
-            let now = Timestamp::now();
-            update_attrs(txn, ino, |attrs| {
-                attrs.mode &= !dropped;
-                attrs.ctime = now;
-            });
-            Ok(dropped != 0)
-        })?;
-        Ok(dropped)
-    }
-
-    /// What a truncate or a chown by `caller` takes away before the
-    /// setattr that makes it, where the kernel leaves this to the file
-    /// system (FUSE_HANDLE_KILLPRIV_V2): a truncate as a data change
-    /// ([`Inodes::remove_privileges`] with the set-ID rule); a chown the
-    /// file capabilities, and from a regular file set-user-ID always and
-    /// set-group-ID where group execute is set, root's too (the kernel's
-    /// chown rule, `setattr_should_drop_sgid`). Returns the mode the
-    /// setattr must set instead of `mode` (the one it asks for, or the
-    /// file's) when the chown clears set-ID bits from it.
-    pub fn remove_privileges_for_setattr(
-        &self,
-        ino: u64,
-        caller: Owner,
-        truncate: bool,
-        chown: bool,
-        mode: Option<u32>,
-    ) -> Result<Option<u32>> {
-        let _writing = self.volume.shared.write_gate.start_write();
-        if truncate || chown {
-            self.remove_privileges(ino, caller, truncate)?;
-        }
-        if !chown {
-            return Ok(None);
-        }
-        let attrs = attrs_of(&self.volume.shared.meta.view(&[ino]), ino)?;
-        if attrs.kind != InodeKind::File {
-            return Ok(None);
-        }
-        let current = attrs.mode & 0o7777;
-        let mut cleared = current & SET_UID;
-        if current & GROUP_EXEC != 0 {
-            cleared |= current & SET_GID;
-        }
-        Ok((cleared != 0).then(|| mode.unwrap_or(current) & !cleared))
-    }
-
     /// Makes the inode's changes durable: all of them (fsync), or only those
     /// needed to read its data back (fdatasync).
     pub fn fsync_inode(&self, ino: u64, data_only: bool) -> Result<()> {
         self.volume.shared.fsync_inode(ino, data_only, None)
-    }
-}
-
-/// chattr's rules for a setattr: nothing changes an immutable inode; an
-/// append-only one takes only times set to now (touch), as the kernel's
-/// notify_change and vfs_utimes.
-fn check_attr_change(
-    state: &(impl InodeTable + ?Sized),
-    ino: u64,
-    changes: &SetAttr,
-) -> Result<()> {
-    let is_explicit = |time: Option<TimeSet>| matches!(time, Some(TimeSet::At(_)));
-    let changes_protected = changes.mode.is_some()
-        || changes.uid.is_some()
-        || changes.gid.is_some()
-        || changes.size.is_some()
-        || is_explicit(changes.atime)
-        || is_explicit(changes.mtime);
-    if changes_protected {
-        check_changeable(state, ino, "changing its attributes or size")
-    } else if changes.atime.is_some() || changes.mtime.is_some() {
-        check_not_immutable(state, ino, "changing its times")
-    } else {
-        Ok(())
     }
 }
 
@@ -880,6 +756,8 @@ fn plan_rename(
             return Err(Error::NotEmpty(display(new_name)));
         }
     }
+    debug_assert!(victim.is_none_or(|(victim, _)| victim != ino), "a rename onto itself");
+    debug_assert!(!flags.exchange || victim.is_some(), "an exchange with nothing");
     Ok(RenamePlan { ino, ino_is_dir, victim, is_noop: false })
 }
 
@@ -896,6 +774,10 @@ fn apply_whiteout(
     if txn.state().inode(ino).is_some() {
         return Err(Error::NoSpace("no inode numbers left".into()));
     }
+    debug_assert!(
+        dir_entries(txn.state(), parent).is_ok_and(|entries| !entries.contains_key(name)),
+        "a whiteout over an entry the rename left"
+    );
     let now = Timestamp::now();
     let kind = InodeKind::CharDevice;
     let new = NewInode { ino, kind, mode: 0, owner, nlink: 1, size: 0, now };
@@ -914,6 +796,7 @@ fn apply_rename(
     new_name: &[u8],
     exchange: bool,
 ) {
+    debug_assert!(!plan.is_noop, "a rename that changes nothing applied");
     let now = Timestamp::now();
     let moves_dir = |txn: &mut Txn<'_>, dir: u64, from: u64, to: u64| {
         if from != to {
@@ -950,38 +833,5 @@ fn apply_rename(
     touch_dir(txn, parent, 0, now);
     if new_parent != parent {
         touch_dir(txn, new_parent, 0, now);
-    }
-}
-
-impl Shared {
-    /// `setattr` without the size: one transaction.
-    pub(super) fn change_attrs(&self, ino: u64, changes: &SetAttr) -> Result<Attr> {
-        let (attr, _) = self.meta.transact(&[ino], |txn| {
-            let mut attrs = attrs_of(txn.state(), ino)?;
-            check_attr_change(txn.state(), ino, changes)?;
-            if changes.mode.is_none()
-                && changes.uid.is_none()
-                && changes.gid.is_none()
-                && changes.atime.is_none()
-                && changes.mtime.is_none()
-                && changes.ctime.is_none()
-            {
-                return self.attr_of(txn.state(), ino);
-            }
-            let now = Timestamp::now();
-            attrs.mode = changes.mode.map_or(attrs.mode, |mode| mode & 0o7777);
-            attrs.uid = changes.uid.unwrap_or(attrs.uid);
-            attrs.gid = changes.gid.unwrap_or(attrs.gid);
-            attrs.atime = changes.atime.map_or(attrs.atime, |time| time.resolve(now));
-            attrs.mtime = changes.mtime.map_or(attrs.mtime, |time| time.resolve(now));
-            attrs.ctime = changes.ctime.unwrap_or(now);
-            txn.apply(Record::InodeSet { ino, attrs });
-            if changes.mode.is_some() {
-                super::acl::sync_access_acl(txn, ino, attrs.mode);
-            }
-            self.attr_of(txn.state(), ino)
-        })?;
-        self.namespace_changed(&[NamespaceEvent::Attributes { ino }]);
-        Ok(attr)
     }
 }

@@ -5,8 +5,6 @@
 
 use std::sync::{Arc, RwLock};
 
-use super::volume::{Shared, Volume};
-
 /// A change to a file's data or size: the bytes from `offset`, `length` of
 /// them (`u64::MAX` for "to the end of file and beyond", as a truncate or a
 /// size change makes).
@@ -64,6 +62,11 @@ pub enum NamespaceEvent {
 /// it, with no lock of the volume held.
 pub type NamespaceObserver = Arc<dyn Fn(&NamespaceEvent) + Send + Sync>;
 
+/// The observers a volume calls ([`Volume::set_change_observer`] and
+/// [`Volume::set_namespace_observer`] set them).
+///
+/// [`Volume::set_change_observer`]: super::Volume::set_change_observer
+/// [`Volume::set_namespace_observer`]: super::Volume::set_namespace_observer
 #[derive(Default)]
 pub(crate) struct Observers {
     observer: RwLock<Option<ChangeObserver>>,
@@ -71,6 +74,18 @@ pub(crate) struct Observers {
 }
 
 impl Observers {
+    /// Replaces the observer of data and size changes (`None`: no calls).
+    pub(crate) fn set_change(&self, observer: Option<ChangeObserver>) {
+        let mut slot = self.observer.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *slot = observer;
+    }
+
+    /// Replaces the observer of namespace and attribute changes.
+    pub(crate) fn set_namespace(&self, observer: Option<NamespaceObserver>) {
+        let mut slot = self.namespace.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *slot = observer;
+    }
+
     pub(crate) fn changed(&self, event: ChangeEvent) {
         let observer =
             self.observer.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
@@ -78,52 +93,16 @@ impl Observers {
             observer(event);
         }
     }
-}
-
-impl Shared {
-    pub(crate) fn changed(&self, event: ChangeEvent) {
-        self.observers.changed(event);
-    }
 
     /// Reports `events`; a no-op (not even a clone) without an observer.
     pub(crate) fn namespace_changed(&self, events: &[NamespaceEvent]) {
-        let observer = self
-            .observers
-            .namespace
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone();
+        let observer =
+            self.namespace.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         if let Some(observer) = observer {
             for event in events {
                 observer(event);
             }
         }
-    }
-}
-
-impl Volume {
-    /// Calls `observer` after every change to a file's data or size, made
-    /// through any handle of this volume (buffered or direct writes,
-    /// truncates, fallocate); `None` stops the calls. One observer at a
-    /// time: setting one replaces the last.
-    pub fn set_change_observer(&self, observer: Option<ChangeObserver>) {
-        let mut slot =
-            self.shared.observers.observer.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-        *slot = observer;
-    }
-
-    /// Calls `observer` after every change to a name (create, link,
-    /// unlink, rmdir, rename) or to an inode's attributes (setattr,
-    /// extended attributes), so that a cache of names and attributes may
-    /// keep them for long; `None` stops the calls.
-    pub fn set_namespace_observer(&self, observer: Option<NamespaceObserver>) {
-        let mut slot = self
-            .shared
-            .observers
-            .namespace
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        *slot = observer;
     }
 }
 
@@ -135,7 +114,7 @@ mod tests {
     use crate::dev::AlignedBuf;
     use crate::options::VolumeOptions;
     use crate::space::FallocateMode;
-    use crate::vfs::{MkfsOptions, OpenFlags, Owner, SetAttr};
+    use crate::vfs::{MkfsOptions, OpenFlags, Owner, SetAttr, Volume};
 
     #[test]
     fn every_data_and_size_change_is_reported_after_it_is_made() {

@@ -41,6 +41,7 @@ impl Volume {
         follow_last: bool,
         links_left: &mut u32,
     ) -> Result<u64> {
+        debug_assert!(*links_left <= SYMLINKS_FOLLOWED_MAX, "{links_left} symlinks left to follow");
         let mut dir = if path.starts_with(b"/") { ROOT_INO } else { start };
         let components: Vec<&[u8]> = path
             .split(|byte| *byte == b'/')
@@ -76,6 +77,12 @@ impl Volume {
         let name = path
             .file_name()
             .ok_or_else(|| Error::invalid(format!("{} names no file", path.display())))?;
+        // A normal component: never empty, ".", ".." or with a '/'.
+        debug_assert!(
+            !name.is_empty() && name != "." && name != ".." && !name.as_bytes().contains(&b'/'),
+            "{} ends in {name:?}",
+            path.display()
+        );
         let parent = match path.parent() {
             Some(parent) => self.walk(parent, true)?,
             None => ROOT_INO,
@@ -244,6 +251,7 @@ impl Volume {
                 read => filled += read,
             }
         }
+        debug_assert!(filled <= contents.len(), "read {filled} bytes into {}", contents.len());
         contents.truncate(filled);
         file.close()?;
         Ok(contents)

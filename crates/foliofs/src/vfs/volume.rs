@@ -2,7 +2,6 @@
 //! background committer, sync, close.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -14,19 +13,16 @@ use crate::error::{Error, IoContext, Result};
 use crate::format::{
     InodeAttrs, InodeKind, Record, Superblock, Timestamp, NAME_BYTES_MAX, ROOT_INO,
 };
-use crate::iomap::{self, Intent, MapKind};
+use crate::iomap::MapKind;
 use crate::journal::{JournalGeometry, SyncOnTheWay};
 use crate::layout;
-use crate::meta::{InodeTable, InodeView, LoadReport, MetaStore, Viewed};
-use crate::options::{AtimePolicy, VolumeOptions};
+use crate::meta::{InodeTable, LoadReport, MetaStore};
+use crate::options::VolumeOptions;
 use crate::writeback;
 
 use super::attr::{Attr, Owner, StatFs};
-use super::inodes::Inodes;
-
-/// Under relatime an access time is advanced at least this often (a day, as
-/// the kernel).
-const RELATIME_AGE_SECS: i64 = 24 * 60 * 60;
+use super::freeze::{Frozen, WriteGate};
+use super::observe::{ChangeEvent, ChangeObserver, NamespaceEvent, NamespaceObserver, Observers};
 
 /// How [`Volume::mkfs_path`] and [`Volume::format`] lay out a volume.
 #[derive(Debug, Clone, Copy)]
@@ -56,28 +52,32 @@ impl Default for MkfsOptions {
     }
 }
 
-pub(crate) struct Shared {
-    /// Device, metadata and policies; `Shared` derefs to it.
+/// An open volume's state, which the [`Volume`] and each of its `File` and
+/// `Dir` handles hold an `Arc` of (the field each calls `shared`): the
+/// engine, the superblock, the observers and the write gate.
+pub(crate) struct VolumeCore {
+    /// Device, metadata and policies; `VolumeCore` derefs to it.
     pub(crate) engine: Arc<Engine>,
     pub(crate) superblock: Superblock,
     pub(crate) load_report: LoadReport,
-    pub(crate) observers: super::observe::Observers,
+    pub(crate) observers: Observers,
     /// Passed by every changing operation; closed by a freeze.
-    pub(crate) write_gate: super::freeze::WriteGate,
+    pub(crate) write_gate: WriteGate,
 }
 
-impl std::ops::Deref for Shared {
+impl std::ops::Deref for VolumeCore {
     type Target = Engine;
     fn deref(&self) -> &Engine {
         &self.engine
     }
 }
 
-impl Shared {
+impl VolumeCore {
     /// Counts one open handle of `ino` (a file or a directory) out; true when
     /// it was the last of an inode no name refers to: an orphan to free.
     pub(crate) fn close_handle(&self, ino: u64) -> bool {
         let Some(mut inode) = self.meta.inode_mut(ino) else { return false };
+        debug_assert!(inode.open_handles > 0, "inode {ino}: a handle closed that was not open");
         inode.open_handles -= 1;
         inode.open_handles == 0 && inode.attrs.nlink == 0
     }
@@ -165,103 +165,6 @@ impl Shared {
         Ok(Attr::of(ino, inode, self.superblock.block_bytes))
     }
 
-    /// `ino`'s size and access-time outlook for a read, from `view` while
-    /// the inode has not changed since it was taken, else under its shard's
-    /// read lock (refreshing `view`): see `meta::view`. The caller holds the
-    /// inode's I/O lock shared, as for any read.
-    pub(crate) fn read_view(&self, ino: u64, view: &InodeView) -> Result<Viewed> {
-        if let Some(viewed) = view.current() {
-            return Ok(viewed);
-        }
-        let gone = || Error::BadHandle(format!("inode {ino} is gone"));
-        let has_generation = self.meta.inode(ino).ok_or_else(gone)?.view_generation.is_some();
-        if !has_generation {
-            // The first handle to read this inode gives it a generation.
-            let mut inode = self.meta.inode_mut(ino).ok_or_else(gone)?;
-            inode.view_generation.get_or_insert_with(|| Arc::new(AtomicU64::new(1)));
-        }
-        let inode = self.meta.inode(ino).ok_or_else(gone)?;
-        let source = inode.view_generation.as_ref().expect("given above, never taken away");
-        view.attach(source);
-        let generation = source.load(Ordering::Acquire);
-        let attrs = &inode.attrs;
-        let atime_quiet_until_secs = match self.options.atime {
-            _ if self.options.read_only || super::flags::skips_atime(&inode) => u64::MAX,
-            AtimePolicy::NoAtime => u64::MAX,
-            AtimePolicy::Strict => 0,
-            AtimePolicy::Relatime if attrs.mtime >= attrs.atime || attrs.ctime >= attrs.atime => 0,
-            AtimePolicy::Relatime => {
-                u64::try_from(attrs.atime.secs.saturating_add(RELATIME_AGE_SECS)).unwrap_or(0)
-            }
-        };
-        let viewed = Viewed { size_bytes: inode.size, atime_quiet_until_secs };
-        view.set(generation, viewed);
-        Ok(viewed)
-    }
-
-    /// [`Shared::accessed`] after a read that looked at `viewed`: nothing to
-    /// do, and no lock taken, while its access time is not due.
-    pub(crate) fn accessed_viewed(&self, ino: u64, viewed: &Viewed) {
-        let quiet = match viewed.atime_quiet_until_secs {
-            u64::MAX => true,
-            0 => false,
-            until => u64::try_from(crate::dev::realtime_coarse_secs()).is_ok_and(|now| now < until),
-        };
-        if !quiet {
-            self.accessed(ino);
-        }
-    }
-
-    /// A read of `ino` (its data, or a directory's listing) happened:
-    /// advances its access time where the volume's policy says so
-    /// (`AtimePolicy`), in memory. Under relatime a read lock decides and most
-    /// reads change nothing.
-    pub(crate) fn accessed(&self, ino: u64) {
-        let policy = self.options.atime;
-        if policy == AtimePolicy::NoAtime || self.options.read_only {
-            return;
-        }
-        let nodiratime = self.options.nodiratime;
-        let strict_now = (policy == AtimePolicy::Strict).then(Timestamp::now);
-        // Relatime's age is a day, so the coarse clock decides it: a full
-        // clock read on every cached read cost it 5% (4 KiB reads, `perf`);
-        // the time written is read in full, and only when an update is due.
-        let coarse_secs = match policy {
-            AtimePolicy::Relatime => crate::dev::realtime_coarse_secs(),
-            _ => 0,
-        };
-        let due = |attrs: &InodeAttrs| {
-            if nodiratime && attrs.kind == InodeKind::Dir {
-                return false;
-            }
-            match policy {
-                AtimePolicy::NoAtime => false,
-                AtimePolicy::Strict => strict_now.is_some_and(|now| attrs.atime != now),
-                // The kernel's relatime_need_update.
-                AtimePolicy::Relatime => {
-                    attrs.mtime >= attrs.atime
-                        || attrs.ctime >= attrs.atime
-                        || coarse_secs - attrs.atime.secs >= RELATIME_AGE_SECS
-                }
-            }
-        };
-        {
-            let Some(inode) = self.meta.inode(ino) else { return };
-            if !due(&inode.attrs) || super::flags::skips_atime(&inode) {
-                return;
-            }
-        }
-        let now = strict_now.unwrap_or_else(Timestamp::now);
-        // The read lock's answer again under the write lock: another
-        // reader may have advanced it meanwhile.
-        if let Some(mut inode) = self.meta.inode_mut(ino) {
-            if due(&inode.attrs) {
-                inode.attrs.atime = now;
-                inode.times_dirty = true;
-            }
-        }
-    }
-
     /// Commits the journal up to the inode's last change (all changes, or
     /// with `data_only` those needed to read the data back), then flushes
     /// plain data writes the commit did not already cover.
@@ -300,6 +203,16 @@ impl Shared {
         writeback::write_back_all(&self.engine)?;
         self.meta.make_durable(self.meta.journal().last_lsn(), None)
     }
+
+    /// Reports a change to a file's data or size to the observer.
+    pub(crate) fn changed(&self, event: ChangeEvent) {
+        self.observers.changed(event);
+    }
+
+    /// Reports `events`; a no-op (not even a clone) without an observer.
+    pub(crate) fn namespace_changed(&self, events: &[NamespaceEvent]) {
+        self.observers.namespace_changed(events);
+    }
 }
 
 /// Threads running the engine's background jobs: enough to keep a few
@@ -309,7 +222,7 @@ const BACKGROUND_WORKERS: usize = 4;
 /// An open volume. Dropping it commits and checkpoints (errors are logged);
 /// call [`Volume::close`] to see them.
 pub struct Volume {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<VolumeCore>,
     background: Option<JoinHandle<()>>,
     flusher: Option<JoinHandle<()>>,
     /// The engine's background workers (readahead ahead of readers).
@@ -436,7 +349,7 @@ impl Volume {
         let background = Default::default();
         let engine =
             Engine { device, meta, cache, block_bytes, options: options.clone(), background };
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(VolumeCore {
             engine: Arc::new(engine),
             superblock,
             load_report,
@@ -588,49 +501,38 @@ impl Volume {
     }
 }
 
-impl Inodes<'_> {
-    /// The folios cached for `ino`, as `(file offset, bytes)` in order.
-    pub fn cached_folios(&self, ino: u64) -> Vec<(u64, usize)> {
-        let Some(inode) = self.volume.shared.cache.existing_inode(ino) else { return Vec::new() };
-        inode.folios_in(0, u64::MAX).iter().map(|folio| (folio.pos(), folio.bytes())).collect()
+impl Volume {
+    /// FIFREEZE: waits for every operation that changes the volume to end,
+    /// writes back and commits everything, and keeps other threads' changes
+    /// waiting until the returned value is dropped (FITHAW), so the image
+    /// on the device is whole and stays so: a backup may copy it meanwhile.
+    /// Reads go on. This thread may still change the volume; a frozen
+    /// volume's snapshot is made so.
+    pub fn freeze(&self) -> Result<Frozen<'_>> {
+        let frozen = self.shared.write_gate.freeze()?;
+        self.shared.sync()?;
+        Ok(frozen)
     }
 
-    /// The extents of a file, like FIEMAP: file offset, device offset, length
-    /// and state, holes omitted.
-    pub fn fiemap(&self, ino: u64) -> Result<Vec<FiemapExtent>> {
-        self.volume.shared.check_running()?;
-        let block_bytes = self.volume.shared.block_bytes;
-        let end_block = {
-            let inode = self.volume.shared.existing_inode(ino)?;
-            let extents =
-                inode.extents().ok_or_else(|| Error::invalid("fiemap of a non-regular file"))?;
-            extents.end_block()
-        };
-        let mut out = Vec::new();
-        let walk = iomap::walk(
-            &self.volume.shared.meta,
-            ino,
-            0,
-            end_block * block_bytes,
-            Intent::Report,
-            block_bytes,
-        );
-        for range in walk {
-            let mapping = range?.mapping;
-            if mapping.kind != MapKind::Hole {
-                out.push(FiemapExtent {
-                    logical: mapping.offset,
-                    physical: mapping.dev_offset,
-                    length: mapping.length,
-                    kind: mapping.kind,
-                    last: false,
-                });
-            }
-        }
-        if let Some(last) = out.last_mut() {
-            last.last = true;
-        }
-        Ok(out)
+    /// Freezes without the sync, for work that flushes what it reads.
+    pub(super) fn freeze_unsynced(&self) -> Result<Frozen<'_>> {
+        self.shared.write_gate.freeze()
+    }
+
+    /// Calls `observer` after every change to a file's data or size, made
+    /// through any handle of this volume (buffered or direct writes,
+    /// truncates, fallocate); `None` stops the calls. One observer at a
+    /// time: setting one replaces the last.
+    pub fn set_change_observer(&self, observer: Option<ChangeObserver>) {
+        self.shared.observers.set_change(observer);
+    }
+
+    /// Calls `observer` after every change to a name (create, link,
+    /// unlink, rmdir, rename) or to an inode's attributes (setattr,
+    /// extended attributes), so that a cache of names and attributes may
+    /// keep them for long; `None` stops the calls.
+    pub fn set_namespace_observer(&self, observer: Option<NamespaceObserver>) {
+        self.shared.observers.set_namespace(observer);
     }
 }
 
@@ -704,7 +606,7 @@ pub struct FiemapExtent {
 }
 
 /// Frees inodes that lost their last name while open when the volume stopped.
-fn free_orphans(shared: &Shared) -> Result<()> {
+fn free_orphans(shared: &VolumeCore) -> Result<()> {
     let orphans: Vec<u64> = {
         let state = shared.meta.view_all();
         let orphans: Vec<u64> = state
@@ -756,7 +658,7 @@ const ORPHANS_FREED_PER_TXN: usize = 1024;
 
 /// Commits the journal every `interval_ms`, and when a writer has logged
 /// half a group; checkpoints when the log fills.
-fn spawn_background(shared: Weak<Shared>, interval_ms: u64) -> std::io::Result<JoinHandle<()>> {
+fn spawn_background(shared: Weak<VolumeCore>, interval_ms: u64) -> std::io::Result<JoinHandle<()>> {
     if let Some(shared) = shared.upgrade() {
         shared.meta.committer_starting();
     }
@@ -779,7 +681,7 @@ fn spawn_background(shared: Weak<Shared>, interval_ms: u64) -> std::io::Result<J
 /// `options` (`apply_list` syntax, `,`-separated; an empty one is skipped);
 /// the device too, for faults and limits.
 #[cfg(test)]
-fn test_volume(options: &str) -> (Volume, Arc<crate::dev::FaultDev>) {
+pub(super) fn test_volume(options: &str) -> (Volume, Arc<crate::dev::FaultDev>) {
     use crate::dev::{FaultDev, FuaMode};
     let raw = Arc::new(FaultDev::from_image(vec![0; 64 << 20], 512));
     let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
@@ -799,290 +701,4 @@ fn test_volume(options: &str) -> (Volume, Arc<crate::dev::FaultDev>) {
         volume_options.apply_list(option).unwrap();
     }
     (Volume::open_device(device, &volume_options).unwrap(), raw)
-}
-
-#[cfg(test)]
-mod writeback_tests {
-    use std::time::Duration;
-
-    use crate::dev::fault::{FaultOp, FaultRule};
-    use crate::format::ROOT_INO;
-    use crate::vfs::{OpenFlags, Owner, Volume};
-    use crate::writeback::{
-        write_back, write_back_background, write_back_expired, write_back_sparing,
-    };
-
-    // Here rather than in writeback.rs, which may not build a volume.
-
-    /// A volume of 4 KiB blocks on a fresh in-memory device, no background
-    /// threads acting on their own, with `options` on top.
-    fn quiet_volume(options: &str) -> Volume {
-        let options = format!("writeback_interval_ms=0,commit_interval_ms=0,{options}");
-        super::test_volume(&options).0
-    }
-
-    /// The flusher's interval pass writes back only the files dirty for
-    /// `dirty_expire_ms`; a file's age runs from when it went from clean to
-    /// dirty, not from its last write, and starts over once it is clean.
-    #[test]
-    fn the_interval_pass_writes_back_only_files_dirty_long_enough() {
-        let owner = Owner { uid: 0, gid: 0 };
-        let expire = Duration::from_millis(300);
-        // Whole blocks, each into a folio of its own that it fills: the
-        // pass leaves out a folio a write ended inside (a writer filling
-        // it), which is not what this test is about.
-        let volume = quiet_volume(&format!("dirty_expire_ms={}", expire.as_millis()));
-        let engine = &volume.shared.engine;
-        let old_ino = volume.inodes().create(ROOT_INO, b"old", 0o644, owner).unwrap().ino;
-        let old = volume.inodes().open_file(old_ino, OpenFlags::WRITE).unwrap();
-        old.write_at(&[1; 4096], 0).unwrap();
-        let first_write = std::time::Instant::now();
-        let old_inode = volume.shared.inode_cache(old_ino);
-        while first_write.elapsed() < expire {
-            // Later writes do not make the file younger.
-            old.write_at(&[2; 4096], 4096).unwrap();
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let new_ino = volume.inodes().create(ROOT_INO, b"new", 0o644, owner).unwrap().ino;
-        let new = volume.inodes().open_file(new_ino, OpenFlags::WRITE).unwrap();
-        new.write_at(b"just now", 0).unwrap();
-        let new_inode = volume.shared.inode_cache(new_ino);
-        assert!(old_inode.dirty_age().unwrap() >= expire);
-        write_back_expired(engine).unwrap();
-        assert_eq!(old_inode.dirty_bytes(), 0, "dirty for the expiry time: written back");
-        assert_eq!(old_inode.dirty_age(), None);
-        // Unless this thread slept the whole expiry time since its write.
-        if new_inode.dirty_age().unwrap() < expire {
-            assert!(new_inode.dirty_bytes() > 0, "dirtied just now: left for later");
-        }
-        // Clean, then dirty again: young again.
-        let before_rewrite = std::time::Instant::now();
-        old.write_at(&[3; 4096], 8192).unwrap();
-        let age = old_inode.dirty_age().unwrap();
-        // Ages count whole milliseconds.
-        assert!(age <= before_rewrite.elapsed() + Duration::from_millis(1), "{age:?}");
-        // Integrity writeback takes every file whatever its age.
-        volume.sync().unwrap();
-        assert_eq!((old_inode.dirty_bytes(), new_inode.dirty_bytes()), (0, 0));
-        drop((old, new));
-        volume.close().unwrap();
-    }
-
-    /// The flusher's pass leaves the folio the last write ended inside dirty
-    /// (and unlocked) and writes the rest; a later pass past the spare time,
-    /// and any integrity writeback, take it too.
-    #[test]
-    fn background_writeback_leaves_the_folio_being_filled_for_a_while() {
-        const MIB: u64 = 1 << 20;
-        let owner = Owner { uid: 0, gid: 0 };
-        let volume = quiet_volume("folio_max=2M");
-        let ino = volume.inodes().create(ROOT_INO, b"stream", 0o644, owner).unwrap().ino;
-        let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
-        // Folios of 1, 1 and 2 MiB (a sequential stream's grow); the last
-        // write ends half-way through the third.
-        for index in 0..3 {
-            file.write_at(&vec![index as u8 + 1; MIB as usize], index * MIB).unwrap();
-        }
-        let engine = &volume.shared.engine;
-        let inode = volume.shared.inode_cache(ino);
-        let dirty_folios = || -> Vec<u64> {
-            inode
-                .dirty_folios_from(0, u64::MAX, usize::MAX)
-                .iter()
-                .map(|folio| folio.pos())
-                .collect()
-        };
-        assert_eq!(dirty_folios(), [0, MIB, 2 * MIB]);
-        write_back_sparing(engine, &inode, 0, u64::MAX, Duration::from_secs(3600)).unwrap();
-        assert_eq!(dirty_folios(), [2 * MIB], "the folio being filled stays dirty");
-        assert_eq!(inode.dirty_bytes(), MIB);
-        // The on-disk size stops below the dirty folio.
-        assert_eq!(engine.meta.inode(ino).unwrap().attrs.size, 2 * MIB);
-        // The writer finishes the folio: nothing is being filled.
-        file.write_at(&vec![9; MIB as usize], 3 * MIB).unwrap();
-        write_back_sparing(engine, &inode, 0, u64::MAX, Duration::from_secs(3600)).unwrap();
-        assert_eq!(dirty_folios(), Vec::<u64>::new());
-        // A writer that stops half-way: spared once, then written.
-        file.write_at(&vec![7; MIB as usize], 4 * MIB).unwrap();
-        let spare = Duration::from_millis(1);
-        write_back_sparing(engine, &inode, 0, u64::MAX, spare).unwrap();
-        assert_eq!(dirty_folios(), [4 * MIB]);
-        std::thread::sleep(spare * 2);
-        write_back_sparing(engine, &inode, 0, u64::MAX, spare).unwrap();
-        assert_eq!(dirty_folios(), Vec::<u64>::new(), "spared for a while only");
-        // Integrity writeback leaves nothing out.
-        file.write_at(&vec![8; MIB as usize], 5 * MIB).unwrap();
-        write_back(engine, &inode, 0, u64::MAX).unwrap();
-        assert_eq!(dirty_folios(), Vec::<u64>::new());
-        assert_eq!(engine.meta.inode(ino).unwrap().attrs.size, 6 * MIB);
-        drop(file);
-        volume.close().unwrap();
-    }
-
-    /// Creates `count` files of 1 KiB (file `i` holds byte `i + 1`),
-    /// written and closed, so they are dirty with no handle open.
-    fn small_closed_files(volume: &Volume, count: u8) -> Vec<u64> {
-        let owner = Owner { uid: 0, gid: 0 };
-        (0..count)
-            .map(|index| {
-                let name = format!("small{index}");
-                let ino =
-                    volume.inodes().create(ROOT_INO, name.as_bytes(), 0o644, owner).unwrap().ino;
-                let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
-                file.write_at(&[index + 1; 1024], 0).unwrap();
-                file.close().unwrap();
-                ino
-            })
-            .collect()
-    }
-
-    /// A closed file has nobody filling its folio: the flusher's pass
-    /// leaves nothing of it dirty (a small file's one write ends inside its
-    /// folio, and was spared as if a writer were half-way through it).
-    #[test]
-    fn background_writeback_spares_nothing_of_a_closed_file() {
-        let volume = quiet_volume("");
-        let engine = &volume.shared.engine;
-        let ino = small_closed_files(&volume, 1)[0];
-        let inode = volume.shared.inode_cache(ino);
-        assert_eq!(inode.dirty_bytes(), 4096);
-        write_back_sparing(engine, &inode, 0, u64::MAX, Duration::from_secs(3600)).unwrap();
-        assert_eq!(inode.dirty_bytes(), 0, "a closed file is written back whole");
-        assert_eq!(engine.meta.inode(ino).unwrap().attrs.size, 1024);
-        volume.close().unwrap();
-    }
-
-    /// The flusher's pass writes small files in groups: their blocks,
-    /// allocated one after another, go out in one device request, and
-    /// each file is then converted and sized as if written alone.
-    #[test]
-    fn small_files_are_written_back_in_one_request() {
-        let (volume, device) = super::test_volume("writeback_interval_ms=0,commit_interval_ms=0");
-        let engine = &volume.shared.engine;
-        let inos = small_closed_files(&volume, 16);
-        let requests_before = engine.device.stats().write_requests;
-        write_back_background(engine).unwrap();
-        assert_eq!(engine.device.stats().write_requests - requests_before, 1);
-        for &ino in &inos {
-            assert_eq!(volume.shared.inode_cache(ino).dirty_bytes(), 0);
-            assert_eq!(engine.meta.inode(ino).unwrap().attrs.size, 1024);
-        }
-        volume.close().unwrap();
-        // On disk: every file's own bytes, read back through a fresh cache.
-        let device = std::sync::Arc::new(crate::dev::Device::new(
-            std::sync::Arc::new(crate::dev::FaultDev::from_image(device.image(), 512)),
-            crate::dev::FuaMode::Native,
-        ));
-        let volume =
-            Volume::open_device(device, &crate::options::VolumeOptions::default()).unwrap();
-        for (index, &ino) in inos.iter().enumerate() {
-            let file = volume.inodes().open_file(ino, OpenFlags::READ).unwrap();
-            let mut bytes = vec![0; 2048];
-            assert_eq!(file.read_at(&mut bytes, 0).unwrap(), 1024);
-            assert!(bytes[..1024].iter().all(|&byte| byte == index as u8 + 1), "file {index}");
-        }
-        volume.close().unwrap();
-    }
-
-    /// A group's request that fails is tried again file by file: a file
-    /// whose own write fails again stays dirty and reports the error at its
-    /// next fsync; its neighbours in the failed request are written and
-    /// report nothing.
-    #[test]
-    fn a_failed_group_request_fails_only_the_files_that_fail_alone() {
-        let (volume, device) = super::test_volume("writeback_interval_ms=0,commit_interval_ms=0");
-        let engine = &volume.shared.engine;
-        let inos = small_closed_files(&volume, 8);
-        // The group's request, then the first file's write alone.
-        device.add_rule(FaultRule::next(FaultOp::Write, 2));
-        assert!(write_back_background(engine).is_err());
-        assert_eq!(device.failures_injected(), 2);
-        let dirty: Vec<u64> = inos
-            .iter()
-            .copied()
-            .filter(|&ino| volume.shared.inode_cache(ino).dirty_bytes() > 0)
-            .collect();
-        assert_eq!(dirty.len(), 1, "only the file whose write failed alone stays dirty");
-        for &ino in &inos {
-            let file = volume.inodes().open_file(ino, OpenFlags::WRITE).unwrap();
-            let synced = file.sync_all();
-            assert_eq!(synced.is_err(), ino == dirty[0], "fsync of inode {ino}: {synced:?}");
-            assert_eq!(engine.meta.inode(ino).unwrap().attrs.size, 1024);
-        }
-        volume.close().unwrap();
-    }
-}
-
-#[cfg(test)]
-mod committer_tests {
-    use std::sync::Arc;
-    use std::time::{Duration, Instant};
-
-    use crate::dev::FaultDev;
-    use crate::format::ROOT_INO;
-    use crate::vfs::{Owner, Volume};
-
-    /// A 64 MiB volume (a 1 MiB journal: groups of 256 KiB) with `options`,
-    /// and its device.
-    fn volume_with(options: &str) -> (Volume, Arc<FaultDev>) {
-        super::test_volume(&format!("writeback_interval_ms=0,{options}"))
-    }
-
-    /// Creates files until the log holds more than half a group or a
-    /// commit happened; returns how many.
-    fn create_until_half_a_group(volume: &Volume, durable_before: u64) -> u64 {
-        let journal = volume.shared.meta.journal();
-        let half_group = journal.geometry().group_bytes_max() / 2;
-        let owner = Owner { uid: 0, gid: 0 };
-        for created in 1..=100_000 {
-            volume
-                .inodes()
-                .create(ROOT_INO, format!("f{created}").as_bytes(), 0o644, owner)
-                .unwrap();
-            if journal.pending_bytes() as u64 > half_group || journal.durable_lsn() > durable_before
-            {
-                return created;
-            }
-        }
-        panic!("100,000 creates never filled half a journal group");
-    }
-
-    /// Half a group of log goes to the background committer: the writer
-    /// goes on without writing it (as jbd2 commits a transaction grown
-    /// large), and it is durable well before the commit interval.
-    #[test]
-    fn half_a_group_of_log_is_committed_by_the_background_committer() {
-        let (volume, raw) = volume_with("commit_interval_ms=600000");
-        // Half a group (128 KiB) takes 2 s to write: a create that waited
-        // for it would return only with its log durable.
-        raw.limit_write_bandwidth(Some(64 << 10));
-        let journal = volume.shared.meta.journal();
-        let durable_before = journal.durable_lsn();
-        create_until_half_a_group(&volume, durable_before);
-        let logged = journal.last_lsn();
-        assert!(journal.durable_lsn() < logged, "the create returned before its log was written");
-        raw.limit_write_bandwidth(None);
-        let started = Instant::now();
-        while journal.durable_lsn() < logged {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "half a group was not committed within 30 s (the interval is 10 minutes)"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        volume.close().unwrap();
-    }
-
-    /// Without a background committer the writer that fills half a group
-    /// writes it, before its create returns.
-    #[test]
-    fn without_a_committer_the_writer_commits_half_a_group_itself() {
-        let (volume, _) = volume_with("commit_interval_ms=0");
-        let journal = volume.shared.meta.journal();
-        let durable_before = journal.durable_lsn();
-        create_until_half_a_group(&volume, durable_before);
-        assert_eq!(journal.durable_lsn(), journal.last_lsn(), "committed within the create");
-        assert_eq!(journal.pending_bytes(), 0);
-        volume.close().unwrap();
-    }
 }
