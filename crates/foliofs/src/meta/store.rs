@@ -759,6 +759,13 @@ impl MetaStore {
         })
     }
 
+    /// Whether the shard holding `ino` is write-locked (tests that must
+    /// know a transaction holds it).
+    #[cfg(test)]
+    pub fn shard_write_locked(&self, ino: u64) -> bool {
+        self.core.shard(shard_of(ino)).lock.is_locked_exclusive()
+    }
+
     /// Inodes in the volume.
     pub fn inode_count(&self) -> u64 {
         self.core.inode_count()
@@ -1300,7 +1307,3 @@ pub mod test_hooks {
         });
     }
 }
-
-#[cfg(test)]
-#[path = "undeclared_tests.rs"]
-mod undeclared_tests;

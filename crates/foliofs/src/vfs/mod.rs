@@ -30,6 +30,8 @@ mod shutdown;
 mod special;
 mod tmpfile;
 mod trim;
+#[cfg(test)]
+mod undeclared_shard_tests;
 mod volume;
 #[cfg(test)]
 mod writeback_tests;

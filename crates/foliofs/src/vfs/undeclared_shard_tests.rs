@@ -5,7 +5,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::meta::shard_of;
+use crate::meta::{shard_of, MetaStore};
 use crate::options::VolumeOptions;
 use crate::vfs::{MkfsOptions, Volume};
 
@@ -54,9 +54,8 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
 #[test]
 fn an_unnamed_lower_shard_abandons_the_transaction_instead_of_waiting() {
     let volume = leaked_volume();
-    let meta: &'static super::MetaStore = &volume.shared.meta;
+    let meta: &'static MetaStore = &volume.shared.meta;
     let (low, high) = inodes_in_two_shards();
-    let low_shard = &meta.core.shard(shard_of(low)).lock;
 
     let (a_holds_high, a_held) = mpsc::channel::<()>();
     let (results, result) = mpsc::channel::<(&str, crate::Result<()>)>();
@@ -65,7 +64,7 @@ fn an_unnamed_lower_shard_abandons_the_transaction_instead_of_waiting() {
         let outcome = meta.transact(&[high], |txn| {
             a_holds_high.send(()).unwrap();
             // B locks the low shard, then waits for the high one A holds.
-            wait_until("B to hold the low shard", || low_shard.is_locked_exclusive());
+            wait_until("B to hold the low shard", || meta.shard_write_locked(low));
             let _ = txn.state().inode(low);
             Ok(())
         });
