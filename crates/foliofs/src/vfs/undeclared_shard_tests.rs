@@ -58,7 +58,7 @@ fn an_unnamed_lower_shard_abandons_the_transaction_instead_of_waiting() {
     let (low, high) = inodes_in_two_shards();
 
     let (a_holds_high, a_held) = mpsc::channel::<()>();
-    let (results, result) = mpsc::channel::<(&str, crate::Result<()>)>();
+    let (results, result) = mpsc::channel::<(&str, crate::error::Result<()>)>();
     let a_results = results.clone();
     std::thread::spawn(move || {
         let outcome = meta.transact(&[high], |txn| {
