@@ -651,7 +651,13 @@ fn run_thread(
             None => model.generate(&mut rng, geometry, config, op_index),
         };
         let log_start = device.log_len();
-        let result = model.execute(volume, &op);
+        // A panic in the op (the engine's or the model's) is reported as
+        // this op's violation, with its repro line, not as a crash of the
+        // checker.
+        let executed =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.execute(volume, &op)));
+        let result =
+            executed.unwrap_or_else(|panic| Err(format!("panicked: {}", panic_message(&panic))));
         let log_end = device.log_len();
         ops.push(op.clone());
         match result {
@@ -672,4 +678,15 @@ fn run_thread(
         }
     }
     ThreadRun { model, ops, spans, failure: None }
+}
+
+/// The message a panic carried, as `panic!` formats it.
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(message) = panic.downcast_ref::<String>() {
+        message.clone()
+    } else if let Some(message) = panic.downcast_ref::<&str>() {
+        (*message).to_string()
+    } else {
+        "a panic without a message".to_string()
+    }
 }
