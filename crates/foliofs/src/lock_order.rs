@@ -17,13 +17,13 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-/// How often a lock was found taken and how long its takers waited: the
-/// contention the benches print (`Volume::lock_waits`), counted in release
-/// builds too. A lock that is free costs one try and no clock read.
 /// Tries of a taken lock before its taker sleeps: with the pause doubling
 /// to 64 spins, about 5 us on the bench VM.
 const SPIN_ROUNDS: u32 = 24;
 
+/// How often a lock was found taken and how long its takers waited: the
+/// contention the benches print (`Volume::lock_waits`), counted in release
+/// builds too. A lock that is free costs one try and no clock read.
 #[derive(Debug, Default)]
 pub struct Contention {
     waits: AtomicU64,
@@ -346,22 +346,40 @@ impl<G: DerefMut> DerefMut for Ordered<G> {
     }
 }
 
+/// What this thread holds now, level by level with its claims (tests).
+#[cfg(all(test, debug_assertions))]
+fn held_now() -> Vec<(Level, usize)> {
+    HELD.with(|held| held.borrow().summary())
+}
+
+// The tests below check what a thread records, which only debug builds
+// keep: in a release build `Held` records nothing and they would pass
+// without checking anything, so they are not built there.
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
+    #[cfg(debug_assertions)]
     fn locks_taken_in_order_pass_and_are_forgotten_when_let_go() {
+        assert_eq!(held_now(), []);
         let io = Held::before_waiting(Level::InodeIo);
         let meta = Held::before_waiting(Level::Metadata);
         let journal = Held::before_waiting(Level::Journal);
+        assert_eq!(held_now(), [(Level::InodeIo, 1), (Level::Metadata, 1), (Level::Journal, 1)]);
         drop(journal);
         drop(meta);
+        assert_eq!(held_now(), [(Level::InodeIo, 1)]);
         // Let go of the metadata lock, the writeback lock may be taken.
         let writeback = Held::before_waiting(Level::Writeback);
+        assert_eq!(held_now(), [(Level::InodeIo, 1), (Level::Writeback, 1)]);
         drop(writeback);
         drop(io);
-        let _meta = Held::before_waiting(Level::Metadata);
+        assert_eq!(held_now(), []);
+        let meta = Held::before_waiting(Level::Metadata);
+        assert_eq!(held_now(), [(Level::Metadata, 1)]);
+        drop(meta);
+        assert_eq!(held_now(), []);
     }
 
     #[test]
@@ -373,14 +391,24 @@ mod tests {
     }
 
     #[test]
+    #[cfg(debug_assertions)]
     fn indexed_locks_in_ascending_order_pass() {
         let three = Held::before_waiting_at(Level::Metadata, 3);
         let seven = Held::before_waiting_at(Level::Metadata, 7);
         let space = Held::before_waiting(Level::Space);
+        assert_eq!(held_now(), [(Level::Metadata, 2), (Level::Space, 1)]);
         drop(space);
         drop(seven);
+        assert_eq!(held_now(), [(Level::Metadata, 1)]);
+        // Index 3 is still held: 1 is below it, 4 is not.
+        let below = std::panic::catch_unwind(|| drop(Held::before_waiting_at(Level::Metadata, 1)));
+        assert!(below.is_err(), "1 is below 3, still held");
+        drop(Held::before_waiting_at(Level::Metadata, 4));
         drop(three);
-        let _again = Held::before_waiting_at(Level::Metadata, 1);
+        assert_eq!(held_now(), []);
+        let again = Held::before_waiting_at(Level::Metadata, 1);
+        assert_eq!(held_now(), [(Level::Metadata, 1)]);
+        drop(again);
     }
 
     /// Letting go of the highest index held lowers the bar to the next one
