@@ -406,7 +406,9 @@ impl Journal {
         let mut rest = std::mem::take(&mut inner.spare);
         rest.clear();
         rest.extend_from_slice(&inner.pending[payload_end..]);
-        let payload = std::mem::replace(&mut inner.pending, rest);
+        let mut payload = std::mem::replace(&mut inner.pending, rest);
+        // The group's records only: those left behind went to `rest`.
+        payload.truncate(payload_end);
         inner.pending_txn_ends.drain(..taken_txns);
         for (_, end) in inner.pending_txn_ends.iter_mut() {
             *end -= payload_end;
