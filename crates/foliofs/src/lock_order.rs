@@ -138,6 +138,7 @@ impl IndexedClaims {
         self.present[index / 64] |= 1 << (index % 64);
         self.held += 1;
         self.highest = Some(self.highest.map_or(index, |highest| highest.max(index)));
+        debug_assert!(self.present[index / 64] & (1 << (index % 64)) != 0);
     }
 
     fn remove(&mut self, index: usize) -> Option<()> {
@@ -153,7 +154,11 @@ impl IndexedClaims {
                 let bits = self.present[word];
                 (bits != 0).then(|| word * 64 + 63 - bits.leading_zeros() as usize)
             });
+            // The next highest held is below the index let go.
+            debug_assert!(self.highest.is_none_or(|highest| highest < index));
         }
+        // Something is held exactly when there is a highest index held.
+        debug_assert_eq!(self.held == 0, self.highest.is_none());
         Some(())
     }
 }
@@ -346,21 +351,19 @@ impl<G: DerefMut> DerefMut for Ordered<G> {
     }
 }
 
-/// What this thread holds now, level by level with its claims (tests).
+// The tests check what a thread records, which only debug builds keep: in
+// a release build `Held` records nothing and they would pass without
+// checking anything, so they are not built there.
 #[cfg(all(test, debug_assertions))]
-fn held_now() -> Vec<(Level, usize)> {
-    HELD.with(|held| held.borrow().summary())
-}
-
-// The tests below check what a thread records, which only debug builds
-// keep: in a release build `Held` records nothing and they would pass
-// without checking anything, so they are not built there.
-#[cfg(test)]
 mod tests {
     use super::*;
 
+    /// What this thread holds now, level by level with its claims.
+    fn held_now() -> Vec<(Level, usize)> {
+        HELD.with(|held| held.borrow().summary())
+    }
+
     #[test]
-    #[cfg(debug_assertions)]
     fn locks_taken_in_order_pass_and_are_forgotten_when_let_go() {
         assert_eq!(held_now(), []);
         let io = Held::before_waiting(Level::InodeIo);
@@ -383,7 +386,6 @@ mod tests {
     }
 
     #[test]
-    #[cfg(debug_assertions)]
     #[should_panic(expected = "taking Metadata lock 3 while holding Metadata lock Some(7)")]
     fn indexed_locks_taken_out_of_order_panic() {
         let _seven = Held::before_waiting_at(Level::Metadata, 7);
@@ -391,7 +393,6 @@ mod tests {
     }
 
     #[test]
-    #[cfg(debug_assertions)]
     fn indexed_locks_in_ascending_order_pass() {
         let three = Held::before_waiting_at(Level::Metadata, 3);
         let seven = Held::before_waiting_at(Level::Metadata, 7);
@@ -414,7 +415,6 @@ mod tests {
     /// Letting go of the highest index held lowers the bar to the next one
     /// held, found across words of the bitmap.
     #[test]
-    #[cfg(debug_assertions)]
     fn letting_go_of_the_highest_index_lowers_the_bar_to_the_next_held() {
         let three = Held::before_waiting_at(Level::Metadata, 3);
         let seventy = Held::before_waiting_at(Level::Metadata, 70);
@@ -430,7 +430,6 @@ mod tests {
     }
 
     #[test]
-    #[cfg(debug_assertions)]
     #[should_panic(expected = "taking the InodeIo lock while holding the Metadata lock")]
     fn a_lock_taken_below_one_held_panics() {
         let _meta = Held::before_waiting(Level::Metadata);
