@@ -444,7 +444,7 @@ def main():
     density = assertions / len(functions) if functions else 0.0
     lengths = sorted(f.lines for f in functions)
     median = lengths[len(lengths) // 2] if lengths else 0
-    print(f"{rel(root) if args.root else 'crates/foliofs/src'}: {len(results)} files "
+    print(f"{args.root or 'crates/foliofs/src'}: {len(results)} files "
           f"({len(excluded)} test-only left out)")
     print(f"functions:  {len(functions)}")
     print(f"assertions: {assertions}")
