@@ -36,6 +36,7 @@ impl Promises {
             claimed = count.min(unpromised);
             Some(unpromised - claimed)
         });
+        debug_assert!(claimed <= count);
         claimed
     }
 
@@ -120,6 +121,7 @@ impl Allocator {
             cursor: region.start_block,
         };
         allocator.insert_free(region.start_block, region.block_count);
+        debug_assert_eq!(allocator.free_blocks, region.block_count);
         allocator
     }
 
@@ -194,7 +196,9 @@ impl Allocator {
     fn take_free(&mut self, run: BlockRun) {
         let (&free_start, &free_count) =
             self.by_start.range(..=run.start).next_back().expect("checked free");
+        let free_before = self.free_blocks;
         self.take(free_start, free_count, run);
+        debug_assert_eq!(self.free_blocks, free_before - run.count);
     }
 
     /// Whether `run` lies in the data region and is all free.
@@ -238,6 +242,12 @@ impl Allocator {
         let from_reservation = from_reserved.min(run.count);
         let before = self.promises.reserved.fetch_sub(from_reservation, Ordering::AcqRel);
         assert!(from_reservation <= before, "allocating {from_reservation} reserved of {before}");
+        // A run found is as long as asked at most, and inside the region.
+        assert!(run.count > 0 && run.count <= count, "{run:?} for {count} blocks");
+        debug_assert!(
+            run.start >= self.region.start_block
+                && run.start + run.count <= self.region.end_block()
+        );
         self.promises.give_back(claimed - (run.count - from_reservation));
         self.take_free(run);
         self.cursor = run.start + run.count;
@@ -245,6 +255,7 @@ impl Allocator {
     }
 
     fn find_near(&self, goal: u64, count: u64) -> Option<BlockRun> {
+        debug_assert!(count > 0 && self.region.block_count > 0);
         let goal = goal.clamp(self.region.start_block, self.region.end_block() - 1);
         if let Some((&start, &length)) = self.by_start.range(..=goal).next_back() {
             if start + length >= goal + count {
@@ -263,7 +274,9 @@ impl Allocator {
             return Some(BlockRun { start, count });
         }
         // Nothing long enough: the longest free extent, a partial allocation.
-        self.by_length.iter().next_back().map(|&(length, start)| BlockRun { start, count: length })
+        let longest = self.by_length.iter().next_back();
+        debug_assert!(longest.is_none_or(|&(length, _)| length < count));
+        longest.map(|&(length, start)| BlockRun { start, count: length })
     }
 
     /// Removes `run` from the free extent `[free_start, free_start + free_count)`.
@@ -309,20 +322,24 @@ impl Allocator {
                 count += right_count;
             }
         }
+        debug_assert!(start <= run.start && count >= run.count);
         self.insert_free(start, count);
     }
 
     fn insert_free(&mut self, start: u64, count: u64) {
         debug_assert!(count > 0);
-        self.by_start.insert(start, count);
-        self.by_length.insert((count, start));
+        let replaced = self.by_start.insert(start, count);
+        debug_assert!(replaced.is_none(), "free extent at {start} inserted twice");
+        let fresh = self.by_length.insert((count, start));
+        debug_assert!(fresh, "the two indexes of free space disagree at {start}");
         self.free_blocks += count;
     }
 
     fn remove_free(&mut self, start: u64, count: u64) {
         let removed = self.by_start.remove(&start);
         debug_assert_eq!(removed, Some(count));
-        self.by_length.remove(&(count, start));
+        let indexed = self.by_length.remove(&(count, start));
+        debug_assert!(indexed, "the two indexes of free space disagree at {start}");
         self.free_blocks -= count;
     }
 

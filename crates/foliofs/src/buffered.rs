@@ -75,6 +75,7 @@ impl Readahead {
             };
             scaled.clamp(READAHEAD_MIN_BYTES, READAHEAD_MAX_BYTES)
         };
+        debug_assert!(window > 0 && window <= READAHEAD_MAX_BYTES, "readahead window {window}");
         self.window_bytes.store(window, Ordering::Relaxed);
         window
     }
@@ -84,6 +85,7 @@ impl Readahead {
     /// most (the kernel's `ra->size = contig_count + req_count`).
     fn window_from_history(&self, bytes: u64) -> u64 {
         let window = bytes.next_power_of_two().min(READAHEAD_MAX_BYTES);
+        debug_assert!(window > 0 && window <= READAHEAD_MAX_BYTES, "readahead window {window}");
         self.window_bytes.store(window, Ordering::Relaxed);
         window
     }
@@ -130,11 +132,19 @@ pub fn read(
             Some(folio) => folio,
             None => read_ahead(engine, inode, readahead, sequential, at, end, size)?,
         };
+        // The folio found or read holds `at`: each turn copies something.
+        debug_assert!(
+            folio.pos() <= at && at < folio.end(),
+            "folio {}..{} for {at}",
+            folio.pos(),
+            folio.end()
+        );
         let piece_end = end.min(folio.end());
         let out = &mut buffer[(at - pos) as usize..(piece_end - pos) as usize];
         copy_out(engine, inode, &folio, at, out, size)?;
         at = piece_end;
     }
+    debug_assert_eq!(at, end);
     readahead.note_read(end);
     if sequential {
         read_ahead_async(engine, inode, readahead, end, size);
@@ -196,6 +206,10 @@ fn copy_out(
     out: &mut [u8],
     size: u64,
 ) -> Result<()> {
+    debug_assert!(
+        folio.pos() <= pos && pos + out.len() as u64 <= folio.end(),
+        "a copy past its folio"
+    );
     let start = (pos - folio.pos()) as usize;
     let (first, count) = folio.blocks_of(pos, pos + out.len() as u64);
     {
@@ -289,6 +303,7 @@ fn cached_run_before(inode: &InodeCache, pos: u64, limit: u64) -> u64 {
             None => break,
         }
     }
+    debug_assert!(start <= at && at <= pos);
     pos - at
 }
 
@@ -303,6 +318,8 @@ fn folios_for_range(
     let mut at = start;
     while at < end {
         let folio = engine.cache.folio_for(inode, at, end - at, end);
+        // The folio for `at` holds it: the walk moves on every turn.
+        debug_assert!(folio.pos() <= at && at < folio.end());
         at = folio.end();
         folios.push(folio);
     }
@@ -406,6 +423,11 @@ fn fill_blocks(
     if count == 0 || state.uptodate.all_set(first, count) {
         return Ok(());
     }
+    debug_assert!(
+        first + count <= folio.block_count(),
+        "blocks {first}+{count} of a folio of {}",
+        folio.block_count()
+    );
     let ino = inode.ino;
     let ticket = inode.fill_began();
     let block = folio.block_bytes();
@@ -471,6 +493,7 @@ pub fn write(engine: &Engine, inode: &Arc<InodeCache>, data: &[u8], pos: u64) ->
         let piece = &data[done as usize..(end.min(folio.end()) - pos) as usize];
         match write_into_folio(engine, inode, &folio, at, piece, size) {
             Ok(written) => {
+                debug_assert!(written <= piece.len() as u64);
                 done += written;
                 if written < piece.len() as u64 {
                     break;
@@ -498,6 +521,10 @@ fn write_into_folio(
     piece: &[u8],
     size: u64,
 ) -> Result<u64> {
+    debug_assert!(
+        folio.pos() <= pos && pos + piece.len() as u64 <= folio.end(),
+        "a write past its folio"
+    );
     let mut state = folio.write();
     let mut length = piece.len() as u64;
     // Only the blocks written in part need their old bytes; read them before
@@ -511,11 +538,14 @@ fn write_into_folio(
     }
     if !state.mapped.all_set(first, count) {
         length = iomap::reserve(&engine.meta, inode.ino, pos, length, engine.block_bytes)?;
+        debug_assert!(length <= piece.len() as u64, "reserved past the write");
         let (first, count) = folio.blocks_of(pos, pos + length);
         state.mapped.set_range(first, count);
     }
     let end = pos + length;
     let (first, count) = folio.blocks_of(pos, end);
+    // Every block about to be dirtied has space: mapped, or reserved.
+    debug_assert!(state.mapped.all_set(first, count), "dirty blocks with no space for them");
     let dirty_mode = engine.cache.policy().dirty_mode;
     if engine.meta.may_copy_on_write() {
         let mut dirtied = match dirty_mode {
@@ -567,9 +597,12 @@ fn reserve_copies(
         let runs =
             iomap::blocks_to_copy(&engine.meta, ino, folio_block + first as u64, count as u64)?;
         for (file_block, block_count) in runs {
+            debug_assert!(file_block >= folio_block, "a block to copy before its folio");
             reserved.set_range((file_block - folio_block) as usize, block_count as usize);
         }
     }
+    // Only added to: what was reserved stays.
+    debug_assert!(reserved.count_set() >= state.copy_reserved.count_set());
     let newly = reserved.count_set() - state.copy_reserved.count_set();
     let promised = iomap::reserve_copies(&engine.meta, ino, newly as u64)?;
     promised.take_over();

@@ -121,6 +121,7 @@ pub fn register_thread_driver(driver: Weak<dyn Driver>) {
     DRIVERS.with(|drivers| {
         let mut drivers = drivers.borrow_mut();
         drivers.retain(|known| known.strong_count() > 0);
+        debug_assert!(driver.strong_count() > 0, "a driver registered after it was dropped");
         drivers.push(driver);
     });
 }
@@ -205,6 +206,7 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
                 None => parker.signal.wait(&mut woken),
             }
         }
+        debug_assert!(*woken);
         *woken = false;
     }
 }

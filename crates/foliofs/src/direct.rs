@@ -226,6 +226,7 @@ impl WritePlan {
 }
 
 fn plan_write(engine: &Engine, ino: u64, pos: u64, length: u64) -> Result<WritePlan> {
+    debug_assert!(length > 0, "empty writes return before they are planned");
     let report = iomap::report_range(&engine.meta, ino, pos, length, engine.block_bytes)?;
     let end = pos + length;
     let inside_eof = end <= report.size;
@@ -316,6 +317,7 @@ fn finish_write(
     dsync: bool,
     fua_sent: bool,
 ) -> Result<()> {
+    debug_assert!(!fua_sent || (dsync && written), "FUA is sent for O_DSYNC writes only");
     // Only whole-block writes reach Unwritten space here, so such a piece
     // starts at its mapping and covers whole blocks.
     let completions: SmallVec<[(Mapping, u64); 2]> = pieces
@@ -431,6 +433,7 @@ fn write_alone(
     pos: u64,
     dsync: bool,
 ) -> Result<usize> {
+    debug_assert!(inode.io.is_exclusive(), "a write that runs alone without the exclusive lock");
     let mut plan = plan_write(engine, ino, pos, data.len() as u64)?;
     if plan.may_skip_zeroing() {
         return write_mapped(engine, inode, ino, data, pos, dsync, &mut plan);
@@ -483,6 +486,7 @@ pub fn read(
     let _shared = inode.io.shared();
     writeback::sync_for_direct(engine, inode, pos, buffer.len() as u64, false)?;
     let Some((count, pieces)) = read_pieces(engine, ino, buffer.len(), pos)? else { return Ok(0) };
+    debug_assert!(count <= buffer.len());
     for piece in pieces {
         let out = &mut buffer[piece.bytes()];
         if piece.mapping.reads_as_zeros() {
@@ -516,6 +520,9 @@ fn read_pieces(
     let count = (length as u64).min(report.size - pos);
     let align = u64::from(engine.device.logical_block_bytes());
     let io_length = count.div_ceil(align) * align;
+    // The buffer's length is a multiple of the sector (`check_alignment`),
+    // so the sectors the read transfers fit in it.
+    debug_assert!(count > 0 && count <= io_length && io_length <= length as u64);
     // The transfer ends at the sector holding the last byte before EOF.
     let pieces = report
         .ranges
@@ -611,6 +618,7 @@ struct GroupState {
 }
 
 fn submit_many(engine: &Engine, requests: Requests, count: usize, finish: Finish) {
+    debug_assert!(count >= 2 && requests.len() == count);
     let group = Arc::new(Mutex::new(GroupState {
         remaining: count,
         failure: None,
@@ -624,6 +632,10 @@ fn submit_many(engine: &Engine, requests: Requests, count: usize, finish: Finish
             if let Err(error) = response.result {
                 state.failure.get_or_insert(error);
             }
+            debug_assert!(
+                state.remaining > 0 && state.returned[index].is_none(),
+                "completed twice"
+            );
             state.returned[index] = response.buffer;
             state.remaining -= 1;
             if state.remaining > 0 {
@@ -651,6 +663,8 @@ fn submit_write(
     let (future, completer) = completion::pair();
     let fua = dsync && pure_overwrite;
     let length = buffer.len();
+    // `pieces_for` checked that they cover the buffer.
+    debug_assert!(pieces.last().is_some_and(|last| last.end == length as u64));
     // One request carrying the caller's buffer, or a copy per piece.
     let (requests, kept) = if let [piece] = pieces.as_slice() {
         (smallvec![DevRequest::Write { offset: piece.dev_offset, buffer, fua }], None)
@@ -707,6 +721,7 @@ pub fn read_async(
         Ok(None) => return DirectFuture::ready((Ok(0), buffer)),
         Ok(Some(found)) => found,
     };
+    debug_assert!(count <= buffer.len());
     inode.io.dio_started();
     for piece in pieces.iter().filter(|piece| piece.mapping.reads_as_zeros()) {
         buffer[piece.bytes()].fill(0);
@@ -745,6 +760,8 @@ fn read_finish(
     completer: Completer<DirectResult>,
 ) -> impl FnOnce(Returned, Option<std::io::Error>) + Send + 'static {
     move |mut returned: Returned, failure| {
+        // A request per piece on disk, or the one that took the buffer.
+        debug_assert!(kept.is_none() || returned.len() == on_disk.len());
         let buffer = match kept {
             Some(mut buffer) => {
                 for (piece, read) in on_disk.iter().zip(&returned) {

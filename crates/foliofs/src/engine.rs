@@ -67,10 +67,12 @@ impl Engine {
     }
 
     pub fn align_down(&self, value: u64) -> u64 {
+        debug_assert!(self.block_bytes.is_power_of_two(), "block size {}", self.block_bytes);
         value - value % self.block_bytes
     }
 
     pub fn align_up(&self, value: u64) -> u64 {
+        debug_assert!(self.block_bytes.is_power_of_two(), "block size {}", self.block_bytes);
         value.div_ceil(self.block_bytes) * self.block_bytes
     }
 }
@@ -108,6 +110,7 @@ impl BackgroundQueue {
             return Err(job);
         }
         state.jobs.push_back(job);
+        debug_assert!(state.jobs.len() <= BACKGROUND_JOBS_QUEUED_MAX, "an unbounded queue");
         drop(state);
         self.ready.notify_one();
         Ok(())

@@ -51,6 +51,7 @@ impl Extent {
     /// `[dev_start, dev_end)`, in file order; a delayed extent, which holds
     /// no device blocks, is returned whole.
     pub fn outside_dev_blocks(&self, dev_start: u64, dev_end: u64) -> Vec<Extent> {
+        debug_assert!(dev_start <= dev_end, "device range [{dev_start}, {dev_end})");
         let end = self.dev_block + self.block_count;
         if self.kind == ExtentKind::Delalloc || end <= dev_start || dev_end <= self.dev_block {
             return vec![*self];
@@ -68,6 +69,9 @@ impl Extent {
                 kind: self.kind,
             });
         }
+        // What is left: non-empty pieces of this extent, no more than it.
+        debug_assert!(parts.iter().all(|part| part.block_count > 0));
+        debug_assert!(parts.iter().map(|part| part.block_count).sum::<u64>() <= self.block_count);
         parts
     }
 
@@ -154,6 +158,8 @@ impl ExtentMap {
             }
         }
         let next_start = self.extents.range(file_block..).next().map(|(&key, _)| key);
+        // An extent at `file_block` itself was found above.
+        debug_assert!(next_start.is_none_or(|next| next > file_block));
         Lookup::Hole { block_count: next_start.unwrap_or(u64::MAX) - file_block }
     }
 
@@ -180,7 +186,15 @@ impl ExtentMap {
                 merged.block_count += right.block_count;
             }
         }
-        self.extents.insert(merged.file_block, merged);
+        debug_assert!(
+            merged.file_block <= extent.file_block && merged.file_end() >= extent.file_end()
+        );
+        let replaced = self.extents.insert(merged.file_block, merged);
+        debug_assert!(
+            replaced.is_none(),
+            "an extent at {} survived its removal",
+            merged.file_block
+        );
         displaced
     }
 
@@ -190,7 +204,14 @@ impl ExtentMap {
         self.split_at(file_block);
         self.split_at(end);
         let keys: Vec<u64> = self.extents.range(file_block..end).map(|(&key, _)| key).collect();
-        keys.into_iter().filter_map(|key| self.extents.remove(&key)).collect()
+        let removed: Vec<Extent> =
+            keys.into_iter().filter_map(|key| self.extents.remove(&key)).collect();
+        // Split at both ends first, so what went lies inside the range.
+        debug_assert!(removed
+            .iter()
+            .all(|extent| extent.file_block >= file_block && extent.file_end() <= end));
+        debug_assert!(self.extents.range(file_block..end).next().is_none());
+        removed
     }
 
     /// Ensures no extent straddles `file_block`.
@@ -203,6 +224,7 @@ impl ExtentMap {
         }
         let left = extent.clip(key, file_block).expect("non-empty left part");
         let right = extent.clip(file_block, extent.file_end()).expect("non-empty right part");
+        debug_assert_eq!(left.block_count + right.block_count, extent.block_count);
         self.extents.insert(left.file_block, left);
         self.extents.insert(right.file_block, right);
     }

@@ -65,11 +65,17 @@ impl InodeIo {
         while self.dio_in_flight.load(Ordering::Acquire) > 0 {
             self.dio_drained.wait(&mut drain);
         }
+        // Direct I/O starts under this lock, held here exclusively: none
+        // starts again until the guard goes.
+        debug_assert_eq!(self.dio_in_flight.load(Ordering::Acquire), 0);
         guard
     }
 
     /// Counts one direct I/O as in flight; call under the shared lock.
     pub fn dio_started(&self) {
+        // Counted under the lock, so that the exclusive side's drain sees
+        // every direct I/O that started before it took the lock.
+        debug_assert!(self.lock.is_locked(), "direct I/O started without the inode's I/O lock");
         self.dio_in_flight.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -81,6 +87,12 @@ impl InodeIo {
             let _drain = self.drain_lock.lock();
             self.dio_drained.notify_all();
         }
+    }
+
+    /// Whether some thread holds the lock exclusively (for assertions of
+    /// callers that must run alone).
+    pub fn is_exclusive(&self) -> bool {
+        self.lock.is_locked_exclusive()
     }
 
     pub fn dio_in_flight(&self) -> u64 {

@@ -52,7 +52,7 @@ pub fn plan_sized(
         )));
     }
     let uuid: [u8; 16] = rand::random();
-    Superblock::layout(
+    let superblock = Superblock::layout(
         volume_bytes,
         block_bytes,
         sector_bytes,
@@ -61,16 +61,23 @@ pub fn plan_sized(
         uuid,
         Timestamp::now(),
     )
-    .map_err(|error| Error::invalid(error.to_string()))
+    .map_err(|error| Error::invalid(error.to_string()))?;
+    // Whole blocks of the size asked for, on the device checked above.
+    debug_assert!(superblock.volume_bytes() <= volume_bytes && volume_bytes <= device.size_bytes());
+    Ok(superblock)
 }
 
 /// Writes both superblock copies and flushes: the last step of mkfs, so an
 /// interrupted mkfs leaves nothing that looks like a volume.
 pub fn write_superblocks(device: &Device, superblock: &Superblock) -> Result<()> {
+    // A validated superblock's sector holds a header, and its blocks whole
+    // sectors.
+    assert!(superblock.sector_bytes as usize >= HEADER_BYTES, "sector {}", superblock.sector_bytes);
     let mut sector = AlignedBuf::zeroed(superblock.sector_bytes as usize);
     sector[..HEADER_BYTES].copy_from_slice(&superblock.encode());
     for copy in 0..2 {
         let offset = Superblock::copy_offset(superblock.block_bytes, copy);
+        debug_assert!(offset.is_multiple_of(u64::from(superblock.sector_bytes)));
         device.write(offset, &sector, false).context(|| "write superblock".into())?;
     }
     device.flush().context(|| "flush after mkfs".into())

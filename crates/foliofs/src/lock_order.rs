@@ -17,13 +17,13 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-/// How often a lock was found taken and how long its takers waited: the
-/// contention the benches print (`Volume::lock_waits`), counted in release
-/// builds too. A lock that is free costs one try and no clock read.
 /// Tries of a taken lock before its taker sleeps: with the pause doubling
 /// to 64 spins, about 5 us on the bench VM.
 const SPIN_ROUNDS: u32 = 24;
 
+/// How often a lock was found taken and how long its takers waited: the
+/// contention the benches print (`Volume::lock_waits`), counted in release
+/// builds too. A lock that is free costs one try and no clock read.
 #[derive(Debug, Default)]
 pub struct Contention {
     waits: AtomicU64,
@@ -138,6 +138,7 @@ impl IndexedClaims {
         self.present[index / 64] |= 1 << (index % 64);
         self.held += 1;
         self.highest = Some(self.highest.map_or(index, |highest| highest.max(index)));
+        debug_assert!(self.present[index / 64] & (1 << (index % 64)) != 0);
     }
 
     fn remove(&mut self, index: usize) -> Option<()> {
@@ -153,7 +154,11 @@ impl IndexedClaims {
                 let bits = self.present[word];
                 (bits != 0).then(|| word * 64 + 63 - bits.leading_zeros() as usize)
             });
+            // The next highest held is below the index let go.
+            debug_assert!(self.highest.is_none_or(|highest| highest < index));
         }
+        // Something is held exactly when there is a highest index held.
+        debug_assert_eq!(self.held == 0, self.highest.is_none());
         Some(())
     }
 }
@@ -346,26 +351,41 @@ impl<G: DerefMut> DerefMut for Ordered<G> {
     }
 }
 
-#[cfg(test)]
+// The tests check what a thread records, which only debug builds keep: in
+// a release build `Held` records nothing and they would pass without
+// checking anything, so they are not built there.
+#[cfg(all(test, debug_assertions))]
 mod tests {
     use super::*;
 
-    #[test]
-    fn locks_taken_in_order_pass_and_are_forgotten_when_let_go() {
-        let io = Held::before_waiting(Level::InodeIo);
-        let meta = Held::before_waiting(Level::Metadata);
-        let journal = Held::before_waiting(Level::Journal);
-        drop(journal);
-        drop(meta);
-        // Let go of the metadata lock, the writeback lock may be taken.
-        let writeback = Held::before_waiting(Level::Writeback);
-        drop(writeback);
-        drop(io);
-        let _meta = Held::before_waiting(Level::Metadata);
+    /// What this thread holds now, level by level with its claims.
+    fn held_now() -> Vec<(Level, usize)> {
+        HELD.with(|held| held.borrow().summary())
     }
 
     #[test]
-    #[cfg(debug_assertions)]
+    fn locks_taken_in_order_pass_and_are_forgotten_when_let_go() {
+        assert_eq!(held_now(), []);
+        let io = Held::before_waiting(Level::InodeIo);
+        let meta = Held::before_waiting(Level::Metadata);
+        let journal = Held::before_waiting(Level::Journal);
+        assert_eq!(held_now(), [(Level::InodeIo, 1), (Level::Metadata, 1), (Level::Journal, 1)]);
+        drop(journal);
+        drop(meta);
+        assert_eq!(held_now(), [(Level::InodeIo, 1)]);
+        // Let go of the metadata lock, the writeback lock may be taken.
+        let writeback = Held::before_waiting(Level::Writeback);
+        assert_eq!(held_now(), [(Level::InodeIo, 1), (Level::Writeback, 1)]);
+        drop(writeback);
+        drop(io);
+        assert_eq!(held_now(), []);
+        let meta = Held::before_waiting(Level::Metadata);
+        assert_eq!(held_now(), [(Level::Metadata, 1)]);
+        drop(meta);
+        assert_eq!(held_now(), []);
+    }
+
+    #[test]
     #[should_panic(expected = "taking Metadata lock 3 while holding Metadata lock Some(7)")]
     fn indexed_locks_taken_out_of_order_panic() {
         let _seven = Held::before_waiting_at(Level::Metadata, 7);
@@ -377,16 +397,24 @@ mod tests {
         let three = Held::before_waiting_at(Level::Metadata, 3);
         let seven = Held::before_waiting_at(Level::Metadata, 7);
         let space = Held::before_waiting(Level::Space);
+        assert_eq!(held_now(), [(Level::Metadata, 2), (Level::Space, 1)]);
         drop(space);
         drop(seven);
+        assert_eq!(held_now(), [(Level::Metadata, 1)]);
+        // Index 3 is still held: 1 is below it, 4 is not.
+        let below = std::panic::catch_unwind(|| drop(Held::before_waiting_at(Level::Metadata, 1)));
+        assert!(below.is_err(), "1 is below 3, still held");
+        drop(Held::before_waiting_at(Level::Metadata, 4));
         drop(three);
-        let _again = Held::before_waiting_at(Level::Metadata, 1);
+        assert_eq!(held_now(), []);
+        let again = Held::before_waiting_at(Level::Metadata, 1);
+        assert_eq!(held_now(), [(Level::Metadata, 1)]);
+        drop(again);
     }
 
     /// Letting go of the highest index held lowers the bar to the next one
     /// held, found across words of the bitmap.
     #[test]
-    #[cfg(debug_assertions)]
     fn letting_go_of_the_highest_index_lowers_the_bar_to_the_next_held() {
         let three = Held::before_waiting_at(Level::Metadata, 3);
         let seventy = Held::before_waiting_at(Level::Metadata, 70);
@@ -402,7 +430,6 @@ mod tests {
     }
 
     #[test]
-    #[cfg(debug_assertions)]
     #[should_panic(expected = "taking the InodeIo lock while holding the Metadata lock")]
     fn a_lock_taken_below_one_held_panics() {
         let _meta = Held::before_waiting(Level::Metadata);

@@ -88,6 +88,9 @@ impl<'a> DataPath<'a> {
         let io_end = self.align_up(data_end);
         // `begin` maps from the block holding the position it was asked for.
         debug_assert_eq!(io_start, mapping.offset);
+        // The mapping's end is on a block: the bounce, whole blocks, stays
+        // inside the space it maps.
+        debug_assert!(io_end <= mapping.end(), "a write past the space mapped for it");
         let mut bounce = AlignedBuf::zeroed((io_end - io_start) as usize);
         // The rest of a partial block is the old data: in place, or in the
         // shared blocks this new space replaces.
@@ -140,6 +143,7 @@ impl<'a> DataPath<'a> {
         data_end: u64,
     ) -> Result<()> {
         let block = self.engine.block_bytes as usize;
+        debug_assert!(pos < data_end, "no partial blocks in an empty write");
         let io_start = self.align_down(pos);
         let last_block_start = self.align_down(data_end - 1);
         let mut partial = Vec::new();
@@ -152,6 +156,7 @@ impl<'a> DataPath<'a> {
         }
         for block_start in partial {
             let at = (block_start - io_start) as usize;
+            debug_assert!(at + block <= bounce.len(), "a partial block outside the bounce buffer");
             let dev_offset = old_data_at + (block_start - mapping.offset);
             self.engine
                 .device
@@ -224,6 +229,8 @@ impl<'a> DataPath<'a> {
     ) -> Result<()> {
         let block_bytes = self.engine.block_bytes;
         let block_start = self.align_down(from);
+        // `zero_in_block_paying` sends a part of one block, never all of it.
+        debug_assert!(from < to && to <= block_start + block_bytes);
         let meta = &self.engine.meta;
         let mut walk = iomap::walk(meta, ino, block_start, block_bytes, Intent::Write, block_bytes)
             .paying_copies_with(*copies_reserved);

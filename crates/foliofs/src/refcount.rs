@@ -82,12 +82,16 @@ impl SharedBlocks {
         if at < end {
             pieces.push(Counted { start: at, count: end - at, refs: 1 });
         }
+        // The pieces tile `[start, end)`, in order.
+        debug_assert!(pieces.windows(2).all(|pair| pair[0].start + pair[0].count == pair[1].start));
+        debug_assert_eq!(pieces.iter().map(|piece| piece.count).sum::<u64>(), count);
         pieces
     }
 
     /// Whether block `start` is shared, and how many blocks from it (up to
     /// `count`) are as it is.
     pub fn run_at(&self, start: u64, count: u64) -> (bool, u64) {
+        debug_assert!(count > 0, "the run at block {start} of no blocks");
         let pieces = self.counted(start, count);
         let shared = pieces[0].refs >= 2;
         let same: u64 = pieces
@@ -95,6 +99,7 @@ impl SharedBlocks {
             .take_while(|piece| (piece.refs >= 2) == shared)
             .map(|piece| piece.count)
             .sum();
+        debug_assert!(same > 0 && same <= count);
         (shared, same)
     }
 
@@ -102,6 +107,7 @@ impl SharedBlocks {
     /// no longer shared, out of the table). What a `SharedSet` record does,
     /// live and at replay: an absolute value, so applying twice is once.
     pub fn set(&mut self, start: u64, count: u64, refs: u32) {
+        debug_assert!(count > 0, "a count set for no blocks at {start}");
         let end = start + count;
         // Cut the runs that cross either end, then drop everything inside.
         self.split_at(start);
@@ -109,6 +115,8 @@ impl SharedBlocks {
         let inside: Vec<u64> = self.runs.range(start..end).map(|(&s, _)| s).collect();
         for run_start in inside {
             let (run_count, _) = self.runs.remove(&run_start).expect("listed");
+            // Split at both ends: what is removed lies inside the range.
+            debug_assert!(run_start + run_count <= end);
             self.blocks -= run_count;
         }
         if refs >= 2 {
@@ -217,6 +225,16 @@ pub fn settle(table: &mut SharedBlocks, added: &[BlockRun], dropped: &[BlockRun]
     // Every stretch listed changed by a nonzero delta, so a count of 1
     // there was a shared block's (or one no file maps any more): each
     // entry is a change to log.
+    // Edges are walked in order and neighbours joined: each list is
+    // sorted, its runs apart.
+    debug_assert!(settled
+        .freed
+        .windows(2)
+        .all(|pair| pair[0].start + pair[0].count < pair[1].start));
+    debug_assert!(settled
+        .counts
+        .windows(2)
+        .all(|pair| pair[0].start + pair[0].count <= pair[1].start));
     for counted in &settled.counts {
         table.set(counted.start, counted.count, counted.refs);
     }
@@ -258,8 +276,11 @@ pub fn count_mappings(mut runs: Vec<BlockRun>) -> Vec<Counted> {
             push_counted(&mut counted, Counted { start, count: at - start, refs });
         }
         refs += change;
+        // Each run opens before it closes: never fewer than no mappings.
+        debug_assert!(refs >= 0, "{refs} mappings of block {at}");
         previous = Some(at);
     }
+    debug_assert_eq!(refs, 0, "a run left open");
     counted
 }
 

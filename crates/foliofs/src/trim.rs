@@ -99,6 +99,8 @@ pub fn trim_free_space(
         batch.iter().for_each(|&run| space.alloc.free(run));
         drop(space);
         trimmed_bytes += discarded?;
+        // Every batch moves the cursor on: the loop ends.
+        assert!(next > cursor, "trim stalled at block {cursor}");
         cursor = next;
     }
     Ok(trimmed_bytes)
@@ -142,6 +144,10 @@ fn take_batch(
             break;
         }
     }
+    // What the batch took, and its budget left, are what was claimed; each
+    // run is long enough.
+    debug_assert_eq!(batch.iter().map(|run| run.count).sum::<u64>() + budget, claimed);
+    debug_assert!(batch.iter().all(|run| run.count >= minimum_blocks && run.start >= cursor));
     for &run in &batch {
         alloc.take_claimed(run).expect("the run was just found free");
     }
@@ -150,6 +156,7 @@ fn take_batch(
     if batch.is_empty() {
         next = end;
     }
+    debug_assert!(next > cursor || cursor >= end);
     (batch, next)
 }
 

@@ -232,6 +232,7 @@ fn write_back_files(
             keep_first_error(write_group(engine, std::mem::take(&mut group)));
             group_bytes = 0;
         }
+        debug_assert!(group.len() < GROUP_FILES_MAX && group_bytes < GROUP_DIRTY_BYTES_MAX);
     }
     if !group.is_empty() {
         keep_first_error(write_group(engine, group));
@@ -287,6 +288,8 @@ fn write_group(engine: &Engine, members: Vec<GroupMember<'_>>) -> Result<()> {
         .map(|member| prepare_batch(engine, member.inode, &member.folios, true))
         .collect();
     let outcomes = write_prepared(engine, &prepared);
+    // One outcome list per member: the zip below leaves none out.
+    debug_assert_eq!(outcomes.len(), members.len());
     let mut result = Ok(());
     for ((member, batch), outcomes) in members.iter().zip(prepared).zip(outcomes) {
         let (written, _) = finish_batch(engine, member.inode, batch, outcomes);
@@ -347,12 +350,19 @@ fn write_prepared(engine: &Engine, batches: &[Prepared<'_>]) -> Vec<Vec<std::io:
             }),
         }
     }
+    // Joined within the bounds each request kept alone.
+    debug_assert!(merged.iter().all(|request| {
+        request.bytes <= REQUEST_BYTES_MAX
+            && request.slices.len() <= SLICES_PER_REQUEST_MAX
+            && !request.parts.is_empty()
+    }));
     let throttle = engine.cache.throttle();
     throttle.writeback_started();
     let merged_outcomes = issue_each(merged.len(), |index| {
         let request = &merged[index];
         engine.device.write_vectored(request.dev_offset, &request.slices, false)
     });
+    debug_assert_eq!(merged_outcomes.len(), merged.len());
     let mut outcomes: Vec<Vec<Option<std::io::Result<()>>>> =
         batches.iter().map(|batch| (0..batch.requests.len()).map(|_| None).collect()).collect();
     for (request, outcome) in merged.iter().zip(merged_outcomes) {
@@ -471,6 +481,8 @@ fn prepare_batch<'a>(
     // dirty limit may copy on while the batch is written, instead of
     // sleeping until the whole batch is on disk.
     engine.cache.note_progress();
+    // In file order, as `size_growth_end` searches them.
+    debug_assert!(held.windows(2).all(|pair| pair[0].folio.pos() < pair[1].folio.pos()));
     let runs = dirty_runs(&held, engine.block_bytes);
     let mut failures = Failures::default();
     let pieces = map_runs(engine, inode.ino, &runs, &mut failures, &mut copies.block_count);
@@ -601,6 +613,7 @@ fn map_runs(
         }
         *copies_reserved = walk.copies_reserved_left();
     }
+    debug_assert!(pieces.iter().all(|piece| piece.bytes > 0));
     pieces
 }
 
@@ -655,7 +668,13 @@ fn issue_each(
             });
         }
     });
-    outcomes.into_inner().into_iter().map(|outcome| outcome.expect("every request ran")).collect()
+    let outcomes: Vec<std::io::Result<()>> = outcomes
+        .into_inner()
+        .into_iter()
+        .map(|outcome| outcome.expect("every request ran"))
+        .collect();
+    debug_assert_eq!(outcomes.len(), count);
+    outcomes
 }
 
 /// In file order: converts the pieces whose requests all completed and
@@ -674,6 +693,9 @@ fn finish_pieces(
     failures: &mut Failures,
 ) {
     let ino = inode.ino;
+    // An outcome for each request, a request in each piece.
+    debug_assert_eq!(requests.len(), outcomes.len());
+    debug_assert!(requests.iter().all(|request| request.piece < pieces.len()));
     let mut piece_errors: Vec<Option<std::io::Error>> = (0..pieces.len()).map(|_| None).collect();
     for (request, outcome) in requests.iter().zip(outcomes) {
         if let Err(error) = outcome {
@@ -682,6 +704,7 @@ fn finish_pieces(
     }
     for (piece, error) in pieces.iter().zip(piece_errors) {
         let run = &runs[piece.run];
+        debug_assert!(piece.skip + piece.bytes <= run.bytes, "a piece past its run");
         let start = run.pos + piece.skip;
         let end = start + piece.bytes;
         if let Some(error) = error {
@@ -764,6 +787,7 @@ fn slices_of<'a>(run: &Run, held: &'a [Held<'a>], skip: u64, bytes: u64) -> Vec<
             if slices.len() == SLICES_PER_REQUEST_MAX {
                 return slices;
             }
+            debug_assert!(bytes.len() <= wanted, "slices past the bytes wanted");
             slices.push(IoSlice::new(bytes));
             wanted -= bytes.len();
         }
@@ -827,6 +851,7 @@ fn finish_piece(
     if mapping.kind != MapKind::Unwritten && grow_to.is_none() {
         return Ok(());
     }
+    debug_assert!(piece_bytes > 0 && piece_bytes <= mapping.length);
     iomap::end_write(&engine.meta, ino, &[(*mapping, piece_bytes)], engine.block_bytes, |txn| {
         if let Some(end) = grow_to {
             advance_disk_size(txn, ino, end);
@@ -842,6 +867,8 @@ pub(crate) fn advance_disk_size(txn: &mut Txn<'_>, ino: u64, end: u64) {
     if target <= inode.attrs.size {
         return;
     }
+    // The on-disk size only grows, and never past the size callers see.
+    debug_assert!(target > inode.attrs.size && target <= inode.size);
     let mut attrs = inode.attrs;
     attrs.size = target;
     txn.apply(Record::InodeSet { ino, attrs });

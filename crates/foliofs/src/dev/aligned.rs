@@ -50,11 +50,14 @@ impl AlignedBuf {
         }
         let layout = Self::layout(length);
         if layout.align() == HUGE_PAGE_BYTES {
-            return Self { pointer: map_huge_pages(length), length, lender: None };
+            let pointer = map_huge_pages(length);
+            debug_assert!((pointer.as_ptr() as usize).is_multiple_of(HUGE_PAGE_BYTES));
+            return Self { pointer, length, lender: None };
         }
         // SAFETY: the layout has a non-zero size (checked above) and a valid alignment.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(pointer) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
+        debug_assert!((raw as usize).is_multiple_of(BUFFER_ALIGN_BYTES), "a misaligned buffer");
         Self { pointer, length, lender: None }
     }
 
@@ -84,6 +87,8 @@ impl AlignedBuf {
     }
 
     fn layout(length: usize) -> Layout {
+        // An empty buffer is dangling: never allocated, never freed.
+        assert!(length > 0, "the layout of an empty buffer");
         let align = if length.is_multiple_of(HUGE_PAGE_BYTES) {
             HUGE_PAGE_BYTES
         } else {
@@ -101,6 +106,7 @@ impl AlignedBuf {
 /// let go of, such as the folios it drops behind the kernel's page cache,
 /// still counted against the process.
 fn map_huge_pages(length: usize) -> NonNull<u8> {
+    debug_assert!(length > 0 && length.is_multiple_of(HUGE_PAGE_BYTES));
     let mapped_bytes = length + HUGE_PAGE_BYTES;
     // SAFETY: a fresh anonymous private mapping at an address of the
     // kernel's choosing; it touches no existing memory.
@@ -121,6 +127,8 @@ fn map_huge_pages(length: usize) -> NonNull<u8> {
     let start = raw as usize;
     let aligned = start.next_multiple_of(HUGE_PAGE_BYTES);
     let head_bytes = aligned - start;
+    // Whatever the mapping's start, the aligned run fits inside it.
+    debug_assert!(head_bytes < HUGE_PAGE_BYTES);
     let tail_bytes = mapped_bytes - head_bytes - length;
     // SAFETY: the unaligned head and the tail past `length` are parts of
     // the mapping just made, used by nothing; failure to unmap only wastes

@@ -156,6 +156,7 @@ impl FaultRule {
         if fail {
             self.failed += 1;
         }
+        debug_assert!(self.failed <= self.times && self.failed <= self.matched);
         fail
     }
 }
@@ -308,6 +309,7 @@ impl FaultDev {
         if *cuts.last().expect("non-empty") != state.log.len() {
             cuts.push(state.log.len());
         }
+        debug_assert!(cuts.windows(2).all(|pair| pair[0] < pair[1]), "cuts out of order");
         cuts
     }
 
@@ -374,6 +376,7 @@ fn reserve_write_time(state: &mut State, bytes: usize) -> Option<Instant> {
     let now = Instant::now();
     let start = state.writes_busy_until.filter(|&until| until > now).unwrap_or(now);
     let done_at = start + Duration::from_secs_f64(bytes as f64 / rate as f64);
+    debug_assert!(done_at >= now, "a write done before it began");
     state.writes_busy_until = Some(done_at);
     Some(done_at)
 }
@@ -390,6 +393,11 @@ fn drop_volatile_writes(state: &mut State) {
         index += 1;
         keep
     });
+    // The durable prefix stays as it was; after it, only FUA writes and flushes.
+    debug_assert!(state.log.len() >= durable_end);
+    debug_assert!(state.log[durable_end..]
+        .iter()
+        .all(|entry| !matches!(entry, LogEntry::Write { fua: false, .. })));
     state.writes_dropped += (before - state.log.len()) as u64;
     let mut image = state.base.clone();
     for entry in &state.log {
@@ -428,6 +436,7 @@ impl RawDev for FaultDev {
             state.current.read(position, buffer);
             position += buffer.len();
         }
+        debug_assert_eq!(position, offset as usize + length);
         Ok(())
     }
 

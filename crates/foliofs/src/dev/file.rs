@@ -45,6 +45,10 @@ impl FileDev {
         // Device requires a power of two; every real device reports one.
         let logical_block_bytes =
             reported_block_bytes.max(MIN_LOGICAL_BLOCK_BYTES).next_power_of_two();
+        // What `Device::new` asserts, and every alignment check relies on.
+        debug_assert!(
+            logical_block_bytes.is_power_of_two() && logical_block_bytes >= MIN_LOGICAL_BLOCK_BYTES
+        );
         let block_device = file_type.is_block_device();
         Ok(Self { file, size_bytes, logical_block_bytes, block_device })
     }

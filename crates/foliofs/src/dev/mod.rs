@@ -155,7 +155,8 @@ impl Counters {
     }
 
     fn leave(&self) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let before = self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        debug_assert!(before > 0, "a request counted out that was never counted in");
     }
 }
 
@@ -277,6 +278,8 @@ impl FlushTracker {
         // Read under the lock, so a waiter that finds this flush in flight
         // knows what it covers.
         let generation = self.generation();
+        // Generations only grow: no flush done covers more than this one.
+        debug_assert!(generation >= state.durable_generation);
         state.in_flight_generations.push(generation);
         generation
     }
@@ -284,9 +287,10 @@ impl FlushTracker {
     /// Records a finished flush and wakes the callers waiting for it.
     fn finish(&self, generation: u64, succeeded: bool) {
         let mut state = self.state.lock();
-        if let Some(index) =
-            state.in_flight_generations.iter().position(|&in_flight| in_flight == generation)
-        {
+        let index =
+            state.in_flight_generations.iter().position(|&in_flight| in_flight == generation);
+        debug_assert!(index.is_some(), "a flush of generation {generation} finished unstarted");
+        if let Some(index) = index {
             state.in_flight_generations.swap_remove(index);
         }
         if succeeded {

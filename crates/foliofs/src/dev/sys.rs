@@ -12,6 +12,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 /// Most iovecs one preadv/pwritev2 or io_uring readv/writev accepts
 /// (`UIO_MAXIOV`); longer lists go down in several transfers.
 pub(crate) const MAX_IOVECS: usize = libc::UIO_MAXIOV as usize;
+const _: () = assert!(MAX_IOVECS > 0 && MAX_IOVECS <= libc::c_int::MAX as usize);
 
 /// `_IOR(0x12, 114, size_t)` from <linux/fs.h>; libc does not export it.
 const BLKGETSIZE64: libc::Ioctl = ioctl_read_request(0x12, 114, std::mem::size_of::<usize>());
@@ -301,6 +302,7 @@ pub(crate) fn epoll_wait(epoll: BorrowedFd<'_>, tokens: &mut Vec<u64>) -> io::Re
     if ready < 0 {
         return Err(io::Error::last_os_error());
     }
+    debug_assert!(ready as usize <= EVENTS_MAX, "epoll_wait filled past its array");
     tokens.clear();
     tokens.extend(events[..ready as usize].iter().map(|event| event.u64));
     Ok(())
@@ -361,6 +363,8 @@ fn transfer_once(
         // advance_slices would panic on this; a broken transfer must not.
         return Err(overlong_transfer_error(transferred_bytes, requested_bytes, offset_bytes));
     }
+    // What the loops below rely on: progress, and never past the request.
+    debug_assert!(transferred_bytes > 0 && transferred_bytes <= requested_bytes);
     Ok(transferred_bytes)
 }
 
@@ -406,6 +410,10 @@ where
         })?;
         IoSliceMut::advance_slices(&mut remaining, read_bytes);
         done_bytes += read_bytes;
+        debug_assert_eq!(
+            remaining.iter().map(|buffer| buffer.len()).sum::<usize>(),
+            total_bytes - done_bytes
+        );
     }
     Ok(())
 }
@@ -444,6 +452,10 @@ where
         })?;
         IoSlice::advance_slices(&mut remaining, written_bytes);
         done_bytes += written_bytes;
+        debug_assert_eq!(
+            remaining.iter().map(|buffer| buffer.len()).sum::<usize>(),
+            total_bytes - done_bytes
+        );
     }
     Ok(())
 }

@@ -49,6 +49,7 @@ impl ThreadsDev {
                 .spawn(move || run_worker(&file, &receiver))?;
             device.workers.push(worker);
         }
+        debug_assert_eq!(device.workers.len(), options.worker_threads);
         Ok(device)
     }
 }

@@ -46,6 +46,7 @@ use super::{AlignedBuf, DevCallback, DevOptions, DevRequest, DevResponse, RawDev
 /// and the kernel stops a transfer short of 2 GiB anyway. A large power of
 /// two, so the continuation of a capped transfer stays block-aligned.
 const MAX_SQE_BYTES: usize = 1 << 30;
+const _: () = assert!(MAX_SQE_BYTES.is_power_of_two() && MAX_SQE_BYTES <= u32::MAX as usize);
 
 /// Most submission queue entries the kernel accepts (IORING_MAX_ENTRIES).
 const MAX_RING_ENTRIES: u32 = 32768;
@@ -56,6 +57,7 @@ const ENTER_RETRY_PAUSE: Duration = Duration::from_millis(1);
 
 /// Entries of a blocking call's private ring: it holds one request at a time.
 const THREAD_RING_ENTRIES: u32 = 4;
+const _: () = assert!(THREAD_RING_ENTRIES >= 1 && THREAD_RING_ENTRIES <= MAX_RING_ENTRIES);
 
 pub(crate) struct UringDev {
     file: Arc<FileDev>,
@@ -135,6 +137,8 @@ impl UringDev {
         let result = unsafe { complete_entry(&mut ring, entry) }?;
         // An error above drops the ring with the entry never submitted, so it
         // can never reach the kernel after the buffers are gone.
+        debug_assert!(ring.submission().is_empty(), "a private ring kept a submitted entry");
+        debug_assert!(ring.completion().is_empty(), "a private ring holds one request at a time");
         *slot = Some(ring);
         Ok(result)
     }
@@ -142,6 +146,7 @@ impl UringDev {
     /// One readv of (at most [`MAX_IOVECS`] of) `buffers`.
     fn readv_once(&self, buffers: &mut [IoSliceMut<'_>], offset_bytes: u64) -> io::Result<usize> {
         let count = buffers.len().min(MAX_IOVECS);
+        assert!(count > 0, "a readv of no buffers");
         let buffers = &mut buffers[..count];
         // IoSliceMut is documented to be ABI-compatible with iovec on Unix.
         let iovecs = buffers.as_ptr().cast::<libc::iovec>();
@@ -223,7 +228,8 @@ impl RawDev for UringDev {
     fn unplug(&self) {
         if let Some(ring) = self.home_rings.get() {
             if ring.unplug() {
-                self.sweeper.plugged_rings.fetch_sub(1, Ordering::AcqRel);
+                let before = self.sweeper.plugged_rings.fetch_sub(1, Ordering::AcqRel);
+                debug_assert!(before > 0, "a plugged ring the count left out");
             }
         }
         self.sweeper.unplug_all();
@@ -313,7 +319,9 @@ fn thread_token() -> u64 {
     thread_local! {
         static TOKEN: u64 = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
     }
-    TOKEN.with(|token| *token)
+    let token = TOKEN.with(|token| *token);
+    debug_assert_ne!(token, 0, "0 names no thread");
+    token
 }
 
 /// An io_uring ring for the asynchronous requests of one submitting thread.
@@ -360,6 +368,9 @@ struct RingState {
 impl HomeRing {
     fn new(ring: IoUring, file: Arc<FileDev>) -> io::Result<Self> {
         let in_flight_limit = ring.params().cq_entries() as usize;
+        // The kernel gives a completion queue at least as long as the
+        // submission queue, so a ring always has room for one request.
+        assert!(in_flight_limit >= ring.params().sq_entries() as usize && in_flight_limit > 0);
         let eventfd = sys::eventfd()?;
         ring.submitter().register_eventfd(eventfd.as_raw_fd())?;
         Ok(Self {
@@ -384,6 +395,7 @@ impl HomeRing {
         let mut state = self.state.lock();
         state.backlog.push_back(pending);
         let pushed = self.fill_ring(&mut state);
+        debug_assert!(pushed > 0 || !state.backlog.is_empty(), "a request lost between queues");
         drop(state);
         if pushed == 0 {
             return; // Backlogged: fed in as completions free room.
@@ -420,6 +432,7 @@ impl HomeRing {
         // only one in existence.
         let mut queue = unsafe { self.ring.submission_shared() };
         let mut pushed = 0;
+        debug_assert!(state.in_flight.len() <= self.in_flight_limit, "over the in-flight limit");
         while state.in_flight.len() < self.in_flight_limit && !state.backlog.is_empty() {
             if queue.is_full() {
                 queue.sync();
@@ -441,9 +454,16 @@ impl HomeRing {
                 state.backlog.push_front(pending);
                 break;
             }
-            state.in_flight.insert(user_data, pending);
+            let previous = state.in_flight.insert(user_data, pending);
+            assert!(previous.is_none(), "io_uring user_data {user_data} given to two requests");
             pushed += 1;
         }
+        assert!(
+            state.in_flight.len() <= self.in_flight_limit,
+            "{} requests in flight in a ring of {} completions",
+            state.in_flight.len(),
+            self.in_flight_limit
+        );
         pushed // Dropping `queue` publishes the new entries to the kernel.
     }
 
@@ -470,7 +490,10 @@ impl HomeRing {
                     continue;
                 };
                 match pending.record(completion.result()) {
-                    None => state.backlog.push_front(pending),
+                    None => {
+                        debug_assert!(pending.done_bytes > 0, "a remainder of nothing done");
+                        state.backlog.push_front(pending);
+                    }
                     Some(outcome) => finished.push(pending.finish(outcome)),
                 }
             }
@@ -532,6 +555,7 @@ impl Driver for HomeRing {
             if state.in_flight.is_empty() {
                 return;
             }
+            debug_assert!(state.in_flight.len() <= self.in_flight_limit);
             state.driving = true;
         }
         self.owner_drives.fetch_add(1, Ordering::Relaxed);
@@ -606,8 +630,12 @@ impl Sweeper {
         // Edge-triggered: a ring left to its waiting owner keeps its count
         // (the owner's wake-up), and must not wake the sweeper again and
         // again meanwhile.
-        sys::epoll_add(self.epoll.as_fd(), ring.eventfd.as_fd(), rings.len() as u64, true)?;
+        let token = rings.len();
+        debug_assert_ne!(token as u64, STOP_TOKEN);
+        sys::epoll_add(self.epoll.as_fd(), ring.eventfd.as_fd(), token as u64, true)?;
         rings.push(Arc::clone(ring));
+        // `run` finds the ring by its token: its index, rings never removed.
+        debug_assert!(Arc::ptr_eq(&rings[token], ring));
         Ok(())
     }
 
@@ -622,7 +650,8 @@ impl Sweeper {
         }
         for ring in self.rings() {
             if ring.unplug() {
-                self.plugged_rings.fetch_sub(1, Ordering::AcqRel);
+                let before = self.plugged_rings.fetch_sub(1, Ordering::AcqRel);
+                debug_assert!(before > 0, "a plugged ring the count left out");
             }
         }
     }
@@ -693,6 +722,7 @@ impl Pending {
     }
 
     fn current_offset_bytes(&self) -> u64 {
+        debug_assert!(self.done_bytes <= self.total_bytes(), "done past the request's end");
         // Device checked that offset + length fits.
         self.offset_bytes + self.done_bytes as u64
     }
@@ -702,11 +732,14 @@ impl Pending {
         let offset_bytes = self.current_offset_bytes();
         match &mut self.transfer {
             Transfer::Read(buffer) => {
+                // `record` finishes a request once nothing is left.
+                debug_assert!(self.done_bytes < buffer.len() || buffer.is_empty());
                 let rest = &mut buffer[self.done_bytes..];
                 let length = rest.len().min(MAX_SQE_BYTES) as u32;
                 opcode::Read::new(fd, rest.as_mut_ptr(), length).offset(offset_bytes).build()
             }
             Transfer::Write { buffer, rw_flags } => {
+                debug_assert!(self.done_bytes < buffer.len() || buffer.is_empty());
                 let rest = &buffer[self.done_bytes..];
                 let length = rest.len().min(MAX_SQE_BYTES) as u32;
                 opcode::Write::new(fd, rest.as_ptr(), length)
@@ -731,6 +764,7 @@ impl Pending {
             Transfer::Read(_) => Direction::Read,
             Transfer::Write { .. } => Direction::Write,
         };
+        debug_assert!(self.done_bytes <= self.total_bytes(), "done past the request's end");
         let remaining_bytes = self.total_bytes() - self.done_bytes;
         if transferred_bytes > remaining_bytes {
             let offset_bytes = self.current_offset_bytes();
@@ -747,6 +781,7 @@ impl Pending {
             return Some(Err(sys::stalled_transfer_error(direction, self.current_offset_bytes())));
         }
         self.done_bytes += transferred_bytes;
+        debug_assert!(self.done_bytes < self.total_bytes(), "a remainder past the end");
         None
     }
 

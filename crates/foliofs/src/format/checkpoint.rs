@@ -53,6 +53,7 @@ impl CheckpointHeader {
         writer.u64(self.payload_bytes);
         writer.u32(self.payload_crc);
         writer.u32(self.journal_prev_crc);
+        assert!(writer.len() <= CRC_OFFSET, "checkpoint header fields run into its checksum");
         let mut bytes = [0u8; HEADER_BYTES];
         bytes[..writer.len()].copy_from_slice(writer.as_bytes());
         let crc = crc_with_hole(&bytes, CRC_OFFSET);

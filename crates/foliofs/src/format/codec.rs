@@ -88,6 +88,7 @@ impl<'a> Reader<'a> {
     }
 
     pub fn remaining(&self) -> usize {
+        debug_assert!(self.position <= self.bytes.len(), "a reader past its input");
         self.bytes.len() - self.position
     }
 
@@ -101,6 +102,7 @@ impl<'a> Reader<'a> {
         }
         let slice = &self.bytes[self.position..self.position + count];
         self.position += count;
+        debug_assert!(self.position <= self.bytes.len() && slice.len() == count);
         Ok(slice)
     }
 
@@ -172,11 +174,14 @@ pub fn open_header<'a>(
     if header_bytes as usize != HEADER_BYTES {
         return Err(FormatError::invalid(what, "header_bytes", header_bytes.to_string()));
     }
+    // Callers read their fields from here: after the magic, version and size.
+    debug_assert_eq!(reader.position(), 8);
     Ok((reader, version))
 }
 
 /// crc32c of `bytes` with the 4-byte checksum field at `crc_offset` treated as zero.
 pub fn crc_with_hole(bytes: &[u8], crc_offset: usize) -> u32 {
+    assert!(crc_offset + 4 <= bytes.len(), "a checksum field past the end of its bytes");
     let crc = crc32c::crc32c(&bytes[..crc_offset]);
     let crc = crc32c::crc32c_append(crc, &[0u8; 4]);
     crc32c::crc32c_append(crc, &bytes[crc_offset + 4..])

@@ -13,6 +13,8 @@ pub const GROUP_HEADER_BYTES: usize = 64;
 const WHAT: &str = "journal group";
 const PAYLOAD_CRC_OFFSET: usize = 32;
 const HEADER_CRC_OFFSET: usize = 60;
+const _: () = assert!(PAYLOAD_CRC_OFFSET + 8 <= HEADER_CRC_OFFSET);
+const _: () = assert!(HEADER_CRC_OFFSET + 4 == GROUP_HEADER_BYTES);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GroupHeader {
@@ -32,7 +34,10 @@ pub struct GroupHeader {
 impl GroupHeader {
     /// Bytes the whole group occupies in the journal.
     pub fn stored_bytes(&self, sector_bytes: u32) -> u64 {
-        align_up(GROUP_HEADER_BYTES as u64 + u64::from(self.payload_bytes), u64::from(sector_bytes))
+        let bytes = GROUP_HEADER_BYTES as u64 + u64::from(self.payload_bytes);
+        let stored = align_up(bytes, u64::from(sector_bytes));
+        debug_assert!(stored >= bytes && stored - bytes < u64::from(sector_bytes));
+        stored
     }
 }
 
@@ -54,6 +59,7 @@ pub fn encode_group(
     sector_bytes: u32,
 ) -> (Vec<u8>, u32) {
     let payload_bytes = u32::try_from(payload.len()).expect("journal group payload over 4 GiB");
+    assert!(sector_bytes.is_power_of_two(), "sector size {sector_bytes}");
     let GroupLink { seq, first_lsn, record_count, prev_header_crc } = link;
     let header =
         GroupHeader { seq, first_lsn, record_count, payload_bytes, prev_header_crc, header_crc: 0 };
@@ -72,6 +78,9 @@ pub fn encode_group(
     writer.raw(payload);
     let mut bytes = writer.into_bytes();
     bytes.resize(header.stored_bytes(sector_bytes) as usize, 0);
+    // Whole sectors (an O_DIRECT write), the payload within them.
+    debug_assert!(bytes.len().is_multiple_of(sector_bytes as usize));
+    debug_assert!(bytes.len() >= GROUP_HEADER_BYTES + payload.len());
     (bytes, header_crc)
 }
 
@@ -126,6 +135,7 @@ pub fn check_group_payload<'a>(
         return Err(FormatError::Truncated { what: WHAT });
     }
     let payload = &group_bytes[GROUP_HEADER_BYTES..end];
+    debug_assert_eq!(payload.len(), header.payload_bytes as usize);
     let stored = u32::from_le_bytes(
         group_bytes[PAYLOAD_CRC_OFFSET..PAYLOAD_CRC_OFFSET + 4].try_into().expect("4 bytes"),
     );

@@ -265,6 +265,19 @@ const TAG_SHARED_SET: u8 = 12;
 
 impl Record {
     pub fn encode(&self, writer: &mut Writer) {
+        let start = writer.len();
+        self.encode_fields(writer);
+        // The journal budgets its space with the bound: a record past it
+        // could overrun a group.
+        let written = writer.len() - start;
+        debug_assert!(
+            written <= self.encoded_bytes_max(),
+            "{written} bytes encoded, over the bound of {}: {self:?}",
+            self.encoded_bytes_max()
+        );
+    }
+
+    fn encode_fields(&self, writer: &mut Writer) {
         match self {
             Record::InodeSet { ino, attrs } => {
                 writer.u8(TAG_INODE_SET);
@@ -498,10 +511,12 @@ pub fn is_valid_name(name: &[u8]) -> bool {
 
 /// Encodes records back to back.
 pub fn encode_all(records: &[Record]) -> Vec<u8> {
-    let mut writer = Writer::with_capacity(records.iter().map(Record::encoded_bytes_max).sum());
+    let bound = records.iter().map(Record::encoded_bytes_max).sum();
+    let mut writer = Writer::with_capacity(bound);
     for record in records {
         record.encode(&mut writer);
     }
+    debug_assert!(writer.len() <= bound);
     writer.into_bytes()
 }
 

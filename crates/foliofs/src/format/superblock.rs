@@ -108,6 +108,9 @@ impl Superblock {
             return Err(FormatError::invalid(WHAT, "size", "no room left for data"));
         }
         let data = Region { start_block: data_start, block_count: block_count - data_start };
+        // The regions fill the volume's whole blocks, in order.
+        debug_assert!(journal_blocks > 0 && slot_blocks > 0);
+        debug_assert_eq!(data.end_block(), block_count);
         let superblock = Self {
             version: FORMAT_VERSION,
             block_bytes,
@@ -153,6 +156,7 @@ impl Superblock {
         }
         writer.i64(self.created.secs);
         writer.u32(self.created.nanos);
+        assert!(writer.len() <= CRC_OFFSET, "superblock fields run into its checksum");
         let mut bytes = [0u8; HEADER_BYTES];
         bytes[..writer.len()].copy_from_slice(writer.as_bytes());
         let crc = crc_with_hole(&bytes, CRC_OFFSET);

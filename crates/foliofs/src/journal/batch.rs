@@ -33,6 +33,11 @@ pub(super) struct SyncBatch {
     group_write_ns: AtomicU64,
     /// The longest wait: `BATCH_WAIT_MAX` (tests raise it).
     wait_max_ns: AtomicU64,
+    /// Leaders that began to wait for syncs on their way, and its signal:
+    /// a test waits on it to know that a leader waits, instead of sleeping
+    /// and hoping.
+    #[cfg(test)]
+    waits_begun: (std::sync::Mutex<u64>, std::sync::Condvar),
 }
 
 impl Default for SyncBatch {
@@ -42,6 +47,8 @@ impl Default for SyncBatch {
             arrived: Condvar::new(),
             group_write_ns: AtomicU64::new(0),
             wait_max_ns: AtomicU64::new(BATCH_WAIT_MAX.as_nanos() as u64),
+            #[cfg(test)]
+            waits_begun: Default::default(),
         }
     }
 }
@@ -52,6 +59,8 @@ impl SyncBatch {
         let sample = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         let average = self.group_write_ns.load(Ordering::Relaxed);
         let updated = if average == 0 { sample } else { average - average / 4 + sample / 4 };
+        // A moving average stays between the old average and the sample.
+        debug_assert!(updated >= average.min(sample) && updated <= average.max(sample));
         self.group_write_ns.store(updated, Ordering::Relaxed);
     }
 
@@ -63,6 +72,35 @@ impl SyncBatch {
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         self.group_write_ns.store(nanos, Ordering::Relaxed);
         self.wait_max_ns.store(nanos, Ordering::Relaxed);
+    }
+
+    /// A leader begins to wait (tests).
+    #[cfg(test)]
+    fn note_wait_begun(&self) {
+        let (begun, signal) = &self.waits_begun;
+        *begun.lock().unwrap() += 1;
+        signal.notify_all();
+    }
+
+    /// Waits until `count` leaders in all have begun to wait for syncs on
+    /// their way, failing the test after `within`.
+    #[cfg(test)]
+    pub(super) fn await_waits_begun(&self, count: u64, within: Duration) {
+        let (begun, signal) = &self.waits_begun;
+        let begun = begun.lock().unwrap();
+        let (begun, timeout) =
+            signal.wait_timeout_while(begun, within, |begun| *begun < count).unwrap();
+        assert!(
+            !timeout.timed_out(),
+            "{} leaders began to wait in {within:?}, not {count}",
+            *begun
+        );
+    }
+
+    /// How many leaders have begun to wait for syncs on their way (tests).
+    #[cfg(test)]
+    pub(super) fn waits_begun(&self) -> u64 {
+        *self.waits_begun.0.lock().unwrap()
     }
 
     fn wait_limit(&self) -> Duration {
@@ -102,7 +140,8 @@ impl SyncOnTheWay<'_> {
         // Under the mutex the waiting leader holds between its check and
         // its wait, so the signal cannot fall between the two.
         let _inner = self.journal.inner();
-        batch.on_the_way.fetch_sub(1, Ordering::AcqRel);
+        let before = batch.on_the_way.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(before > 0, "a sync arrived that was never announced");
         batch.arrived.notify_all();
     }
 }
@@ -138,7 +177,10 @@ impl Journal {
         if self.batch.on_the_way() == 0 {
             return false;
         }
+        debug_assert!(!inner.leader_active, "a sync waits to lead while another leads");
         let deadline = Instant::now() + self.batch.wait_limit();
+        #[cfg(test)]
+        self.batch.note_wait_begun();
         while self.batch.on_the_way() > 0 && !inner.leader_active && inner.durable_lsn < lsn {
             if self.batch.arrived.wait_until(inner, deadline).timed_out() {
                 break;
@@ -170,9 +212,10 @@ mod tests {
                 leader.arrive();
                 journal.commit_sync(leader_lsn).expect("commit");
             });
-            // Not a proof that it waits, but a leader that did not wait
-            // would have written its group by now.
-            std::thread::sleep(Duration::from_millis(100));
+            // The leader begins to wait (a leader that did not would never
+            // signal this, and the test fails at the deadline), holding
+            // back its group: nothing is written until the other arrives.
+            journal.batch.await_waits_begun(1, Duration::from_secs(20));
             assert!(!leading.is_finished(), "the leader did not wait");
             assert_eq!(fixture.device.stats().fua_writes, fua_before);
             let other_lsn = journal.append(&transaction(2, 1));
@@ -182,6 +225,7 @@ mod tests {
             journal.commit_sync(other_lsn).expect("commit");
         });
         assert_eq!(fixture.device.stats().fua_writes, fua_before + 1, "one group for both");
+        assert_eq!(journal.batch.waits_begun(), 1, "the leader waited once");
     }
 
     /// With no other sync on its way a sync commits at once, its own
@@ -198,17 +242,21 @@ mod tests {
         let started = Instant::now();
         journal.commit_sync(lsn).expect("commit");
         assert!(started.elapsed() < Duration::from_secs(10), "waited with nobody on the way");
+        assert_eq!(journal.batch.waits_begun(), 0, "waited with nobody on the way");
 
         let failing = journal.announce_sync();
         let lsn = journal.append(&transaction(2, 1));
         std::thread::scope(|scope| {
             let leading = scope.spawn(|| journal.commit_sync(lsn).expect("commit"));
-            std::thread::sleep(Duration::from_millis(100));
+            // It waits for the one on its way (failing at the deadline if
+            // it never does), and only its drop lets the leader go.
+            journal.batch.await_waits_begun(1, Duration::from_secs(20));
             assert!(!leading.is_finished(), "the leader did not wait");
             drop(failing);
             leading.join().expect("leader");
         });
         assert_eq!(journal.batch.on_the_way(), 0);
+        assert_eq!(journal.batch.waits_begun(), 1, "the leader waited once");
     }
 
     /// The wait is bounded: a sync on its way that never arrives (a long

@@ -184,6 +184,10 @@ impl Journal {
     }
 
     pub fn new(device: Arc<Device>, geometry: JournalGeometry, position: JournalPosition) -> Self {
+        // Replay moves the head on from the checkpoint's replay point (the
+        // tail), and lsns start at 1.
+        assert!(position.tail <= position.head, "journal head {position:?} behind its tail");
+        assert!(position.next_lsn >= 1, "lsn 0 is never a record's");
         let inner = Inner {
             pending: Vec::new(),
             spare: Vec::new(),
@@ -272,6 +276,7 @@ impl Journal {
 
     /// Moves the durable lsn, under the lock, and its lock-free copy.
     fn set_durable(&self, inner: &mut Inner, lsn: u64) {
+        assert!(lsn < inner.next_lsn, "lsn {lsn} durable before it was appended");
         inner.durable_lsn = inner.durable_lsn.max(lsn);
         self.durable_lsn.store(inner.durable_lsn, Ordering::Release);
     }
@@ -300,6 +305,7 @@ impl Journal {
     fn fail(&self, inner: &mut Inner, message: String) -> String {
         let failure = inner.failed.get_or_insert(message).clone();
         self.has_failed.store(true, Ordering::Release);
+        debug_assert!(inner.failed.is_some());
         failure
     }
 
@@ -325,6 +331,7 @@ impl Journal {
     /// Fraction of the journal between tail and head (0.0 ..= 1.0).
     pub fn used_fraction(&self) -> f64 {
         let inner = self.inner();
+        debug_assert!(inner.tail <= inner.head);
         (inner.head - inner.tail) as f64 / self.geometry.journal_bytes as f64
     }
 
@@ -373,6 +380,8 @@ impl Journal {
         &self,
         inner: &mut parking_lot::MutexGuard<'_, Inner>,
     ) -> Result<(), CommitError> {
+        debug_assert!(!inner.leader_active, "two leaders at once");
+        assert!(!inner.pending_txn_ends.is_empty(), "leading a group with nothing pending");
         let payload_bytes_max = self.geometry.group_payload_bytes_max() as usize;
         let taken_txns = inner
             .pending_txn_ends
@@ -397,12 +406,21 @@ impl Journal {
         let mut rest = std::mem::take(&mut inner.spare);
         rest.clear();
         rest.extend_from_slice(&inner.pending[payload_end..]);
-        let payload = std::mem::replace(&mut inner.pending, rest);
+        let mut payload = std::mem::replace(&mut inner.pending, rest);
+        // The group's records only: those left behind went to `rest`.
+        payload.truncate(payload_end);
         inner.pending_txn_ends.drain(..taken_txns);
         for (_, end) in inner.pending_txn_ends.iter_mut() {
             *end -= payload_end;
         }
+        // The bytes pending end where their last transaction does.
+        debug_assert_eq!(payload.len(), payload_end);
+        debug_assert_eq!(
+            inner.pending_txn_ends.last().map_or(0, |&(_, end)| end),
+            inner.pending.len()
+        );
         let first_lsn = inner.pending_first_lsn;
+        debug_assert!(first_lsn <= last_lsn, "a group of no records: {first_lsn}..={last_lsn}");
         inner.pending_first_lsn = last_lsn + 1;
         let seq = inner.next_seq;
         inner.leader_active = true;
@@ -429,6 +447,8 @@ impl Journal {
         match result {
             Ok(header_crc) => {
                 inner.head = position + group_stored;
+                // Checked before the write: the log never laps its tail.
+                debug_assert!(inner.head - inner.tail <= self.geometry.journal_bytes);
                 inner.next_seq = seq + 1;
                 inner.last_header_crc = header_crc;
                 self.set_durable(inner, last_lsn);
@@ -448,11 +468,18 @@ impl Journal {
     /// Virtual position of a group of `stored_bytes` written after `head`.
     fn group_position(&self, head: u64, stored_bytes: u64) -> u64 {
         let journal_bytes = self.geometry.journal_bytes;
-        if head % journal_bytes + stored_bytes > journal_bytes {
+        let position = if head % journal_bytes + stored_bytes > journal_bytes {
             align_up_any(head, journal_bytes)
         } else {
             head
-        }
+        };
+        // A group is never split at the journal's end.
+        debug_assert!(position >= head);
+        debug_assert!(
+            stored_bytes > journal_bytes
+                || position % journal_bytes + stored_bytes <= journal_bytes
+        );
+        position
     }
 
     fn physical_offset(&self, virtual_offset: u64) -> u64 {
@@ -462,6 +489,10 @@ impl Journal {
     /// Flush first if plain writes are outstanding (their data may be what
     /// the records describe), then write with FUA.
     fn write_durably(&self, device_offset: u64, bytes: &[u8], what: &str) -> Result<()> {
+        // Groups and checkpoints start on a sector and fill whole ones.
+        let sector = u64::from(self.geometry.sector_bytes);
+        debug_assert!(device_offset.is_multiple_of(sector), "{what} at {device_offset}");
+        debug_assert!((bytes.len() as u64).is_multiple_of(sector), "{what} of {}", bytes.len());
         self.device.flush_if_needed().context(|| format!("flush before {what}"))?;
         let buffer = AlignedBuf::from_slice(bytes);
         self.device.write(device_offset, &buffer, true).context(|| format!("write {what}"))
@@ -472,6 +503,7 @@ impl Journal {
     /// meanwhile.
     pub fn replay_point(&self) -> ReplayPoint {
         let inner = self.inner();
+        debug_assert!(inner.tail <= inner.head);
         ReplayPoint {
             virtual_offset: inner.head,
             seq: inner.next_seq,
@@ -529,6 +561,9 @@ impl Journal {
             return Err(Error::ReadOnly(message));
         }
         let mut inner = self.inner();
+        // The checkpoint mutex lets one checkpoint write at a time.
+        debug_assert_eq!(inner.checkpoint_generation + 1, generation, "checkpoints overlapped");
+        debug_assert!(point.virtual_offset <= inner.head, "a replay point past the head");
         inner.checkpoint_generation = generation;
         inner.tail = inner.tail.max(point.virtual_offset);
         self.set_durable(&mut inner, point.lsn_applied);
@@ -539,6 +574,7 @@ impl Journal {
 
 /// Rounds `value` up to a multiple of `align` (any non-zero value).
 fn align_up_any(value: u64, align: u64) -> u64 {
+    debug_assert!(align > 0);
     value.div_ceil(align) * align
 }
 

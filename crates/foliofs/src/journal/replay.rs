@@ -12,6 +12,7 @@ pub fn load(device: &Device, geometry: &JournalGeometry) -> Result<Loaded> {
     let mut groups_replayed = 0u64;
     while let Some((header, records)) = reader.next_group()? {
         groups_replayed += 1;
+        debug_assert!(header.first_lsn >= 1, "`continues` takes no group at lsn 0");
         let skip = checkpoint.lsn_applied.saturating_sub(header.first_lsn - 1) as usize;
         journal_records.extend(records.into_iter().skip(skip));
     }
@@ -23,6 +24,7 @@ pub fn load(device: &Device, geometry: &JournalGeometry) -> Result<Loaded> {
         next_lsn: reader.expected_lsn.max(checkpoint.lsn_applied + 1),
         checkpoint_generation: checkpoint.generation,
     };
+    debug_assert!(position.tail <= position.head, "replay moved the head backwards");
     Ok(Loaded {
         checkpoint,
         checkpoint_records,
@@ -82,6 +84,7 @@ fn read_checkpoint_slot(
             .read(slot_offset + header_area as u64, &mut payload)
             .context(|| "read checkpoint payload".into())?;
     }
+    debug_assert!(payload_stored >= header.payload_bytes);
     let payload = &payload[..header.payload_bytes as usize];
     header.check_payload(payload)?;
     let count = u32::try_from(header.record_count).map_err(|_| {
@@ -196,6 +199,10 @@ impl<'a> GroupReader<'a> {
         let records = decode_all(payload, header.record_count).map_err(|error| {
             Error::Corrupt(format!("journal group {} has a valid checksum but {error}", header.seq))
         })?;
+        // The checkpoint's replay point is a sector, and groups fill whole
+        // sectors: every group starts on one.
+        debug_assert!(physical.is_multiple_of(sector) && stored.is_multiple_of(sector));
+        debug_assert!(virtual_offset >= self.head, "replay went back");
         self.head = virtual_offset + stored;
         self.expected_seq += 1;
         self.expected_prev_crc = header.header_crc;

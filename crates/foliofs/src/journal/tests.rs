@@ -190,3 +190,28 @@ fn a_failed_group_write_leaves_the_journal_refusing_everything() {
     let (_, loaded) = fixture.open();
     assert_eq!(loaded.journal_records, first, "only what was durable comes back");
 }
+
+/// Transactions pending past what one group holds go out in two groups,
+/// each with only its own records: the first group's payload once held
+/// every pending byte (records of the second beyond its record count, past
+/// the group limit), and replay refused it, losing both groups after the
+/// commit had returned.
+#[test]
+fn pending_transactions_past_one_group_are_written_as_groups_of_their_own() {
+    let fixture = Fixture::new();
+    let (journal, _) = fixture.open();
+    let payload_max = fixture.geometry.group_payload_bytes_max() as usize;
+    // Each transaction about 60% of a group: two do not fit one.
+    let records_per_txn = (payload_max * 3 / 5 / record(0, 0).encoded_bytes_max()) as u64;
+    let first = transaction(0, records_per_txn);
+    let second = transaction(1, records_per_txn);
+    journal.append(&first);
+    let lsn = journal.append(&second);
+    let fua_before = fixture.device.stats().fua_writes;
+    journal.commit(lsn).expect("commit");
+    assert_eq!(fixture.device.stats().fua_writes, fua_before + 2, "two groups");
+    drop(journal);
+    let (_, loaded) = fixture.open();
+    assert_eq!(loaded.journal_groups_replayed, 2);
+    assert_eq!(loaded.journal_records, [first, second].concat());
+}

@@ -234,6 +234,7 @@ impl NbdDev {
     /// Sends a request and, for FUA writes the server cannot flag, the
     /// FLUSH after its reply; `done` gets the buffer back.
     fn start(&self, request: DevRequest, done: DevCallback, inline: bool) {
+        debug_assert!(!self.connections.is_empty(), "an NBD device with no connection");
         let next = self.next_connection.fetch_add(1, Ordering::Relaxed);
         let connection = &self.connections[next % self.connections.len()];
         match request {
@@ -317,6 +318,8 @@ impl NbdDev {
         }
         let piece_max_bytes = DISCARD_PIECE_MAX_BYTES / u64::from(self.logical_block_bytes)
             * u64::from(self.logical_block_bytes);
+        // Each piece's length goes out as a u32, and each piece moves on.
+        debug_assert!(piece_max_bytes > 0 && piece_max_bytes <= u64::from(u32::MAX));
         let (sender, receiver) = mpsc::channel();
         let mut pieces = 0;
         let mut piece_offset = offset;
@@ -339,6 +342,7 @@ impl NbdDev {
             pieces += 1;
             piece_offset += piece_bytes;
         }
+        debug_assert_eq!(piece_offset, offset + length);
         drop(sender);
         let mut outcome = Ok(());
         for _ in 0..pieces {
@@ -449,6 +453,16 @@ impl Connection {
         let cookie = self.next_cookie.fetch_add(1, Ordering::Relaxed);
         let is_write = command == proto::CMD_WRITE;
         let (stashed, payload) = if is_write { (None, buffer) } else { (buffer, None) };
+        // The header's length is the buffer's: a write's payload, a read's room.
+        debug_assert!(
+            stashed
+                .as_ref()
+                .or(payload.as_ref())
+                .is_none_or(|buffer| buffer.len() == length as usize),
+            "an NBD {} of {length} bytes with a buffer of another length",
+            proto::command_name(command)
+        );
+        debug_assert!(!is_write || payload.is_some(), "an NBD write without data");
         {
             let mut inflight = self.inflight.lock();
             if let Some(why) = &inflight.failure {
@@ -457,7 +471,7 @@ impl Connection {
                 let buffer = stashed.or(payload);
                 return done(DevResponse { buffer, result: Err(error) });
             }
-            inflight.requests.insert(
+            let previous = inflight.requests.insert(
                 cookie,
                 Pending {
                     command,
@@ -472,6 +486,7 @@ impl Connection {
                     inline,
                 },
             );
+            debug_assert!(previous.is_none(), "NBD cookie {cookie} given to two requests");
         }
         let header = Request { flags, command, cookie, offset, length }.encode();
         let written = {
@@ -525,6 +540,8 @@ impl Connection {
                     entry.replied = Some(Err(lost(&self.description, why)));
                 }
             }
+            // What is left in flight are unsent writes, which their senders end.
+            debug_assert!(inflight.requests.values().all(|entry| !entry.sent));
             finished
         };
         if !self.closing.load(Ordering::Acquire) {

@@ -121,6 +121,12 @@ pub const SIMPLE_REPLY_BYTES: usize = 16;
 pub const CHUNK_HEADER_REST_BYTES: usize = 16;
 pub const OPTION_HEADER_BYTES: usize = 16;
 pub const OPTION_REPLY_HEADER_BYTES: usize = 20;
+// The sizes are the fields the encoders write: magic, then the rest.
+const _: () = assert!(REQUEST_HEADER_BYTES == 4 + 2 + 2 + 8 + 8 + 4);
+const _: () = assert!(SIMPLE_REPLY_BYTES == 4 + 4 + 8);
+const _: () = assert!(CHUNK_HEADER_REST_BYTES == 2 + 2 + 8 + 4);
+const _: () = assert!(OPTION_HEADER_BYTES == 8 + 4 + 4);
+const _: () = assert!(OPTION_REPLY_HEADER_BYTES == 8 + 4 + 4 + 4);
 
 /// A malformed message: the peer does not speak the protocol as we do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,6 +174,7 @@ impl<'a> Reader<'a> {
         }
         let (head, rest) = self.bytes.split_at(length);
         self.bytes = rest;
+        debug_assert_eq!(head.len(), length);
         Ok(head)
     }
 
@@ -342,6 +349,7 @@ pub fn encode_option(option: u32, data: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&option.to_be_bytes());
     out.extend_from_slice(&length_u32(data.len(), "option data").to_be_bytes());
     out.extend_from_slice(data);
+    debug_assert_eq!(out.len(), OPTION_HEADER_BYTES + data.len());
     out
 }
 
@@ -371,6 +379,7 @@ pub fn encode_option_reply(option: u32, reply_type: u32, data: &[u8]) -> Vec<u8>
     out.extend_from_slice(&reply_type.to_be_bytes());
     out.extend_from_slice(&length_u32(data.len(), "option reply").to_be_bytes());
     out.extend_from_slice(data);
+    debug_assert_eq!(out.len(), OPTION_REPLY_HEADER_BYTES + data.len());
     out
 }
 
@@ -411,6 +420,7 @@ impl GoRequest {
         for info in &self.info_requests {
             out.extend_from_slice(&info.to_be_bytes());
         }
+        debug_assert_eq!(out.len(), 4 + self.name.len() + 2 + 2 * self.info_requests.len());
         out
     }
 
@@ -562,6 +572,7 @@ pub fn encode_block_status(context_id: u32, descriptors: &[BlockStatus]) -> Vec<
         out.extend_from_slice(&descriptor.length.to_be_bytes());
         out.extend_from_slice(&descriptor.flags.to_be_bytes());
     }
+    debug_assert_eq!(out.len(), 4 + 8 * descriptors.len());
     out
 }
 
@@ -590,6 +601,8 @@ impl ChunkError {
     pub fn encode(&self) -> Vec<u8> {
         // The message is informational; it is cut rather than refused.
         let message = &self.message.as_bytes()[..self.message.len().min(4096)];
+        // Its length goes out as a u16.
+        debug_assert!(message.len() <= usize::from(u16::MAX));
         let mut out = self.error.to_be_bytes().to_vec();
         out.extend_from_slice(&(message.len() as u16).to_be_bytes());
         out.extend_from_slice(message);
