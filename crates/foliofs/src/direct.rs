@@ -554,6 +554,11 @@ pub fn write_async(
         return DirectFuture::ready((Ok(0), buffer));
     }
     let length = buffer.len() as u64;
+    // As the blocking write: a range past u64::MAX is a user's error, not
+    // an overflow in planning it.
+    if pos.checked_add(length).is_none() {
+        return DirectFuture::failed(buffer, Error::FileTooLarge(format!("inode {ino}")));
+    }
     {
         let _shared = inode.io.shared();
         let in_flight = WriteInFlight::start(inode);

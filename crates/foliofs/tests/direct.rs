@@ -94,6 +94,11 @@ fn misaligned_direct_io_is_einval_and_changes_nothing(block_bytes: u32) {
     assert_eq!(file.read_at(&mut read_buffer[1..513], 0).unwrap_err().errno(), libc::EINVAL);
     let (result, _) = block_on(file.write_at_async(AlignedBuf::zeroed(100), 0));
     assert_eq!(result.unwrap_err().errno(), libc::EINVAL);
+    // A range that would end past u64::MAX: EFBIG, blocking or not.
+    let last_sector = u64::MAX - 511;
+    assert_eq!(file.write_at(&buffer[..1024], last_sector).unwrap_err().errno(), libc::EFBIG);
+    let (result, _) = block_on(file.write_at_async(AlignedBuf::zeroed(1024), last_sector));
+    assert_eq!(result.unwrap_err().errno(), libc::EFBIG);
     assert_eq!(volume.inodes().getattr(attr.ino).unwrap().size, 0, "nothing was written");
 }
 
