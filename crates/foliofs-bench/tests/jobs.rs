@@ -16,7 +16,7 @@ fn volume() -> Volume {
     let mkfs = MkfsOptions {
         block_bytes: 4096,
         journal_bytes: None,
-        checkpoint_bytes: None,
+        metadata_bytes: None,
         root_owner: Owner::current(),
     };
     Volume::format(&device, &mkfs).unwrap();

@@ -551,7 +551,7 @@ fn run_inner(
             let mkfs = MkfsOptions {
                 block_bytes: config.block_bytes,
                 journal_bytes: None,
-                checkpoint_bytes: None,
+                metadata_bytes: None,
                 root_owner: owner(),
             };
             Volume::mkfs_path(path, None, &mkfs, &options)

@@ -78,7 +78,7 @@ pub fn new_volume(
     let raw = Arc::new(FaultDev::from_image(vec![GARBAGE_BYTE; size_bytes as usize], SECTOR_BYTES));
     let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
     let mkfs =
-        MkfsOptions { block_bytes, journal_bytes, checkpoint_bytes: None, root_owner: owner() };
+        MkfsOptions { block_bytes, journal_bytes, metadata_bytes: None, root_owner: owner() };
     Volume::format(&device, &mkfs)?;
     let volume = Volume::open_device(device, options)?;
     Ok((raw, volume))
@@ -101,7 +101,7 @@ pub fn new_volume_over_nbd(
         .map_err(|error| foliofs::Error::io(format!("connecting to {}", server.uri), error))?;
     let device = Arc::new(Device::new(Arc::new(client), options.fua));
     let mkfs =
-        MkfsOptions { block_bytes, journal_bytes, checkpoint_bytes: None, root_owner: owner() };
+        MkfsOptions { block_bytes, journal_bytes, metadata_bytes: None, root_owner: owner() };
     Volume::format(&device, &mkfs)?;
     let volume = Volume::open_device(device, options)?;
     Ok((raw, volume, server))
@@ -120,7 +120,7 @@ pub fn new_mirrored_volume(
     let mirror = Arc::new(mirror::MirrorDev::new(real, log.clone())?);
     let device = Arc::new(Device::new(mirror.clone(), FuaMode::Native));
     let mkfs =
-        MkfsOptions { block_bytes, journal_bytes, checkpoint_bytes: None, root_owner: owner() };
+        MkfsOptions { block_bytes, journal_bytes, metadata_bytes: None, root_owner: owner() };
     Volume::format(&device, &mkfs)?;
     let volume = Volume::open_device(device, options)?;
     Ok((log, volume, mirror))

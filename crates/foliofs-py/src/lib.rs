@@ -93,7 +93,7 @@ fn volume_options(options: Option<&str>, read_only: bool) -> PyResult<VolumeOpti
 /// Formats `image` (created or overwritten) as a volume of `size_bytes`;
 /// `options` as `Volume`'s, for the device (engine, direct, fua);
 /// `journal_size` and `metadata_size` in bytes (`MkfsOptions`'
-/// `journal_bytes` and `checkpoint_bytes`), None for the defaults.
+/// `journal_bytes` and `metadata_bytes`), None for the defaults.
 #[pyfunction]
 #[pyo3(signature = (image, size_bytes, block_size=4096, options=None, journal_size=None, metadata_size=None))]
 fn mkfs(
@@ -109,7 +109,7 @@ fn mkfs(
     let mkfs = MkfsOptions {
         block_bytes: block_size,
         journal_bytes: journal_size,
-        checkpoint_bytes: metadata_size,
+        metadata_bytes: metadata_size,
         ..MkfsOptions::default()
     };
     py.detach(|| CoreVolume::mkfs_path(&image, Some(size_bytes), &mkfs, &options))

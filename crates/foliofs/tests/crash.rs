@@ -505,7 +505,7 @@ fn appends_racing_writeback_on_a_slow_device_recover_as_prefixes() {
     let mkfs = foliofs::vfs::MkfsOptions {
         block_bytes: 4096,
         journal_bytes: Some(JOURNAL_BYTES),
-        checkpoint_bytes: None,
+        metadata_bytes: None,
         root_owner: owner(),
     };
     Volume::format(&device, &mkfs).unwrap();

@@ -418,10 +418,10 @@ fn mkfs_metadata_size_sets_how_many_files_fit() {
     use foliofs::dev::{Device, FaultDev, FuaMode};
     use foliofs::vfs::MkfsOptions;
 
-    let files_that_fit = |checkpoint_bytes: Option<u64>| -> u64 {
+    let files_that_fit = |metadata_bytes: Option<u64>| -> u64 {
         let raw = Arc::new(FaultDev::new(64 << 20, 512));
         let device = Arc::new(Device::new(raw, FuaMode::Native));
-        let mkfs = MkfsOptions { checkpoint_bytes, root_owner: owner(), ..MkfsOptions::default() };
+        let mkfs = MkfsOptions { metadata_bytes, root_owner: owner(), ..MkfsOptions::default() };
         foliofs::Volume::format(&device, &mkfs).unwrap();
         let volume = foliofs::Volume::open_device(device, &common::options()).unwrap();
         let mut created = 0u64;
@@ -446,7 +446,7 @@ fn mkfs_metadata_size_sets_how_many_files_fit() {
     assert!(doubled > default * 3 / 2, "{doubled} files in 2 MiB against {default} in 1 MiB");
     let refused = foliofs::Volume::format(
         &Arc::new(Device::new(Arc::new(FaultDev::new(64 << 20, 512)), FuaMode::Native)),
-        &MkfsOptions { checkpoint_bytes: Some(4 << 10), ..MkfsOptions::default() },
+        &MkfsOptions { metadata_bytes: Some(4 << 10), ..MkfsOptions::default() },
     )
     .unwrap_err();
     assert!(refused.to_string().contains("metadata size"), "{refused}");

@@ -23,9 +23,8 @@ pub fn run(image: &Path, sizes: &Sizes<'_>, options: &VolumeOptions) -> anyhow::
         anyhow::bail!("{} does not exist: give --size to create it", image.display());
     }
     let journal_bytes = sizes.journal.map(parse_size).transpose().context("--journal-size")?;
-    let checkpoint_bytes = sizes.metadata.map(parse_size).transpose().context("--metadata-size")?;
-    let mkfs =
-        MkfsOptions { block_bytes, journal_bytes, checkpoint_bytes, ..MkfsOptions::default() };
+    let metadata_bytes = sizes.metadata.map(parse_size).transpose().context("--metadata-size")?;
+    let mkfs = MkfsOptions { block_bytes, journal_bytes, metadata_bytes, ..MkfsOptions::default() };
     let superblock = Volume::mkfs_path(image, size_bytes, &mkfs, options)?;
     let block = superblock.block_bytes_u64();
     println!(

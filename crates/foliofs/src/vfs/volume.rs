@@ -36,7 +36,7 @@ pub struct MkfsOptions {
     /// 1 GiB; by default 1/128 of the volume, at least 1 MiB (about 75,000
     /// empty files a GiB of volume). A volume for many small files wants
     /// more, as ext4's `mkfs -N` gives it more inodes.
-    pub checkpoint_bytes: Option<u64>,
+    pub metadata_bytes: Option<u64>,
     /// Owner of the root directory.
     pub root_owner: Owner,
 }
@@ -46,7 +46,7 @@ impl Default for MkfsOptions {
         Self {
             block_bytes: 4096,
             journal_bytes: None,
-            checkpoint_bytes: None,
+            metadata_bytes: None,
             root_owner: Owner::current(),
         }
     }
@@ -288,7 +288,7 @@ impl Volume {
             volume_bytes,
             mkfs.block_bytes,
             mkfs.journal_bytes,
-            mkfs.checkpoint_bytes,
+            mkfs.metadata_bytes,
         )?;
         let now = Timestamp::now();
         let root = InodeAttrs {
@@ -691,7 +691,7 @@ pub(super) fn test_volume(options: &str) -> (Volume, Arc<crate::dev::FaultDev>) 
         &MkfsOptions {
             block_bytes: 4096,
             journal_bytes: None,
-            checkpoint_bytes: None,
+            metadata_bytes: None,
             root_owner: owner,
         },
     )

@@ -90,7 +90,7 @@ pub fn new_volume_with_options(
     let raw = Arc::new(FaultDev::from_image(vec![GARBAGE_BYTE; size_bytes as usize], 512));
     let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
     let mkfs =
-        MkfsOptions { block_bytes, journal_bytes, checkpoint_bytes: None, root_owner: owner() };
+        MkfsOptions { block_bytes, journal_bytes, metadata_bytes: None, root_owner: owner() };
     Volume::format(&device, &mkfs).expect("mkfs");
     let volume = Volume::open_device(device, options).expect("open");
     (raw, volume)

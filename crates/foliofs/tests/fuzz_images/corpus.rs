@@ -137,7 +137,7 @@ pub(crate) fn build_seed_image(block_bytes: u32, journal_bytes: Option<u64>) -> 
     let raw = Arc::new(FaultDev::new(size_bytes, 512));
     let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
     let mkfs =
-        MkfsOptions { block_bytes, journal_bytes, checkpoint_bytes: None, root_owner: owner() };
+        MkfsOptions { block_bytes, journal_bytes, metadata_bytes: None, root_owner: owner() };
     Volume::format(&device, &mkfs).unwrap();
     let volume = Volume::open_device(device, &common::options()).unwrap();
     let block = u64::from(block_bytes);
