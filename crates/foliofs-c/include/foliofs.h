@@ -47,6 +47,14 @@ struct FoliofsMkfsOptions {
    * least 1 MiB.
    */
   uint64_t journal_bytes;
+  /**
+   * Room for the metadata (every inode, directory entry, extent and
+   * extended attribute) in bytes, 1 MiB to 1 GiB (each of the two
+   * checkpoint slots); 0 (the default) for 1/128 of the volume, at least
+   * 1 MiB: about 75,000 empty files a GiB. A volume for many small files
+   * wants more, as `foliofs mkfs --metadata-size` gives it.
+   */
+  uint64_t metadata_bytes;
 };
 
 /**
@@ -196,8 +204,8 @@ int foliofs_mkfs(const char *image, uint64_t size_bytes);
 
 /**
  * Fills `*mkfs` with the default layout: 4096-byte blocks, the default
- * journal, the root directory owned by this process's effective user and
- * group. 0 or -EINVAL for a null `mkfs`.
+ * journal and metadata room, the root directory owned by this process's
+ * effective user and group. 0 or -EINVAL for a null `mkfs`.
  *
  * # Safety
  *
@@ -211,8 +219,9 @@ int foliofs_mkfs_options_default(struct FoliofsMkfsOptions *mkfs);
  * `foliofs_mkfs_options_default`), opening the image with the volume
  * options `options` (as `foliofs_volume_open_with_options`; null for the
  * defaults: of them only the I/O ones, such as `direct=off`, matter here).
- * 0 or -errno: -EINVAL for a bad block size, a size too small or a bad
- * option, with `foliofs_last_error` saying which.
+ * 0 or -errno: -EINVAL for a bad block size, a size too small (the
+ * volume's, the journal's or the metadata room's) or a bad option, with
+ * `foliofs_last_error` saying which.
  *
  * # Safety
  *

@@ -1,8 +1,8 @@
 /* Every call of include/foliofs.h from C, with its results checked: mkfs
  * options, volume options (bad ones, read-only), directory listings,
- * ftruncate, fdatasync, fstat, chmod, links, statfs, and the -EINVAL that
- * null pointers and non-UTF-8 options get. Built and run by
- * tests/c_example.rs:
+ * ftruncate, fdatasync, fstat, chmod, links, statfs, the metadata room,
+ * and the -EINVAL that null pointers and non-UTF-8 options get. Built and
+ * run by tests/c_example.rs:
  *   cc api.c -Iinclude -Ltarget/debug -lfoliofs_c -o api && ./api IMAGE */
 #include <dirent.h>
 #include <errno.h>
@@ -109,6 +109,23 @@ static struct FoliofsFile *create_file(struct FoliofsVolume *volume, const char 
     return file;
 }
 
+/* Formats `image` (64 MiB, 4 KiB blocks) with `metadata_bytes` of room for
+ * metadata (0: the default) and returns how many more inodes statfs says
+ * fit. */
+static unsigned long long free_inodes_with_metadata_room(const char *image,
+                                                         unsigned long long metadata_bytes) {
+    struct FoliofsMkfsOptions mkfs;
+    struct FoliofsVolume *volume = NULL;
+    struct FoliofsStatFs statfs;
+    MUST(foliofs_mkfs_options_default(&mkfs));
+    mkfs.metadata_bytes = metadata_bytes;
+    MUST(foliofs_mkfs_with_options(image, 64 << 20, &mkfs, "direct=off"));
+    MUST(foliofs_volume_open_with_options(image, "direct=off", &volume));
+    MUST(foliofs_statfs(volume, &statfs));
+    MUST(foliofs_volume_close(volume));
+    return statfs.free_inodes;
+}
+
 int main(int argc, char **argv) {
     const char *image = argc > 1 ? argv[1] : "api.img";
     struct FoliofsVolume *volume = NULL;
@@ -126,6 +143,7 @@ int main(int argc, char **argv) {
     MUST(foliofs_mkfs_options_default(&mkfs));
     EXPECT(mkfs.block_bytes, 4096);
     EXPECT(mkfs.journal_bytes, 0);
+    EXPECT(mkfs.metadata_bytes, 0);
     EXPECT(mkfs.root_uid, geteuid());
     EXPECT(mkfs.root_gid, getegid());
     mkfs.block_bytes = 3000;
@@ -332,6 +350,18 @@ int main(int argc, char **argv) {
     MUST(foliofs_stat(volume, "/d/a", &stat));
     EXPECT(stat.nlink, 1);
     MUST(foliofs_volume_close(volume));
+
+    /* The metadata room: below 1 MiB is refused; 4 MiB holds about four
+     * times the inodes of the default (1 MiB on 64 MiB), each estimated at
+     * 256 bytes. */
+    MUST(foliofs_mkfs_options_default(&mkfs));
+    mkfs.metadata_bytes = 1000;
+    EXPECT(foliofs_mkfs_with_options(image, 64 << 20, &mkfs, "direct=off"), -EINVAL);
+    ASSERT(strstr(foliofs_last_error(), "metadata size") != NULL);
+    unsigned long long default_room = free_inodes_with_metadata_room(image, 0);
+    unsigned long long larger_room = free_inodes_with_metadata_room(image, 4 << 20);
+    ASSERT(default_room > 0 && default_room <= (1 << 20) / 256);
+    ASSERT(larger_room > 3 * default_room && larger_room <= (4 << 20) / 256);
 
     if (failures != 0) {
         fprintf(stderr, "%d failures\n", failures);
