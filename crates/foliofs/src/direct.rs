@@ -40,8 +40,8 @@ pub type DirectResult = (Result<usize>, AlignedBuf);
 /// thread that queues many requests and then waits hands them to the kernel
 /// in one system call, as the kernel's block plug does at schedule(). A
 /// request that continues its handle's previous one stays plugged when
-/// polled on a thread that unplugs before it waits
-/// ([`unplug_before_waiting_on_this_thread`]).
+/// polled on a thread that unplugs before it waits (as the FUSE front end's
+/// threads do, through `unplug_before_waiting_on_this_thread`).
 pub struct DirectFuture {
     inner: IoFuture<DirectResult>,
     engine: Option<Arc<Engine>>,

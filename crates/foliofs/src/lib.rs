@@ -32,14 +32,14 @@
 //!
 //! The path calls are spelled as `std::fs` spells them (`create_dir_all`,
 //! `read_dir`, `rename`, `remove_file`, `read_link`, `File::sync_all`, ...).
-//! A front end that speaks in inode numbers, as FUSE does, finds the
-//! inode-level calls in [`Volume::inodes`] (`lookup`, `getattr`, `mknod`,
-//! `open_file`, ..., the root being [`ROOT_INO`]). Files opened `direct`
-//! take asynchronous requests ([`File::read_at_async`],
-//! [`File::write_at_async`]) that any executor, or [`block_on`], drives.
+//! Files opened `direct` take asynchronous requests
+//! ([`File::read_at_async`], [`File::write_at_async`]) that any executor,
+//! or [`block_on`], drives.
 //!
 //! `ARCHITECTURE.md` maps the layers below; they are private, except what
-//! the workspace's own tools use behind the `internals` feature, which is
+//! the workspace's own tools use behind the `internals` feature (devices
+//! and fault injection, the on-disk format, and the inode-level calls of
+//! `Volume::inodes` that the FUSE and NBD front ends speak in), which is
 //! not a stable interface.
 
 #![warn(missing_docs)]
@@ -83,10 +83,17 @@ pub mod fsck;
 #[cfg(not(feature = "internals"))]
 mod fsck;
 
-// The public modules: errors, the file-system API and the options.
+// The public modules: errors and the options.
 pub mod error;
 pub mod options;
+
+// The file-system API: its names are re-exported at the root below, and
+// the module's own path is for the workspace's tools.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
 pub mod vfs;
+#[cfg(not(feature = "internals"))]
+mod vfs;
 
 // The layers below the API, private to the library.
 mod alloc;
@@ -117,17 +124,20 @@ pub use options::VolumeOptions;
 pub use space::FallocateMode;
 pub use trim::TrimRange;
 pub use vfs::{
-    Access, Credentials, DirEntry, File, FileType, Frozen, Metadata, MkfsOptions, OpenOptions,
-    Permissions, ReadDir, ShutdownMode, Volume,
+    Access, Attr, Credentials, DirEntry, File, FileType, Frozen, Metadata, MkfsOptions, OpenFlags,
+    OpenOptions, Owner, Permissions, ReadDir, ShutdownMode, StatFs, Volume,
 };
 
-// The inode-level types the FUSE front end uses.
+// The inode-level types the FUSE and NBD front ends use, for the
+// workspace's tools only.
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub use iomap::MapKind;
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub use vfs::{
-    Attr, ChangeEvent, ChangeObserver, Dir, NamespaceEvent, NamespaceObserver, OpenFlags, Owner,
-    Privilege, RenameFlags, SetAttr, StatFs, TimeSet, XattrFlags,
+    ChangeEvent, ChangeObserver, Dir, Inodes, NamespaceEvent, NamespaceObserver, Privilege,
+    RenameFlags, SetAttr, TimeSet, XattrFlags,
 };
 
 /// The README's library example, compiled and run as a doctest.

@@ -301,9 +301,21 @@ impl VolumeOptions {
         self.dirty_bytes.unwrap_or(self.cache_bytes / 5)
     }
 
-    /// What the device layer takes from these options.
+    /// What the device layer takes from these options (the workspace's
+    /// tools open devices with it; `DevOptions` is theirs only).
+    #[cfg(feature = "internals")]
     #[doc(hidden)]
     pub fn dev_options(&self) -> DevOptions {
+        self.device_options()
+    }
+
+    /// What the device layer takes from these options.
+    #[cfg(not(feature = "internals"))]
+    pub(crate) fn dev_options(&self) -> DevOptions {
+        self.device_options()
+    }
+
+    fn device_options(&self) -> DevOptions {
         DevOptions {
             engine: self.engine,
             fua: self.fua,

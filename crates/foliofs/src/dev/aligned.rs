@@ -63,7 +63,7 @@ impl AlignedBuf {
 
     /// A buffer over lent memory, without a copy; the memory is handed back
     /// (the lender dropped) with the buffer. Memory not aligned to
-    /// [`BUFFER_ALIGN_BYTES`], or empty, is refused and returned.
+    /// `BUFFER_ALIGN_BYTES` (4096), or empty, is refused and returned.
     pub fn lent(lender: Box<dyn LentBytes>) -> Result<Self, Box<dyn LentBytes>> {
         let (raw, length) = (lender.as_mut_ptr(), lender.length_bytes());
         match NonNull::new(raw) {

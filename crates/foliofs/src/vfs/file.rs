@@ -25,7 +25,9 @@ use super::metadata::{Metadata, Permissions};
 use super::observe::ChangeEvent;
 use super::volume::VolumeCore;
 
-/// How an inode-level open ([`Inodes::open_file`](super::Inodes::open_file)) opens a file; the path-based calls take [`OpenOptions`](super::OpenOptions).
+/// How a file is opened, as [`File::flags`] tells it; the path-based calls
+/// take [`OpenOptions`](super::OpenOptions), the inode-level ones
+/// (`Inodes::open_file`) these.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OpenFlags {
     /// Reads are allowed.

@@ -17,8 +17,8 @@ pub struct Inodes<'volume> {
 }
 
 impl Volume {
-    /// The inode-level calls ([`Inodes`]); the root directory is inode
-    /// `ROOT_INO`.
+    /// The inode-level calls (`Inodes`), for the workspace's front ends;
+    /// the root directory is inode `ROOT_INO`.
     pub fn inodes(&self) -> Inodes<'_> {
         Inodes { volume: self }
     }
@@ -31,7 +31,9 @@ impl std::fmt::Debug for Inodes<'_> {
 }
 
 impl Inodes<'_> {
-    /// The folios cached for `ino`, as `(file offset, bytes)` in order.
+    /// The folios cached for `ino`, as `(file offset, bytes)` in order (for
+    /// the workspace's tests).
+    #[cfg(feature = "internals")]
     pub fn cached_folios(&self, ino: u64) -> Vec<(u64, usize)> {
         let Some(inode) = self.volume.shared.cache.existing_inode(ino) else { return Vec::new() };
         inode.folios_in(0, u64::MAX).iter().map(|folio| (folio.pos(), folio.bytes())).collect()

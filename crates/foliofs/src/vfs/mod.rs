@@ -38,7 +38,8 @@ mod writeback_tests;
 mod xattr;
 
 pub use access::{Access, Credentials};
-pub use acl::is_valid_acl;
+// For fsck's check of stored ACLs.
+pub(crate) use acl::is_valid_acl;
 pub use attr::{Attr, DirEntry, Owner, SetAttr, StatFs, TimeSet};
 pub use dir::Dir;
 pub use file::{File, OpenFlags};
