@@ -14,7 +14,7 @@
 //!     volume.listdir("/docs")  # writes raise OSError(errno.EROFS)
 //! ```
 //!
-//! - `mkfs(image, size_bytes, block_size=4096, options=None,
+//! - `mkfs(image, size, block_size=4096, options=None,
 //!   journal_size=None, metadata_size=None)` formats `image` (created or
 //!   overwritten); the sizes are bytes, as `foliofs mkfs --journal-size`
 //!   and `--metadata-size` (room for every inode, entry and extent: a
@@ -28,6 +28,11 @@
 //!   for writing, mkdir, rename, ...) raises `OSError` with `errno.EROFS`.
 //!   `mkfs` takes the same `options` for the device it formats (engine,
 //!   direct, fua).
+//! - `Volume`'s path calls are named, take their arguments and raise as
+//!   `os`'s: `stat`, `mkdir`, `makedirs`, `listdir`, `remove`, `rmdir`,
+//!   `rename`, `link(src, dst)`, `symlink(src, dst)`, `readlink` (a str),
+//!   `chmod(path, mode)`, and `exists` as `os.path.exists`; paths are from
+//!   the volume's root.
 //!
 //! Files behave as Python's binary file objects (read, write, seek, tell,
 //! truncate, flush, close, context managers, iteration by line is not
@@ -47,6 +52,7 @@
 //! waits for the first's call to return, as with Python's buffered files),
 //! since a file has one position.
 
+use std::ffi::OsString;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError, RwLock};
@@ -55,7 +61,7 @@ use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes};
 
-use foliofs::{Error, MkfsOptions, OpenOptions, Volume as CoreVolume, VolumeOptions};
+use foliofs::{Error, MkfsOptions, OpenOptions, Permissions, Volume as CoreVolume, VolumeOptions};
 
 /// OSError(errno, message, filename): Python picks the subclass by errno.
 fn os_error(error: Error, filename: Option<&str>) -> PyErr {
@@ -63,6 +69,18 @@ fn os_error(error: Error, filename: Option<&str>) -> PyErr {
         Some(name) => PyOSError::new_err((error.errno(), error.to_string(), name.to_owned())),
         None => PyOSError::new_err((error.errno(), error.to_string())),
     }
+}
+
+/// OSError(errno, message, filename, None, filename2), for the calls of two
+/// paths (link, symlink), as os raises it.
+fn os_error2(error: Error, filename: &str, filename2: &str) -> PyErr {
+    PyOSError::new_err((
+        error.errno(),
+        error.to_string(),
+        filename.to_owned(),
+        None::<i32>,
+        filename2.to_owned(),
+    ))
 }
 
 fn io_error(error: std::io::Error) -> PyErr {
@@ -90,16 +108,16 @@ fn volume_options(options: Option<&str>, read_only: bool) -> PyResult<VolumeOpti
     Ok(parsed)
 }
 
-/// Formats `image` (created or overwritten) as a volume of `size_bytes`;
+/// Formats `image` (created or overwritten) as a volume of `size` bytes;
 /// `options` as `Volume`'s, for the device (engine, direct, fua);
 /// `journal_size` and `metadata_size` in bytes (`MkfsOptions`'
 /// `journal_bytes` and `metadata_bytes`), None for the defaults.
 #[pyfunction]
-#[pyo3(signature = (image, size_bytes, block_size=4096, options=None, journal_size=None, metadata_size=None))]
+#[pyo3(signature = (image, size, block_size=4096, options=None, journal_size=None, metadata_size=None))]
 fn mkfs(
     py: Python<'_>,
     image: PathBuf,
-    size_bytes: u64,
+    size: u64,
     block_size: u32,
     options: Option<&str>,
     journal_size: Option<u64>,
@@ -112,7 +130,7 @@ fn mkfs(
         metadata_bytes: metadata_size,
         ..MkfsOptions::default()
     };
-    py.detach(|| CoreVolume::mkfs_path(&image, Some(size_bytes), &mkfs, &options))
+    py.detach(|| CoreVolume::mkfs_path(&image, Some(size), &mkfs, &options))
         .map(drop)
         .map_err(|error| os_error(error, image.to_str()))
 }
@@ -262,6 +280,43 @@ impl Volume {
     fn rename(&self, py: Python<'_>, source: String, destination: String) -> PyResult<()> {
         self.call(py, |volume| {
             volume.rename(&source, &destination).map_err(|error| os_error(error, Some(&source)))
+        })
+    }
+
+    /// os.link: makes `dst` a new name of the node at `src` (a symlink there
+    /// is linked itself, as link(2) on Linux).
+    fn link(&self, py: Python<'_>, src: String, dst: String) -> PyResult<()> {
+        self.call(py, |volume| {
+            volume.hard_link(&src, &dst).map_err(|error| os_error2(error, &src, &dst))
+        })
+    }
+
+    /// os.symlink: makes `dst` a symlink to `src`, stored as given (a
+    /// relative target resolves from the link's directory).
+    fn symlink(&self, py: Python<'_>, src: String, dst: String) -> PyResult<()> {
+        self.call(py, |volume| {
+            volume.symlink(&src, &dst).map_err(|error| os_error2(error, &src, &dst))
+        })
+    }
+
+    /// os.readlink: the target of the symlink at `path`, as a str
+    /// (undecodable bytes as os.fsdecode leaves them).
+    fn readlink(&self, py: Python<'_>, path: String) -> PyResult<OsString> {
+        self.call(py, |volume| {
+            volume
+                .read_link(&path)
+                .map(PathBuf::into_os_string)
+                .map_err(|error| os_error(error, Some(&path)))
+        })
+    }
+
+    /// os.chmod: sets the permission bits (`mode & 0o7777`) of the node at
+    /// `path`, following symlinks.
+    fn chmod(&self, py: Python<'_>, path: String, mode: u32) -> PyResult<()> {
+        self.call(py, |volume| {
+            volume
+                .set_permissions(&path, Permissions::from_mode(mode))
+                .map_err(|error| os_error(error, Some(&path)))
         })
     }
 

@@ -108,6 +108,72 @@ def test_namespace_calls(volume):
     assert volume.listdir() == []
 
 
+def os_errno(call):
+    """The errno `call` raises (OSError), or None when it returns."""
+    try:
+        call()
+    except OSError as error:
+        return error.errno
+    return None
+
+
+def test_link_symlink_readlink_chmod_as_os(volume, tmp_path):
+    """Each call beside os's own on a host directory: the same results, the
+    same errors."""
+    host = str(tmp_path / "host")
+    os.mkdir(host)
+
+    def on_host(path):
+        return host + path
+
+    open(on_host("/f"), "wb").close()
+    volume.open("/f", "wb").close()
+
+    # link(src, dst): a second name of the same inode.
+    volume.link("/f", "/g")
+    os.link(on_host("/f"), on_host("/g"))
+    assert volume.stat("/g").st_ino == volume.stat("/f").st_ino
+    assert volume.stat("/f").st_nlink == 2 == os.stat(on_host("/g")).st_nlink
+    with pytest.raises(FileNotFoundError) as missing:
+        volume.link("/nope", "/h")
+    assert (missing.value.filename, missing.value.filename2) == ("/nope", "/h")
+    assert os_errno(lambda: volume.link("/f", "/g")) == errno.EEXIST
+    assert os_errno(lambda: os.link(on_host("/f"), on_host("/g"))) == errno.EEXIST
+
+    # symlink(src, dst): dst points at src, stored as given; readlink -> str.
+    volume.symlink("f", "/s")
+    os.symlink("f", on_host("/s"))
+    assert volume.readlink("/s") == "f" == os.readlink(on_host("/s"))
+    assert isinstance(volume.readlink("/s"), str)
+    assert volume.stat("/s").st_ino == volume.stat("/f").st_ino
+    assert sorted(volume.listdir()) == ["f", "g", "s"] == sorted(os.listdir(host))
+    volume.symlink("/no/such/target", "/dangling")
+    assert volume.readlink("/dangling") == "/no/such/target"
+    with pytest.raises(FileExistsError) as exists:
+        volume.symlink("f", "/s")
+    assert (exists.value.filename, exists.value.filename2) == ("f", "/s")
+    # readlink of what is not a symlink: EINVAL; of nothing: ENOENT.
+    assert os_errno(lambda: volume.readlink("/f")) == errno.EINVAL
+    assert os_errno(lambda: os.readlink(on_host("/f"))) == errno.EINVAL
+    with pytest.raises(FileNotFoundError):
+        volume.readlink("/nope")
+
+    # chmod(path, mode): the permission bits, through a symlink to its target.
+    volume.chmod("/f", 0o600)
+    os.chmod(on_host("/f"), 0o600)
+    assert stat.S_IMODE(volume.stat("/f").st_mode) == 0o600
+    volume.chmod("/s", 0o4751)
+    os.chmod(on_host("/s"), 0o4751)
+    assert stat.S_IMODE(volume.stat("/f").st_mode) == 0o4751
+    assert stat.S_IMODE(os.stat(on_host("/f")).st_mode) == 0o4751
+    assert stat.S_ISLNK(os.lstat(on_host("/s")).st_mode)
+    assert stat.S_ISREG(volume.stat("/g").st_mode)
+    with pytest.raises(FileNotFoundError) as missing:
+        volume.chmod("/nope", 0o644)
+    assert missing.value.filename == "/nope"
+    assert os_errno(lambda: volume.chmod("/dangling", 0o644)) == errno.ENOENT
+
+
 def test_clone_file_shares_then_copies_on_write(volume):
     data = bytes(range(256)) * 1024
     with volume.open("/original", "wb") as f:
@@ -198,6 +264,9 @@ def test_read_only_volume_reads_and_refuses_changes(tmp_path):
                 lambda: volume.rename("/d/f", "/g"),
                 lambda: volume.remove("/d/f"),
                 lambda: volume.rmdir("/d"),
+                lambda: volume.link("/d/f", "/d/g"),
+                lambda: volume.symlink("f", "/d/g"),
+                lambda: volume.chmod("/d/f", 0o600),
             ]
             for change in changes:
                 with pytest.raises(OSError) as refused:
