@@ -57,11 +57,15 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError, RwLock};
 
-use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyByteArray, PyBytes, PyTuple, PyType};
+use pyo3::IntoPyObjectExt;
 
-use foliofs::{Error, MkfsOptions, OpenOptions, Permissions, Volume as CoreVolume, VolumeOptions};
+use foliofs::{
+    Error, MkfsOptions, OpenOptions, Permissions, Timestamp, Volume as CoreVolume, VolumeOptions,
+};
 
 /// OSError(errno, message, filename): Python picks the subclass by errno.
 fn os_error(error: Error, filename: Option<&str>) -> PyErr {
@@ -378,38 +382,139 @@ impl Volume {
     }
 }
 
+/// Where each field of `os.stat_result` sits: found once, by building one
+/// from the indexes, since the hidden fields after the ten visible ones
+/// differ between platforms and versions (st_rdev, st_flags, st_birthtime,
+/// ...).
+struct StatLayout {
+    /// `os.stat_result`, a struct sequence type.
+    class: Py<PyType>,
+    /// Index of st_atime, st_mtime and st_ctime as floats.
+    float_times: [usize; 3],
+    /// Index of st_atime_ns, st_mtime_ns and st_ctime_ns.
+    nanos_times: [usize; 3],
+    /// Index of st_blksize, st_blocks and st_rdev (None where absent).
+    blksize: Option<usize>,
+    blocks: Option<usize>,
+    rdev: Option<usize>,
+    /// The indexes of the fields this module has no value for (st_flags,
+    /// st_birthtime, ...): None, as os.stat leaves what the platform lacks.
+    others: Vec<usize>,
+}
+
+static STAT_LAYOUT: PyOnceLock<StatLayout> = PyOnceLock::new();
+
+/// The visible fields: mode, ino, dev, nlink, uid, gid, size, and the
+/// three times in whole seconds.
+const STAT_VISIBLE_FIELDS: usize = 10;
+
+impl StatLayout {
+    fn find(py: Python<'_>) -> PyResult<Self> {
+        let class = py.import("os")?.getattr("stat_result")?.cast_into::<PyType>()?;
+        let fields: usize = class.getattr("n_fields")?.extract()?;
+        let probe = class.call1((PyTuple::new(py, 0..fields)?,))?;
+        let index = |name: &str| -> PyResult<Option<usize>> {
+            match probe.getattr(name) {
+                Ok(value) => value.extract().map(Some),
+                Err(error) if error.is_instance_of::<PyAttributeError>(py) => Ok(None),
+                Err(error) => Err(error),
+            }
+        };
+        let required = |name: &str| -> PyResult<usize> {
+            index(name)?.ok_or_else(|| PyAttributeError::new_err(format!("os.stat_result.{name}")))
+        };
+        let mut layout = Self {
+            float_times: [required("st_atime")?, required("st_mtime")?, required("st_ctime")?],
+            nanos_times: [
+                required("st_atime_ns")?,
+                required("st_mtime_ns")?,
+                required("st_ctime_ns")?,
+            ],
+            blksize: index("st_blksize")?,
+            blocks: index("st_blocks")?,
+            rdev: index("st_rdev")?,
+            class: class.unbind(),
+            others: Vec::new(),
+        };
+        let mut known: Vec<usize> = (0..STAT_VISIBLE_FIELDS).collect();
+        known.extend(layout.float_times.iter().chain(&layout.nanos_times));
+        known.extend([layout.blksize, layout.blocks, layout.rdev].into_iter().flatten());
+        layout.others = (0..fields).filter(|index| !known.contains(index)).collect();
+        assert!(known.iter().all(|&index| index < fields), "os.stat_result's layout");
+        Ok(layout)
+    }
+}
+
+/// A timestamp in nanoseconds since the epoch, as a Python int (an i64
+/// while it fits, as it does from 1678 to 2262).
+fn nanos_since_epoch(py: Python<'_>, time: Timestamp) -> PyResult<Bound<'_, PyAny>> {
+    let nanos = i128::from(time.secs) * 1_000_000_000 + i128::from(time.nanos);
+    match i64::try_from(nanos) {
+        Ok(nanos) => nanos.into_bound_py_any(py),
+        Err(_) => nanos.into_bound_py_any(py),
+    }
+}
+
+/// `metadata` as an `os.stat_result`, made as os.stat makes it: a new
+/// struct sequence whose fields are set in place (no argument tuple, no
+/// constructor call, no lookups by name).
 fn stat_result<'py>(py: Python<'py>, metadata: &foliofs::Metadata) -> PyResult<Bound<'py, PyAny>> {
-    let seconds = |time: std::time::SystemTime| {
-        time.duration_since(std::time::UNIX_EPOCH).map_or(0.0, |since| since.as_secs_f64())
+    let layout = STAT_LAYOUT.get_or_try_init(py, || StatLayout::find(py))?;
+    // SAFETY: `class` is os.stat_result, a struct sequence type (checked by
+    // the probe that found its layout); the new object, or the error, is
+    // owned here.
+    let result = unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            pyo3::ffi::PyStructSequence_New(layout.class.as_ptr().cast()),
+        )?
     };
-    let nanos = |time: std::time::SystemTime| {
-        time.duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_nanos())
+    let set = |index: usize, value: Bound<'py, PyAny>| {
+        // SAFETY: `result` is a struct sequence of `n_fields` slots, all
+        // below it set once each (the layout's indexes are distinct and
+        // below n_fields); SetItem takes the reference `into_ptr` gives up.
+        // A slot left empty by an early error is NULL, which the struct
+        // sequence's deallocation skips.
+        unsafe {
+            pyo3::ffi::PyStructSequence_SetItem(
+                result.as_ptr(),
+                index as pyo3::ffi::Py_ssize_t,
+                value.into_ptr(),
+            )
+        }
     };
-    let (atime, mtime, ctime) = (metadata.accessed(), metadata.modified(), metadata.changed());
-    // os.stat_result((mode, ino, dev, nlink, uid, gid, size, atime, mtime,
-    // ctime), {extra fields by name}).
-    let fields = (
-        metadata.mode(),
-        metadata.ino(),
-        0u64,
-        metadata.nlink(),
-        metadata.uid(),
-        metadata.gid(),
-        metadata.len(),
-        seconds(atime) as i64,
-        seconds(mtime) as i64,
-        seconds(ctime) as i64,
-    );
-    let extra = pyo3::types::PyDict::new(py);
-    extra.set_item("st_atime", seconds(atime))?;
-    extra.set_item("st_mtime", seconds(mtime))?;
-    extra.set_item("st_ctime", seconds(ctime))?;
-    extra.set_item("st_atime_ns", nanos(atime))?;
-    extra.set_item("st_mtime_ns", nanos(mtime))?;
-    extra.set_item("st_ctime_ns", nanos(ctime))?;
-    extra.set_item("st_blocks", metadata.blocks())?;
-    extra.set_item("st_blksize", metadata.blksize())?;
-    py.import("os")?.getattr("stat_result")?.call1((fields, extra))
+    let attr = metadata.attr();
+    let times = [attr.atime, attr.mtime, attr.ctime];
+    set(0, u64::from(metadata.mode()).into_bound_py_any(py)?);
+    set(1, metadata.ino().into_bound_py_any(py)?);
+    set(2, 0u64.into_bound_py_any(py)?);
+    set(3, metadata.nlink().into_bound_py_any(py)?);
+    set(4, metadata.uid().into_bound_py_any(py)?);
+    set(5, metadata.gid().into_bound_py_any(py)?);
+    set(6, metadata.len().into_bound_py_any(py)?);
+    for (index, time) in (7..STAT_VISIBLE_FIELDS).zip(times) {
+        set(index, time.secs.into_bound_py_any(py)?);
+    }
+    for (&index, time) in layout.float_times.iter().zip(times) {
+        let seconds = time.secs as f64 + f64::from(time.nanos) * 1e-9;
+        set(index, seconds.into_bound_py_any(py)?);
+    }
+    for (&index, time) in layout.nanos_times.iter().zip(times) {
+        set(index, nanos_since_epoch(py, time)?);
+    }
+    if let Some(index) = layout.blksize {
+        set(index, metadata.blksize().into_bound_py_any(py)?);
+    }
+    if let Some(index) = layout.blocks {
+        set(index, metadata.blocks().into_bound_py_any(py)?);
+    }
+    if let Some(index) = layout.rdev {
+        set(index, attr.rdev.into_bound_py_any(py)?);
+    }
+    for &index in &layout.others {
+        set(index, py.None().into_bound(py));
+    }
+    Ok(result)
 }
 
 /// An open file, as Python's binary file objects.

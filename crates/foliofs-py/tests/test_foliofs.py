@@ -63,6 +63,20 @@ def test_stat_is_os_stat_shaped(volume):
     assert result.st_mtime_ns > 0 and abs(result.st_mtime - result.st_mtime_ns / 1e9) < 1
     assert stat.S_ISDIR(volume.stat("/").st_mode)
     assert result.st_ino == by_handle.st_ino != volume.stat("/").st_ino
+    # Every field os.stat fills, by name and by index, equal by path and by
+    # handle (the file is closed: nothing changes between the two).
+    again = volume.stat("/f")
+    assert tuple(again) == tuple(result) and again == result
+    for name in ("st_mtime", "st_mtime_ns", "st_atime_ns", "st_ctime_ns", "st_blocks"):
+        assert getattr(again, name) == getattr(result, name)
+    assert result.st_blksize == 4096 and result.st_rdev == 0 and result.st_dev == 0
+    assert (result.st_uid, result.st_gid) == (os.geteuid(), os.getegid())
+    times = ((stat.ST_ATIME, "atime"), (stat.ST_MTIME, "mtime"), (stat.ST_CTIME, "ctime"))
+    for index, name in times:
+        nanos = getattr(result, f"st_{name}_ns")
+        assert result[index] == nanos // 10**9
+        assert abs(getattr(result, f"st_{name}") - nanos / 1e9) < 1e-6
+    assert abs(result.st_mtime - time.time()) < 60
 
 
 def test_errors_are_oserror_with_errno(volume):
