@@ -106,48 +106,53 @@ fn crate_references(source: &str) -> BTreeSet<String> {
     found
 }
 
-#[test]
-fn modules_only_use_the_layers_below_them() {
-    let allowed: BTreeMap<&str, &[&str]> = ALLOWED.iter().copied().collect();
-    let source_root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut stack = vec![source_root.clone()];
-    let mut violations = Vec::new();
-    let mut modules_seen = BTreeSet::new();
+/// Every `.rs` file below `root`.
+fn rust_files(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             if path.is_dir() {
                 stack.push(path);
-                continue;
+            } else if path.extension().is_some_and(|extension| extension == "rs") {
+                files.push(path);
             }
-            let relative = path.strip_prefix(&source_root).unwrap();
-            let module = module_of(relative);
-            if module == "lib" {
-                continue;
-            }
-            modules_seen.insert(module.clone());
-            let Some(permitted) = allowed.get(module.as_str()) else {
-                violations.push(format!(
-                    "{}: module {module} is missing from ALLOWED",
-                    relative.display()
-                ));
-                continue;
-            };
-            let source = std::fs::read_to_string(&path).unwrap();
-            // A grouped import would hide its modules from crate_references.
-            if source.contains("crate::{") {
-                violations.push(format!(
-                    "{}: `crate::{{` groups imports this test cannot read; name each module",
-                    relative.display()
-                ));
-            }
-            for used in crate_references(&source) {
-                if used != module && !permitted.contains(&used.as_str()) {
-                    violations.push(format!(
-                        "{}: {module} may not use crate::{used}",
-                        relative.display()
-                    ));
-                }
+        }
+    }
+    files
+}
+
+#[test]
+fn modules_only_use_the_layers_below_them() {
+    let allowed: BTreeMap<&str, &[&str]> = ALLOWED.iter().copied().collect();
+    let source_root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut violations = Vec::new();
+    let mut modules_seen = BTreeSet::new();
+    for path in rust_files(&source_root) {
+        let relative = path.strip_prefix(&source_root).unwrap();
+        let module = module_of(relative);
+        if module == "lib" {
+            continue;
+        }
+        modules_seen.insert(module.clone());
+        let Some(permitted) = allowed.get(module.as_str()) else {
+            violations
+                .push(format!("{}: module {module} is missing from ALLOWED", relative.display()));
+            continue;
+        };
+        let source = std::fs::read_to_string(&path).unwrap();
+        // A grouped import would hide its modules from crate_references.
+        if source.contains("crate::{") {
+            violations.push(format!(
+                "{}: `crate::{{` groups imports this test cannot read; name each module",
+                relative.display()
+            ));
+        }
+        for used in crate_references(&source) {
+            if used != module && !permitted.contains(&used.as_str()) {
+                violations
+                    .push(format!("{}: {module} may not use crate::{used}", relative.display()));
             }
         }
     }
@@ -464,26 +469,15 @@ fn names_used_from_children(
 fn sibling_files_import_each_other_without_cycles() {
     let source_root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
-    let mut stack = vec![source_root.clone()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            if path.extension().is_none_or(|extension| extension != "rs") {
-                continue;
-            }
-            let relative = path.strip_prefix(&source_root).unwrap().to_string_lossy().into_owned();
-            let mut module: Vec<String> =
-                relative.trim_end_matches(".rs").split('/').map(str::to_string).collect();
-            if module.last().is_some_and(|last| last == "mod" || last == "lib") {
-                module.pop();
-            }
-            let code = code_only(&std::fs::read_to_string(&path).unwrap());
-            files.push(SourceFile { relative, module, code });
+    for path in rust_files(&source_root) {
+        let relative = path.strip_prefix(&source_root).unwrap().to_string_lossy().into_owned();
+        let mut module: Vec<String> =
+            relative.trim_end_matches(".rs").split('/').map(str::to_string).collect();
+        if module.last().is_some_and(|last| last == "mod" || last == "lib") {
+            module.pop();
         }
+        let code = code_only(&std::fs::read_to_string(&path).unwrap());
+        files.push(SourceFile { relative, module, code });
     }
     files.sort_by(|a, b| a.relative.cmp(&b.relative));
     let directories: BTreeSet<Vec<String>> = files
