@@ -312,17 +312,6 @@ impl<G> Ordered<G> {
         Some(Self { guard, _held: Held::claim_unchecked(level, None) })
     }
 
-    /// Tries a lock of `level` without waiting (no order to check: a try
-    /// cannot deadlock); None, claiming nothing, when it is taken.
-    pub fn try_lock_at(
-        level: Level,
-        index: usize,
-        lock: impl FnOnce() -> Option<G>,
-    ) -> Option<Self> {
-        let guard = lock()?;
-        Some(Self { guard, _held: Held::claim_unchecked(level, Some(index)) })
-    }
-
     /// The guard itself, for what needs it (a condition variable's wait,
     /// which lets the lock go and takes it back at the same level).
     pub fn guard_mut(&mut self) -> &mut G {
