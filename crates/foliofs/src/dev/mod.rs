@@ -127,6 +127,10 @@ pub trait RawDev: Send + Sync {
     }
     fn size_bytes(&self) -> u64;
     fn logical_block_bytes(&self) -> u32;
+    /// What surviving lost links took, for a device on a network link.
+    fn link_stats(&self) -> Option<nbd::LinkStats> {
+        None
+    }
 }
 
 /// Counters of what reached the backend.
@@ -374,6 +378,11 @@ impl Device {
 
     pub fn fua_mode(&self) -> FuaMode {
         self.fua
+    }
+
+    /// What surviving lost links took, where the device is on NBD.
+    pub fn link_stats(&self) -> Option<nbd::LinkStats> {
+        self.raw.link_stats()
     }
 
     pub fn stats(&self) -> DevStats {

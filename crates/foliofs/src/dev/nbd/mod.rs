@@ -4,12 +4,17 @@
 //! `nbd+unix:///EXPORT?socket=PATH` wherever an image path goes.
 
 mod client;
+mod handshake;
+mod link;
 pub mod proto;
+mod replay;
+#[cfg(test)]
+mod reconnect_tests;
 
-pub use client::NbdDev;
+pub use client::{LinkStats, NbdDev};
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,6 +24,14 @@ pub const DEFAULT_PORT: u16 = 10809;
 /// How long a request may wait for its reply before the connection is
 /// declared lost (the `timeout=SECONDS` query parameter changes it).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a lost connection is tried again before its requests fail
+/// with EIO (`reconnect=SECONDS`; 0 fails them at once). Long enough for a
+/// switch to flap or a server to restart for an upgrade.
+pub const DEFAULT_RECONNECT_WITHIN: Duration = Duration::from_secs(30);
+/// How much acknowledged, not yet flushed write data the client keeps to
+/// replay after a server restart (`replay-mib=N`); past it, a write's
+/// acknowledgement waits for a FLUSH.
+pub const DEFAULT_REPLAY_MAX_BYTES: u64 = 64 << 20;
 
 /// Where an export is and what it is called, from an NBD URI.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +39,10 @@ pub struct NbdAddress {
     pub endpoint: Endpoint,
     pub export: String,
     pub request_timeout: Duration,
+    /// How long a lost connection is tried again; zero: never.
+    pub reconnect_within: Duration,
+    /// The most written data kept for replay after a reconnect.
+    pub replay_max_bytes: u64,
     /// Connections to open (`connections=N`); more than one only when the
     /// server offers CAN_MULTI_CONN.
     pub connections: usize,
@@ -33,6 +50,8 @@ pub struct NbdAddress {
 
 /// The most connections `connections=N` asks for.
 pub const CONNECTIONS_MAX: usize = 16;
+/// The most `replay-mib=N` asks for.
+pub const REPLAY_MAX_MIB: u64 = 16 << 10;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
@@ -72,8 +91,8 @@ fn percent_decode(text: &str) -> io::Result<String> {
 
 impl NbdAddress {
     /// Parses `nbd://HOST[:PORT]/EXPORT` and `nbd+unix:///EXPORT?socket=PATH`
-    /// (the URI convention of qemu and libnbd), plus `timeout=SECONDS` and
-    /// `connections=N`.
+    /// (the URI convention of qemu and libnbd), plus `timeout=SECONDS`,
+    /// `connections=N`, `reconnect=SECONDS` and `replay-mib=N`.
     pub fn parse(uri: &str) -> io::Result<Self> {
         let (scheme, rest) =
             uri.split_once("://").ok_or_else(|| invalid(format!("{uri:?} is not an NBD URI")))?;
@@ -83,6 +102,8 @@ impl NbdAddress {
         let mut socket = None;
         let mut request_timeout = DEFAULT_REQUEST_TIMEOUT;
         let mut connections = 1;
+        let mut reconnect_within = DEFAULT_RECONNECT_WITHIN;
+        let mut replay_max_bytes = DEFAULT_REPLAY_MAX_BYTES;
         for pair in query.split('&').filter(|pair| !pair.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             match key {
@@ -105,9 +126,28 @@ impl NbdAddress {
                             ))
                         })?;
                 }
+                "reconnect" => {
+                    let seconds: u64 = value.parse().map_err(|_| {
+                        invalid(format!("reconnect={value:?} in {uri:?} is not whole seconds"))
+                    })?;
+                    reconnect_within = Duration::from_secs(seconds);
+                }
+                "replay-mib" => {
+                    let mib: u64 = value
+                        .parse()
+                        .ok()
+                        .filter(|mib| (1..=REPLAY_MAX_MIB).contains(mib))
+                        .ok_or_else(|| {
+                            invalid(format!(
+                                "replay-mib={value:?} in {uri:?} is not 1..={REPLAY_MAX_MIB}"
+                            ))
+                        })?;
+                    replay_max_bytes = mib << 20;
+                }
                 other => {
                     return Err(invalid(format!(
-                        "unknown parameter {other:?} in {uri:?} (socket, timeout, connections)"
+                        "unknown parameter {other:?} in {uri:?} (socket, timeout, connections, \
+                         reconnect, replay-mib)"
                     )))
                 }
             }
@@ -154,13 +194,36 @@ impl NbdAddress {
                 )))
             }
         };
-        Ok(Self { endpoint, export, request_timeout, connections })
+        Ok(Self {
+            endpoint,
+            export,
+            request_timeout,
+            reconnect_within,
+            replay_max_bytes,
+            connections,
+        })
     }
 
-    pub fn connect(&self) -> io::Result<Stream> {
+    /// Opens a connection, giving up on an address silent for `patience`.
+    pub fn connect(&self, patience: Duration) -> io::Result<Stream> {
         match &self.endpoint {
             Endpoint::Tcp { host, port } => {
-                let stream = TcpStream::connect((host.as_str(), *port))?;
+                let mut last_error = None;
+                let mut connected = None;
+                for address in (host.as_str(), *port).to_socket_addrs()? {
+                    match TcpStream::connect_timeout(&address, patience) {
+                        Ok(stream) => {
+                            connected = Some(stream);
+                            break;
+                        }
+                        Err(error) => last_error = Some(error),
+                    }
+                }
+                let stream = connected.ok_or_else(|| {
+                    last_error.unwrap_or_else(|| {
+                        io::Error::new(io::ErrorKind::NotFound, format!("{host} has no address"))
+                    })
+                })?;
                 // Requests are small and latency-bound; never wait to batch them.
                 stream.set_nodelay(true)?;
                 Ok(Stream::Tcp(stream))
@@ -250,8 +313,13 @@ mod tests {
         assert_eq!(default_port.export, "");
         let v6 = NbdAddress::parse("nbd://[::1]:9000/x").unwrap();
         assert_eq!(v6.endpoint, Endpoint::Tcp { host: "::1".into(), port: 9000 });
-        let unix = NbdAddress::parse("nbd+unix:///vol?socket=/tmp/s.sock&timeout=5&connections=4")
-            .unwrap();
+        let unix = NbdAddress::parse(
+            "nbd+unix:///vol?socket=/tmp/s.sock&timeout=5&connections=4&reconnect=0&replay-mib=8",
+        )
+        .unwrap();
+        assert_eq!(unix.reconnect_within, Duration::ZERO);
+        assert_eq!(unix.replay_max_bytes, 8 << 20);
+        assert_eq!(tcp.reconnect_within, DEFAULT_RECONNECT_WITHIN);
         assert_eq!(unix.connections, 4);
         assert_eq!(unix.endpoint, Endpoint::Unix("/tmp/s.sock".into()));
         assert_eq!(unix.export, "vol");
@@ -266,6 +334,8 @@ mod tests {
             "nbd://h/x?timeout=0",
             "nbd://h/x?connections=0",
             "nbd://h/x?connections=17",
+            "nbd://h/x?reconnect=-1",
+            "nbd://h/x?replay-mib=0",
         ] {
             assert!(NbdAddress::parse(bad).is_err(), "{bad} accepted");
         }
