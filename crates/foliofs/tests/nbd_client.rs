@@ -346,7 +346,7 @@ fn killing_a_volatile_cache_server_keeps_every_fsynced_byte() {
         // The server stays down: after a second of reconnecting the
         // client gives up, and the volume's requests fail with EIO.
         let uri = format!("{}&reconnect=1", server.uri().display());
-        let volume = Volume::open(&uri, &options(FuaMode::Native)).unwrap();
+        let volume = Volume::open(Path::new(&uri), &options(FuaMode::Native)).unwrap();
         let ops_before_kill = 1 + choices.below(8);
         let mut open = Vec::new();
         for op in 0..ops_before_kill {
