@@ -621,3 +621,74 @@ fn several_connections_only_when_the_server_offers_multi_conn() {
         assert_eq!(connections_made(&log), 4 * expected, "{name}");
     }
 }
+
+/// A server with a volatile cache killed with SIGKILL and restarted 20
+/// times under a workload that creates, writes and fsyncs files: the
+/// client reconnects each time and replays what the dead cache lost, the
+/// workload sees no error at all, and every fsync that returned is
+/// durable after a reopen on a fresh server.
+#[test]
+fn a_server_killed_and_restarted_20_times_loses_nothing_fsynced_and_fails_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk.img");
+    std::fs::File::create(&disk).unwrap().set_len(256 << 20).unwrap();
+    let file_arg = format!("file={}", disk.display());
+    let cached = ["--filter=cache", "file", &file_arg, "cache=writeback"];
+    let Some(mut server) = Nbdkit::start(dir.path(), "restarted", &cached) else { return };
+    mkfs(&server.uri());
+    let volume = Volume::open(&server.uri(), &options(FuaMode::Native)).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let synced = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let mut choices = Choices(20);
+            let mut synced: Vec<(String, u8, usize)> = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if synced.len() >= 4000 {
+                    // Enough for the volume: wait for the restarts to end.
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+                let name = format!("f{}", synced.len());
+                let fill = choices.below(250) as u8 + 1;
+                let length = 1 + choices.below(16_000) as usize;
+                let inodes = volume.inodes();
+                let ino = inodes.create(1, name.as_bytes(), 0o644, Owner::current()).unwrap().ino;
+                let handle = inodes.open_file(ino, OpenFlags::READ_WRITE).unwrap();
+                handle.write_at(&vec![fill; length], 0).unwrap();
+                handle.sync_all().unwrap();
+                synced.push((name, fill, length));
+            }
+            synced
+        });
+        let mut choices = Choices(21);
+        for _ in 0..20 {
+            std::thread::sleep(Duration::from_millis(100 + choices.below(300)));
+            server.kill();
+            let _ = std::fs::remove_file(&server.socket);
+            server = Nbdkit::start(dir.path(), "restarted", &cached).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        writer.join().expect("the workload saw no error")
+    });
+    let stats = volume.device().link_stats().expect("a volume on NBD");
+    assert!(stats.reconnects >= 20, "{stats:?}");
+    assert!(stats.replayed_requests > 0, "the killed caches held unflushed writes: {stats:?}");
+    volume.close().unwrap();
+    drop(server);
+    assert!(synced.len() > 20, "the workload ran: {} files", synced.len());
+
+    let server = Nbdkit::start(dir.path(), "check", &["file", &file_arg]).unwrap();
+    let volume = Volume::open(&server.uri(), &options(FuaMode::Native)).unwrap();
+    for (name, fill, length) in &synced {
+        let handle = volume.inodes().open_path(&format!("/{name}"), OpenFlags::READ).unwrap();
+        let mut data = vec![0; *length + 1];
+        assert_eq!(handle.read_at(&mut data, 0).unwrap(), *length, "{name}");
+        assert!(data[..*length].iter().all(|byte| byte == fill), "{name}");
+    }
+    volume.close().unwrap();
+    let device =
+        foliofs::dev::Device::open(&server.uri(), &options(FuaMode::Native).dev_options()).unwrap();
+    let report = foliofs::fsck::check(std::sync::Arc::new(device));
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
