@@ -17,6 +17,8 @@
 //! - [`fsx_threads`]: threads racing on shared files (buffered, direct and
 //!   asynchronous direct I/O, mmap, truncate, punch, fsync), every read with
 //!   a defined answer checked against a model; in process or under a path.
+//! - [`nbd_loop`]: an in-process NBD server over the fault-injecting device,
+//!   restartable with its volatile writes lost.
 
 pub mod crashtest;
 pub mod fsx;
@@ -24,6 +26,8 @@ pub mod fsx_threads;
 pub mod mirror;
 pub mod model;
 pub mod nbd_loop;
+#[cfg(test)]
+mod test_nbd_client;
 pub mod workload;
 
 use std::sync::Arc;
