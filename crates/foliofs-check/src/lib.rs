@@ -19,8 +19,11 @@
 //!   a defined answer checked against a model; in process or under a path.
 //! - [`nbd_loop`]: an in-process NBD server over the fault-injecting device,
 //!   restartable with its volatile writes lost.
+//! - [`fault_proxy`]: a proxy between an NBD client and server that drops,
+//!   stalls or blackholes the link on command.
 
 pub mod crashtest;
+pub mod fault_proxy;
 pub mod fsx;
 pub mod fsx_threads;
 pub mod mirror;
