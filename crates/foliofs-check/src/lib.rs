@@ -17,13 +17,20 @@
 //! - [`fsx_threads`]: threads racing on shared files (buffered, direct and
 //!   asynchronous direct I/O, mmap, truncate, punch, fsync), every read with
 //!   a defined answer checked against a model; in process or under a path.
+//! - [`nbd_loop`]: an in-process NBD server over the fault-injecting device,
+//!   restartable with its volatile writes lost.
+//! - [`fault_proxy`]: a proxy between an NBD client and server that drops,
+//!   stalls or blackholes the link on command.
 
 pub mod crashtest;
+pub mod fault_proxy;
 pub mod fsx;
 pub mod fsx_threads;
 pub mod mirror;
 pub mod model;
 pub mod nbd_loop;
+#[cfg(test)]
+mod test_nbd_client;
 pub mod workload;
 
 use std::sync::Arc;

@@ -12,12 +12,20 @@
 //! client that sends the FLUSH for a write before that write's reply, or
 //! takes a write's reply for durability without FUA or a later flush,
 //! shows up as a lost fsync in the checker.
+//!
+//! The server can also be restarted in place
+//! ([`NbdLoop::restart_losing_unflushed`]): its connections close and the
+//! writes no completed FLUSH or FUA covered are lost, as when a server with
+//! a volatile write cache dies, while the socket stays for the client to
+//! reconnect to.
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::net::Shutdown;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::sync::Arc;
+use std::sync::{mpsc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use foliofs::dev::nbd::proto::{self, Info, Request, SimpleReply};
@@ -30,16 +38,83 @@ use rand_chacha::ChaCha8Rng;
 /// directory (the server thread ends when its client disconnects).
 pub struct NbdLoop {
     pub uri: String,
-    /// Batches of two or more requests carried out in a shuffled order.
-    shuffled_batches: Arc<AtomicU64>,
+    socket_path: PathBuf,
+    device: Arc<FaultDev>,
+    shared: Arc<Shared>,
     _dir: tempfile::TempDir,
+}
+
+/// What the server thread and the [`NbdLoop`] handle share.
+struct Shared {
+    /// Batches of two or more requests carried out in a shuffled order.
+    shuffled_batches: AtomicU64,
+    restarts: AtomicU64,
+    /// Bumped by every restart (under `lives`); a connection of an earlier
+    /// life is gone and carries out no more requests.
+    life: AtomicU64,
+    lives: Mutex<Lives>,
+    /// Held while a request is carried out, and by a restart to wait for
+    /// the one under way: after that no request of an earlier life reaches
+    /// the device, so none lands after the volatile writes were lost.
+    device_gate: Mutex<()>,
+}
+
+/// The connections of the server's current life.
+struct Lives {
+    next_connection_id: u64,
+    /// Clones of the open connections' sockets, kept to shut them down.
+    connections: Vec<(u64, UnixStream)>,
+}
+
+impl Shared {
+    fn lives(&self) -> MutexGuard<'_, Lives> {
+        // A panicking server thread leaves nothing half-updated in `Lives`.
+        self.lives.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn device_gate(&self) -> MutexGuard<'_, ()> {
+        self.device_gate.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl NbdLoop {
     /// How many times requests in flight together were carried out out of
     /// their arrival order: the reordering the checker counts on.
     pub fn shuffled_batches(&self) -> u64 {
-        self.shuffled_batches.load(Ordering::Relaxed)
+        self.shared.shuffled_batches.load(Ordering::Relaxed)
+    }
+
+    /// The unix socket the server listens on.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket_path
+    }
+
+    /// Restarts the server as one whose volatile write cache died with it:
+    /// every open connection is shut down (requests not yet carried out are
+    /// never carried out, replies not yet sent are never sent), the device
+    /// forgets every write no completed FLUSH or FUA covered, and the
+    /// socket keeps listening for the client's reconnection. Returns how
+    /// many writes were lost, acknowledged ones among them.
+    pub fn restart_losing_unflushed(&self) -> u64 {
+        {
+            let mut lives = self.shared.lives();
+            self.shared.life.fetch_add(1, Ordering::SeqCst);
+            for (_, connection) in lives.connections.drain(..) {
+                // Already closed by its client: nothing left to shut.
+                let _ = connection.shutdown(Shutdown::Both);
+            }
+        }
+        // Once the request under way (if any) is done, no other of the old
+        // life starts: each checks the life under the gate.
+        let _gate = self.shared.device_gate();
+        let lost_writes = self.device.lose_unflushed();
+        self.shared.restarts.fetch_add(1, Ordering::Relaxed);
+        lost_writes
+    }
+
+    /// How many times [`Self::restart_losing_unflushed`] ran.
+    pub fn restarts(&self) -> u64 {
+        self.shared.restarts.load(Ordering::Relaxed)
     }
 }
 
@@ -47,28 +122,55 @@ impl NbdLoop {
 /// reordering.
 pub fn start(device: Arc<FaultDev>, seed: u64) -> io::Result<NbdLoop> {
     let dir = tempfile::tempdir()?;
-    let socket = dir.path().join("nbd.sock");
-    let listener = UnixListener::bind(&socket)?;
-    let shuffled_batches = Arc::new(AtomicU64::new(0));
-    let shuffled = Arc::clone(&shuffled_batches);
+    let socket_path = dir.path().join("nbd.sock");
+    let listener = UnixListener::bind(&socket_path)?;
+    let shared = Arc::new(Shared {
+        shuffled_batches: AtomicU64::new(0),
+        restarts: AtomicU64::new(0),
+        life: AtomicU64::new(0),
+        lives: Mutex::new(Lives { next_connection_id: 0, connections: Vec::new() }),
+        device_gate: Mutex::new(()),
+    });
+    let server_shared = Arc::clone(&shared);
+    let server_device = Arc::clone(&device);
     std::thread::Builder::new().name("crash-nbd".into()).spawn(move || {
         // One client at a time (the export does not offer multi-conn);
         // each is a mount of the workload's volume.
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
             // A failed connection ends; its client sees the error.
-            let _ = serve(stream, &device, seed, &shuffled);
+            let _ = serve_connection(stream, &server_device, seed, &server_shared);
         }
     })?;
-    let uri = format!("nbd+unix:///crash?socket={}", socket.display());
-    Ok(NbdLoop { uri, shuffled_batches, _dir: dir })
+    let uri = format!("nbd+unix:///crash?socket={}", socket_path.display());
+    Ok(NbdLoop { uri, socket_path, device, shared, _dir: dir })
+}
+
+/// Serves one connection as part of the server's current life.
+fn serve_connection(
+    stream: UnixStream,
+    device: &FaultDev,
+    seed: u64,
+    shared: &Shared,
+) -> io::Result<()> {
+    let (life, id) = {
+        let mut lives = shared.lives();
+        let id = lives.next_connection_id;
+        lives.next_connection_id += 1;
+        lives.connections.push((id, stream.try_clone()?));
+        (shared.life.load(Ordering::SeqCst), id)
+    };
+    let result = serve(stream, device, seed, life, shared);
+    shared.lives().connections.retain(|(open, _)| *open != id);
+    result
 }
 
 fn serve(
     mut stream: UnixStream,
     device: &FaultDev,
     seed: u64,
-    shuffled_batches: &AtomicU64,
+    life: u64,
+    shared: &Shared,
 ) -> io::Result<()> {
     handshake(&mut stream, device.size_bytes())?;
     let (requests, arrived) = mpsc::channel::<(Request, Vec<u8>)>();
@@ -93,13 +195,21 @@ fn serve(
             batch.into_iter().partition(|(request, _)| request.command == proto::CMD_FLUSH);
         others.shuffle(&mut rng);
         if flushes.len() + others.len() > 1 {
-            shuffled_batches.fetch_add(1, Ordering::Relaxed);
+            shared.shuffled_batches.fetch_add(1, Ordering::Relaxed);
         }
         for (request, payload) in flushes.into_iter().chain(others) {
             if request.command == proto::CMD_DISC {
                 return Ok(());
             }
-            let (error, data) = carry_out(device, &request, &payload);
+            let (error, data) = {
+                let _gate = shared.device_gate();
+                if shared.life.load(Ordering::SeqCst) != life {
+                    // Restarted: this connection and its requests died with
+                    // the old life.
+                    return Ok(());
+                }
+                carry_out(device, &request, &payload)
+            };
             stream.write_all(&SimpleReply { error, cookie: request.cookie }.encode())?;
             if error == 0 && request.command == proto::CMD_READ {
                 stream.write_all(&data)?;
@@ -161,5 +271,88 @@ fn handshake(stream: &mut UnixStream, size_bytes: u64) -> io::Result<()> {
         stream.write_all(&reply(proto::REP_INFO, &info.encode()))?;
         stream.write_all(&reply(proto::REP_ACK, &[]))?;
         return Ok(());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_nbd_client::TestNbdClient;
+
+    const BLOCK_BYTES: usize = 4096;
+
+    #[test]
+    fn a_restart_loses_the_writes_no_flush_covered() {
+        let device = Arc::new(FaultDev::new(1 << 20, 512));
+        let server = start(Arc::clone(&device), 7).unwrap();
+        let mut client = TestNbdClient::connect(server.socket_path(), "crash").unwrap();
+        assert_eq!(client.size_bytes, 1 << 20);
+        let flushed = vec![0xA1; BLOCK_BYTES];
+        let forced = vec![0xC3; BLOCK_BYTES];
+        let volatile = vec![0xB2; BLOCK_BYTES];
+        client.write(0, &flushed, false).unwrap();
+        client.flush().unwrap();
+        client.write(BLOCK_BYTES as u64, &volatile, false).unwrap();
+        client.write(2 * BLOCK_BYTES as u64, &forced, true).unwrap();
+        assert_eq!(client.read(BLOCK_BYTES as u64, BLOCK_BYTES as u32).unwrap(), volatile);
+
+        assert_eq!(server.restart_losing_unflushed(), 1, "only the unflushed plain write");
+        assert_eq!(server.restarts(), 1);
+        let closed = client.read(0, 512).unwrap_err();
+        assert!(
+            !matches!(closed.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut),
+            "the old connection is closed, not just silent: {closed}"
+        );
+
+        let mut again = TestNbdClient::connect(server.socket_path(), "crash").unwrap();
+        assert_eq!(again.read(0, BLOCK_BYTES as u32).unwrap(), flushed);
+        assert_eq!(
+            again.read(BLOCK_BYTES as u64, BLOCK_BYTES as u32).unwrap(),
+            vec![0; BLOCK_BYTES],
+            "an acknowledged write without a flush is gone"
+        );
+        assert_eq!(again.read(2 * BLOCK_BYTES as u64, BLOCK_BYTES as u32).unwrap(), forced);
+        // The new life serves writes as before.
+        again.write(BLOCK_BYTES as u64, &volatile, false).unwrap();
+        assert_eq!(again.read(BLOCK_BYTES as u64, BLOCK_BYTES as u32).unwrap(), volatile);
+    }
+
+    #[test]
+    fn a_request_in_flight_across_a_restart_never_lands() {
+        let device = Arc::new(FaultDev::new(1 << 20, 512));
+        let server = start(Arc::clone(&device), 3).unwrap();
+        let mut client = TestNbdClient::connect(server.socket_path(), "crash").unwrap();
+        // Each write takes 200 ms: the restart comes while the first one is
+        // being carried out and the second waits its turn in the server.
+        device.limit_write_bandwidth(Some(5 * BLOCK_BYTES as u64));
+        client.send_write(0, &[0x11; BLOCK_BYTES]).unwrap();
+        client.send_write(BLOCK_BYTES as u64, &[0x22; BLOCK_BYTES]).unwrap();
+        let waiting_since = std::time::Instant::now();
+        while device.log_len() == 0 {
+            assert!(
+                waiting_since.elapsed() < Duration::from_secs(10),
+                "no write reached the device"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(server.restart_losing_unflushed(), 1, "the write under way when it came");
+        device.limit_write_bandwidth(None);
+        let mut again = TestNbdClient::connect(server.socket_path(), "crash").unwrap();
+        let both_blocks = again.read(0, 2 * BLOCK_BYTES as u32).unwrap();
+        assert_eq!(both_blocks, vec![0; 2 * BLOCK_BYTES], "a write of the old life landed");
+        assert_eq!(device.log_len(), 0);
+    }
+
+    #[test]
+    fn a_restart_with_no_client_connected_still_loses_the_cache() {
+        let device = Arc::new(FaultDev::new(1 << 16, 512));
+        let server = start(Arc::clone(&device), 1).unwrap();
+        let mut client = TestNbdClient::connect(server.socket_path(), "crash").unwrap();
+        client.write(0, &[0x5A; 512], false).unwrap();
+        drop(client);
+        assert_eq!(server.restart_losing_unflushed(), 1);
+        let mut again = TestNbdClient::connect(server.socket_path(), "crash").unwrap();
+        assert_eq!(again.read(0, 512).unwrap(), vec![0; 512]);
+        assert_eq!(server.restarts(), 1);
     }
 }

@@ -255,7 +255,19 @@ impl FaultDev {
         state.writes_busy_until = None;
     }
 
-    /// Plain writes lost by failed flushes.
+    /// Loses every plain write not yet durable (issued after the last
+    /// completed flush), as a server or disk restarting without its
+    /// volatile write cache: reads see the durable image again, and the
+    /// lost writes leave the log as they do after a failed flush with
+    /// [`Self::drop_cache_on_failed_flush`]. Returns how many were lost.
+    pub fn lose_unflushed(&self) -> u64 {
+        let mut state = self.state.lock();
+        let before = state.writes_dropped;
+        drop_volatile_writes(&mut state);
+        state.writes_dropped - before
+    }
+
+    /// Plain writes lost by failed flushes and [`Self::lose_unflushed`].
     pub fn writes_dropped(&self) -> u64 {
         self.state.lock().writes_dropped
     }
@@ -568,6 +580,26 @@ mod tests {
             (1, 3, 0),
             "a later flush brings nothing back"
         );
+    }
+
+    #[test]
+    fn losing_unflushed_writes_keeps_the_durable_image() {
+        let device = FaultDev::new(8192, 512);
+        write(&device, 0, 1, 512, false);
+        device.flush().unwrap();
+        write(&device, 0, 2, 512, false);
+        write(&device, 512, 3, 512, true);
+        write(&device, 1024, 4, 512, false);
+        assert_eq!(device.lose_unflushed(), 2);
+        let image = device.image();
+        assert_eq!((image[0], image[512], image[1024]), (1, 3, 0), "flushed and FUA writes stay");
+        assert_eq!(device.unflushed_writes(device.log_len()), Vec::<usize>::new());
+        assert_eq!(device.lose_unflushed(), 0, "nothing volatile is left to lose");
+        write(&device, 1536, 5, 512, false);
+        device.flush().unwrap();
+        assert_eq!(device.lose_unflushed(), 0, "a flushed write survives");
+        assert_eq!(device.image()[1536], 5);
+        assert_eq!(device.writes_dropped(), 2);
     }
 
     #[test]
