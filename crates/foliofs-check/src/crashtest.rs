@@ -71,6 +71,9 @@ pub struct Stats {
     pub crash_points: u64,
     pub images: u64,
     pub violations: u64,
+    /// NBD links dropped under the workloads (`--over-nbd`), each a
+    /// reconnect that had to lose nothing.
+    pub links_dropped: u64,
 }
 
 impl Stats {
@@ -80,6 +83,7 @@ impl Stats {
         self.crash_points += other.crash_points;
         self.images += other.images;
         self.violations += other.violations;
+        self.links_dropped += other.links_dropped;
     }
 }
 
@@ -142,6 +146,7 @@ pub fn run_one(
     stats.workloads += 1;
     let workload = Workload::generate(config);
     stats.ops += workload.op_count() as u64;
+    stats.links_dropped += workload.links_dropped();
     let (ops, violation) = match &workload.failure {
         None => match check_workload(&workload, options.variants, stats) {
             Ok(()) => return Ok(()),

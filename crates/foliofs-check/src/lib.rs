@@ -91,6 +91,9 @@ pub fn new_volume(
     Ok((raw, volume))
 }
 
+/// One request in this many over [`new_volume_over_nbd`]'s link ends it.
+pub const LINK_DROP_ONE_IN: u32 = 200;
+
 /// As [`new_volume`], with the volume reaching the in-memory device
 /// through the engine's NBD client and [`nbd_loop`]'s server.
 pub fn new_volume_over_nbd(
@@ -110,6 +113,9 @@ pub fn new_volume_over_nbd(
     let mkfs =
         MkfsOptions { block_bytes, journal_bytes, metadata_bytes: None, root_owner: owner() };
     Volume::format(&device, &mkfs)?;
+    // The workload's link drops now and then: the client reconnects and
+    // sends again what had no reply, and no crash point may show it.
+    server.drop_links_at_random(LINK_DROP_ONE_IN);
     let volume = Volume::open_device(device, options)?;
     Ok((raw, volume, server))
 }

@@ -23,7 +23,7 @@ use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::{mpsc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -31,7 +31,7 @@ use std::time::Duration;
 use foliofs::dev::nbd::proto::{self, Info, Request, SimpleReply};
 use foliofs::dev::{FaultDev, RawDev};
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
+use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// A running server: its socket's URI; dropping it removes the socket's
@@ -57,6 +57,10 @@ struct Shared {
     /// the one under way: after that no request of an earlier life reaches
     /// the device, so none lands after the volatile writes were lost.
     device_gate: Mutex<()>,
+    /// One request in this many ends its connection instead (0: none), as
+    /// a link that drops would: the client must reconnect and send again.
+    drop_link_one_in: AtomicU32,
+    links_dropped: AtomicU64,
 }
 
 /// The connections of the server's current life.
@@ -78,6 +82,18 @@ impl Shared {
 }
 
 impl NbdLoop {
+    /// From now on, one request in `one_in` (0: none) ends its connection
+    /// at random (seeded), before or after it is carried out, without a
+    /// reply: the client must reconnect and send again what it lost.
+    pub fn drop_links_at_random(&self, one_in: u32) {
+        self.shared.drop_link_one_in.store(one_in, Ordering::Relaxed);
+    }
+
+    /// How many connections [`Self::drop_links_at_random`] ended.
+    pub fn links_dropped(&self) -> u64 {
+        self.shared.links_dropped.load(Ordering::Relaxed)
+    }
+
     /// How many times requests in flight together were carried out out of
     /// their arrival order: the reordering the checker counts on.
     pub fn shuffled_batches(&self) -> u64 {
@@ -130,6 +146,8 @@ pub fn start(device: Arc<FaultDev>, seed: u64) -> io::Result<NbdLoop> {
         life: AtomicU64::new(0),
         lives: Mutex::new(Lives { next_connection_id: 0, connections: Vec::new() }),
         device_gate: Mutex::new(()),
+        drop_link_one_in: AtomicU32::new(0),
+        links_dropped: AtomicU64::new(0),
     });
     let server_shared = Arc::clone(&shared);
     let server_device = Arc::clone(&device);
@@ -160,6 +178,9 @@ fn serve_connection(
         lives.connections.push((id, stream.try_clone()?));
         (shared.life.load(Ordering::SeqCst), id)
     };
+    // Each connection rolls its own dice: the same seed on every one
+    // would drop each after the same number of requests.
+    let seed = seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let result = serve(stream, device, seed, life, shared);
     shared.lives().connections.retain(|(open, _)| *open != id);
     result
@@ -199,6 +220,18 @@ fn serve(
         }
         for (request, payload) in flushes.into_iter().chain(others) {
             if request.command == proto::CMD_DISC {
+                return Ok(());
+            }
+            let one_in = shared.drop_link_one_in.load(Ordering::Relaxed);
+            if one_in > 0 && rng.random_range(0..one_in) == 0 {
+                // The link drops here: this request is carried out or not
+                // (its reply is lost either way), the rest of the batch never.
+                if rng.random_range(0..2) == 0 {
+                    let _gate = shared.device_gate();
+                    let _ = carry_out(device, &request, &payload);
+                }
+                shared.links_dropped.fetch_add(1, Ordering::Relaxed);
+                let _ = stream.shutdown(std::net::Shutdown::Both);
                 return Ok(());
             }
             let (error, data) = {

@@ -498,6 +498,11 @@ struct ThreadRun {
 }
 
 impl Workload {
+    /// How many times the NBD link dropped under the workload (over NBD).
+    pub fn links_dropped(&self) -> u64 {
+        self._nbd.as_ref().map_or(0, |nbd| nbd.links_dropped())
+    }
+
     /// Generates and runs a random workload.
     pub fn generate(config: WorkloadConfig) -> Self {
         Self::run(config, None, None)

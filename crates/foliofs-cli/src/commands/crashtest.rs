@@ -173,8 +173,14 @@ pub fn run(args: &CrashtestArgs, options: &str) -> anyhow::Result<ExitCode> {
 }
 
 fn line(stats: &Stats, elapsed: Duration) -> String {
+    let links = if stats.links_dropped > 0 {
+        format!(", {} NBD links dropped", stats.links_dropped)
+    } else {
+        String::new()
+    };
     format!(
-        "{} workloads, {} ops, {} crash points explored, {} images checked, {} violations ({:.1} s)",
+        "{} workloads, {} ops, {} crash points explored, {} images checked, {} violations{links} \
+         ({:.1} s)",
         stats.workloads,
         stats.ops,
         stats.crash_points,

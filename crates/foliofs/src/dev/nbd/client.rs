@@ -122,7 +122,13 @@ impl NbdDev {
             connections.push(connection);
         }
         shared.adopt(&connections);
-        Ok(Self { shared, connections, next_connection: AtomicUsize::new(0), logical_block_bytes, readers })
+        Ok(Self {
+            shared,
+            connections,
+            next_connection: AtomicUsize::new(0),
+            logical_block_bytes,
+            readers,
+        })
     }
 
     /// How many connections carry requests.
@@ -306,7 +312,9 @@ impl NbdDev {
             }),
             true,
         );
-        receiver.recv().unwrap_or_else(|_| DevResponse { buffer: None, result: Err(self.dropped()) })
+        receiver
+            .recv()
+            .unwrap_or_else(|_| DevResponse { buffer: None, result: Err(self.dropped()) })
     }
 }
 

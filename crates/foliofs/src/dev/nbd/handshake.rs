@@ -170,4 +170,3 @@ fn handshake(stream: &mut Stream, export: &str) -> io::Result<Negotiated> {
         payload_max_bytes: payload_max_bytes.max(block_min_bytes),
     })
 }
-

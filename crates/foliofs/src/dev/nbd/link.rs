@@ -172,13 +172,18 @@ impl Shared {
         let mut ranges = Vec::new();
         for connection in self.live_connections() {
             let inflight = connection.inflight.lock();
-            ranges.extend(inflight.requests.values().filter(|entry| entry.internal.is_none()).filter_map(
-                |entry| {
-                    let Request { command, offset, length, .. } = entry.request;
-                    matches!(command, proto::CMD_WRITE | proto::CMD_WRITE_ZEROES | proto::CMD_TRIM)
+            ranges.extend(
+                inflight.requests.values().filter(|entry| entry.internal.is_none()).filter_map(
+                    |entry| {
+                        let Request { command, offset, length, .. } = entry.request;
+                        matches!(
+                            command,
+                            proto::CMD_WRITE | proto::CMD_WRITE_ZEROES | proto::CMD_TRIM
+                        )
                         .then_some((offset, u64::from(length)))
-                },
-            ));
+                    },
+                ),
+            );
         }
         ranges
     }
@@ -254,7 +259,10 @@ struct Pending {
 
 /// How a rejoin attempt ended.
 enum Rejoin {
-    Done { replayed_requests: u64, replayed_bytes: u64 },
+    Done {
+        replayed_requests: u64,
+        replayed_bytes: u64,
+    },
     /// The link was lost again; `link_lost` started another attempt.
     LostAgain,
     /// The device was closed meanwhile.
@@ -313,7 +321,13 @@ impl Connection {
         done: DevCallback,
         inline: bool,
     ) {
-        self.enqueue(Request { flags, command, cookie: 0, offset, length }, buffer, done, inline, None)
+        self.enqueue(
+            Request { flags, command, cookie: 0, offset, length },
+            buffer,
+            done,
+            inline,
+            None,
+        )
     }
 
     fn enqueue(
@@ -337,8 +351,11 @@ impl Connection {
             request.command != proto::CMD_WRITE || buffer.is_some(),
             "an NBD write without data"
         );
-        let covers =
-            if request.command == proto::CMD_FLUSH { self.shared.replay.lock().sequence() } else { 0 };
+        let covers = if request.command == proto::CMD_FLUSH {
+            self.shared.replay.lock().sequence()
+        } else {
+            0
+        };
         {
             let mut inflight = self.inflight.lock();
             if let Some(why) = &inflight.failure {
@@ -738,7 +755,9 @@ impl Connection {
         let receiver =
             self.call_internal(read, Some(AlignedBuf::zeroed(IDENTITY_BYTES)), generation);
         match receiver.recv() {
-            Ok(DevResponse { result: Ok(()), buffer: Some(found) }) if found[..] == expected[..] => {
+            Ok(DevResponse { result: Ok(()), buffer: Some(found) })
+                if found[..] == expected[..] =>
+            {
                 None
             }
             Ok(DevResponse { result: Ok(()), .. }) => Some(Rejoin::Refused(format!(
@@ -772,7 +791,9 @@ impl Connection {
             while done_bytes < piece.length {
                 let length = piece_max_bytes.min(piece.length - done_bytes);
                 let buffer = piece.data().map(|data| {
-                    AlignedBuf::from_slice(&data[done_bytes as usize..(done_bytes + length) as usize])
+                    AlignedBuf::from_slice(
+                        &data[done_bytes as usize..(done_bytes + length) as usize],
+                    )
                 });
                 let request = Request {
                     flags: 0,

@@ -7,9 +7,9 @@ mod client;
 mod handshake;
 mod link;
 pub mod proto;
-mod replay;
 #[cfg(test)]
 mod reconnect_tests;
+mod replay;
 
 pub use client::{LinkStats, NbdDev};
 

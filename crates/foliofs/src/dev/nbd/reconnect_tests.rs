@@ -211,9 +211,11 @@ fn a_dropped_link_is_reconnected_and_what_had_no_reply_is_sent_again() {
         let reader = scope.spawn(|| read(&device, 0));
         // The read reached the server and got no answer; then the link drops.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !server.seen().iter().any(|(number, command, ..)| {
-            *number == 1 && *command == proto::CMD_READ
-        }) {
+        while !server
+            .seen()
+            .iter()
+            .any(|(number, command, ..)| *number == 1 && *command == proto::CMD_READ)
+        {
             assert!(Instant::now() < deadline, "the read never reached the server");
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -296,9 +298,11 @@ fn a_different_export_behind_the_address_is_refused_and_never_written() {
         assert_eq!(error.raw_os_error(), None, "{error}");
         assert!(error.to_string().contains("a different export"), "{change}: {error}");
         assert!(
-            !commands_on(&server.seen(), 2)
-                .iter()
-                .any(|(command, _)| [proto::CMD_WRITE, proto::CMD_FLUSH].contains(command)),
+            !commands_on(&server.seen(), 2).iter().any(|(command, _)| [
+                proto::CMD_WRITE,
+                proto::CMD_FLUSH
+            ]
+            .contains(command)),
             "{change}: written after the refusal: {:?}",
             server.seen()
         );

@@ -20,7 +20,10 @@ use std::sync::Arc;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum KeptChange {
     /// Written data: `data[start..start + length]`.
-    Data { data: Arc<[u8]>, start: usize },
+    Data {
+        data: Arc<[u8]>,
+        start: usize,
+    },
     Zeroes,
     Trim,
 }
@@ -152,7 +155,8 @@ impl ReplayLog {
     /// What to send again, leaving out `busy` ranges (`(offset, length)`):
     /// requests still in flight that will be sent anyway, and are newer.
     pub fn pieces_outside(&self, busy: &[(u64, u64)]) -> Vec<ReplayPiece> {
-        let mut busy: Vec<(u64, u64)> = busy.iter().map(|(at, length)| (*at, at + length)).collect();
+        let mut busy: Vec<(u64, u64)> =
+            busy.iter().map(|(at, length)| (*at, at + length)).collect();
         busy.sort_unstable();
         let mut pieces = Vec::new();
         for (start, kept) in &self.kept {
