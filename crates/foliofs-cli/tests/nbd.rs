@@ -11,6 +11,8 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use foliofs_check::fault_proxy::{FaultProxy, Upstream};
+
 fn foliofs(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_foliofs")).args(args).output().expect("run foliofs")
 }
@@ -573,4 +575,113 @@ fn a_format_version_1_volume_refuses_snapshots() {
     stop(server);
     assert!(listed(&format!("{image_text}:/snaps")).is_empty());
     assert!(ok(&["fsck", image_text]).contains("clean"));
+}
+
+fn is_mounted(point: &Path) -> bool {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let point = point.to_str().unwrap();
+    mountinfo.lines().any(|line| line.split(' ').nth(4) == Some(point))
+}
+
+/// A mount whose export sits behind a link that drops every two seconds
+/// (the fault proxy between the client and qemu-nbd): the threaded fsx
+/// with fsync and a tree of fsynced small files run through it with no
+/// error and no mismatch, the daemon logs each reconnect, and fsck is
+/// clean afterwards.
+#[test]
+fn a_mount_on_nbd_rides_out_a_link_dropped_every_two_seconds() {
+    if tools_missing(&["qemu-nbd", "umount"]) {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
+        skip::skip_or_fail("mounting needs root and /dev/fuse");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk.img");
+    let socket = dir.path().join("q.sock");
+    std::fs::File::create(&disk).unwrap().set_len(512 << 20).unwrap();
+    let mut server = Reaped(
+        Command::new("qemu-nbd")
+            .args(["-f", "raw", "-x", "vol", "-t", "-k"])
+            .arg(&socket)
+            .arg(&disk)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_socket(&socket, &mut server.0);
+    let proxy = FaultProxy::start(Upstream::Unix(socket.clone())).unwrap();
+    let uri = format!("{}&timeout=10", proxy.uri("vol"));
+    ok(&["mkfs", &uri]);
+    let point = dir.path().join("mnt");
+    std::fs::create_dir(&point).unwrap();
+    let log_path = dir.path().join("mount.log");
+    let mut daemon = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_foliofs"))
+            .args(["mount", "-f", &uri])
+            .arg(&point)
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let started = Instant::now();
+    while !is_mounted(&point) {
+        assert!(daemon.0.try_wait().unwrap().is_none(), "foliofs mount exited early");
+        assert!(started.elapsed() < Duration::from_secs(20), "mount did not appear");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_secs(2));
+                proxy.drop_links();
+            }
+        });
+        let fsx = Command::new(env!("CARGO_BIN_EXE_foliofs"))
+            .args(["fsx", "--threads", "2", "--files", "2", "--ops", "2000", "--seconds", "60"])
+            .args(["--seed", "54", "--path"])
+            .arg(&point)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&fsx.stdout);
+        let tree = point.join("tree");
+        std::fs::create_dir(&tree).unwrap();
+        for index in 0..300u32 {
+            let content = format!("file {index} ").repeat(1 + index as usize % 97);
+            let mut file = std::fs::File::create(tree.join(format!("f{index}"))).unwrap();
+            std::io::Write::write_all(&mut file, content.as_bytes()).unwrap();
+            file.sync_all().unwrap();
+        }
+        for index in 0..300u32 {
+            let content = format!("file {index} ").repeat(1 + index as usize % 97);
+            assert_eq!(std::fs::read_to_string(tree.join(format!("f{index}"))).unwrap(), content);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            fsx.status.success() && stdout.contains("0 mismatches"),
+            "fsx through the mount with the link dropping ({}):\n{stdout}\n{}",
+            fsx.status,
+            String::from_utf8_lossy(&fsx.stderr)
+        );
+    });
+    let output = Command::new("umount").arg(&point).output().unwrap();
+    assert!(output.status.success(), "umount: {output:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = daemon.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the daemon did not exit after umount");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(status.success(), "the daemon failed ({status}):\n{log}");
+    let reconnects = log.matches("is back after").count();
+    assert!(proxy.links_dropped() >= 3, "dropped {} links", proxy.links_dropped());
+    assert!(reconnects >= 3, "{reconnects} reconnects logged:\n{log}");
+    assert!(ok(&["fsck", &uri]).contains("clean"));
 }
