@@ -105,9 +105,17 @@ struct Lab<'a> {
     /// Where the kernel peers are mounted; None runs no peer rows.
     peer_mounts: Option<PathBuf>,
     progress: &'a dyn Fn(&str),
+    /// The most write data an engine row on NBD kept for replay after a
+    /// reconnect (its memory cost), since `take_replay_peak` last read it.
+    replay_peak_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl Lab<'_> {
+    /// The replay memory peak of the NBD rows since the last call.
+    fn take_replay_peak(&self) -> u64 {
+        self.replay_peak_bytes.swap(0, std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn volume_options(&self, extra: &str) -> anyhow::Result<VolumeOptions> {
         let mut options = self.options.volume_options.clone();
         options.apply_list(extra)?;
@@ -134,6 +142,10 @@ impl Lab<'_> {
             Volume::mkfs_path(image, None, &mkfs, &options)?;
             let volume = Volume::open(image, &options)?;
             let report = runner::run(&volume, std::slice::from_ref(&spec))?;
+            if let Some(link) = volume.device().link_stats() {
+                self.replay_peak_bytes
+                    .fetch_max(link.replay_data_bytes_peak, std::sync::atomic::Ordering::Relaxed);
+            }
             volume.close()?;
             Ok(row_of(label, &report))
         })
@@ -290,6 +302,14 @@ fn spec(command: &str) -> anyhow::Result<JobSpec> {
     let words: Vec<&str> = command.split_whitespace().collect();
     let mut jobs = parse_command_line(&words)?;
     Ok(jobs.remove(0))
+}
+
+/// The memory the NBD client's kept writes took (the price of replaying
+/// them after a server restart), against its bound.
+fn replay_memory_goal(what: &str, peak_bytes: u64) -> Goal {
+    let bound_mib = (foliofs::dev::nbd::DEFAULT_REPLAY_MAX_BYTES >> 20) as f64;
+    let peak_mib = peak_bytes as f64 / (1 << 20) as f64;
+    Goal::at_most(format!("{what}: NBD writes kept for replay, peak MiB"), peak_mib, bound_mib)
 }
 
 fn median_row(mut runs: Vec<Row>) -> Row {
@@ -522,6 +542,9 @@ fn seed_002(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
             lab.kernel(&command, &mut rows)?;
             lab.nbd(&command, &[("foliofs nbd", "")], Some("raw nbd"), &mut rows)?;
             let group = Group { name: format!("{rw} {bs}, iodepth 64"), command, rows };
+            if group.row("foliofs nbd").is_some() {
+                goals.push(replay_memory_goal(&format!("{rw} {bs}"), lab.take_replay_peak()));
+            }
             if let Some(value) = ratio(&group, Metric::Iops, "foliofs nbd", "raw nbd") {
                 let what = format!("{rw} {bs}: foliofs on qemu-nbd / raw qemu-nbd");
                 goals.push(Goal::at_least(what, value, 0.8));
@@ -611,6 +634,10 @@ fn seed_003(lab: &Lab<'_>, scale: &Scale) -> anyhow::Result<SeedResult> {
             command,
             rows,
         };
+        if group.row("nbd fua=native").is_some() {
+            let what = format!("O_DSYNC iodepth {iodepth}, {numjobs} jobs");
+            goals.push(replay_memory_goal(&what, lab.take_replay_peak()));
+        }
         let one_request_per_write = [
             ("fua=native", "fua=native issues one request per write"),
             ("nbd fua=native", "on qemu-nbd too, one request per write"),
@@ -826,7 +853,7 @@ pub fn run(
         peers::remove_at_cleanup(&dir);
         dir
     });
-    let lab = Lab { options, image, peer_mounts, progress };
+    let lab = Lab { options, image, peer_mounts, progress, replay_peak_bytes: Default::default() };
     let mut results = Vec::new();
     for (_, seed, _) in plan {
         let result = seed(&lab, scale)?;

@@ -81,6 +81,21 @@ impl FaultProxy {
         self.shared.wake_stalled();
     }
 
+    /// Shuts down the oldest live link only, as one path of several
+    /// failing would; false when there is none.
+    pub fn drop_oldest_link(&self) -> bool {
+        let mut links = self.shared.links();
+        if links.live.is_empty() {
+            return false;
+        }
+        let link = links.live.remove(0);
+        drop(links);
+        link.cut();
+        self.shared.links_dropped.fetch_add(1, Ordering::Relaxed);
+        self.shared.wake_stalled();
+        true
+    }
+
     /// For `duration` from now (or until an earlier stall ends, if later),
     /// accepts and forwards nothing: bytes read are held, new connections
     /// wait unanswered. Then forwarding resumes with the held bytes.
