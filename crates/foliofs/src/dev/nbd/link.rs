@@ -262,6 +262,7 @@ enum Rejoin {
     Done {
         replayed_requests: u64,
         replayed_bytes: u64,
+        resent_requests: u64,
     },
     /// The link was lost again; `link_lost` started another attempt.
     LostAgain,
@@ -639,8 +640,13 @@ impl Connection {
                     ));
                 }
                 Ok((stream, negotiated)) => match self.rejoin(stream, negotiated.structured) {
-                    Ok(Rejoin::Done { replayed_requests, replayed_bytes }) => {
-                        return self.report_back(lost_at, replayed_requests, replayed_bytes)
+                    Ok(Rejoin::Done { replayed_requests, replayed_bytes, resent_requests }) => {
+                        return self.report_back(
+                            lost_at,
+                            replayed_requests,
+                            replayed_bytes,
+                            resent_requests,
+                        )
                     }
                     Ok(Rejoin::LostAgain | Rejoin::Closed) => return,
                     Ok(Rejoin::Refused(why)) => return self.die(&why),
@@ -653,14 +659,21 @@ impl Connection {
         }
     }
 
-    fn report_back(&self, lost_at: Instant, replayed_requests: u64, replayed_bytes: u64) {
+    fn report_back(
+        &self,
+        lost_at: Instant,
+        replayed_requests: u64,
+        replayed_bytes: u64,
+        resent_requests: u64,
+    ) {
         let counters = &self.shared.counters;
         counters.reconnects.fetch_add(1, Ordering::Relaxed);
         counters.replayed_requests.fetch_add(replayed_requests, Ordering::Relaxed);
         counters.replayed_bytes.fetch_add(replayed_bytes, Ordering::Relaxed);
         tracing::warn!(
             "NBD connection to {} is back after {} ms; {replayed_requests} unflushed changes \
-             ({replayed_bytes} bytes) replayed",
+             ({replayed_bytes} bytes) replayed, {resent_requests} requests without a reply sent \
+             again",
             self.shared.description,
             lost_at.elapsed().as_millis()
         );
@@ -708,10 +721,16 @@ impl Connection {
         };
         self.shared.replaying.fetch_sub(1, Ordering::SeqCst);
         // Whatever waited for the link, or for the replay, goes out now.
+        let mut resent_requests = 0;
         for connection in self.shared.live_connections() {
-            connection.resend_pending();
+            resent_requests += connection.resend_pending();
         }
-        Ok(outcome)
+        Ok(match outcome {
+            Rejoin::Done { replayed_requests, replayed_bytes, .. } => {
+                Rejoin::Done { replayed_requests, replayed_bytes, resent_requests }
+            }
+            other => other,
+        })
     }
 
     /// Sends a reconnect's own request on link `generation` and waits for
@@ -822,16 +841,16 @@ impl Connection {
                 _ => return Rejoin::LostAgain,
             }
         }
-        Rejoin::Done { replayed_requests, replayed_bytes }
+        Rejoin::Done { replayed_requests, replayed_bytes, resent_requests: 0 }
     }
 
     /// Sends every caller's request that has not gone out on the current
-    /// link, oldest first.
-    fn resend_pending(self: &Arc<Self>) {
+    /// link, oldest first; returns how many had gone out on an earlier one.
+    fn resend_pending(self: &Arc<Self>) -> u64 {
         let mut waiting: Vec<(u64, bool)> = {
             let inflight = self.inflight.lock();
             if inflight.state != LinkState::Up {
-                return;
+                return 0;
             }
             inflight
                 .requests
@@ -845,11 +864,12 @@ impl Connection {
                 .collect()
         };
         waiting.sort_unstable();
-        let resent = waiting.iter().filter(|(_, sent_before)| *sent_before).count();
-        self.shared.counters.requests_resent.fetch_add(resent as u64, Ordering::Relaxed);
+        let resent = waiting.iter().filter(|(_, sent_before)| *sent_before).count() as u64;
+        self.shared.counters.requests_resent.fetch_add(resent, Ordering::Relaxed);
         for (cookie, _) in waiting {
             self.transmit(cookie);
         }
+        resent
     }
 
     /// The reader thread: replies on each link in turn, until the
