@@ -43,7 +43,8 @@ pub struct LinkStats {
     /// Written data kept for replay now, and at most so far.
     pub replay_data_bytes: u64,
     pub replay_data_bytes_peak: u64,
-    /// FLUSHes sent because the kept data passed `replay-mib`.
+    /// Writes not kept because keeping them would pass `replay-mib`: each
+    /// was acknowledged only after a FLUSH made it durable.
     pub flushes_forced: u64,
 }
 

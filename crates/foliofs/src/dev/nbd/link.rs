@@ -109,9 +109,9 @@ impl Shared {
         !self.address.reconnect_within.is_zero()
     }
 
-    /// Notes what a completed request changed or showed; true when the
-    /// kept writes are past their bound, so the completion must wait for
-    /// a FLUSH.
+    /// Notes what a completed request changed or showed; true for a write
+    /// that keeping would take past `replay-mib`: it is not kept, and its
+    /// acknowledgement waits for a FLUSH instead.
     fn note_completed(&self, request: &Request, buffer: Option<&AlignedBuf>, covers: u64) -> bool {
         let Request { flags, command, offset, length, .. } = *request;
         let length = u64::from(length);
@@ -135,9 +135,11 @@ impl Shared {
                     replay.release_range(offset, length);
                     return false;
                 }
+                if replay.data_bytes() + length > self.address.replay_max_bytes {
+                    return true;
+                }
                 let change = KeptChange::Data { data: Arc::from(&data[..]), start: 0 };
                 replay.record(offset, length, change);
-                return replay.data_bytes() > self.address.replay_max_bytes;
             }
             proto::CMD_WRITE_ZEROES | proto::CMD_TRIM => {
                 if at_start {
@@ -255,6 +257,9 @@ struct Pending {
     internal: Option<u64>,
     /// For a FLUSH: the replay sequence it covers.
     covers: u64,
+    /// A write answered on this link and held for a FLUSH (past the
+    /// replay bound); no reply is awaited.
+    held_on: Option<u64>,
 }
 
 /// How a rejoin attempt ended.
@@ -378,6 +383,7 @@ impl Connection {
                     inline,
                     internal,
                     covers,
+                    held_on: None,
                 },
             );
             debug_assert!(previous.is_none(), "NBD cookie {cookie} given to two requests");
@@ -419,6 +425,7 @@ impl Connection {
                 }
                 let entry = inflight.requests.get_mut(&cookie).expect("present");
                 entry.transmitting = true;
+                entry.held_on = None;
                 entry.started = Instant::now();
                 let payload = match entry.request.command {
                     proto::CMD_WRITE => entry.buffer.take(),
@@ -472,33 +479,73 @@ impl Connection {
         }
     }
 
+    /// A reply arrived (or the request failed): note what it changed and
+    /// hand it back, or hold a write that cannot be kept until a FLUSH.
     fn complete(self: &Arc<Self>, entry: Pending, result: io::Result<()>) {
-        let must_flush = result.is_ok()
+        if result.is_ok()
             && entry.internal.is_none()
-            && self.shared.note_completed(&entry.request, entry.buffer.as_ref(), entry.covers);
+            && self.shared.note_completed(&entry.request, entry.buffer.as_ref(), entry.covers)
+        {
+            return self.hold_until_flushed(entry);
+        }
+        self.hand_back(entry, result)
+    }
+
+    fn hand_back(&self, entry: Pending, result: io::Result<()>) {
         let response = DevResponse { buffer: entry.buffer, result };
-        let done = entry.done;
-        if must_flush {
-            // Past the replay bound: what was kept must become durable
-            // before more is acknowledged. Sent from the completion
-            // thread, as the reader must stay free to read its reply.
-            let connection = Arc::clone(self);
-            let then: DevCallback =
-                Box::new(move |written: DevResponse| connection.flush_before(written, done));
-            let _ = self.shared.completions.lock().send((then, response));
-        } else if entry.inline {
-            done(response)
+        if entry.inline {
+            (entry.done)(response)
         } else {
-            let _ = self.shared.completions.lock().send((done, response));
+            let _ = self.shared.completions.lock().send((entry.done, response));
         }
     }
 
-    fn flush_before(self: &Arc<Self>, written: DevResponse, done: DevCallback) {
+    /// Past `replay-mib` a write is not copied: it stays in the table, its
+    /// payload with it, until a FLUSH sent after its reply completes. A
+    /// link lost meanwhile sends the write itself again, so the bound holds
+    /// and nothing acknowledged can be lost.
+    fn hold_until_flushed(self: &Arc<Self>, mut entry: Pending) {
+        let cookie = entry.request.cookie;
+        let Some(generation) = entry.on_link else {
+            return self.hand_back(entry, Err(io::Error::other("a reply to a request never sent")));
+        };
+        {
+            let mut inflight = self.inflight.lock();
+            if let Some(why) = &inflight.failure {
+                let error = lost(&self.shared.description, why);
+                drop(inflight);
+                return self.hand_back(entry, Err(error));
+            }
+            entry.held_on = Some(generation);
+            inflight.requests.insert(cookie, entry);
+        }
         self.shared.counters.flushes_forced.fetch_add(1, Ordering::Relaxed);
-        let then: DevCallback = Box::new(move |flushed: DevResponse| {
-            done(DevResponse { buffer: written.buffer, result: flushed.result })
+        // Sent from the completion thread: the reader, which may be here,
+        // must stay free to read the FLUSH's reply.
+        let connection = Arc::clone(self);
+        let send_flush: DevCallback = Box::new(move |_| {
+            let then = Arc::clone(&connection);
+            let release: DevCallback =
+                Box::new(move |flushed| then.release_held(cookie, generation, flushed.result));
+            connection.send(proto::CMD_FLUSH, 0, 0, 0, None, release, false)
         });
-        self.send(proto::CMD_FLUSH, 0, 0, 0, None, then, false)
+        let idle = DevResponse { buffer: None, result: Ok(()) };
+        let _ = self.shared.completions.lock().send((send_flush, idle));
+    }
+
+    /// The FLUSH for a held write completed: hand the write back, unless
+    /// it went out again on a newer link (its new reply decides then).
+    fn release_held(&self, cookie: u64, generation: u64, result: io::Result<()>) {
+        let entry = {
+            let mut inflight = self.inflight.lock();
+            match inflight.requests.get(&cookie) {
+                Some(entry) if entry.held_on == Some(generation) && !entry.transmitting => {
+                    inflight.requests.remove(&cookie).expect("present")
+                }
+                _ => return,
+            }
+        };
+        self.hand_back(entry, result)
     }
 
     /// Closes the connection: a polite goodbye, then every request fails.
@@ -941,7 +988,11 @@ impl Connection {
         let oldest = inflight
             .requests
             .values()
-            .filter(|entry| !entry.transmitting && entry.on_link == Some(inflight.generation))
+            .filter(|entry| {
+                !entry.transmitting
+                    && entry.held_on.is_none()
+                    && entry.on_link == Some(inflight.generation)
+            })
             .min_by_key(|entry| entry.started);
         let timeout = self.shared.address.request_timeout;
         match oldest {

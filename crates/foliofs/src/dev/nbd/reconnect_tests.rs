@@ -33,6 +33,8 @@ struct State {
     current: Option<UnixStream>,
     /// Read requests on the current connection without answering any.
     swallow: bool,
+    /// Leave FLUSHes unanswered (and not carried out).
+    swallow_flushes: bool,
     /// Close new connections at once (a server that is down).
     refuse: bool,
 }
@@ -57,6 +59,7 @@ impl MemoryServer {
             connections: 0,
             current: None,
             swallow: false,
+            swallow_flushes: false,
             refuse: false,
         }));
         let serving = Arc::clone(&state);
@@ -70,6 +73,7 @@ impl MemoryServer {
                     }
                     state.connections += 1;
                     state.swallow = false;
+                    state.swallow_flushes = false;
                     state.current = stream.try_clone().ok();
                     state.connections
                 };
@@ -130,7 +134,7 @@ fn serve(mut stream: UnixStream, number: usize, state: &Mutex<State>) {
             return;
         }
         state.seen.push((number, request.command, request.offset, request.length));
-        if state.swallow {
+        if state.swallow || (state.swallow_flushes && request.command == proto::CMD_FLUSH) {
             continue;
         }
         let range = request.offset as usize..request.offset as usize + request.length as usize;
@@ -339,19 +343,44 @@ fn reconnect_0_fails_at_once() {
 }
 
 #[test]
-fn past_the_replay_bound_a_write_is_acknowledged_after_a_flush() {
+fn past_the_replay_bound_a_write_is_not_kept_but_acknowledged_after_a_flush() {
     let server = MemoryServer::start("replay-mib=1");
     let device = server.open();
     let piece = vec![3; 256 << 10];
-    for index in 0..3 {
+    for index in 0..4 {
         device.write_at(index * piece.len() as u64, &[IoSlice::new(&piece)], false).unwrap();
     }
-    assert_eq!(device.link_stats().flushes_forced, 0, "768 KiB fits in 1 MiB");
-    device.write_at(3 * piece.len() as u64, &[IoSlice::new(&piece)], false).unwrap();
+    assert_eq!(device.link_stats().flushes_forced, 0, "1 MiB fits in 1 MiB");
+    assert_eq!(server.durable(0, 1 << 20), vec![0; 1 << 20], "nothing flushed yet");
     device.write_at(4 * piece.len() as u64, &[IoSlice::new(&piece)], false).unwrap();
     let stats = device.link_stats();
     assert_eq!(stats.flushes_forced, 1, "{stats:?}");
-    assert_eq!(stats.replay_data_bytes, 0, "{stats:?}");
-    assert!(stats.replay_data_bytes_peak > 1 << 20, "{stats:?}");
-    assert_eq!(server.durable(0, 1 << 20), vec![3; 1 << 20], "the forced flush made it durable");
+    assert_eq!(stats.replay_data_bytes, 0, "the flush released what was kept: {stats:?}");
+    assert_eq!(stats.replay_data_bytes_peak, 1 << 20, "never past the bound: {stats:?}");
+    assert_eq!(server.durable(0, 5 << 18), vec![3; 5 << 18], "the held write is durable too");
+}
+
+/// A write held for its FLUSH when the link drops: the write itself goes
+/// out again (it was never kept), and is acknowledged once durable.
+#[test]
+fn a_held_write_goes_out_again_when_its_flush_is_lost() {
+    let server = MemoryServer::start("replay-mib=1");
+    let device = server.open();
+    let piece = vec![4; 2 << 20];
+    server.state.lock().swallow_flushes = true;
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| device.write_at(0, &[IoSlice::new(&piece)], false));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !commands_on(&server.seen(), 1).contains(&(proto::CMD_FLUSH, 0)) {
+            assert!(Instant::now() < deadline, "no flush for the held write");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        server.restart_losing_cache();
+        writer.join().unwrap().unwrap();
+    });
+    assert_eq!(server.durable(0, 2 << 20), piece, "written again and flushed");
+    // The write, the lost FLUSH sent again (it releases nothing: the write
+    // went out anew), and the FLUSH for the write's new reply.
+    let flush = (proto::CMD_FLUSH, 0);
+    assert_eq!(commands_on(&server.seen(), 2), [(proto::CMD_WRITE, 0), flush, flush]);
 }
