@@ -713,10 +713,6 @@ impl Connection {
         replayed_bytes: u64,
         resent_requests: u64,
     ) {
-        let counters = &self.shared.counters;
-        counters.reconnects.fetch_add(1, Ordering::Relaxed);
-        counters.replayed_requests.fetch_add(replayed_requests, Ordering::Relaxed);
-        counters.replayed_bytes.fetch_add(replayed_bytes, Ordering::Relaxed);
         tracing::warn!(
             "NBD connection to {} is back after {} ms; {replayed_requests} unflushed changes \
              ({replayed_bytes} bytes) replayed, {resent_requests} requests without a reply sent \
@@ -759,6 +755,14 @@ impl Connection {
                     link.state = LinkState::Up;
                     link.lost_at = None;
                     self.inflight.lock().state = LinkState::Up;
+                    // Counted before anything waiting completes, so that
+                    // whoever sees a request done sees its reconnect too.
+                    if let Rejoin::Done { replayed_requests, replayed_bytes, .. } = outcome {
+                        let counters = &self.shared.counters;
+                        counters.reconnects.fetch_add(1, Ordering::Relaxed);
+                        counters.replayed_requests.fetch_add(replayed_requests, Ordering::Relaxed);
+                        counters.replayed_bytes.fetch_add(replayed_bytes, Ordering::Relaxed);
+                    }
                     outcome
                 } else {
                     Rejoin::LostAgain
