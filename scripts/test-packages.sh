@@ -11,7 +11,7 @@
 # mkfs.ext4/xfs) are needed only by `bench seeds`, which the tests do not run.
 set -euo pipefail
 packages=(fonts-dejavu-core fuse3 fio xfsprogs sqlite3 util-linux attr acl gcc python3 python3-pip
-  python3-venv qemu-utils nbdkit libnbd-bin cbindgen)
+  python3-venv qemu-utils nbdkit libnbd-bin cbindgen qemu-system-x86 linux-image-amd64 busybox-static cpio)
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   exit 0
 fi
