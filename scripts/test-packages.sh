@@ -6,7 +6,8 @@
 # tests drive (fio, xfs_io, sqlite3, flock, setfattr/getfattr,
 # setfacl/getfacl); a C compiler for the C example, Python for the Python
 # module's tests; the NBD tests' real servers and clients (qemu-nbd, qemu-img,
-# qemu-io, nbdkit, nbdinfo, nbdcopy); cbindgen, whose output the committed C
+# qemu-io, nbdkit, nbdinfo, nbdcopy); the virtio-fs test's VM guest (QEMU, a
+# Debian kernel, busybox-static and cpio for its initramfs); cbindgen, whose output the committed C
 # header must equal (Debian's version is the reference). Kernel peers (loop devices,
 # mkfs.ext4/xfs) are needed only by `bench seeds`, which the tests do not run.
 set -euo pipefail

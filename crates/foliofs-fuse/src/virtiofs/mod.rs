@@ -289,7 +289,7 @@ impl VhostUserBackend for Backend {
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        let mut config = vec![0u8; TAG_BYTES + 4];
+        let mut config = [0u8; TAG_BYTES + 4];
         if let Some(tag) = &self.tag {
             let bytes = tag.as_bytes();
             let length = bytes.len().min(TAG_BYTES);
