@@ -148,8 +148,9 @@ enum Command {
         daemon: bool,
     },
     /// Serve files inside a volume to other machines: `serve nbd IMAGE:/disk.raw
-    /// [--socket PATH | --listen ADDR]` (a VM's disk, qemu-img, nbdcopy) until
-    /// SIGINT/SIGTERM.
+    /// [--socket PATH | --listen ADDR]` (a VM's disk, qemu-img, nbdcopy), or
+    /// `serve virtiofs IMAGE --socket PATH` (a VM guest mounts the volume),
+    /// until SIGINT/SIGTERM.
     #[command(subcommand)]
     Serve(commands::serve::ServeProtocol),
     /// Run fio jobs (a job file, or fio options such as --name=t --rw=randread

@@ -1028,6 +1028,15 @@ impl Filesystem for FolioFs {
         }
     }
 
+    /// sync(1) and syncfs(2) in a virtio-fs guest: everything written is
+    /// durable when it returns.
+    fn syncfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyEmpty) {
+        match self.volume.sync() {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(self.failed("syncfs", &error)),
+        }
+    }
+
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
         OpenCounters::count(&self.opens.opendirs);
         if self.zero_message_opendirs {

@@ -34,6 +34,20 @@ pub(crate) fn caller_ids(req: &Request) -> Owner {
     CallerStatus::of(req).ids(req)
 }
 
+/// Set when the callers are a VM guest's processes (virtio-fs): their pids
+/// name nothing on this host, so /proc is not read for them. One process
+/// serves one kind of caller (`foliofs serve virtiofs` mounts nothing).
+static CALLERS_IN_A_GUEST: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Callers from here on are a guest's: root (uid 0 in the header) holds
+/// every capability, as on virtiofsd, and no one has supplementary groups
+/// (the guest kernel checks permissions itself: virtio-fs mounts with
+/// default_permissions).
+pub(crate) fn callers_are_in_a_guest() {
+    CALLERS_IN_A_GUEST.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 pub(crate) const CAP_FSETID: u32 = 4;
 pub(crate) const CAP_SYS_ADMIN: u32 = 21;
 pub(crate) const CAP_LINUX_IMMUTABLE: u32 = 9;
@@ -51,6 +65,10 @@ pub(crate) struct CallerStatus {
 
 impl CallerStatus {
     pub(crate) fn of(req: &Request) -> Self {
+        if CALLERS_IN_A_GUEST.load(std::sync::atomic::Ordering::Relaxed) {
+            let capabilities = if req.uid() == 0 { u64::MAX } else { 0 };
+            return Self { capabilities, groups: Vec::new(), fs_ids: None };
+        }
         let status =
             std::fs::read_to_string(format!("/proc/{}/status", req.pid())).unwrap_or_default();
         let field = |name: &str| status.lines().find_map(|line| line.strip_prefix(name));

@@ -32,6 +32,7 @@ mod invalidate;
 mod mount_options;
 mod mounting;
 pub mod transport;
+pub mod virtiofs;
 
 pub use adapter::{FolioFs, OpenCounters};
 pub use direct_payload::{DirectIoCounters, DirectIoStats};

@@ -56,6 +56,9 @@ pub use crate::open_flags::OpenAccMode;
 pub use crate::open_flags::OpenFlags;
 pub use crate::passthrough::BackingId;
 pub use crate::poll_events::PollEvents;
+pub use crate::queue_session::QueueSession;
+pub use crate::queue_session::ReplySink;
+pub use crate::queue_session::Served;
 pub use crate::rename_flags::RenameFlags;
 pub use crate::reply::ReplyAttr;
 pub use crate::reply::ReplyBmap;
@@ -102,6 +105,7 @@ mod notify;
 mod open_flags;
 mod passthrough;
 mod poll_events;
+mod queue_session;
 mod read_buf;
 mod rename_flags;
 mod reply;
@@ -1082,6 +1086,15 @@ pub trait Filesystem: Send + Sync + 'static {
             "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode}, \
             umask: {umask:#x?}, flags: {flags:#x?})"
         );
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// Make the whole file system durable: syncfs(2) and sync(1) in a
+    /// virtio-fs guest (the kernel sends FUSE_SYNCFS to virtio-fs only).
+    /// The default answers ENOSYS, after which the kernel stops asking.
+    #[cfg(target_os = "linux")]
+    fn syncfs(&self, _req: &Request, ino: INodeNo, reply: ReplyEmpty) {
+        warn!("[Not Implemented] syncfs(ino: {ino:#x?})");
         reply.error(Errno::ENOSYS);
     }
 

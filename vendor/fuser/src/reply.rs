@@ -40,6 +40,8 @@ pub(crate) enum ReplySender {
     Channel(ChannelSender),
     #[cfg(target_os = "linux")]
     Uring(crate::uring::EntrySender),
+    /// The embedder's sink (`QueueSession`).
+    Queue(std::sync::Arc<dyn crate::queue_session::ReplySink>),
     #[cfg(test)]
     Assert(AssertSender),
     #[cfg(test)]
@@ -53,6 +55,7 @@ impl ReplySender {
             ReplySender::Channel(sender) => sender.send(data),
             #[cfg(target_os = "linux")]
             ReplySender::Uring(sender) => sender.send(data),
+            ReplySender::Queue(sink) => sink.send(data),
             #[cfg(test)]
             ReplySender::Assert(sender) => sender.send(data),
             #[cfg(test)]
@@ -69,6 +72,7 @@ impl ReplySender {
             ReplySender::Channel(sender) => sender.open_backing(fd),
             #[cfg(target_os = "linux")]
             ReplySender::Uring(sender) => sender.channel().open_backing(fd),
+            ReplySender::Queue(_) => Err(std::io::Error::from_raw_os_error(libc::ENOSYS)),
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -82,6 +86,8 @@ impl ReplySender {
             ReplySender::Channel(sender) => unsafe { sender.wrap_backing(id) },
             #[cfg(target_os = "linux")]
             ReplySender::Uring(sender) => unsafe { sender.channel().wrap_backing(id) },
+            // No backing ids without /dev/fuse: `open_backing` failed first.
+            ReplySender::Queue(_) => unreachable!("a backing id on a queue transport"),
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]

@@ -36,6 +36,8 @@ pub(crate) enum ReplyTo {
     Channel(ChannelSender),
     #[cfg(target_os = "linux")]
     Uring(crate::uring::EntrySender),
+    /// A buffer the embedder handed in (`QueueSession`).
+    Queue(std::sync::Arc<dyn crate::queue_session::ReplySink>),
 }
 
 impl ReplyTo {
@@ -44,6 +46,7 @@ impl ReplyTo {
             ReplyTo::Channel(sender) => ReplySender::Channel(sender.clone()),
             #[cfg(target_os = "linux")]
             ReplyTo::Uring(sender) => ReplySender::Uring(sender.clone()),
+            ReplyTo::Queue(sink) => ReplySender::Queue(sink.clone()),
         }
     }
 }
@@ -462,7 +465,11 @@ impl<'a> RequestWithSender<'a> {
                 );
             }
             ll::Operation::Poll(x) => {
-                let ph = PollNotifier::new(se.ch.sender(), x.kernel_handle());
+                // Poll notifications need /dev/fuse.
+                let Some(ch) = &se.ch else {
+                    return Err(Errno::ENOSYS);
+                };
+                let ph = PollNotifier::new(ch.sender(), x.kernel_handle());
 
                 filesystem.poll(
                     self.request_header(),
@@ -559,6 +566,10 @@ impl<'a> RequestWithSender<'a> {
                     x.flags(),
                     self.reply(),
                 );
+            }
+            #[cfg(target_os = "linux")]
+            ll::Operation::SyncFs(_) => {
+                filesystem.syncfs(self.request_header(), self.request.nodeid(), self.reply());
             }
             #[cfg(target_os = "linux")]
             ll::Operation::TmpFile(x) => {

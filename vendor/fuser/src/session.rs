@@ -318,7 +318,7 @@ impl<FS: Filesystem> Session<FS> {
                 let _ = start.send(SessionEventLoop {
                     thread_name: format!("fuser-ring-{i}"),
                     filesystem: filesystem.clone(),
-                    ch: ch.clone(),
+                    ch: Some(ch.clone()),
                     allowed,
                     session_owner,
                 });
@@ -356,7 +356,7 @@ impl<FS: Filesystem> Session<FS> {
             let event_loop = SessionEventLoop {
                 thread_name: thread_name.clone(),
                 filesystem: filesystem.clone(),
-                ch,
+                ch: Some(ch),
                 allowed,
                 session_owner,
             };
@@ -680,7 +680,8 @@ impl SessionUnmounter {
 pub(crate) struct SessionEventLoop<FS: Filesystem> {
     /// Cache thread name for faster `debug!`.
     pub(crate) thread_name: String,
-    pub(crate) ch: Channel,
+    /// `None` on a queue transport (`QueueSession`), which has no /dev/fuse.
+    pub(crate) ch: Option<Channel>,
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
@@ -688,6 +689,9 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
     fn event_loop(&self) -> io::Result<()> {
+        let Some(ch) = &self.ch else {
+            return Err(io::Error::other("an event loop without /dev/fuse"));
+        };
         // Buffer for receiving requests from the kernel. Only one is allocated and
         // it is reused immediately after dispatching to conserve memory and allocations.
         let mut buf = FuseReadBuf::new();
@@ -695,9 +699,9 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         loop {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
-            match self.ch.receive_retrying(buf) {
+            match ch.receive_retrying(buf) {
                 Ok(size) => {
-                    match RequestWithSender::new(ReplyTo::Channel(self.ch.sender()), &buf[..size]) {
+                    match RequestWithSender::new(ReplyTo::Channel(ch.sender()), &buf[..size]) {
                         // Dispatch request
                         Some(req) => {
                             if let Ok(Operation::Destroy(_)) = req.request.operation() {

@@ -6,11 +6,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use foliofs::options::parse_size;
 use foliofs::{Error, OpenFlags, Owner, Volume, VolumeOptions};
+use foliofs_fuse::{virtiofs, MountOptions, PageCacheUse};
 use foliofs_nbd::{ControlListener, ExportSpec, Listener, Server};
 
 use crate::image_path::ImagePath;
@@ -20,6 +22,38 @@ pub enum ServeProtocol {
     /// Serve files as NBD exports, each named by its path inside the
     /// volume without the leading / (the first is the default export).
     Nbd(NbdArgs),
+    /// Serve the volume to a VM guest as a virtio-fs file system: a
+    /// vhost-user-fs back end for QEMU's `vhost-user-fs-pci` device, which
+    /// the guest mounts with `mount -t virtiofs TAG /mnt`. One guest at a
+    /// time; ends when the guest unmounts or disconnects, or on
+    /// SIGINT/SIGTERM, closing the volume.
+    Virtiofs(VirtiofsArgs),
+}
+
+#[derive(Args)]
+pub struct VirtiofsArgs {
+    /// The volume's image (IMAGE or IMAGE:/; subtrees are not served yet).
+    image: String,
+    /// The vhost-user socket to listen on (QEMU's `-chardev socket,path=`).
+    #[arg(long)]
+    socket: PathBuf,
+    /// The tag, for front ends that read it from the back end (QEMU's
+    /// `vhost-user-fs-pci` takes its own `tag=`); at most 36 bytes.
+    #[arg(long)]
+    tag: Option<String>,
+    /// Serve read-only.
+    #[arg(long)]
+    read_only: bool,
+    /// Request queues offered (each served by its own thread), besides the
+    /// hiprio queue; QEMU's `num-request-queues` may not exceed it.
+    #[arg(long, default_value_t = 4)]
+    request_queues: usize,
+    /// Whose cache holds file data: `kernel` (the guest's page cache; mmap
+    /// works on every guest kernel) or `engine` (the volume's folio cache
+    /// only: every guest read and write reaches the server; shared mmap
+    /// needs a guest kernel of 6.6 or later).
+    #[arg(long, default_value = "kernel")]
+    page_cache: String,
 }
 
 #[derive(Args)]
@@ -50,7 +84,10 @@ pub struct NbdArgs {
 }
 
 pub fn run(protocol: &ServeProtocol, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
-    let ServeProtocol::Nbd(args) = protocol;
+    let args = match protocol {
+        ServeProtocol::Nbd(args) => args,
+        ServeProtocol::Virtiofs(args) => return serve_virtiofs(args, options),
+    };
     let targets: Vec<ImagePath> =
         args.targets.iter().map(|target| ImagePath::require(target)).collect::<Result<_, _>>()?;
     let image = &targets[0].image;
@@ -99,6 +136,70 @@ pub fn run(protocol: &ServeProtocol, options: &VolumeOptions) -> anyhow::Result<
 
 /// A line on stderr; a closed stderr (a caller that stopped listening)
 /// must not fail the server, least of all as it closes the volume.
+fn serve_virtiofs(args: &VirtiofsArgs, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
+    let target = ImagePath::parse(&args.image)
+        .unwrap_or_else(|| ImagePath { image: PathBuf::from(&args.image), path: "/".into() });
+    if target.path != "/" {
+        anyhow::bail!(
+            "{}: serving a subtree over virtio-fs is not supported yet; serve the whole volume ({})",
+            args.image,
+            target.image.display()
+        );
+    }
+    if args.tag.as_ref().is_some_and(|tag| tag.is_empty() || tag.len() > 36) {
+        anyhow::bail!("--tag: a virtio-fs tag is 1 to 36 bytes");
+    }
+    if args.request_queues == 0 || args.request_queues > 62 {
+        anyhow::bail!("--request-queues: 1 to 62 (one thread each)");
+    }
+    let page_cache = match args.page_cache.as_str() {
+        "kernel" => PageCacheUse::Kernel,
+        "engine" => PageCacheUse::Engine,
+        other => anyhow::bail!("--page-cache: {other:?} is neither kernel nor engine"),
+    };
+    let read_only = args.read_only || options.read_only;
+    let volume_options = VolumeOptions { read_only, ..options.clone() };
+    let mount_options = MountOptions {
+        volume: volume_options.clone(),
+        page_cache,
+        // The guest's kernel checks permissions (virtio-fs mounts with
+        // default_permissions) and enforces ACLs.
+        default_permissions: true,
+        ..MountOptions::default()
+    };
+    let image = &target.image;
+    let volume = Arc::new(
+        Volume::open(image, &volume_options)
+            .with_context(|| format!("open {}", image.display()))?,
+    );
+    let stopper = virtiofs::Stopper::default();
+    let stop = stopper.clone();
+    ctrlc::set_handler(move || stop.stop()).context("installing the SIGINT/SIGTERM handler")?;
+    let served = virtiofs::VirtiofsOptions {
+        socket: args.socket.clone(),
+        tag: args.tag.clone(),
+        request_queues: args.request_queues,
+    };
+    note(&format!(
+        "serving {} over virtio-fs on {}{}",
+        image.display(),
+        args.socket.display(),
+        if read_only { " (read-only)" } else { "" }
+    ));
+    let ended = virtiofs::serve(Arc::clone(&volume), &mount_options, &served, &stopper);
+    let closed = match Arc::try_unwrap(volume) {
+        Ok(volume) => volume.close(),
+        Err(volume) => volume.sync(),
+    };
+    let ended = ended.context("serving virtio-fs")?;
+    closed.context("closing the volume")?;
+    note(match ended {
+        virtiofs::Ended::GuestLeft => "the guest left; the volume is closed",
+        virtiofs::Ended::Stopped => "stopped; the volume is closed",
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
 fn note(text: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "foliofs: {text}");

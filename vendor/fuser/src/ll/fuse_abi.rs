@@ -161,6 +161,10 @@ pub(crate) enum fuse_opcode {
     FUSE_RENAME2 = 45,
     FUSE_LSEEK = 46,
     FUSE_COPY_FILE_RANGE = 47,
+    // Protocol 7.34: syncfs(2) and sync(1); the kernel sends it to
+    // virtio-fs only (fs/fuse/inode.c fuse_sync_fs checks fc->sync_fs).
+    #[cfg(target_os = "linux")]
+    FUSE_SYNCFS = 50,
     // Protocol 7.37: O_TMPFILE (fs/fuse/dir.c fuse_tmpfile).
     #[cfg(target_os = "linux")]
     FUSE_TMPFILE = 51,

@@ -1575,6 +1575,15 @@ mod op {
     /// arguments of [`Create`], with a name the kernel sets to "/" (its
     /// placeholder for a dentry with no name). The reply is that of
     /// [`Create`]; the file has no link until a later [`Link`] gives it one.
+    /// Make the whole file system durable (syncfs(2), sync(1)). Its
+    /// argument (`fuse_syncfs_in`) is padding only, and is not read.
+    #[cfg(target_os = "linux")]
+    #[derive(Debug)]
+    pub(crate) struct SyncFs<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+    }
+
     #[cfg(target_os = "linux")]
     #[derive(Debug)]
     pub(crate) struct TmpFile<'a> {
@@ -1890,6 +1899,8 @@ mod op {
                 arg: data.fetch()?,
             }),
             #[cfg(target_os = "linux")]
+            fuse_opcode::FUSE_SYNCFS => Operation::SyncFs(SyncFs { header }),
+            #[cfg(target_os = "linux")]
             fuse_opcode::FUSE_TMPFILE => Operation::TmpFile(TmpFile {
                 header,
                 arg: data.fetch()?,
@@ -1973,6 +1984,8 @@ pub(crate) enum Operation<'a> {
     CopyFileRange64(CopyFileRange<'a>),
     #[cfg(target_os = "linux")]
     TmpFile(TmpFile<'a>),
+    #[cfg(target_os = "linux")]
+    SyncFs(SyncFs<'a>),
 
     #[cfg(target_os = "macos")]
     SetVolName(SetVolName<'a>),
@@ -2157,6 +2170,8 @@ impl fmt::Display for Operation<'_> {
                 x.dest(),
                 x.len()
             ),
+            #[cfg(target_os = "linux")]
+            Operation::SyncFs(_) => write!(f, "SYNCFS"),
             #[cfg(target_os = "linux")]
             Operation::TmpFile(x) => {
                 write!(f, "TMPFILE mode {:#05o}, flags {:#x}", x.mode(), x.flags())
