@@ -426,6 +426,8 @@ impl Connection {
                 let entry = inflight.requests.get_mut(&cookie).expect("present");
                 entry.transmitting = true;
                 entry.held_on = None;
+                // Whatever an earlier link said of it no longer counts.
+                entry.chunk_error = None;
                 entry.started = Instant::now();
                 let payload = match entry.request.command {
                     proto::CMD_WRITE => entry.buffer.take(),
