@@ -89,16 +89,17 @@ fn percent_decode(text: &str) -> io::Result<String> {
     String::from_utf8(out).map_err(|_| invalid(format!("{text:?} is not UTF-8 once decoded")))
 }
 
-impl NbdAddress {
-    /// Parses `nbd://HOST[:PORT]/EXPORT` and `nbd+unix:///EXPORT?socket=PATH`
-    /// (the URI convention of qemu and libnbd), plus `timeout=SECONDS`,
-    /// `connections=N`, `reconnect=SECONDS` and `replay-mib=N`.
-    pub fn parse(uri: &str) -> io::Result<Self> {
-        let (scheme, rest) =
-            uri.split_once("://").ok_or_else(|| invalid(format!("{uri:?} is not an NBD URI")))?;
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, export) = rest.split_once('/').unwrap_or((rest, ""));
-        let export = percent_decode(export)?;
+/// The query parameters of an NBD URI.
+struct Query {
+    socket: Option<PathBuf>,
+    request_timeout: Duration,
+    reconnect_within: Duration,
+    replay_max_bytes: u64,
+    connections: usize,
+}
+
+impl Query {
+    fn parse(uri: &str, query: &str) -> io::Result<Self> {
         let mut socket = None;
         let mut request_timeout = DEFAULT_REQUEST_TIMEOUT;
         let mut connections = 1;
@@ -152,6 +153,22 @@ impl NbdAddress {
                 }
             }
         }
+        Ok(Self { socket, request_timeout, reconnect_within, replay_max_bytes, connections })
+    }
+}
+
+impl NbdAddress {
+    /// Parses `nbd://HOST[:PORT]/EXPORT` and `nbd+unix:///EXPORT?socket=PATH`
+    /// (the URI convention of qemu and libnbd), plus `timeout=SECONDS`,
+    /// `connections=N`, `reconnect=SECONDS` and `replay-mib=N`.
+    pub fn parse(uri: &str) -> io::Result<Self> {
+        let (scheme, rest) =
+            uri.split_once("://").ok_or_else(|| invalid(format!("{uri:?} is not an NBD URI")))?;
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, export) = rest.split_once('/').unwrap_or((rest, ""));
+        let export = percent_decode(export)?;
+        let Query { socket, request_timeout, reconnect_within, replay_max_bytes, connections } =
+            Query::parse(uri, query)?;
         let endpoint = match scheme {
             "nbd" => {
                 if socket.is_some() {

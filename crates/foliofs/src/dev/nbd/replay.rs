@@ -81,6 +81,11 @@ impl ReplayLog {
             self.data_bytes_peak = self.data_bytes_peak.max(self.data_bytes);
         }
         self.kept.insert(offset, Kept { end: offset + length, change, sequence: self.sequence });
+        debug_assert!(
+            self.kept.range(..offset).next_back().is_none_or(|(_, before)| before.end <= offset)
+                && self.kept.range(offset + 1..offset + length).next().is_none(),
+            "kept ranges overlap after recording {length} bytes at {offset}"
+        );
     }
 
     /// Forgets what a FUA write made durable: `length` bytes at `offset`.
@@ -134,6 +139,7 @@ impl ReplayLog {
             }
             keep
         });
+        debug_assert!(released <= self.data_bytes, "released more data than was kept");
         self.data_bytes -= released;
     }
 
