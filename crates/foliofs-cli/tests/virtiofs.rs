@@ -5,7 +5,10 @@
 //! file the guest wrote. `scripts/test-packages.sh` installs what it needs;
 //! without it the test skips, or fails under FOLIOFS_NO_SKIP=1.
 
-use std::process::Command;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use guest::{boot, build_initramfs, find_guest, run, start_server, FOLIOFS};
@@ -195,4 +198,80 @@ fn a_server_killed_while_the_guest_fsyncs_loses_no_synced_file() {
     volume.close().unwrap();
     let fsck = run(Command::new(FOLIOFS).arg("fsck").arg(&image));
     assert!(fsck.contains("clean"), "{fsck}");
+}
+
+/// QEMU's first vhost-user message, GET_FEATURES (request 1, version 1,
+/// no payload); returns the features the back end answers.
+fn vhost_user_get_features(stream: &mut UnixStream) -> u64 {
+    const GET_FEATURES: u32 = 1;
+    const VERSION_1: u32 = 1;
+    const REPLY: u32 = 1 << 2;
+    let header: Vec<u8> =
+        [GET_FEATURES, VERSION_1, 0].iter().flat_map(|word| word.to_le_bytes()).collect();
+    stream.write_all(&header).unwrap();
+    let mut reply = [0u8; 20];
+    stream.read_exact(&mut reply).unwrap();
+    let word = |at: usize| u32::from_le_bytes(reply[at..at + 4].try_into().unwrap());
+    assert_eq!((word(0), word(4), word(8)), (GET_FEATURES, VERSION_1 | REPLY, 8), "{reply:?}");
+    u64::from_le_bytes(reply[12..20].try_into().unwrap())
+}
+
+/// SIGTERM, then the server's exit, its last line, and the image as the
+/// next open finds it: closed, nothing to replay, fsck clean.
+fn sigterm_and_check_closed(server: Child, image: &Path, socket: &Path) {
+    run(Command::new("kill").args(["-TERM", &server.id().to_string()]));
+    let served = server.wait_with_output().unwrap();
+    let server_log = String::from_utf8_lossy(&served.stderr);
+    assert!(served.status.success(), "the server failed on SIGTERM: {server_log}");
+    assert!(server_log.contains("stopped; the volume is closed"), "{server_log}");
+    assert!(!socket.exists(), "the server left its socket behind");
+    let volume = foliofs::Volume::open(image, &foliofs::VolumeOptions::default()).unwrap();
+    let replayed = volume.load_report();
+    assert_eq!(replayed.journal_groups_replayed, 0, "{replayed:?}");
+    volume.close().unwrap();
+    let fsck = run(Command::new(FOLIOFS).arg("fsck").arg(image));
+    assert!(fsck.contains("clean"), "{fsck}");
+}
+
+/// While one front end is served, the socket refuses another (the server
+/// closed its listener), and the first is still answered; SIGTERM then
+/// ends the server with the front end still connected.
+#[test]
+fn a_second_front_end_is_refused_while_one_is_served() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let image = dir.path().join("volume.img");
+    run(Command::new(FOLIOFS).arg("mkfs").arg(&image).args(["--size", "64M"]));
+    let socket = dir.path().join("virtiofs.sock");
+    let server = start_server(&image, &socket);
+    let mut first = UnixStream::connect(&socket).unwrap();
+    let features = vhost_user_get_features(&mut first);
+    const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+    const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+    assert_eq!(features & VIRTIO_F_VERSION_1, VIRTIO_F_VERSION_1, "{features:#x}");
+    assert_eq!(features & VHOST_USER_F_PROTOCOL_FEATURES, VHOST_USER_F_PROTOCOL_FEATURES);
+    // The listener closes just after the first connection is accepted: a
+    // connection queued before that is dropped unserved, one after it
+    // refused.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        match UnixStream::connect(&socket) {
+            Err(error) => break error,
+            Ok(_) => assert!(Instant::now() < deadline, "a second front end still connects"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused, "{refused}");
+    assert_eq!(vhost_user_get_features(&mut first), features, "the first front end");
+    sigterm_and_check_closed(server, &image, &socket);
+}
+
+/// SIGTERM before any guest connects closes the volume as cleanly.
+#[test]
+fn sigterm_before_a_guest_connects_closes_the_volume() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let image = dir.path().join("volume.img");
+    run(Command::new(FOLIOFS).arg("mkfs").arg(&image).args(["--size", "64M"]));
+    let socket = dir.path().join("virtiofs.sock");
+    let server = start_server(&image, &socket);
+    sigterm_and_check_closed(server, &image, &socket);
 }
