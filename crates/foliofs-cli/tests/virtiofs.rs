@@ -1,180 +1,26 @@
-//! A real VM guest mounts a volume through `foliofs serve virtiofs`: QEMU
-//! (`qemu-system-x86_64`, TCG unless FOLIOFS_GUEST_ACCEL=kvm) boots the
-//! host's Debian kernel with an initramfs this test builds from
-//! busybox-static, the kernel's virtio and fuse modules and the `foliofs`
-//! binary with its libraries. The guest runs the project's fsx (buffered,
+//! A real VM guest mounts a volume through `foliofs serve virtiofs`
+//! (`virtiofs/guest.rs` builds and boots it). The guest runs the project's fsx (buffered,
 //! O_DIRECT and mmap) and writes a tree of small files, each fsynced,
 //! unmounts and powers off; then the image must fsck clean and hold every
 //! file the guest wrote. `scripts/test-packages.sh` installs what it needs;
 //! without it the test skips, or fails under FOLIOFS_NO_SKIP=1.
 
-use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+use guest::{boot, build_initramfs, find_guest, run, start_server, FOLIOFS};
 
 #[path = "../../../tests/support/skip.rs"]
 mod skip;
 
-const FOLIOFS: &str = env!("CARGO_BIN_EXE_foliofs");
+#[path = "virtiofs/guest.rs"]
+mod guest;
+
 const TREE_DIRS: usize = 8;
 const TREE_FILES: usize = 16;
-
-/// The modules virtio-fs needs, in load order (modules.dep of Debian's
-/// 6.1 kernel; the ones built in are skipped).
-const MODULES: &[&str] = &[
-    "drivers/virtio/virtio_ring",
-    "drivers/virtio/virtio",
-    "drivers/virtio/virtio_pci_legacy_dev",
-    "drivers/virtio/virtio_pci_modern_dev",
-    "drivers/virtio/virtio_pci",
-    "fs/fuse/fuse",
-    "fs/fuse/virtiofs",
-];
-
-struct Guest {
-    kernel: PathBuf,
-    modules: PathBuf,
-}
-
-/// The host's newest /boot/vmlinuz-* with its modules, or why not.
-fn find_guest() -> Result<Guest, String> {
-    for tool in ["qemu-system-x86_64", "cpio"] {
-        let found = Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success());
-        if !found {
-            return Err(format!("{tool} is not installed (scripts/test-packages.sh)"));
-        }
-    }
-    if !Path::new("/bin/busybox").exists() {
-        return Err("/bin/busybox is missing (busybox-static)".into());
-    }
-    let mut kernels: Vec<PathBuf> = fs::read_dir("/boot")
-        .map_err(|error| format!("/boot: {error}"))?
-        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-        .filter(|path| {
-            path.file_name().is_some_and(|name| name.to_string_lossy().starts_with("vmlinuz-"))
-        })
-        .collect();
-    kernels.sort();
-    let kernel = kernels.pop().ok_or("no /boot/vmlinuz-* (linux-image-amd64)")?;
-    let release =
-        kernel.file_name().unwrap().to_string_lossy().trim_start_matches("vmlinuz-").to_string();
-    let modules = PathBuf::from(format!("/lib/modules/{release}/kernel"));
-    if !modules.join("fs/fuse/virtiofs.ko").exists()
-        && !modules.join("fs/fuse/virtiofs.ko.xz").exists()
-    {
-        return Err(format!("{}: no fs/fuse/virtiofs.ko", modules.display()));
-    }
-    Ok(Guest { kernel, modules })
-}
-
-fn run(command: &mut Command) -> String {
-    let output = command.output().unwrap_or_else(|error| panic!("{command:?}: {error}"));
-    let text = String::from_utf8_lossy(&output.stdout).to_string()
-        + &String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{command:?} failed: {text}");
-    text
-}
-
-/// The initramfs: busybox, the modules, foliofs and its libraries, `init`.
-fn build_initramfs(guest: &Guest, dir: &Path, init: &str) -> PathBuf {
-    let root = dir.join("root");
-    for sub in ["bin", "dev", "proc", "sys", "mnt", "modules"] {
-        fs::create_dir_all(root.join(sub)).unwrap();
-    }
-    fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
-    fs::copy(FOLIOFS, root.join("bin/foliofs")).unwrap();
-    let libraries = run(Command::new("ldd").arg(FOLIOFS));
-    for library in libraries.split_whitespace().filter(|word| word.starts_with('/')) {
-        let target = root.join(library.trim_start_matches('/'));
-        fs::create_dir_all(target.parent().unwrap()).unwrap();
-        fs::copy(library, &target).unwrap_or_else(|error| panic!("{library}: {error}"));
-    }
-    let mut loads = String::new();
-    for module in MODULES {
-        let name = Path::new(module).file_name().unwrap().to_string_lossy().to_string();
-        let plain = guest.modules.join(format!("{module}.ko"));
-        let packed = guest.modules.join(format!("{module}.ko.xz"));
-        let target = root.join(format!("modules/{name}.ko"));
-        if plain.exists() {
-            fs::copy(&plain, &target).unwrap();
-        } else if packed.exists() {
-            // busybox's insmod takes plain modules only.
-            let unpacked = Command::new("xz").arg("-dc").arg(&packed).output().unwrap();
-            assert!(unpacked.status.success(), "xz -dc {}", packed.display());
-            fs::write(&target, unpacked.stdout).unwrap();
-        } else {
-            continue; // built in
-        }
-        loads += &format!("insmod /modules/{name}.ko\n");
-    }
-    let script = format!(
-        "#!/bin/busybox sh\n/bin/busybox --install -s /bin\n\
-         mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev\n\
-         {loads}{init}\npoweroff -f\n"
-    );
-    fs::write(root.join("init"), script).unwrap();
-    run(Command::new("chmod").arg("+x").arg(root.join("init")));
-    let image = dir.join("initramfs.cpio");
-    run(Command::new("sh")
-        .current_dir(&root)
-        .args(["-c", &format!("find . | cpio -o -H newc --quiet > {}", image.display())]));
-    image
-}
-
-fn start_server(image: &Path, socket: &Path) -> Child {
-    let child = Command::new("nice")
-        .args(["-n", "19", FOLIOFS, "serve", "virtiofs"])
-        .arg(image)
-        .arg("--socket")
-        .arg(socket)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "the server made no socket in 20 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child
-}
-
-/// Boots the guest against `socket` and returns its console output.
-fn boot(guest: &Guest, initramfs: &Path, socket: &Path, limit: Duration) -> String {
-    let accel = std::env::var("FOLIOFS_GUEST_ACCEL").unwrap_or_else(|_| "tcg".into());
-    let mut qemu = Command::new("nice")
-        .args(["-n", "19", "qemu-system-x86_64", "-machine"])
-        .arg(format!("q35,accel={accel}"))
-        .args(["-cpu", "max", "-smp", "2", "-m", "512M", "-nographic", "-no-reboot"])
-        .args(["-object", "memory-backend-memfd,id=mem,size=512M,share=on"])
-        .args(["-numa", "node,memdev=mem", "-chardev"])
-        .arg(format!("socket,id=char0,path={}", socket.display()))
-        .args(["-device", "vhost-user-fs-pci,queue-size=1024,chardev=char0,tag=folio"])
-        .arg("-kernel")
-        .arg(&guest.kernel)
-        .arg("-initrd")
-        .arg(initramfs)
-        .args(["-append", "console=ttyS0 quiet panic=-1"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + limit;
-    while qemu.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = qemu.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let output = qemu.wait_with_output().unwrap();
-    String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr)
-}
 
 fn tree_content(dir: usize, file: usize) -> String {
     format!("file {file} of directory {dir}, written and fsynced in the guest")
@@ -186,6 +32,7 @@ fn a_guest_runs_fsx_and_a_synced_tree_on_the_volume_which_fscks_clean() {
         Ok(guest) => guest,
         Err(why) => return skip::skip_or_fail(&format!("no VM guest: {why}")),
     };
+    let _guest_slot = guest::one_at_a_time();
     let started = Instant::now();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let mut tree = String::from("mkdir /mnt/tree; t=0\n");
@@ -231,4 +78,200 @@ fn a_guest_runs_fsx_and_a_synced_tree_on_the_volume_which_fscks_clean() {
         }
     }
     volume.close().unwrap();
+}
+
+/// Bytes in each file the guest syncs before and while the server dies:
+/// three pages, so each fsync writes back more than one page.
+const KILLED_FILE_BYTES: usize = 12288;
+
+/// How long a guest's write or fsync may be stuck before its watchdog
+/// takes the server for dead: far longer than one file takes under TCG.
+const STALL_SECONDS: u32 = 5;
+
+/// What the guest writes into /mnt/fN: "file N\n" repeated (`yes | head`).
+fn killed_file_content(index: usize) -> Vec<u8> {
+    format!("file {index}\n").into_bytes().into_iter().cycle().take(KILLED_FILE_BYTES).collect()
+}
+
+/// The server dies (SIGKILL) while the guest writes files and fsyncs each:
+/// the guest's next fsync fails, no later one succeeds, and every file the
+/// guest saw synced is in the image after the journal's replay.
+#[test]
+fn a_server_killed_while_the_guest_fsyncs_loses_no_synced_file() {
+    let guest = match find_guest() {
+        Ok(guest) => guest,
+        Err(why) => return skip::skip_or_fail(&format!("no VM guest: {why}")),
+    };
+    let _guest_slot = guest::one_at_a_time();
+    let started = Instant::now();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // The writer prints "synced N" only once fsync returned 0; after the
+    // first failure, three more tries, each of which must fail too. The
+    // watchdog aborts the FUSE connection (fusectl, as an administrator
+    // would) once an attempt has been stuck for STALL_SECONDS.
+    let init = format!(
+        "mount -t virtiofs folio /mnt && echo GUEST-MOUNTED\n\
+         echo start > /tmp/attempt; (i=0; failures=0\n\
+         while [ $failures -lt 4 ]; do\n\
+           echo $i > /tmp/attempt; f=/mnt/f$i\n\
+           if out=$({{ yes file $i | head -c {KILLED_FILE_BYTES} > $f; }} 2>&1 && sync $f 2>&1); then\n\
+             if [ $failures = 0 ]; then echo \"synced $i\"; else echo \"GUEST-SUCCESS-AFTER-FAILURE $i\"; fi\n\
+           else\n\
+             echo \"failed $i: $out\"; failures=$((failures + 1))\n\
+           fi\n\
+           i=$((i + 1))\n\
+         done) &\n\
+         writer=$!; last=; still=0\n\
+         while kill -0 $writer 2>/dev/null; do\n\
+           sleep 1; now=$(cat /tmp/attempt)\n\
+           if [ \"$now\" = \"$last\" ]; then still=$((still + 1)); else still=0; last=$now; fi\n\
+           if [ $still = {STALL_SECONDS} ]; then\n\
+             echo \"GUEST-STALLED at $now\"\n\
+             for p in /proc/[0-9]*; do\n\
+               case $(cat $p/wchan) in *fuse*|*answer*|*writeback*) echo \"GUEST-BLOCKED $(cat $p/comm) in $(cat $p/wchan)\";; esac\n\
+             done\n\
+             echo GUEST-WATCHED\n\
+           fi\n\
+         done\n\
+         echo GUEST-DONE\n"
+    );
+    let initramfs = build_initramfs(&guest, dir.path(), &init);
+    let image = dir.path().join("volume.img");
+    run(Command::new(FOLIOFS).arg("mkfs").arg(&image).args(["--size", "128M"]));
+    let socket = dir.path().join("virtiofs.sock");
+    let mut server = start_server(&image, &socket);
+    let mut running = guest::spawn_guest(&guest, &initramfs, &socket);
+    let deadline = Instant::now() + Duration::from_secs(50);
+    let tenth = running.wait_for_line(deadline, |line| line == "synced 9");
+    if tenth.is_none() {
+        let _ = server.kill();
+        panic!("the guest synced no 10 files:\n{}", running.finish(Instant::now()));
+    }
+    server.kill().unwrap();
+    let killed = server.wait_with_output().unwrap();
+    let watched = running.wait_for_line(deadline, |line| line == "GUEST-WATCHED");
+    let console = running.finish(Instant::now());
+    eprintln!("guest and server took {:.1} s", started.elapsed().as_secs_f64());
+    let server_log = String::from_utf8_lossy(&killed.stderr);
+    assert!(
+        watched.is_some(),
+        "the guest's writer never stalled:\n{console}\nserver: {server_log}"
+    );
+    // Linux 6.1's virtiofs answers a lost back end with neither EIO nor
+    // ENOTCONN: the request waits for a reply that never comes (the mount
+    // has no fusectl abort and no forced unmount), so the write or fsync
+    // in flight waits in request_wait_answer, and nothing after it runs.
+    assert!(
+        !console.lines().any(|line| line.starts_with("failed ")),
+        "a write or fsync failed after the kill (a guest kernel that now reports the lost \
+         server: assert its errno here):\n{console}"
+    );
+    let blocked: Vec<&str> =
+        console.lines().filter_map(|line| line.strip_prefix("GUEST-BLOCKED ")).collect();
+    assert!(
+        blocked.iter().any(|waiting| waiting.ends_with(" in request_wait_answer")),
+        "no writer waits for a FUSE reply:\n{console}"
+    );
+    let synced: Vec<usize> = console
+        .lines()
+        .filter_map(|line| line.strip_prefix("synced "))
+        .map(|number| number.parse().unwrap())
+        .collect();
+    assert!(synced.len() >= 10, "{console}");
+    assert_eq!(synced, (0..synced.len()).collect::<Vec<_>>(), "{console}");
+    // The attempt that stalled is the one after the last synced file: no
+    // success after it.
+    let stalled = console.lines().find_map(|line| line.strip_prefix("GUEST-STALLED at ")).unwrap();
+    assert_eq!(stalled, synced.len().to_string(), "{console}");
+
+    let volume = foliofs::Volume::open(&image, &foliofs::VolumeOptions::default()).unwrap();
+    let lost: Vec<String> = synced
+        .iter()
+        .filter(|&&index| {
+            volume.read(format!("/f{index}")).ok() != Some(killed_file_content(index))
+        })
+        .map(|index| format!("/f{index}"))
+        .collect();
+    assert!(lost.is_empty(), "synced in the guest, lost or wrong after the replay: {lost:?}");
+    let replayed = volume.load_report();
+    assert!(replayed.journal_groups_replayed > 0, "the kill left nothing to replay: {replayed:?}");
+    volume.close().unwrap();
+    let fsck = run(Command::new(FOLIOFS).arg("fsck").arg(&image));
+    assert!(fsck.contains("clean"), "{fsck}");
+}
+
+/// QEMU's first vhost-user message, GET_FEATURES (request 1, version 1,
+/// no payload); returns the features the back end answers.
+fn vhost_user_get_features(stream: &mut UnixStream) -> u64 {
+    const GET_FEATURES: u32 = 1;
+    const VERSION_1: u32 = 1;
+    const REPLY: u32 = 1 << 2;
+    let header: Vec<u8> =
+        [GET_FEATURES, VERSION_1, 0].iter().flat_map(|word| word.to_le_bytes()).collect();
+    stream.write_all(&header).unwrap();
+    let mut reply = [0u8; 20];
+    stream.read_exact(&mut reply).unwrap();
+    let word = |at: usize| u32::from_le_bytes(reply[at..at + 4].try_into().unwrap());
+    assert_eq!((word(0), word(4), word(8)), (GET_FEATURES, VERSION_1 | REPLY, 8), "{reply:?}");
+    u64::from_le_bytes(reply[12..20].try_into().unwrap())
+}
+
+/// SIGTERM, then the server's exit, its last line, and the image as the
+/// next open finds it: closed, nothing to replay, fsck clean.
+fn sigterm_and_check_closed(server: Child, image: &Path, socket: &Path) {
+    run(Command::new("kill").args(["-TERM", &server.id().to_string()]));
+    let served = server.wait_with_output().unwrap();
+    let server_log = String::from_utf8_lossy(&served.stderr);
+    assert!(served.status.success(), "the server failed on SIGTERM: {server_log}");
+    assert!(server_log.contains("stopped; the volume is closed"), "{server_log}");
+    assert!(!socket.exists(), "the server left its socket behind");
+    let volume = foliofs::Volume::open(image, &foliofs::VolumeOptions::default()).unwrap();
+    let replayed = volume.load_report();
+    assert_eq!(replayed.journal_groups_replayed, 0, "{replayed:?}");
+    volume.close().unwrap();
+    let fsck = run(Command::new(FOLIOFS).arg("fsck").arg(image));
+    assert!(fsck.contains("clean"), "{fsck}");
+}
+
+/// While one front end is served, the socket refuses another (the server
+/// closed its listener), and the first is still answered; SIGTERM then
+/// ends the server with the front end still connected.
+#[test]
+fn a_second_front_end_is_refused_while_one_is_served() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let image = dir.path().join("volume.img");
+    run(Command::new(FOLIOFS).arg("mkfs").arg(&image).args(["--size", "64M"]));
+    let socket = dir.path().join("virtiofs.sock");
+    let server = start_server(&image, &socket);
+    let mut first = UnixStream::connect(&socket).unwrap();
+    let features = vhost_user_get_features(&mut first);
+    const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+    const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+    assert_eq!(features & VIRTIO_F_VERSION_1, VIRTIO_F_VERSION_1, "{features:#x}");
+    assert_eq!(features & VHOST_USER_F_PROTOCOL_FEATURES, VHOST_USER_F_PROTOCOL_FEATURES);
+    // The listener closes just after the first connection is accepted: a
+    // connection queued before that is dropped unserved, one after it
+    // refused.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        match UnixStream::connect(&socket) {
+            Err(error) => break error,
+            Ok(_) => assert!(Instant::now() < deadline, "a second front end still connects"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused, "{refused}");
+    assert_eq!(vhost_user_get_features(&mut first), features, "the first front end");
+    sigterm_and_check_closed(server, &image, &socket);
+}
+
+/// SIGTERM before any guest connects closes the volume as cleanly.
+#[test]
+fn sigterm_before_a_guest_connects_closes_the_volume() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let image = dir.path().join("volume.img");
+    run(Command::new(FOLIOFS).arg("mkfs").arg(&image).args(["--size", "64M"]));
+    let socket = dir.path().join("virtiofs.sock");
+    let server = start_server(&image, &socket);
+    sigterm_and_check_closed(server, &image, &socket);
 }
