@@ -280,8 +280,9 @@ fn accept_loop(listener: &UnixListener, upstream: &Upstream, shared: &Arc<Shared
             return;
         }
         if shared.refusing.load(Ordering::Relaxed) {
-            client.shutdown(Shutdown::Both);
+            // Counted first: whoever sees the connection end sees the count.
             shared.links_refused.fetch_add(1, Ordering::Relaxed);
+            client.shutdown(Shutdown::Both);
             continue;
         }
         // Unreachable upstream: dropping the client closes it, as a server
