@@ -401,8 +401,13 @@ impl HomeRing {
             return; // Backlogged: fed in as completions free room.
         }
         if plugged {
-            if !self.plugged.swap(true, Ordering::AcqRel) {
-                sweeper.plugged_rings.fetch_add(1, Ordering::AcqRel);
+            // Counted before the flag is set: an unplug on another thread
+            // that clears the flag must find the count that includes it (the
+            // other order let it count down first, below zero).
+            sweeper.plugged_rings.fetch_add(1, Ordering::AcqRel);
+            if self.plugged.swap(true, Ordering::AcqRel) {
+                // Plugged and counted already.
+                sweeper.plugged_rings.fetch_sub(1, Ordering::AcqRel);
             }
             return;
         }
