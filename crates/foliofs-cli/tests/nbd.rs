@@ -65,6 +65,23 @@ impl Drop for Reaped {
     }
 }
 
+/// qemu-nbd exporting `disk` as "vol" to one client after another, on a
+/// socket in `dir`; killed when the first value is dropped.
+fn qemu_nbd_on(dir: &Path, disk: &Path) -> (Reaped, std::path::PathBuf) {
+    let socket = dir.join("q.sock");
+    let mut server = Reaped(
+        Command::new("qemu-nbd")
+            .args(["-f", "raw", "-x", "vol", "-t", "-k"])
+            .arg(&socket)
+            .arg(disk)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_socket(&socket, &mut server.0);
+    (server, socket)
+}
+
 #[test]
 fn a_volume_lives_on_qemu_nbd_by_uri() {
     if tools_missing(&["qemu-nbd", "qemu-img"]) {
@@ -72,18 +89,8 @@ fn a_volume_lives_on_qemu_nbd_by_uri() {
     }
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.img");
-    let socket = dir.path().join("q.sock");
     std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
-    let mut server = Reaped(
-        Command::new("qemu-nbd")
-            .args(["-f", "raw", "-x", "vol", "-t", "-k"])
-            .arg(&socket)
-            .arg(&disk)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for_socket(&socket, &mut server.0);
+    let (_server, socket) = qemu_nbd_on(dir.path(), &disk);
     let uri = format!("nbd+unix:///vol?socket={}", socket.display());
     let made = ok(&["mkfs", &uri]);
     assert!(made.contains("67108864 bytes"), "{made}");
@@ -600,18 +607,8 @@ fn a_mount_on_nbd_rides_out_a_link_dropped_every_second() {
     }
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.img");
-    let socket = dir.path().join("q.sock");
     std::fs::File::create(&disk).unwrap().set_len(512 << 20).unwrap();
-    let mut server = Reaped(
-        Command::new("qemu-nbd")
-            .args(["-f", "raw", "-x", "vol", "-t", "-k"])
-            .arg(&socket)
-            .arg(&disk)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for_socket(&socket, &mut server.0);
+    let (_server, socket) = qemu_nbd_on(dir.path(), &disk);
     let proxy = FaultProxy::start(Upstream::Unix(socket.clone())).unwrap();
     let uri = format!("{}&timeout=10", proxy.uri("vol"));
     ok(&["mkfs", &uri]);
