@@ -83,6 +83,12 @@ pub mod fsck;
 #[cfg(not(feature = "internals"))]
 mod fsck;
 
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod index;
+#[cfg(not(feature = "internals"))]
+mod index;
+
 // The public modules: errors and the options.
 pub mod error;
 pub mod options;

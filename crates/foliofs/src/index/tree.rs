@@ -1,0 +1,767 @@
+//! A copy-on-write B+tree of byte keys and values, paged on the device.
+//!
+//! Between commits, a change copies the nodes on its path from the root
+//! (`dirty_child`) into memory and changes the copies; the pages they came
+//! from stay as they are, reached by the durable root. A commit writes the
+//! dirty nodes children first to pages free in the durable root, flushes,
+//! then writes the new root record with FUA (`commit`). So the tree on disk
+//! is always the last committed one, whatever was written when a crash came,
+//! and a commit writes only what changed since the one before. Every dirty
+//! node's parent is dirty too, so a commit finds them all from the root.
+//!
+//! Clean pages are read through a cache with a byte budget; dirty nodes stay
+//! in memory until the next commit, which the owner calls when
+//! `dirty_bytes` grows past its share (`needs_commit`).
+
+use std::collections::HashMap;
+use std::io::IoSlice;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::alloc::PageAlloc;
+use super::cache::PageCache;
+use super::page::{
+    self, Child, Expected, Node, PageRef, ENTRY_BYTES_MAX, KEY_BYTES_MAX, PAGE_BYTES,
+};
+use super::root::{self, RootRecord, FREE_LIST_BIT, FREE_PER_PAGE};
+use crate::dev::{AlignedBuf, Device};
+use crate::error::{Error, Result};
+
+/// How an index is placed and cached.
+#[derive(Clone, Debug)]
+pub struct IndexOptions {
+    /// Which tree this is: every page carries it.
+    pub owner: u32,
+    /// Bytes of the device the index owns: two root slots, then pages.
+    pub region: Range<u64>,
+    /// Memory for clean pages, decoded.
+    pub cache_bytes: usize,
+}
+
+/// Counts since the index was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    pub page_reads: u64,
+    pub cache_hits: u64,
+    pub commits: u64,
+    pub pages_written: u64,
+    pub bytes_written: u64,
+}
+
+/// What one commit did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CommitReport {
+    pub generation: u64,
+    pub pages_written: u64,
+    pub bytes_written: u64,
+    pub duration_ns: u64,
+}
+
+pub struct Tree {
+    options: IndexOptions,
+    device: Arc<Device>,
+    root: Child,
+    root_level: u8,
+    entries: u64,
+    /// The generation the next commit writes.
+    generation: u64,
+    dirty: HashMap<u64, Node>,
+    dirty_bytes: usize,
+    next_dirty_id: u64,
+    cache: PageCache,
+    alloc: PageAlloc,
+    /// The pages holding the durable root's free list: free after the next
+    /// commit.
+    free_list_pages: Vec<u64>,
+    stats: IndexStats,
+    /// A commit failed part way: memory no longer matches any tree.
+    failed: bool,
+}
+
+fn slot_offsets(region: &Range<u64>) -> [u64; 2] {
+    [region.start, region.start + PAGE_BYTES as u64]
+}
+
+fn pages_region(region: &Range<u64>) -> Range<u64> {
+    region.start + 2 * PAGE_BYTES as u64..region.end
+}
+
+fn io_error(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |cause| Error::io(what.to_string(), cause)
+}
+
+impl Tree {
+    /// Makes an empty index in `options.region` and commits it.
+    pub fn create(device: Arc<Device>, options: IndexOptions) -> Result<Self> {
+        let page = PAGE_BYTES as u64;
+        let region = &options.region;
+        if !region.start.is_multiple_of(page) || region.end < region.start + 3 * page {
+            return Err(Error::invalid(format!(
+                "an index region {region:?} must start on a page and hold three"
+            )));
+        }
+        let pages = pages_region(region);
+        let alloc = PageAlloc::new(pages.clone(), pages.start, Vec::new())?;
+        let mut tree = Self::with(device, options, alloc, 1);
+        tree.root = Child::Dirty(tree.add_dirty(Node::Leaf(Vec::new())));
+        // A slot that held an older index must not outrank the new one.
+        let zero = AlignedBuf::zeroed(2 * PAGE_BYTES);
+        tree.device.write(tree.options.region.start, &zero, false).map_err(io_error("index"))?;
+        tree.commit()?;
+        Ok(tree)
+    }
+
+    fn with(device: Arc<Device>, options: IndexOptions, alloc: PageAlloc, generation: u64) -> Self {
+        let cache = PageCache::new(options.cache_bytes);
+        Self {
+            options,
+            device,
+            root: Child::Dirty(0),
+            root_level: 0,
+            entries: 0,
+            generation,
+            dirty: HashMap::new(),
+            dirty_bytes: 0,
+            next_dirty_id: 1,
+            cache,
+            alloc,
+            free_list_pages: Vec::new(),
+            stats: IndexStats::default(),
+            failed: false,
+        }
+    }
+
+    /// Opens the index last committed in `options.region`: one root record
+    /// and its free list are read, nothing else.
+    pub fn open(device: Arc<Device>, options: IndexOptions) -> Result<Self> {
+        let record = Self::read_root_record(&device, &options)?;
+        let mut free = Vec::with_capacity(record.free_listed as usize);
+        let mut list_pages = Vec::new();
+        let mut next = record.free_list;
+        let mut buffer = AlignedBuf::zeroed(PAGE_BYTES);
+        while let Some(page) = next {
+            if list_pages.len() as u64 >= record.free_list_pages {
+                return Err(Error::Corrupt(format!(
+                    "index {}: the free list runs past its {} pages",
+                    options.owner, record.free_list_pages
+                )));
+            }
+            device.read(page.address, &mut buffer).map_err(io_error("index free list"))?;
+            let (addresses, link) = root::decode_free_list_page(&buffer, page, options.owner)?;
+            free.extend(addresses);
+            list_pages.push(page.address);
+            next = link;
+        }
+        if free.len() as u64 != record.free_listed {
+            return Err(Error::Corrupt(format!(
+                "index {}: its free list holds {} pages, its root record says {}",
+                options.owner,
+                free.len(),
+                record.free_listed
+            )));
+        }
+        let alloc = PageAlloc::new(pages_region(&options.region), record.high_water, free)?;
+        let mut tree = Self::with(device, options, alloc, record.generation + 1);
+        tree.root = Child::OnDisk(record.root);
+        tree.root_level = record.root_level;
+        tree.entries = record.entries;
+        tree.free_list_pages = list_pages;
+        Ok(tree)
+    }
+
+    fn read_root_record(device: &Device, options: &IndexOptions) -> Result<RootRecord> {
+        let mut buffer = AlignedBuf::zeroed(PAGE_BYTES);
+        let mut reasons = Vec::new();
+        let mut best: Option<RootRecord> = None;
+        for offset in slot_offsets(&options.region) {
+            device.read(offset, &mut buffer).map_err(io_error("index root record"))?;
+            match RootRecord::decode(&buffer, options.owner) {
+                Ok(record) if best.is_none_or(|best| best.generation < record.generation) => {
+                    best = Some(record)
+                }
+                Ok(_) => {}
+                Err(reason) => reasons.push(format!("slot at byte {offset}: {reason}")),
+            }
+        }
+        best.ok_or_else(|| {
+            Error::Corrupt(format!(
+                "index {}: no root record ({})",
+                options.owner,
+                reasons.join("; ")
+            ))
+        })
+    }
+
+    pub fn len(&self) -> u64 {
+        self.entries
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+
+    pub fn stats(&self) -> IndexStats {
+        self.stats
+    }
+
+    /// Bytes of changed nodes waiting for the next commit.
+    pub fn dirty_bytes(&self) -> usize {
+        self.dirty_bytes
+    }
+
+    /// Bytes of clean pages cached.
+    pub fn cached_bytes(&self) -> usize {
+        self.cache.held_bytes()
+    }
+
+    /// Whether the changed nodes have grown past a quarter of the cache's
+    /// budget, the point where the owner should commit.
+    pub fn needs_commit(&self) -> bool {
+        self.dirty_bytes > self.options.cache_bytes / 4
+    }
+
+    /// Pages the index holds on the device, nodes and free list.
+    pub fn used_pages(&self) -> u64 {
+        self.alloc.used_pages()
+    }
+
+    /// The generation of the last commit: the one open found, or the last
+    /// this handle made.
+    pub fn committed_generation(&self) -> u64 {
+        self.generation - 1
+    }
+
+    /// The tree's height: 1 for a lone leaf.
+    pub fn height(&self) -> u8 {
+        self.root_level + 1
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        if self.failed {
+            return Err(Error::io(
+                format!("index {}", self.options.owner),
+                std::io::Error::other("an earlier commit failed; reopen the index"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn add_dirty(&mut self, node: Node) -> u64 {
+        let id = self.next_dirty_id;
+        self.next_dirty_id += 1;
+        self.dirty_bytes += node.memory_bytes();
+        self.dirty.insert(id, node);
+        id
+    }
+
+    fn take_dirty(&mut self, id: u64) -> Node {
+        let node = self.dirty.remove(&id).expect("a dirty node its parent names");
+        self.dirty_bytes -= node.memory_bytes();
+        node
+    }
+
+    /// Runs `change` on the dirty node `id`, keeping the byte count true.
+    fn change<T>(&mut self, id: u64, change: impl FnOnce(&mut Node) -> T) -> T {
+        let node = self.dirty.get_mut(&id).expect("a dirty node its parent names");
+        self.dirty_bytes -= node.memory_bytes();
+        let result = change(node);
+        self.dirty_bytes += node.memory_bytes();
+        result
+    }
+
+    /// The node a page holds, from the cache or the device.
+    fn load(&mut self, page: PageRef, level: u8) -> Result<Arc<Node>> {
+        if let Some(node) = self.cache.get(page.address) {
+            debug_assert_eq!(node.level(), level);
+            self.stats.cache_hits += 1;
+            return Ok(node);
+        }
+        let mut buffer = AlignedBuf::zeroed(PAGE_BYTES);
+        self.device.read(page.address, &mut buffer).map_err(io_error("index page"))?;
+        self.stats.page_reads += 1;
+        let expected = Expected { page, owner: self.options.owner, level: Some(level) };
+        let node = Arc::new(page::decode(&buffer, expected)?);
+        self.cache.insert(page.address, node.clone());
+        Ok(node)
+    }
+
+    /// `child` as a dirty node: copied from its page on first change since
+    /// the last commit, the page then waiting to be freed.
+    fn dirty_child(&mut self, child: Child, level: u8) -> Result<u64> {
+        match child {
+            Child::Dirty(id) => Ok(id),
+            Child::OnDisk(page) => {
+                let node = self.load(page, level)?;
+                self.cache.remove(page.address);
+                self.alloc.free_after_commit(page.address);
+                let node = Arc::try_unwrap(node).unwrap_or_else(|shared| (*shared).clone());
+                Ok(self.add_dirty(node))
+            }
+        }
+    }
+
+    /// Applies `visit` to the nodes from the root down to the leaf that
+    /// would hold `key`, without changing anything.
+    fn descend<T>(&mut self, key: &[u8], mut visit: impl FnMut(&Node) -> Option<T>) -> Result<T> {
+        let (mut child, mut level) = (self.root, self.root_level);
+        loop {
+            let loaded;
+            let node = match child {
+                Child::Dirty(id) => &self.dirty[&id],
+                Child::OnDisk(page) => {
+                    loaded = self.load(page, level)?;
+                    &*loaded
+                }
+            };
+            if let Some(found) = visit(node) {
+                return Ok(found);
+            }
+            let Node::Branch { keys, children, .. } = node else {
+                unreachable!("a visit stops at the leaf");
+            };
+            child = children[child_index(keys, key)];
+            level -= 1;
+        }
+    }
+
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.check_usable()?;
+        self.descend(key, |node| match node {
+            Node::Leaf(entries) => Some(
+                entries
+                    .binary_search_by(|(stored, _)| stored.as_slice().cmp(key))
+                    .ok()
+                    .map(|index| entries[index].1.clone()),
+            ),
+            Node::Branch { .. } => None,
+        })
+    }
+
+    /// Up to `limit` entries from `start` on, in key order. A listing goes
+    /// on from the key after the last it returned, so a change between two
+    /// calls never makes it skip or repeat an entry that stayed.
+    pub fn scan(&mut self, start: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.check_usable()?;
+        let mut found = Vec::new();
+        let mut from = start.to_vec();
+        while found.len() < limit {
+            let mut bound: Option<Vec<u8>> = None;
+            let leaf_entries = self.descend(&from, |node| match node {
+                Node::Leaf(entries) => Some(
+                    entries
+                        .iter()
+                        .filter(|(key, _)| key.as_slice() >= from.as_slice())
+                        .take(limit - found.len())
+                        .cloned()
+                        .collect::<Vec<_>>(),
+                ),
+                Node::Branch { keys, .. } => {
+                    // The least upper bound on the path ends this leaf.
+                    if let Some(next) = keys.get(child_index(keys, &from) + 1) {
+                        bound = Some(next.clone());
+                    }
+                    None
+                }
+            })?;
+            found.extend(leaf_entries);
+            match bound {
+                Some(next) => from = next,
+                None => break,
+            }
+        }
+        Ok(found)
+    }
+
+    /// Sets `key` to `value`, returning the value it replaced.
+    pub fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.check_usable()?;
+        if key.len() > KEY_BYTES_MAX || key.len() + value.len() > ENTRY_BYTES_MAX {
+            return Err(Error::invalid(format!(
+                "an index entry of a {}-byte key and a {}-byte value is over the limits \
+                 ({KEY_BYTES_MAX}-byte keys, {ENTRY_BYTES_MAX} bytes in all)",
+                key.len(),
+                value.len()
+            )));
+        }
+        let root = self.dirty_child(self.root, self.root_level)?;
+        self.root = Child::Dirty(root);
+        let (replaced, split) = self.insert_below(root, key, value, true)?;
+        if let Some((separator, right)) = split {
+            let level = self.root_level + 1;
+            let keys = vec![Vec::new(), separator];
+            let children = vec![Child::Dirty(root), Child::Dirty(right)];
+            self.root = Child::Dirty(self.add_dirty(Node::Branch { level, keys, children }));
+            self.root_level = level;
+        }
+        if replaced.is_none() {
+            self.entries += 1;
+        }
+        Ok(replaced)
+    }
+
+    /// Inserts into the subtree of dirty node `id` (`rightmost`: the tree's
+    /// right edge); returns the value replaced and, if the node split, its
+    /// new right sibling.
+    fn insert_below(
+        &mut self,
+        id: u64,
+        key: &[u8],
+        value: &[u8],
+        rightmost: bool,
+    ) -> Result<InsertResult> {
+        let (index, child, level, last) = match &self.dirty[&id] {
+            Node::Leaf(_) => {
+                let (replaced, appended) = self.change(id, |node| {
+                    let Node::Leaf(entries) = node else { unreachable!() };
+                    match entries.binary_search_by(|(stored, _)| stored.as_slice().cmp(key)) {
+                        Ok(at) => {
+                            (Some(std::mem::replace(&mut entries[at].1, value.to_vec())), false)
+                        }
+                        Err(at) => {
+                            entries.insert(at, (key.to_vec(), value.to_vec()));
+                            (None, at + 1 == entries.len())
+                        }
+                    }
+                });
+                return Ok((replaced, self.split_if_full(id, rightmost && appended)));
+            }
+            Node::Branch { level, keys, children } => {
+                let index = child_index(keys, key);
+                (index, children[index], *level, index + 1 == children.len())
+            }
+        };
+        let child_id = self.dirty_child(child, level - 1)?;
+        self.set_child(id, index, Child::Dirty(child_id));
+        let (replaced, split) = self.insert_below(child_id, key, value, rightmost && last)?;
+        let appended = split.is_some() && last;
+        if let Some((separator, right)) = split {
+            self.change(id, |node| {
+                let Node::Branch { keys, children, .. } = node else { unreachable!() };
+                keys.insert(index + 1, separator);
+                children.insert(index + 1, Child::Dirty(right));
+            });
+        }
+        Ok((replaced, self.split_if_full(id, rightmost && appended)))
+    }
+
+    fn set_child(&mut self, id: u64, index: usize, child: Child) {
+        let Some(Node::Branch { children, .. }) = self.dirty.get_mut(&id) else {
+            unreachable!("a branch's child is set")
+        };
+        children[index] = child;
+    }
+
+    /// Splits dirty node `id` in two by bytes if it no longer fits a page.
+    /// A node that grew at the tree's right edge (`at_right_edge`: keys
+    /// arriving in order, as inode numbers do) keeps all it had and gives
+    /// the new sibling only its last entry, so pages filled in order stay
+    /// full rather than half full.
+    fn split_if_full(&mut self, id: u64, at_right_edge: bool) -> Option<(Vec<u8>, u64)> {
+        if self.dirty[&id].fits() {
+            return None;
+        }
+        let right = self.change(id, |node| {
+            let half = if at_right_edge { usize::MAX } else { node.encoded_bytes() / 2 };
+            match node {
+                Node::Leaf(entries) => {
+                    let at = split_point(entries.iter().map(|(k, v)| 4 + k.len() + v.len()), half);
+                    Node::Leaf(entries.split_off(at))
+                }
+                Node::Branch { level, keys, children } => {
+                    let at = split_point(keys.iter().map(|key| 18 + key.len()), half);
+                    let level = *level;
+                    Node::Branch {
+                        level,
+                        keys: keys.split_off(at),
+                        children: children.split_off(at),
+                    }
+                }
+            }
+        });
+        debug_assert!(self.dirty[&id].fits() && right.fits() && right.len() > 0);
+        let separator = match &right {
+            Node::Leaf(entries) => entries[0].0.clone(),
+            Node::Branch { keys, .. } => keys[0].clone(),
+        };
+        Some((separator, self.add_dirty(right)))
+    }
+
+    /// Removes `key`, returning its value.
+    pub fn remove(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        // Looked up first, so that removing what is not there copies nothing.
+        if self.get(key)?.is_none() {
+            return Ok(None);
+        }
+        let root = self.dirty_child(self.root, self.root_level)?;
+        self.root = Child::Dirty(root);
+        let removed = self.remove_below(root, key)?;
+        debug_assert!(removed.is_some(), "a key found was not removed");
+        self.entries -= 1;
+        self.shrink_root();
+        Ok(removed)
+    }
+
+    fn remove_below(&mut self, id: u64, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let (index, child, level) = match &self.dirty[&id] {
+            Node::Leaf(_) => {
+                return Ok(self.change(id, |node| {
+                    let Node::Leaf(entries) = node else { unreachable!() };
+                    let at = entries.binary_search_by(|(stored, _)| stored.as_slice().cmp(key));
+                    at.ok().map(|at| entries.remove(at).1)
+                }));
+            }
+            Node::Branch { level, keys, children } => {
+                let index = child_index(keys, key);
+                (index, children[index], *level)
+            }
+        };
+        let child_id = self.dirty_child(child, level - 1)?;
+        self.set_child(id, index, Child::Dirty(child_id));
+        let removed = self.remove_below(child_id, key)?;
+        self.rebalance(id, index, level)?;
+        Ok(removed)
+    }
+
+    /// After a removal under child `index` of branch `id`: an emptied child
+    /// goes, and a child under a quarter full is merged with a sibling when
+    /// the two fit three quarters of a page (so the merge is not split again
+    /// at once).
+    fn rebalance(&mut self, id: u64, index: usize, level: u8) -> Result<()> {
+        let Node::Branch { children, .. } = &self.dirty[&id] else { unreachable!() };
+        let Child::Dirty(child_id) = children[index] else { unreachable!("the path is dirty") };
+        let siblings = children.len();
+        let child = &self.dirty[&child_id];
+        if child.len() == 0 {
+            self.take_dirty(child_id);
+            self.change(id, |node| {
+                let Node::Branch { keys, children, .. } = node else { unreachable!() };
+                children.remove(index);
+                let lower_bound = keys.remove(index);
+                if index == 0 && !keys.is_empty() {
+                    keys[0] = lower_bound;
+                }
+            });
+            return Ok(());
+        }
+        if siblings < 2 || child.encoded_bytes() > PAGE_BYTES / 4 {
+            return Ok(());
+        }
+        let left = if index > 0 { index - 1 } else { index };
+        let Node::Branch { children, .. } = &self.dirty[&id] else { unreachable!() };
+        let (left_child, right_child) = (children[left], children[left + 1]);
+        // Sized before either is copied, so a merge not made copies nothing.
+        let merged_bytes = self.node_bytes(left_child, level - 1)?
+            + self.node_bytes(right_child, level - 1)?
+            - page::HEADER_BYTES;
+        if merged_bytes > PAGE_BYTES * 3 / 4 {
+            return Ok(());
+        }
+        let left_id = self.dirty_child(left_child, level - 1)?;
+        self.set_child(id, left, Child::Dirty(left_id));
+        let right_id = self.dirty_child(right_child, level - 1)?;
+        self.set_child(id, left + 1, Child::Dirty(right_id));
+        let right = self.take_dirty(right_id);
+        let separator = self.change(id, |node| {
+            let Node::Branch { keys, children, .. } = node else { unreachable!() };
+            children.remove(left + 1);
+            keys.remove(left + 1)
+        });
+        self.change(left_id, |node| match (node, right) {
+            (Node::Leaf(entries), Node::Leaf(more)) => entries.extend(more),
+            (
+                Node::Branch { keys, children, .. },
+                Node::Branch { keys: mut more, children: theirs, .. },
+            ) => {
+                more[0] = separator;
+                keys.extend(more);
+                children.extend(theirs);
+            }
+            _ => unreachable!("siblings are on one level"),
+        });
+        Ok(())
+    }
+
+    /// The bytes `child`'s page takes or would take.
+    fn node_bytes(&mut self, child: Child, level: u8) -> Result<usize> {
+        Ok(match child {
+            Child::Dirty(id) => self.dirty[&id].encoded_bytes(),
+            Child::OnDisk(page) => self.load(page, level)?.encoded_bytes(),
+        })
+    }
+
+    /// A root branch left with one child gives way to it; one left with
+    /// none, to an empty leaf.
+    fn shrink_root(&mut self) {
+        while let Child::Dirty(id) = self.root {
+            let Node::Branch { children, .. } = &self.dirty[&id] else { return };
+            match children.len() {
+                0 => {
+                    self.take_dirty(id);
+                    self.root = Child::Dirty(self.add_dirty(Node::Leaf(Vec::new())));
+                    self.root_level = 0;
+                }
+                1 => {
+                    let only = children[0];
+                    self.take_dirty(id);
+                    self.root = only;
+                    self.root_level -= 1;
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// Writes what changed since the last commit, then the new root record:
+    /// durable when this returns. The pages the last root reached and the
+    /// new one does not are free from then on.
+    pub fn commit(&mut self) -> Result<CommitReport> {
+        self.check_usable()?;
+        let started = Instant::now();
+        let result = self.commit_inner();
+        if result.is_err() {
+            self.failed = true;
+        }
+        let (pages_written, bytes_written) = result?;
+        let report = CommitReport {
+            generation: self.generation,
+            pages_written,
+            bytes_written,
+            duration_ns: started.elapsed().as_nanos() as u64,
+        };
+        self.generation += 1;
+        self.stats.commits += 1;
+        self.stats.pages_written += pages_written;
+        self.stats.bytes_written += bytes_written;
+        Ok(report)
+    }
+
+    fn commit_inner(&mut self) -> Result<(u64, u64)> {
+        let mut pages = Vec::with_capacity(self.dirty.len());
+        let root = self.write_back(self.root, &mut pages)?;
+        debug_assert!(self.dirty.is_empty() && self.dirty_bytes == 0);
+        self.root = Child::OnDisk(root);
+        for address in std::mem::take(&mut self.free_list_pages) {
+            self.alloc.free_after_commit(address);
+        }
+        // The list's own pages come from pages free now, so the list shrinks
+        // as they are taken.
+        let mut list_pages = Vec::new();
+        while self.alloc.list_for_root().len() > list_pages.len() * FREE_PER_PAGE {
+            list_pages
+                .push(PageRef { address: self.alloc.allocate()?, generation: self.generation });
+        }
+        let free = self.alloc.list_for_root();
+        let owner = self.options.owner | FREE_LIST_BIT;
+        for (node, at) in root::free_list_nodes(&free, &list_pages).iter().zip(&list_pages) {
+            pages.push((at.address, encode_page(node, *at, owner)));
+        }
+        let bytes = self.write_pages(&mut pages)?;
+        self.device.flush().map_err(io_error("index commit"))?;
+        let record = RootRecord {
+            generation: self.generation,
+            owner: self.options.owner,
+            root_level: self.root_level,
+            root,
+            entries: self.entries,
+            high_water: self.alloc.high_water(),
+            free_list: list_pages.first().copied(),
+            free_listed: free.len() as u64,
+            free_list_pages: list_pages.len() as u64,
+        };
+        let mut slot = AlignedBuf::zeroed(PAGE_BYTES);
+        record.encode(&mut slot);
+        let slot_offset = slot_offsets(&self.options.region)[(self.generation % 2) as usize];
+        self.device.write(slot_offset, &slot, true).map_err(io_error("index root record"))?;
+        self.alloc.root_durable();
+        self.free_list_pages = list_pages.iter().map(|page| page.address).collect();
+        Ok((pages.len() as u64 + 1, bytes + PAGE_BYTES as u64))
+    }
+
+    /// Places dirty node `child` and its dirty descendants on pages,
+    /// children first, moving each into the clean cache.
+    fn write_back(&mut self, child: Child, pages: &mut Vec<(u64, AlignedBuf)>) -> Result<PageRef> {
+        let id = match child {
+            Child::OnDisk(page) => return Ok(page),
+            Child::Dirty(id) => id,
+        };
+        let mut node = self.take_dirty(id);
+        if let Node::Branch { children, .. } = &mut node {
+            for child in children.iter_mut() {
+                *child = Child::OnDisk(self.write_back(*child, pages)?);
+            }
+        }
+        let page = PageRef { address: self.alloc.allocate()?, generation: self.generation };
+        pages.push((page.address, encode_page(&node, page, self.options.owner)));
+        self.cache.insert(page.address, Arc::new(node));
+        Ok(page)
+    }
+
+    /// Writes `pages` in address order, one request per run of adjacent
+    /// pages; returns the bytes written.
+    fn write_pages(&mut self, pages: &mut [(u64, AlignedBuf)]) -> Result<u64> {
+        pages.sort_unstable_by_key(|(address, _)| *address);
+        const RUN_PAGES_MAX: usize = 256;
+        let mut start = 0;
+        while start < pages.len() {
+            let mut end = start + 1;
+            while end < pages.len()
+                && end - start < RUN_PAGES_MAX
+                && pages[end].0 == pages[end - 1].0 + PAGE_BYTES as u64
+            {
+                end += 1;
+            }
+            let slices: Vec<IoSlice<'_>> =
+                pages[start..end].iter().map(|(_, buffer)| IoSlice::new(buffer)).collect();
+            self.device
+                .write_vectored(pages[start].0, &slices, false)
+                .map_err(io_error("index pages"))?;
+            start = end;
+        }
+        Ok((pages.len() * PAGE_BYTES) as u64)
+    }
+
+    /// Every key in order, checking each page on the way: for tests and
+    /// fsck.
+    pub fn check(&mut self) -> Result<u64> {
+        let all = self.scan(&[], usize::MAX)?;
+        debug_assert!(all.windows(2).all(|pair| pair[0].0 < pair[1].0));
+        if all.len() as u64 != self.entries {
+            return Err(Error::Corrupt(format!(
+                "index {} holds {} entries, its root record says {}",
+                self.options.owner,
+                all.len(),
+                self.entries
+            )));
+        }
+        Ok(self.entries)
+    }
+}
+
+type InsertResult = (Option<Vec<u8>>, Option<(Vec<u8>, u64)>);
+
+/// The child of a branch whose range holds `key`: `keys[0]` is the
+/// branch's lower bound and never compared.
+fn child_index(keys: &[Vec<u8>], key: &[u8]) -> usize {
+    keys[1..].partition_point(|separator| separator.as_slice() <= key)
+}
+
+/// The first index at which the entries before hold at least `half` bytes,
+/// kept inside 1..len so both halves hold something.
+fn split_point(sizes: impl ExactSizeIterator<Item = usize>, half: usize) -> usize {
+    let count = sizes.len();
+    let mut bytes = page::HEADER_BYTES;
+    for (index, size) in sizes.enumerate() {
+        if bytes >= half {
+            return index.clamp(1, count - 1);
+        }
+        bytes += size;
+    }
+    count - 1
+}
+
+fn encode_page(node: &Node, page: PageRef, owner: u32) -> AlignedBuf {
+    let mut buffer = AlignedBuf::zeroed(PAGE_BYTES);
+    page::encode(node, page, owner, &mut buffer);
+    buffer
+}
