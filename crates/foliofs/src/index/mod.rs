@@ -9,6 +9,7 @@
 
 mod alloc;
 mod cache;
+mod commit;
 pub mod page;
 mod root;
 mod tree;
@@ -16,5 +17,6 @@ mod tree;
 #[cfg(test)]
 mod tests;
 
+pub use commit::{SealedCommit, WrittenCommit};
 pub use page::{ENTRY_BYTES_MAX, KEY_BYTES_MAX, PAGE_BYTES};
 pub use tree::{CommitReport, IndexOptions, IndexStats, Tree};

@@ -89,6 +89,10 @@ impl Node {
         }
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Bytes its page would take, header included.
     pub fn encoded_bytes(&self) -> usize {
         HEADER_BYTES

@@ -65,6 +65,10 @@ enum Op {
     /// a crash.
     Crash,
     CommitAndReopen,
+    /// The three steps of a commit, apart, with changes between.
+    Seal,
+    WriteSealed,
+    Finish,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -76,6 +80,9 @@ fn op() -> impl Strategy<Value = Op> {
         3 => Just(Op::Commit),
         1 => Just(Op::Crash),
         1 => Just(Op::CommitAndReopen),
+        3 => Just(Op::Seal),
+        3 => Just(Op::WriteSealed),
+        3 => Just(Op::Finish),
     ]
 }
 
@@ -93,7 +100,11 @@ proptest! {
         let cache_bytes = 8 * PAGE_BYTES;
         let mut tree = Tree::create(device(&fault), options(cache_bytes)).unwrap();
         let (mut model, mut committed) = (Model::new(), Model::new());
+        let mut in_flight = InFlight::None;
         for op in ops {
+            if matches!(op, Op::Commit | Op::CommitAndReopen) {
+                in_flight.complete(&mut tree, &mut committed);
+            }
             match op {
                 Op::Insert(number, bytes) => {
                     let replaced = tree.insert(&key(number), &value(number, bytes)).unwrap();
@@ -119,8 +130,35 @@ proptest! {
                     committed = model.clone();
                 }
                 Op::Crash => {
+                    if let InFlight::Written(_, sealed_model) = in_flight {
+                        committed = sealed_model; // its root is durable
+                    }
+                    in_flight = InFlight::None;
                     tree = Tree::open(device(&fault), options(cache_bytes)).unwrap();
                     model = committed.clone();
+                }
+                Op::Seal => {
+                    if matches!(in_flight, InFlight::None) {
+                        in_flight = InFlight::Sealed(tree.seal().unwrap(), model.clone());
+                    } else {
+                        prop_assert!(tree.seal().is_err(), "a second seal was taken");
+                    }
+                }
+                Op::WriteSealed => {
+                    if let InFlight::Sealed(sealed, sealed_model) = in_flight {
+                        in_flight = InFlight::Written(sealed.write(), sealed_model);
+                    } else {
+                        in_flight = std::mem::replace(&mut in_flight, InFlight::None);
+                    }
+                }
+                Op::Finish => {
+                    if let InFlight::Written(written, sealed_model) = in_flight {
+                        tree.finish(written).unwrap();
+                        committed = sealed_model;
+                        in_flight = InFlight::None;
+                    } else {
+                        in_flight = std::mem::replace(&mut in_flight, InFlight::None);
+                    }
                 }
                 Op::CommitAndReopen => {
                     tree.commit().unwrap();
@@ -131,7 +169,31 @@ proptest! {
             prop_assert_eq!(tree.len(), model.len() as u64);
         }
         prop_assert_eq!(tree.check().unwrap(), model.len() as u64);
-        prop_assert_eq!(contents(&mut tree), model);
+        prop_assert_eq!(contents(&mut tree), model.clone());
+        in_flight.complete(&mut tree, &mut committed);
+        tree.commit().unwrap();
+        let mut reopened = Tree::open(device(&fault), options(cache_bytes)).unwrap();
+        prop_assert_eq!(reopened.check().unwrap(), model.len() as u64);
+        prop_assert_eq!(contents(&mut reopened), model);
+    }
+}
+
+/// A commit taken apart: sealed (with the state it froze), or written.
+enum InFlight {
+    None,
+    Sealed(super::SealedCommit, Model),
+    Written(crate::error::Result<super::WrittenCommit>, Model),
+}
+
+impl InFlight {
+    fn complete(&mut self, tree: &mut Tree, committed: &mut Model) {
+        let (written, sealed_model) = match std::mem::replace(self, InFlight::None) {
+            InFlight::None => return,
+            InFlight::Sealed(sealed, model) => (sealed.write(), model),
+            InFlight::Written(written, model) => (written, model),
+        };
+        tree.finish(written).unwrap();
+        *committed = sealed_model;
     }
 }
 
@@ -306,4 +368,41 @@ fn keys_arriving_in_order_fill_their_pages() {
     // Leaves nearly full, a few branches, the free list.
     let pages = tree.used_pages() as usize;
     assert!(pages <= leaves_min * 21 / 20 + 8, "{pages} pages for {leaves_min} pages of entries");
+}
+
+#[test]
+fn writers_go_on_while_a_commit_is_written_on_another_thread() {
+    use parking_lot::Mutex;
+    let fault = Arc::new(FaultDev::new(REGION_BYTES, 512));
+    let tree =
+        Arc::new(Mutex::new(Tree::create(device(&fault), options(64 * PAGE_BYTES)).unwrap()));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let committer = {
+        let (tree, done) = (tree.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut commits = 0;
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                let sealed = tree.lock().seal().unwrap();
+                let written = sealed.write(); // the lock is not held here
+                tree.lock().finish(written).unwrap();
+                commits += 1;
+            }
+            commits
+        })
+    };
+    let mut model = Model::new();
+    let mut random = StdRng::seed_from_u64(31);
+    for _ in 0..40 {
+        let mut tree = tree.lock();
+        churn(&mut tree, &mut model, &mut random, 200);
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let commits = committer.join().unwrap();
+    assert!(commits >= 2, "{commits} commits");
+    let mut tree = Arc::into_inner(tree).unwrap().into_inner();
+    tree.commit().unwrap();
+    assert_eq!(contents(&mut tree), model);
+    let mut reopened = Tree::open(device(&fault), options(64 * PAGE_BYTES)).unwrap();
+    assert_eq!(reopened.check().unwrap(), model.len() as u64);
+    assert_eq!(contents(&mut reopened), model);
 }

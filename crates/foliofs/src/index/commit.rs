@@ -1,0 +1,254 @@
+//! A commit in three steps, so that writers go on while its pages are
+//! written: `Tree::seal` (short, under the owner's lock) freezes this
+//! generation's changed nodes and hands them over with the allocator;
+//! `SealedCommit::write` (long, outside the lock) places and writes them,
+//! the free list and the root record; `Tree::finish` (short, under the
+//! lock) takes the result back.
+//!
+//! Between seal and finish a change copies the frozen nodes it meets into
+//! the next generation, as it copies pages, and the frozen ones are written
+//! as they were at the seal. Pointers by number to frozen nodes are kept in
+//! `Tree::written` after the finish, until the next commit has written
+//! every node that holds one.
+
+use std::collections::HashMap;
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::alloc::PageAlloc;
+use super::page::{self, Child, Node, PageRef, PAGE_BYTES};
+use super::root::{self, RootRecord, FREE_LIST_BIT, FREE_PER_PAGE};
+use super::tree::{io_error, slot_offsets, CommitReport, Tree};
+use crate::dev::{AlignedBuf, Device};
+use crate::error::{Error, Result};
+
+/// A generation frozen for writing, owning what writing it needs.
+pub struct SealedCommit {
+    device: Arc<Device>,
+    owner: u32,
+    slot_offsets: [u64; 2],
+    generation: u64,
+    root: Child,
+    root_level: u8,
+    entries: u64,
+    frozen: Arc<HashMap<u64, Arc<Node>>>,
+    /// The commit before's placements, for frozen pointers to its nodes.
+    earlier: Arc<HashMap<u64, PageRef>>,
+    alloc: PageAlloc,
+    started: Instant,
+}
+
+/// A written commit, for `Tree::finish`.
+pub struct WrittenCommit {
+    generation: u64,
+    root: PageRef,
+    placed: HashMap<u64, PageRef>,
+    /// The nodes written, pointers resolved, for the cache.
+    clean: Vec<(u64, Arc<Node>)>,
+    list_pages: Vec<u64>,
+    alloc: PageAlloc,
+    report: CommitReport,
+}
+
+impl Tree {
+    /// Freezes what changed since the last seal. One commit at a time: a
+    /// seal before the last one's `finish` is refused.
+    pub fn seal(&mut self) -> Result<SealedCommit> {
+        self.check_usable()?;
+        let Some(mut alloc) = self.alloc.take() else {
+            return Err(Error::invalid("an index commit is already being written"));
+        };
+        for address in self.freed.drain(..).chain(self.free_list_pages.drain(..)) {
+            alloc.free_after_commit(address);
+        }
+        debug_assert!(self.frozen.is_empty() && self.frozen_copied.is_empty());
+        self.frozen = Arc::new(std::mem::take(&mut self.dirty));
+        self.frozen_bytes = std::mem::take(&mut self.dirty_bytes);
+        self.used_pages = alloc.used_pages();
+        let sealed = SealedCommit {
+            device: self.device.clone(),
+            owner: self.options.owner,
+            slot_offsets: slot_offsets(&self.options.region),
+            generation: self.generation,
+            root: self.root,
+            root_level: self.root_level,
+            entries: self.entries,
+            frozen: self.frozen.clone(),
+            earlier: self.written.clone(),
+            alloc,
+            started: Instant::now(),
+        };
+        self.generation += 1;
+        Ok(sealed)
+    }
+
+    /// Takes back a written commit: its pages join the cache, and what the
+    /// durable root no longer reaches waits for the next.
+    pub fn finish(&mut self, written: Result<WrittenCommit>) -> Result<CommitReport> {
+        let written = written.inspect_err(|_| self.failed = true)?;
+        debug_assert_eq!(written.generation + 1, self.generation);
+        self.written = Arc::new(written.placed);
+        for (address, node) in written.clean {
+            self.cache.insert(address, node);
+        }
+        for id in std::mem::take(&mut self.frozen_copied) {
+            let page = self.written[&id];
+            self.cache.remove(page.address);
+            self.freed.push(page.address);
+        }
+        self.frozen = Arc::default();
+        self.frozen_bytes = 0;
+        self.root = self.resolve(self.root);
+        debug_assert!(
+            self.dirty.contains_key(&written_root_id(self.root))
+                || self.root == Child::OnDisk(written.root),
+            "the root is neither changed since the seal nor the one written"
+        );
+        self.free_list_pages = written.list_pages;
+        self.used_pages = written.alloc.used_pages();
+        self.alloc = Some(written.alloc);
+        self.durable_generation = written.generation;
+        let report = written.report;
+        self.stats.commits += 1;
+        self.stats.pages_written += report.pages_written;
+        self.stats.bytes_written += report.bytes_written;
+        Ok(report)
+    }
+
+    /// Writes what changed since the last commit, then the new root record:
+    /// durable when this returns. The pages the last root reached and the
+    /// new one does not are free from then on.
+    pub fn commit(&mut self) -> Result<CommitReport> {
+        let sealed = self.seal()?;
+        let written = sealed.write();
+        self.finish(written)
+    }
+}
+
+impl SealedCommit {
+    /// Places the frozen nodes children first on pages free in the durable
+    /// root, writes them and the free list, flushes, then writes the root
+    /// record with FUA.
+    pub fn write(mut self) -> Result<WrittenCommit> {
+        let mut pages = Vec::with_capacity(self.frozen.len());
+        let (mut placed, mut clean) = (HashMap::new(), Vec::new());
+        let root = self.place(self.root, &mut pages, &mut placed, &mut clean)?;
+        // The list's own pages come from pages free now, so the list shrinks
+        // as they are taken.
+        let mut list_pages = Vec::new();
+        while self.alloc.list_for_root().len() > list_pages.len() * FREE_PER_PAGE {
+            list_pages
+                .push(PageRef { address: self.alloc.allocate()?, generation: self.generation });
+        }
+        let free = self.alloc.list_for_root();
+        let list_owner = self.owner | FREE_LIST_BIT;
+        for (node, at) in root::free_list_nodes(&free, &list_pages).iter().zip(&list_pages) {
+            pages.push((at.address, encode_page(node, *at, list_owner)));
+        }
+        let bytes = write_pages(&self.device, &mut pages)?;
+        self.device.flush().map_err(io_error("index commit"))?;
+        let record = RootRecord {
+            generation: self.generation,
+            owner: self.owner,
+            root_level: self.root_level,
+            root,
+            entries: self.entries,
+            high_water: self.alloc.high_water(),
+            free_list: list_pages.first().copied(),
+            free_listed: free.len() as u64,
+            free_list_pages: list_pages.len() as u64,
+        };
+        let mut slot = AlignedBuf::zeroed(PAGE_BYTES);
+        record.encode(&mut slot);
+        let slot_offset = self.slot_offsets[(self.generation % 2) as usize];
+        self.device.write(slot_offset, &slot, true).map_err(io_error("index root record"))?;
+        self.alloc.root_durable();
+        let report = CommitReport {
+            generation: self.generation,
+            pages_written: pages.len() as u64 + 1,
+            bytes_written: bytes + PAGE_BYTES as u64,
+            duration_ns: self.started.elapsed().as_nanos() as u64,
+        };
+        Ok(WrittenCommit {
+            generation: self.generation,
+            root,
+            placed,
+            clean,
+            list_pages: list_pages.iter().map(|page| page.address).collect(),
+            alloc: self.alloc,
+            report,
+        })
+    }
+
+    /// Places frozen node `child` and its frozen descendants on pages,
+    /// children first.
+    fn place(
+        &mut self,
+        child: Child,
+        pages: &mut Vec<(u64, AlignedBuf)>,
+        placed: &mut HashMap<u64, PageRef>,
+        clean: &mut Vec<(u64, Arc<Node>)>,
+    ) -> Result<PageRef> {
+        let id = match child {
+            Child::OnDisk(page) => return Ok(page),
+            Child::Dirty(id) => id,
+        };
+        if let Some(page) = self.earlier.get(&id) {
+            return Ok(*page);
+        }
+        let frozen = self.frozen.get(&id).expect("a frozen node its parent names").clone();
+        let node = match &*frozen {
+            Node::Leaf(_) => frozen,
+            Node::Branch { level, keys, children } => {
+                let mut resolved = Vec::with_capacity(children.len());
+                for child in children {
+                    resolved.push(Child::OnDisk(self.place(*child, pages, placed, clean)?));
+                }
+                Arc::new(Node::Branch { level: *level, keys: keys.clone(), children: resolved })
+            }
+        };
+        let page = PageRef { address: self.alloc.allocate()?, generation: self.generation };
+        pages.push((page.address, encode_page(&node, page, self.owner)));
+        placed.insert(id, page);
+        clean.push((page.address, node));
+        Ok(page)
+    }
+}
+
+/// The number of a root changed since the seal (0 for one on disk, which
+/// no node has).
+fn written_root_id(root: Child) -> u64 {
+    match root {
+        Child::Dirty(id) => id,
+        Child::OnDisk(_) => 0,
+    }
+}
+
+/// Writes `pages` in address order, one request per run of adjacent pages;
+/// returns the bytes written.
+fn write_pages(device: &Device, pages: &mut [(u64, AlignedBuf)]) -> Result<u64> {
+    pages.sort_unstable_by_key(|(address, _)| *address);
+    const RUN_PAGES_MAX: usize = 256;
+    let mut start = 0;
+    while start < pages.len() {
+        let mut end = start + 1;
+        while end < pages.len()
+            && end - start < RUN_PAGES_MAX
+            && pages[end].0 == pages[end - 1].0 + PAGE_BYTES as u64
+        {
+            end += 1;
+        }
+        let slices: Vec<IoSlice<'_>> =
+            pages[start..end].iter().map(|(_, buffer)| IoSlice::new(buffer)).collect();
+        device.write_vectored(pages[start].0, &slices, false).map_err(io_error("index pages"))?;
+        start = end;
+    }
+    Ok((pages.len() * PAGE_BYTES) as u64)
+}
+
+fn encode_page(node: &Node, page: PageRef, owner: u32) -> AlignedBuf {
+    let mut buffer = AlignedBuf::zeroed(PAGE_BYTES);
+    page::encode(node, page, owner, &mut buffer);
+    buffer
+}
