@@ -9,6 +9,7 @@
 pub mod chart;
 pub mod cpu;
 pub mod creates;
+pub mod index;
 pub mod jobfile;
 pub mod latency;
 pub mod nbd;

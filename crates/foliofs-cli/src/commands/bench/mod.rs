@@ -3,6 +3,7 @@
 //! command-line options), or one of the fixed workloads below.
 
 mod image;
+mod index;
 mod jobs;
 mod metadata;
 mod seeds;
@@ -24,6 +25,9 @@ pub struct BenchArgs {
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
+    /// The paged metadata index alone, growing to --files files: creates
+    /// per window, RSS, commits, open, random stats on a cold cache.
+    Index(index::IndexArgs),
     /// Metadata operations: create a file, write 4 KiB, fsync, close; with
     /// --peers also through the mount and on the kernel's ext4 and XFS.
     Metadata(metadata::MetadataArgs),
@@ -46,6 +50,7 @@ pub fn run(
     let _clean_up = foliofs_bench::peers::CleanUpOnDrop;
     match args.command {
         None => jobs::run(&args.jobs, options, options_text),
+        Some(BenchCommand::Index(args)) => index::run(&args),
         Some(BenchCommand::Metadata(args)) => metadata::run(&args, options, options_text),
         Some(BenchCommand::Seeds(args)) => seeds::run(&args, options, options_text),
         Some(BenchCommand::Tree(args)) => tree::run(&args, options, options_text),
