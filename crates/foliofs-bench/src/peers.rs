@@ -425,14 +425,15 @@ impl FuseMount {
         // names the connection. Read while the daemon can still answer.
         let minor = std::fs::metadata(&self.mount).map(|metadata| libc::minor(metadata.dev()));
         let mut daemon = self.daemon.take().expect("running");
-        daemon.kill().context("kill the foliofs daemon")?;
+        // An error here is a daemon already gone: the wait below reaps it.
+        let killed = daemon.kill();
         if let Ok(minor) = minor {
             let _ = std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1");
         }
         let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
         unregister(&Undo::Unmount(self.mount.clone()));
         daemon.wait().context("wait for the killed foliofs daemon")?;
-        Ok(())
+        killed.context("kill the foliofs daemon")
     }
 
     /// Unmounts and waits for the daemon to write back and exit.

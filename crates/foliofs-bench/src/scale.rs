@@ -515,10 +515,9 @@ fn seconds_text(seconds: Option<f64>) -> String {
 fn summary_row(result: &TargetResult) -> String {
     let name = result.target.map_or("?", Target::name);
     let rate = result.created as f64 / result.create_seconds.max(1e-9);
-    let windows = result.window_summary().map_or("-".into(), |(slowest, median, fastest)| {
+    let windows = result.window_summary().map_or("- | -".into(), |(slowest, median, fastest)| {
         format!("{slowest:.0} / {median:.0} / {fastest:.0} | {:.2}", slowest / median.max(1e-9))
     });
-    let windows = if windows == "-" { "- | -".to_string() } else { windows };
     let memory = result.memory_bytes.map_or("-".into(), mib);
     let checkpoints = if result.checkpoints.is_empty() {
         if result.target == Some(Target::InProcess) {
