@@ -4,7 +4,9 @@
 //! fio's JSON shape (`report`); and the seed experiments (`seeds`) beside the
 //! kernel's ext4 and XFS (`peers`) and on qemu-nbd (`nbd`), with tables, JSON
 //! and charts (`chart`) that quote each seed's own posted figures (`posted`);
-//! the metadata loops through the OS (`creates`, `tree`).
+//! the metadata loops through the OS (`creates`, `tree`); and metadata at
+//! scale, files by the million in children of its own (`scale`,
+//! `scale_worker`).
 
 pub mod chart;
 pub mod cpu;
@@ -18,6 +20,8 @@ pub mod posted;
 pub mod report;
 pub mod results;
 pub mod runner;
+pub mod scale;
+pub mod scale_worker;
 pub mod seeds;
 pub mod targets;
 pub mod tree;

@@ -266,6 +266,33 @@ impl KernelFs {
             .map_or(0, |sectors: u64| sectors * 512)
     }
 
+    /// Read requests and bytes the loop device has completed so far.
+    pub fn reads(&self) -> (u64, u64) {
+        let name = self.loop_device.trim_start_matches("/dev/");
+        let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).unwrap_or_default();
+        let field = |index: usize| -> u64 {
+            stat.split_whitespace().nth(index).and_then(|field| field.parse().ok()).unwrap_or(0)
+        };
+        (field(0), field(2) * 512)
+    }
+
+    /// Unmounts the file system and keeps the loop device, to mount it
+    /// again (`bench scale` times a close and an open).
+    pub fn unmount(&self) -> anyhow::Result<()> {
+        unmount_retrying_unheld(&self.mount, UNMOUNT_TRIES, |point| {
+            run(Command::new("umount").arg(point)).map(drop)
+        })?;
+        unregister(&Undo::Unmount(self.mount.clone()));
+        Ok(())
+    }
+
+    /// Mounts the loop device again after [`KernelFs::unmount`].
+    pub fn mount_again(&self) -> anyhow::Result<()> {
+        run(Command::new("mount").arg(&self.loop_device).arg(&self.mount))?;
+        register(Undo::Unmount(self.mount.clone()));
+        Ok(())
+    }
+
     /// Unmounts and detaches the loop device, leaving the backing file to
     /// the next user.
     pub fn stop(self) -> anyhow::Result<()> {
@@ -367,6 +394,46 @@ impl FuseMount {
                     .and_then(|value| value.trim().parse().ok())
             })
             .unwrap_or(0)
+    }
+
+    /// The daemon's process id, while it runs.
+    pub fn daemon_pid(&self) -> Option<u32> {
+        self.daemon.as_ref().map(Child::id)
+    }
+
+    /// Bytes the daemon has read from storage so far (its /proc io
+    /// counter, which counts O_DIRECT reads as the block layer submits
+    /// them).
+    pub fn bytes_read(&self) -> u64 {
+        let Some(daemon) = &self.daemon else { return 0 };
+        std::fs::read_to_string(format!("/proc/{}/io", daemon.id()))
+            .ok()
+            .and_then(|io| {
+                io.lines()
+                    .find_map(|line| line.strip_prefix("read_bytes: "))
+                    .and_then(|value| value.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    /// Ends the daemon with SIGKILL, as a crash would, and detaches the
+    /// mount: the connection is aborted first, since a daemon killed while
+    /// the kernel waits on it can stay stuck there (README).
+    pub fn kill(mut self) -> anyhow::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        // The mount's root is on the connection's device: its minor number
+        // names the connection. Read while the daemon can still answer.
+        let minor = std::fs::metadata(&self.mount).map(|metadata| libc::minor(metadata.dev()));
+        let mut daemon = self.daemon.take().expect("running");
+        // An error here is a daemon already gone: the wait below reaps it.
+        let killed = daemon.kill();
+        if let Ok(minor) = minor {
+            let _ = std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1");
+        }
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        unregister(&Undo::Unmount(self.mount.clone()));
+        daemon.wait().context("wait for the killed foliofs daemon")?;
+        killed.context("kill the foliofs daemon")
     }
 
     /// Unmounts and waits for the daemon to write back and exit.

@@ -4,6 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod scale;
+use scale::check_scale_target;
+
 fn foliofs(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_foliofs")).args(args).output().expect("run foliofs")
 }
@@ -369,6 +372,37 @@ fn bench_metadata_runs_each_count_of_jobs_and_prints_how_it_scaled() {
             fails(&["bench", "metadata", "--image", image.to_str().unwrap(), bad[0], bad[1]]);
         assert!(error.contains(bad[0]), "{error}");
     }
+}
+
+/// `bench scale` in process, on a volume small enough that its 1 MiB
+/// journal fills (at about 3,700 creates) while its checkpoint slot still
+/// holds the files (about 9,000): each target's numbers are there and sane, every checkpoint is
+/// reported, and the run leaves nothing behind.
+#[test]
+fn bench_scale_in_process_measures_every_phase() {
+    let dir = tempfile::tempdir().unwrap();
+    let json_path = dir.path().join("scale.json");
+    let output = Command::new(env!("CARGO_BIN_EXE_foliofs"))
+        .args(["bench", "scale", "--files", "6000", "--per-dir", "500", "--targets"])
+        .args(["in-process", "--volume-size", "64M", "--json"])
+        .arg(&json_path)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("## bench scale: 6000 empty files, 500 per directory"), "{stdout}");
+    assert!(stdout.contains("| in-process | 6000 | "), "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    check_scale_target(&json, "in-process", 6000);
+    let checkpoints = json["targets"][0]["checkpoints"].as_array().unwrap();
+    assert!(!checkpoints.is_empty(), "a 64 MiB volume's journal fills: {json}");
+    assert!(checkpoints.iter().all(|point| point["bytes"].as_u64().unwrap() > 0), "{json}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(left, [json_path], "the image is removed");
+    let error = fails(&["bench", "scale", "--targets", "btrfs"]);
+    assert!(error.contains("no target \"btrfs\" (known: in-process"), "{error}");
 }
 
 /// A quick seed run without peers writes its table, JSON and goals.

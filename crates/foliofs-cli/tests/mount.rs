@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod scale;
 #[path = "../../../tests/support/skip.rs"]
 mod skip;
 mod transport;
@@ -457,6 +458,39 @@ fn bench_metadata_peers_run_the_same_loop_through_the_os() {
     assert!(stdout.contains("| foliofs (mount) / ext4 | "), "{stdout}");
     let leftovers: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = dir.path().to_str().unwrap();
+    assert!(!mounts.contains(root), "a mount left under {root}: {mounts}");
+}
+
+/// `foliofs bench scale --targets mount`: the files made through the
+/// mount, the daemon's memory, its close and open, the stat pass, and the
+/// daemon killed with SIGKILL half-way, then every durable file found; and
+/// nothing left behind, mounted or on disk.
+#[test]
+fn bench_scale_through_the_mount_measures_every_phase() {
+    if skip_requested() {
+        return;
+    }
+    // bench scale runs the mount where it can run the kernel peers.
+    require(&["fio", "losetup", "mkfs.ext4", "mkfs.xfs"]);
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let json_path = dir.path().join("scale.json");
+    let output = Command::new(FOLIOFS)
+        .args(["bench", "scale", "--files", "3000", "--targets", "mount", "--json"])
+        .arg(&json_path)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("| mount | 3000 | "), "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&json_path).unwrap()).unwrap();
+    scale::check_scale_target(&json, "mount", 3000);
+    assert_eq!(json["targets"][0]["memory_what"], "the daemon's VmHWM");
+    let leftovers: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(leftovers, [json_path]);
     let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
     let root = dir.path().to_str().unwrap();
     assert!(!mounts.contains(root), "a mount left under {root}: {mounts}");

@@ -335,8 +335,17 @@ fn many_files_force_checkpoints_and_reload(block_bytes: u32) {
     }
     volume.sync().unwrap();
     let expected = names(&volume, ROOT);
+    // Every checkpoint written is counted, with its payload and time (one
+    // asked for here, so at least one is).
+    volume.checkpoint().unwrap();
+    let written = volume.checkpoint_stats();
+    assert!(written.checkpoints >= 1, "{written:?}");
+    assert!(written.bytes_total > 0 && written.ns_total > 0, "{written:?}");
     drop(volume);
     let (_, volume) = open_image(device.image()).unwrap();
+    // mkfs wrote the first; the closing drop wrote one more than counted.
+    assert_eq!(volume.load_report().checkpoint_generation, written.checkpoints + 2);
+    assert_eq!(volume.checkpoint_stats().checkpoints, 0, "counted since this open");
     assert!(
         volume.load_report().checkpoint_generation > 1,
         "the journal wrapped through checkpoints"

@@ -51,5 +51,5 @@ pub use observe::{ChangeEvent, ChangeObserver, NamespaceEvent, NamespaceObserver
 pub use open_options::OpenOptions;
 pub use paths::ReadDir;
 pub use shutdown::ShutdownMode;
-pub use volume::{CacheStats, FiemapExtent, LockWaits, MkfsOptions, Volume};
+pub use volume::{CacheStats, CheckpointStats, FiemapExtent, LockWaits, MkfsOptions, Volume};
 pub use xattr::{Privilege, XattrFlags};

@@ -422,6 +422,12 @@ impl Volume {
         }
     }
 
+    /// Checkpoints written since the volume was opened.
+    pub fn checkpoint_stats(&self) -> CheckpointStats {
+        let (checkpoints, bytes_total, ns_total) = self.shared.meta.checkpoint_totals();
+        CheckpointStats { checkpoints, bytes_total, ns_total }
+    }
+
     /// What the folio cache holds now.
     pub fn cache_stats(&self) -> CacheStats {
         let (folios_reused, folios_allocated) = self.shared.cache.buffers_handed_out();
@@ -561,6 +567,19 @@ pub struct LockWaits {
     pub journal_waits: u64,
     /// Time those waits took.
     pub journal_wait_ns: u64,
+}
+
+/// Checkpoints written since the volume was opened (when the journal
+/// filled, or asked for), each from its cut to durable: `foliofs bench
+/// scale` prints each one's bytes and time from the differences.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckpointStats {
+    /// Checkpoints written.
+    pub checkpoints: u64,
+    /// Their payloads' bytes (the encoded metadata), all together.
+    pub bytes_total: u64,
+    /// Their time, all together.
+    pub ns_total: u64,
 }
 
 /// Memory of the folio cache.

@@ -6,6 +6,7 @@ mod image;
 mod index;
 mod jobs;
 mod metadata;
+mod scale;
 mod seeds;
 mod tree;
 
@@ -31,6 +32,10 @@ pub enum BenchCommand {
     /// Metadata operations: create a file, write 4 KiB, fsync, close; with
     /// --peers also through the mount and on the kernel's ext4 and XFS.
     Metadata(metadata::MetadataArgs),
+    /// Empty files by the million in process, through the mount and on the
+    /// kernel's ext4 and XFS: rate per window, memory, checkpoints, close,
+    /// open, open after a kill -9, a shuffled stat of every file.
+    Scale(scale::ScaleArgs),
     /// The five seed experiments, old policy against new, against the
     /// engine's limits and the kernel's ext4 and XFS (as root, with fio).
     Seeds(seeds::SeedsArgs),
@@ -52,6 +57,7 @@ pub fn run(
         None => jobs::run(&args.jobs, options, options_text),
         Some(BenchCommand::Index(args)) => index::run(&args),
         Some(BenchCommand::Metadata(args)) => metadata::run(&args, options, options_text),
+        Some(BenchCommand::Scale(args)) => scale::run(&args, options_text),
         Some(BenchCommand::Seeds(args)) => seeds::run(&args, options, options_text),
         Some(BenchCommand::Tree(args)) => tree::run(&args, options, options_text),
     }
