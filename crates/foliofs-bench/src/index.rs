@@ -9,11 +9,14 @@
 //! files.
 
 use std::path::Path;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use foliofs::dev::{DevOptions, Device};
-use foliofs::index::{IndexOptions, Tree};
+use foliofs::index::{CommitReport, IndexOptions, Tree};
+use parking_lot::{Condvar, Mutex};
 use serde_json::json;
 
 pub const INODE_VALUE_BYTES: usize = 120;
@@ -28,6 +31,9 @@ pub struct IndexBenchOptions {
     pub cache_bytes: usize,
     /// Random stats on the reopened index.
     pub stats: u64,
+    /// Commits written on a thread of their own while the creates go on,
+    /// rather than by the creating thread.
+    pub background_commits: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -38,6 +44,8 @@ pub struct Window {
     pub commits: u64,
     pub commit_bytes: u64,
     pub commit_ms_max: f64,
+    /// The longest one file's creation took, commits and waits included.
+    pub create_us_max: f64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -124,16 +132,27 @@ pub fn run(
 ) -> anyhow::Result<IndexBenchResult> {
     let image_bytes = std::fs::metadata(image)?.len();
     let region = index_options(image_bytes, options.cache_bytes);
-    let mut tree = Tree::create(open_device(image)?, region.clone())?;
+    let tree = Arc::new(Shared {
+        tree: Mutex::new(Tree::create(open_device(image)?, region.clone())?),
+        committed: Condvar::new(),
+        reports: Mutex::new(Vec::new()),
+        committer_failed: Default::default(),
+    });
+    let committer = options.background_commits.then(|| Committer::start(tree.clone()));
     let mut result = IndexBenchResult::default();
     let window_files = options.files.div_ceil(options.windows.max(1)).max(1);
     let mut ino = 0;
     while ino < options.files {
-        let window = create_window(&mut tree, ino, (ino + window_files).min(options.files))?;
+        let end = (ino + window_files).min(options.files);
+        let window = create_window(&tree, committer.as_ref(), ino, end)?;
         ino += window_files;
         progress(&window);
         result.windows.push(window);
     }
+    if let Some(committer) = committer {
+        committer.stop()?;
+    }
+    let mut tree = Arc::into_inner(tree).expect("the committer has stopped").tree.into_inner();
     tree.commit()?;
     result.entries = tree.len();
     result.height = tree.height();
@@ -161,22 +180,106 @@ fn ms_since(started: Instant) -> f64 {
     started.elapsed().as_secs_f64() * 1e3
 }
 
-fn create_window(tree: &mut Tree, first: u64, end: u64) -> anyhow::Result<Window> {
+/// The tree, shared between the creating thread and a committer.
+struct Shared {
+    tree: Mutex<Tree>,
+    /// Signalled when a background commit finishes.
+    committed: Condvar,
+    reports: Mutex<Vec<CommitReport>>,
+    /// The committer stopped on an error: nobody is to wait for it.
+    committer_failed: std::sync::atomic::AtomicBool,
+}
+
+/// A thread that commits when asked, writing outside the tree's lock.
+struct Committer {
+    request: SyncSender<()>,
+    thread: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Committer {
+    fn start(shared: Arc<Shared>) -> Self {
+        let (request, requests) = sync_channel(1);
+        let thread = std::thread::spawn(move || Self::serve(&shared, &requests));
+        Self { request, thread }
+    }
+
+    fn serve(shared: &Shared, requests: &Receiver<()>) -> anyhow::Result<()> {
+        let result = Self::commit_when_asked(shared, requests);
+        if result.is_err() {
+            let _tree = shared.tree.lock(); // so a creator cannot miss it
+            shared.committer_failed.store(true, std::sync::atomic::Ordering::Release);
+            shared.committed.notify_all();
+        }
+        result
+    }
+
+    fn commit_when_asked(shared: &Shared, requests: &Receiver<()>) -> anyhow::Result<()> {
+        while requests.recv().is_ok() {
+            let sealed = shared.tree.lock().seal()?;
+            let written = sealed.write();
+            let report = shared.tree.lock().finish(written);
+            shared.committed.notify_all();
+            shared.reports.lock().push(report?);
+        }
+        Ok(())
+    }
+
+    /// Asks for a commit unless one is asked for already.
+    fn ask(&self) {
+        match self.request.try_send(()) {
+            Ok(()) | Err(TrySendError::Full(())) => {}
+            Err(TrySendError::Disconnected(())) => {} // its error comes out of stop
+        }
+    }
+
+    fn stop(self) -> anyhow::Result<()> {
+        drop(self.request);
+        self.thread.join().map_err(|_| anyhow::anyhow!("the committer panicked"))?
+    }
+}
+
+fn create_window(
+    shared: &Shared,
+    committer: Option<&Committer>,
+    first: u64,
+    end: u64,
+) -> anyhow::Result<Window> {
     let mut window = Window { files: end, ..Window::default() };
     let started = Instant::now();
+    let mut create_ns_max = 0;
     for ino in first..end {
+        let create_started = Instant::now();
+        let mut tree = shared.tree.lock();
         tree.insert(&inode_key(ino), &inode_value(ino, 1))?;
         let (key, value) = entry(ino);
         tree.insert(&key, &value)?;
-        if tree.needs_commit() {
-            let commit = tree.commit()?;
-            window.commits += 1;
-            window.commit_bytes += commit.bytes_written;
-            window.commit_ms_max = window.commit_ms_max.max(commit.duration_ns as f64 / 1e6);
+        match committer {
+            None if tree.needs_commit() => shared.reports.lock().push(tree.commit()?),
+            None => {}
+            Some(committer) => {
+                if tree.needs_commit() {
+                    committer.ask();
+                }
+                // Past its share of memory, the creator waits for the commit.
+                while tree.needs_throttle() {
+                    if shared.committer_failed.load(std::sync::atomic::Ordering::Acquire) {
+                        anyhow::bail!("the index's committer failed");
+                    }
+                    shared.committed.wait(&mut tree);
+                }
+            }
         }
+        drop(tree);
+        create_ns_max = create_ns_max.max(create_started.elapsed().as_nanos());
     }
     window.creates_per_s = (end - first) as f64 / started.elapsed().as_secs_f64();
+    window.create_us_max = create_ns_max as f64 / 1e3;
     window.rss_bytes = rss_bytes().0;
+    for commit in shared.reports.lock().drain(..) {
+        window.commits += 1;
+        window.commit_bytes += commit.bytes_written;
+        window.commit_ms_max = window.commit_ms_max.max(commit.duration_ns as f64 / 1e6);
+    }
     Ok(window)
 }
 
@@ -206,17 +309,20 @@ fn stat_random_files(
 pub fn to_markdown(options: &IndexBenchOptions, result: &IndexBenchResult) -> String {
     let mut out = format!(
         "## Paged index: {} files ({} entries), cache {} MiB\n\n\
-         | files | creates/s | RSS MiB | commits | commit MiB | slowest commit ms |\n\
-         |---:|---:|---:|---:|---:|---:|\n",
+         commits {}\n\n\
+         | files | creates/s | longest create ms | RSS MiB | commits | commit MiB | slowest commit ms |\n\
+         |---:|---:|---:|---:|---:|---:|---:|\n",
         options.files,
         result.entries,
-        options.cache_bytes >> 20
+        options.cache_bytes >> 20,
+        if options.background_commits { "on a thread of their own" } else { "by the creating thread" }
     );
     for window in &result.windows {
         out += &format!(
-            "| {} | {:.0} | {:.0} | {} | {:.1} | {:.1} |\n",
+            "| {} | {:.0} | {:.1} | {:.0} | {} | {:.1} | {:.1} |\n",
             window.files,
             window.creates_per_s,
+            window.create_us_max / 1e3,
             window.rss_bytes as f64 / (1 << 20) as f64,
             window.commits,
             window.commit_bytes as f64 / (1 << 20) as f64,
@@ -258,6 +364,7 @@ pub fn to_json(options: &IndexBenchOptions, result: &IndexBenchResult) -> serde_
     json!({
         "files": options.files,
         "cache_bytes": options.cache_bytes,
+        "background_commits": options.background_commits,
         "entries": result.entries,
         "height": result.height,
         "index_bytes": result.index_bytes,
@@ -268,6 +375,7 @@ pub fn to_json(options: &IndexBenchOptions, result: &IndexBenchResult) -> serde_
             "commits": window.commits,
             "commit_bytes": window.commit_bytes,
             "commit_ms_max": window.commit_ms_max,
+            "create_us_max": window.create_us_max,
         })).collect::<Vec<_>>(),
         "close_ms": result.close_ms,
         "open_ms": result.open_ms,
@@ -289,8 +397,21 @@ mod tests {
         let image = dir.path().join("index.img");
         let files = 20_000;
         std::fs::File::create(&image).unwrap().set_len(image_bytes(files)).unwrap();
-        let options = IndexBenchOptions { files, windows: 4, cache_bytes: 1 << 20, stats: 2_000 };
-        let result = run(&options, &image, &|_| {}).unwrap();
+        for background_commits in [false, true] {
+            let options = IndexBenchOptions {
+                files,
+                windows: 4,
+                cache_bytes: 1 << 20,
+                stats: 2_000,
+                background_commits,
+            };
+            check_small_run(&options, &image);
+        }
+    }
+
+    fn check_small_run(options: &IndexBenchOptions, image: &Path) {
+        let files = options.files;
+        let result = run(options, image, &|_| {}).unwrap();
         assert_eq!(result.entries, 2 * files);
         assert_eq!(result.windows.len(), 4);
         assert!(result.windows.iter().map(|window| window.commits).sum::<u64>() > 0);
@@ -299,7 +420,7 @@ mod tests {
         assert!(result.page_reads_per_stat > 0.0 && result.page_reads_per_stat < 4.0);
         // 1,000 changed inodes: at most a leaf each plus their parents.
         assert!(result.small_commit_bytes < 1_100 * 2 * 4096, "{}", result.small_commit_bytes);
-        let report = to_markdown(&options, &result);
+        let report = to_markdown(options, &result);
         assert!(report.contains("page reads per stat"), "{report}");
     }
 }

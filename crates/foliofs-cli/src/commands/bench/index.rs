@@ -26,6 +26,9 @@ pub struct IndexArgs {
     /// Random files stat'ed (entry and inode) after reopening.
     #[arg(long, default_value = "100000")]
     stats: u64,
+    /// Write commits on a thread of their own while the creates go on.
+    #[arg(long)]
+    background_commits: bool,
     /// Also write the result as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -44,6 +47,7 @@ pub fn run(args: &IndexArgs) -> anyhow::Result<ExitCode> {
         windows: args.windows,
         cache_bytes,
         stats: args.stats,
+        background_commits: args.background_commits,
     };
     // /tmp may be a tmpfs, which says nothing about a disk.
     let image = PathBuf::from(format!("foliofs-bench-index-{}.img", std::process::id()));
