@@ -18,6 +18,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("refcount", &["alloc"]),
     ("layout", &["dev", "error", "format"]),
     ("journal", &["dev", "error", "format", "lock_order"]),
+    ("index", &["dev", "error"]),
     ("meta", &["alloc", "dev", "error", "extent", "format", "journal", "lock_order", "refcount"]),
     ("iomap", &["alloc", "error", "extent", "format", "meta"]),
     ("completion", &[]),

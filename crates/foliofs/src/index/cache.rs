@@ -2,16 +2,17 @@
 //! recently used go first. Dirty nodes are not here; the tree holds them
 //! until its next commit writes them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::page::Node;
+use super::NumberMap;
 
 pub struct PageCache {
     budget_bytes: usize,
     held_bytes: usize,
     /// address -> (node, its last use)
-    pages: HashMap<u64, (Arc<Node>, u64)>,
+    pages: NumberMap<(Arc<Node>, u64)>,
     /// last use -> address, oldest first
     by_use: BTreeMap<u64, u64>,
     clock: u64,
@@ -22,7 +23,7 @@ impl PageCache {
         Self {
             budget_bytes,
             held_bytes: 0,
-            pages: HashMap::new(),
+            pages: NumberMap::default(),
             by_use: BTreeMap::new(),
             clock: 0,
         }
@@ -75,7 +76,10 @@ mod tests {
     use super::*;
 
     fn leaf(value_bytes: usize) -> Arc<Node> {
-        Arc::new(Node::Leaf(vec![(b"k".to_vec(), vec![0; value_bytes])]))
+        Arc::new(Node::Leaf(super::super::page::Leaf::from_entries(&[(
+            b"k".to_vec(),
+            vec![0; value_bytes],
+        )])))
     }
 
     #[test]

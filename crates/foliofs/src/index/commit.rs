@@ -11,8 +11,6 @@
 //! `Tree::written` after the finish, until the next commit has written
 //! every node that holds one.
 
-use std::collections::HashMap;
-use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,6 +18,7 @@ use super::alloc::PageAlloc;
 use super::page::{self, Child, Node, PageRef, PAGE_BYTES};
 use super::root::{self, RootRecord, FREE_LIST_BIT, FREE_PER_PAGE};
 use super::tree::{io_error, slot_offsets, CommitReport, Tree};
+use super::NumberMap;
 use crate::dev::{AlignedBuf, Device};
 use crate::error::{Error, Result};
 
@@ -32,9 +31,9 @@ pub struct SealedCommit {
     root: Child,
     root_level: u8,
     entries: u64,
-    frozen: Arc<HashMap<u64, Arc<Node>>>,
+    frozen: Arc<NumberMap<Arc<Node>>>,
     /// The commit before's placements, for frozen pointers to its nodes.
-    earlier: Arc<HashMap<u64, PageRef>>,
+    earlier: Arc<NumberMap<PageRef>>,
     alloc: PageAlloc,
     started: Instant,
 }
@@ -43,9 +42,9 @@ pub struct SealedCommit {
 pub struct WrittenCommit {
     generation: u64,
     root: PageRef,
-    placed: HashMap<u64, PageRef>,
+    placed: NumberMap<PageRef>,
     /// The nodes written, pointers resolved, for the cache.
-    clean: Vec<(u64, Arc<Node>)>,
+    clean: Vec<(PageRef, Arc<Node>)>,
     list_pages: Vec<u64>,
     alloc: PageAlloc,
     report: CommitReport,
@@ -89,8 +88,8 @@ impl Tree {
         let written = written.inspect_err(|_| self.failed = true)?;
         debug_assert_eq!(written.generation + 1, self.generation);
         self.written = Arc::new(written.placed);
-        for (address, node) in written.clean {
-            self.cache.insert(address, node);
+        for (page, node) in written.clean {
+            self.cache.insert(page.address, node);
         }
         for id in std::mem::take(&mut self.frozen_copied) {
             let page = self.written[&id];
@@ -131,9 +130,8 @@ impl SealedCommit {
     /// root, writes them and the free list, flushes, then writes the root
     /// record with FUA.
     pub fn write(mut self) -> Result<WrittenCommit> {
-        let mut pages = Vec::with_capacity(self.frozen.len());
-        let (mut placed, mut clean) = (HashMap::new(), Vec::new());
-        let root = self.place(self.root, &mut pages, &mut placed, &mut clean)?;
+        let (mut placed, mut clean) = (NumberMap::default(), Vec::new());
+        let root = self.place(self.root, &mut placed, &mut clean)?;
         // The list's own pages come from pages free now, so the list shrinks
         // as they are taken.
         let mut list_pages = Vec::new();
@@ -142,11 +140,15 @@ impl SealedCommit {
                 .push(PageRef { address: self.alloc.allocate()?, generation: self.generation });
         }
         let free = self.alloc.list_for_root();
+        let list_nodes = root::free_list_nodes(&free, &list_pages);
         let list_owner = self.owner | FREE_LIST_BIT;
-        for (node, at) in root::free_list_nodes(&free, &list_pages).iter().zip(&list_pages) {
-            pages.push((at.address, encode_page(node, *at, list_owner)));
-        }
+        let mut pages: Vec<(PageRef, &Node, u32)> =
+            clean.iter().map(|(page, node)| (*page, &**node, self.owner)).collect();
+        pages.extend(
+            list_pages.iter().zip(&list_nodes).map(|(page, node)| (*page, node, list_owner)),
+        );
         let bytes = write_pages(&self.device, &mut pages)?;
+        let pages_written = pages.len() as u64 + 1;
         self.device.flush().map_err(io_error("index commit"))?;
         let record = RootRecord {
             generation: self.generation,
@@ -166,7 +168,7 @@ impl SealedCommit {
         self.alloc.root_durable();
         let report = CommitReport {
             generation: self.generation,
-            pages_written: pages.len() as u64 + 1,
+            pages_written,
             bytes_written: bytes + PAGE_BYTES as u64,
             duration_ns: self.started.elapsed().as_nanos() as u64,
         };
@@ -186,9 +188,8 @@ impl SealedCommit {
     fn place(
         &mut self,
         child: Child,
-        pages: &mut Vec<(u64, AlignedBuf)>,
-        placed: &mut HashMap<u64, PageRef>,
-        clean: &mut Vec<(u64, Arc<Node>)>,
+        placed: &mut NumberMap<PageRef>,
+        clean: &mut Vec<(PageRef, Arc<Node>)>,
     ) -> Result<PageRef> {
         let id = match child {
             Child::OnDisk(page) => return Ok(page),
@@ -203,15 +204,14 @@ impl SealedCommit {
             Node::Branch { level, keys, children } => {
                 let mut resolved = Vec::with_capacity(children.len());
                 for child in children {
-                    resolved.push(Child::OnDisk(self.place(*child, pages, placed, clean)?));
+                    resolved.push(Child::OnDisk(self.place(*child, placed, clean)?));
                 }
                 Arc::new(Node::Branch { level: *level, keys: keys.clone(), children: resolved })
             }
         };
         let page = PageRef { address: self.alloc.allocate()?, generation: self.generation };
-        pages.push((page.address, encode_page(&node, page, self.owner)));
         placed.insert(id, page);
-        clean.push((page.address, node));
+        clean.push((page, node));
         Ok(page)
     }
 }
@@ -225,30 +225,28 @@ fn written_root_id(root: Child) -> u64 {
     }
 }
 
-/// Writes `pages` in address order, one request per run of adjacent pages;
+/// Encodes `pages` in address order into one buffer (one allocation, not
+/// one per page) and writes it, one request per run of adjacent pages;
 /// returns the bytes written.
-fn write_pages(device: &Device, pages: &mut [(u64, AlignedBuf)]) -> Result<u64> {
-    pages.sort_unstable_by_key(|(address, _)| *address);
+fn write_pages(device: &Device, pages: &mut [(PageRef, &Node, u32)]) -> Result<u64> {
     const RUN_PAGES_MAX: usize = 256;
+    pages.sort_unstable_by_key(|(page, ..)| page.address);
+    let mut buffer = AlignedBuf::zeroed(pages.len() * PAGE_BYTES);
+    for (slot, (page, node, owner)) in buffer.chunks_mut(PAGE_BYTES).zip(pages.iter()) {
+        page::encode(node, *page, *owner, slot);
+    }
     let mut start = 0;
     while start < pages.len() {
         let mut end = start + 1;
         while end < pages.len()
             && end - start < RUN_PAGES_MAX
-            && pages[end].0 == pages[end - 1].0 + PAGE_BYTES as u64
+            && pages[end].0.address == pages[end - 1].0.address + PAGE_BYTES as u64
         {
             end += 1;
         }
-        let slices: Vec<IoSlice<'_>> =
-            pages[start..end].iter().map(|(_, buffer)| IoSlice::new(buffer)).collect();
-        device.write_vectored(pages[start].0, &slices, false).map_err(io_error("index pages"))?;
+        let run = &buffer[start * PAGE_BYTES..end * PAGE_BYTES];
+        device.write(pages[start].0.address, run, false).map_err(io_error("index pages"))?;
         start = end;
     }
     Ok((pages.len() * PAGE_BYTES) as u64)
-}
-
-fn encode_page(node: &Node, page: PageRef, owner: u32) -> AlignedBuf {
-    let mut buffer = AlignedBuf::zeroed(PAGE_BYTES);
-    page::encode(node, page, owner, &mut buffer);
-    buffer
 }

@@ -18,6 +18,8 @@
 //! level differs belongs elsewhere. Each is refused as corruption naming
 //! the page, never followed.
 
+pub use super::leaf::Leaf;
+use super::leaf::ENTRY_OVERHEAD as LEAF_ENTRY_OVERHEAD;
 use crate::error::{Error, Result};
 
 /// Bytes in one index page.
@@ -31,7 +33,6 @@ pub const ENTRY_BYTES_MAX: usize = (PAGE_BYTES - HEADER_BYTES) / 3 - LEAF_ENTRY_
 pub const KEY_BYTES_MAX: usize = 512;
 
 const MAGIC: [u8; 4] = *b"FIDX";
-const LEAF_ENTRY_OVERHEAD: usize = 4;
 const BRANCH_ENTRY_OVERHEAD: usize = 2 + 8 + 8;
 
 /// Where a child page is and which write of it the parent expects.
@@ -56,7 +57,7 @@ pub struct Expected {
 /// A node as it lives in memory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Node {
-    Leaf(Vec<(Vec<u8>, Vec<u8>)>),
+    Leaf(Leaf),
     /// `keys[i]` is the least key `children[i]` may hold (`keys[0]` is the
     /// node's own lower bound and never compared); level ≥ 1.
     Branch {
@@ -97,10 +98,7 @@ impl Node {
     pub fn encoded_bytes(&self) -> usize {
         HEADER_BYTES
             + match self {
-                Node::Leaf(entries) => entries
-                    .iter()
-                    .map(|(key, value)| LEAF_ENTRY_OVERHEAD + key.len() + value.len())
-                    .sum::<usize>(),
+                Node::Leaf(leaf) => leaf.page_bytes(),
                 Node::Branch { keys, .. } => {
                     keys.iter().map(|key| BRANCH_ENTRY_OVERHEAD + key.len()).sum::<usize>()
                 }
@@ -113,10 +111,7 @@ impl Node {
         const NODE_BYTES: usize = 96;
         NODE_BYTES
             + match self {
-                Node::Leaf(entries) => entries
-                    .iter()
-                    .map(|(key, value)| 2 * VEC_BYTES + key.len() + value.len())
-                    .sum::<usize>(),
+                Node::Leaf(leaf) => leaf.memory_bytes(),
                 Node::Branch { keys, .. } => {
                     keys.iter().map(|key| VEC_BYTES + 16 + key.len()).sum::<usize>()
                 }
@@ -146,8 +141,8 @@ pub fn encode(node: &Node, page: PageRef, owner: u32, out: &mut [u8]) {
         at += bytes.len();
     };
     match node {
-        Node::Leaf(entries) => {
-            for (key, value) in entries {
+        Node::Leaf(leaf) => {
+            for (key, value) in leaf.iter() {
                 put(&(key.len() as u16).to_le_bytes());
                 put(&(value.len() as u16).to_le_bytes());
                 put(key);
@@ -245,13 +240,16 @@ impl<'a> Reader<'a> {
 fn decode_entries(body: &[u8], level: u8, count: usize) -> std::result::Result<Node, String> {
     let mut reader = Reader { body, at: 0 };
     let node = if level == 0 {
-        let mut entries = Vec::with_capacity(count);
+        let mut leaf = Leaf::default();
         for _ in 0..count {
             let (key_bytes, value_bytes) = (reader.u16()?, reader.u16()?);
-            let key = reader.take(key_bytes)?.to_vec();
-            entries.push((key, reader.take(value_bytes)?.to_vec()));
+            let key = reader.take(key_bytes)?;
+            if leaf.len() > 0 && leaf.key(leaf.len() - 1) >= key {
+                return Err("keys out of order".into());
+            }
+            leaf.push(key, reader.take(value_bytes)?);
         }
-        Node::Leaf(entries)
+        Node::Leaf(leaf)
     } else {
         if count == 0 {
             return Err("a branch with no children".into());
@@ -266,7 +264,7 @@ fn decode_entries(body: &[u8], level: u8, count: usize) -> std::result::Result<N
         Node::Branch { level, keys, children }
     };
     let sorted = match &node {
-        Node::Leaf(entries) => entries.windows(2).all(|pair| pair[0].0 < pair[1].0),
+        Node::Leaf(_) => true, // checked as it was read
         Node::Branch { keys, .. } => keys.windows(2).skip(1).all(|pair| pair[0] < pair[1]),
     };
     if !sorted {
@@ -280,7 +278,10 @@ mod tests {
     use super::*;
 
     fn leaf() -> Node {
-        Node::Leaf(vec![(b"a".to_vec(), b"1".to_vec()), (b"b".to_vec(), vec![7; 300])])
+        Node::Leaf(Leaf::from_entries(&[
+            (b"a".to_vec(), b"1".to_vec()),
+            (b"b".to_vec(), vec![7; 300]),
+        ]))
     }
 
     fn expected(address: u64, generation: u64) -> Expected {

@@ -18,7 +18,7 @@
 //! an entry with the empty key points to the next page (address and
 //! generation), the others are free addresses, 8 bytes big-endian.
 
-use super::page::{self, Expected, Node, PageRef, PAGE_BYTES};
+use super::page::{self, Expected, Leaf, Node, PageRef, PAGE_BYTES};
 use crate::error::{Error, Result};
 
 pub const RECORD_BYTES: usize = 128;
@@ -104,15 +104,16 @@ pub fn free_list_nodes(free: &[u64], pages: &[PageRef]) -> Vec<Node> {
     let mut chunks = sorted.chunks(FREE_PER_PAGE);
     (0..pages.len())
         .map(|index| {
-            let mut entries = Vec::with_capacity(FREE_PER_PAGE + 1);
+            let mut leaf = Leaf::default();
             if let Some(next) = pages.get(index + 1) {
                 let mut link = next.address.to_le_bytes().to_vec();
                 link.extend_from_slice(&next.generation.to_le_bytes());
-                entries.push((Vec::new(), link));
+                leaf.push(&[], &link);
             }
-            let chunk = chunks.next().unwrap_or(&[]);
-            entries.extend(chunk.iter().map(|address| (address.to_be_bytes().to_vec(), vec![])));
-            Node::Leaf(entries)
+            for address in chunks.next().unwrap_or(&[]) {
+                leaf.push(&address.to_be_bytes(), &[]);
+            }
+            Node::Leaf(leaf)
         })
         .collect()
 }
@@ -124,13 +125,13 @@ pub fn decode_free_list_page(
     owner: u32,
 ) -> Result<(Vec<u64>, Option<PageRef>)> {
     let expected = Expected { page, owner: owner | FREE_LIST_BIT, level: Some(0) };
-    let Node::Leaf(entries) = page::decode(bytes, expected)? else {
+    let Node::Leaf(leaf) = page::decode(bytes, expected)? else {
         unreachable!("level 0 decodes as a leaf");
     };
     let corrupt = || Error::Corrupt(format!("free-list page at byte {}: bad entry", page.address));
     let mut next = None;
-    let mut free = Vec::with_capacity(entries.len());
-    for (key, value) in entries {
+    let mut free = Vec::with_capacity(leaf.len());
+    for (key, value) in leaf.iter() {
         match (key.len(), value.len()) {
             (0, 16) => {
                 let address = u64::from_le_bytes(value[..8].try_into().unwrap());

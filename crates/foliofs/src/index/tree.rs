@@ -13,16 +13,16 @@
 //! in memory until the next commit, which the owner calls when
 //! `dirty_bytes` grows past its share (`needs_commit`).
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
 use super::alloc::PageAlloc;
 use super::cache::PageCache;
 use super::page::{
-    self, Child, Expected, Node, PageRef, ENTRY_BYTES_MAX, KEY_BYTES_MAX, PAGE_BYTES,
+    self, Child, Expected, Leaf, Node, PageRef, ENTRY_BYTES_MAX, KEY_BYTES_MAX, PAGE_BYTES,
 };
 use super::root::{self, RootRecord};
+use super::NumberMap;
 use crate::dev::{AlignedBuf, Device};
 use crate::error::{Error, Result};
 
@@ -67,19 +67,19 @@ pub struct Tree {
     /// The generation of the last durable root.
     pub(super) durable_generation: u64,
     /// Nodes changed in this generation, by number.
-    pub(super) dirty: HashMap<u64, Arc<Node>>,
+    pub(super) dirty: NumberMap<Arc<Node>>,
     pub(super) dirty_bytes: usize,
     next_dirty_id: u64,
     /// The nodes of the generation being committed (`seal` to `finish`):
     /// read as they are, copied into `dirty` to be changed.
-    pub(super) frozen: Arc<HashMap<u64, Arc<Node>>>,
+    pub(super) frozen: Arc<NumberMap<Arc<Node>>>,
     pub(super) frozen_bytes: usize,
     /// Frozen nodes copied since the seal: their pages, once written, are
     /// reached only by the root being written, so they go after the next.
     pub(super) frozen_copied: Vec<u64>,
     /// Where the last commit put the nodes it wrote, for the pointers to
     /// them that changed nodes still hold by number.
-    pub(super) written: Arc<HashMap<u64, PageRef>>,
+    pub(super) written: Arc<NumberMap<PageRef>>,
     pub(super) cache: PageCache,
     /// Out with the commit being written, between `seal` and `finish`.
     pub(super) alloc: Option<PageAlloc>,
@@ -91,9 +91,18 @@ pub struct Tree {
     /// commit.
     pub(super) free_list_pages: Vec<u64>,
     pub(super) stats: IndexStats,
+    /// One page's buffer for reads, kept: a fresh aligned allocation per
+    /// read made the allocator consolidate its small chunks each time.
+    read_buffer: AlignedBuf,
     /// A commit failed part way: memory no longer matches any tree.
     pub(super) failed: bool,
 }
+
+/// What a changed node is counted as in memory: its page's bytes twice
+/// over, a bound on a decoded node's vectors and their headers that costs
+/// nothing to keep (measuring each node on each change took a sixth of an
+/// insert's time).
+const DIRTY_NODE_BYTES: usize = 2 * PAGE_BYTES;
 
 pub(super) fn slot_offsets(region: &Range<u64>) -> [u64; 2] {
     [region.start, region.start + PAGE_BYTES as u64]
@@ -120,7 +129,7 @@ impl Tree {
         let pages = pages_region(region);
         let alloc = PageAlloc::new(pages.clone(), pages.start, Vec::new())?;
         let mut tree = Self::with(device, options, alloc, 1);
-        tree.root = Child::Dirty(tree.add_dirty(Node::Leaf(Vec::new())));
+        tree.root = Child::Dirty(tree.add_dirty(Node::Leaf(Leaf::default())));
         // A slot that held an older index must not outrank the new one.
         let zero = AlignedBuf::zeroed(2 * PAGE_BYTES);
         tree.device.write(tree.options.region.start, &zero, false).map_err(io_error("index"))?;
@@ -138,7 +147,7 @@ impl Tree {
             entries: 0,
             generation,
             durable_generation: generation - 1,
-            dirty: HashMap::new(),
+            dirty: NumberMap::default(),
             dirty_bytes: 0,
             next_dirty_id: 1,
             frozen: Arc::default(),
@@ -151,6 +160,7 @@ impl Tree {
             freed: Vec::new(),
             free_list_pages: Vec::new(),
             stats: IndexStats::default(),
+            read_buffer: AlignedBuf::zeroed(PAGE_BYTES),
             failed: false,
         }
     }
@@ -238,6 +248,11 @@ impl Tree {
         self.cache.held_bytes()
     }
 
+    /// Whether a commit is between `seal` and `finish`.
+    pub fn commit_in_flight(&self) -> bool {
+        self.alloc.is_none()
+    }
+
     /// Whether the changed nodes have grown past a quarter of the cache's
     /// budget, the point where the owner should commit.
     pub fn needs_commit(&self) -> bool {
@@ -279,14 +294,14 @@ impl Tree {
     fn add_dirty(&mut self, node: Node) -> u64 {
         let id = self.next_dirty_id;
         self.next_dirty_id += 1;
-        self.dirty_bytes += node.memory_bytes();
+        self.dirty_bytes += DIRTY_NODE_BYTES;
         self.dirty.insert(id, Arc::new(node));
         id
     }
 
     fn take_dirty(&mut self, id: u64) -> Node {
         let node = self.dirty.remove(&id).expect("a dirty node its parent names");
-        self.dirty_bytes -= node.memory_bytes();
+        self.dirty_bytes -= DIRTY_NODE_BYTES;
         Arc::try_unwrap(node).unwrap_or_else(|shared| (*shared).clone())
     }
 
@@ -295,16 +310,12 @@ impl Tree {
         self.dirty.get(&id).expect("a dirty node its parent names")
     }
 
-    /// Runs `change` on the dirty node `id`, keeping the byte count true.
+    /// Runs `change` on the dirty node `id`.
     fn change<T>(&mut self, id: u64, change: impl FnOnce(&mut Node) -> T) -> T {
         let node = self.dirty.get_mut(&id).expect("a dirty node its parent names");
-        self.dirty_bytes -= node.memory_bytes();
         // Unshared: only a seal shares this generation's nodes, and it
         // moves them out of `dirty`.
-        let node = Arc::make_mut(node);
-        let result = change(node);
-        self.dirty_bytes += node.memory_bytes();
-        result
+        change(Arc::make_mut(node))
     }
 
     /// A pointer by number to a node the last commit wrote, as a pointer to
@@ -334,11 +345,11 @@ impl Tree {
             self.stats.cache_hits += 1;
             return Ok(node);
         }
-        let mut buffer = AlignedBuf::zeroed(PAGE_BYTES);
-        self.device.read(page.address, &mut buffer).map_err(io_error("index page"))?;
+        let buffer = &mut self.read_buffer;
+        self.device.read(page.address, buffer).map_err(io_error("index page"))?;
         self.stats.page_reads += 1;
         let expected = Expected { page, owner: self.options.owner, level: Some(level) };
-        let node = Arc::new(page::decode(&buffer, expected)?);
+        let node = Arc::new(page::decode(buffer, expected)?);
         self.cache.insert(page.address, node.clone());
         Ok(node)
     }
@@ -390,12 +401,7 @@ impl Tree {
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.check_usable()?;
         self.descend(key, |node| match node {
-            Node::Leaf(entries) => Some(
-                entries
-                    .binary_search_by(|(stored, _)| stored.as_slice().cmp(key))
-                    .ok()
-                    .map(|index| entries[index].1.clone()),
-            ),
+            Node::Leaf(leaf) => Some(leaf.search(key).ok().map(|index| leaf.value(index).to_vec())),
             Node::Branch { .. } => None,
         })
     }
@@ -410,12 +416,11 @@ impl Tree {
         while found.len() < limit {
             let mut bound: Option<Vec<u8>> = None;
             let leaf_entries = self.descend(&from, |node| match node {
-                Node::Leaf(entries) => Some(
-                    entries
-                        .iter()
-                        .filter(|(key, _)| key.as_slice() >= from.as_slice())
+                Node::Leaf(leaf) => Some(
+                    leaf.iter()
+                        .skip(leaf.search(&from).unwrap_or_else(|at| at))
                         .take(limit - found.len())
-                        .cloned()
+                        .map(|(key, value)| (key.to_vec(), value.to_vec()))
                         .collect::<Vec<_>>(),
                 ),
                 Node::Branch { keys, .. } => {
@@ -475,14 +480,12 @@ impl Tree {
         let (index, child, level, last) = match self.dirty_node(id) {
             Node::Leaf(_) => {
                 let (replaced, appended) = self.change(id, |node| {
-                    let Node::Leaf(entries) = node else { unreachable!() };
-                    match entries.binary_search_by(|(stored, _)| stored.as_slice().cmp(key)) {
-                        Ok(at) => {
-                            (Some(std::mem::replace(&mut entries[at].1, value.to_vec())), false)
-                        }
+                    let Node::Leaf(leaf) = node else { unreachable!() };
+                    match leaf.search(key) {
+                        Ok(at) => (Some(leaf.replace_value(at, value)), false),
                         Err(at) => {
-                            entries.insert(at, (key.to_vec(), value.to_vec()));
-                            (None, at + 1 == entries.len())
+                            leaf.insert(at, key, value);
+                            (None, at + 1 == leaf.len())
                         }
                     }
                 });
@@ -496,18 +499,23 @@ impl Tree {
         let child_id = self.dirty_child(child, level - 1)?;
         self.set_child(id, index, Child::Dirty(child_id));
         let (replaced, split) = self.insert_below(child_id, key, value, rightmost && last)?;
-        let appended = split.is_some() && last;
-        if let Some((separator, right)) = split {
-            self.change(id, |node| {
-                let Node::Branch { keys, children, .. } = node else { unreachable!() };
-                keys.insert(index + 1, separator);
-                children.insert(index + 1, Child::Dirty(right));
-            });
-        }
-        Ok((replaced, self.split_if_full(id, rightmost && appended)))
+        let Some((separator, right)) = split else {
+            return Ok((replaced, None)); // this branch is as it was
+        };
+        self.change(id, |node| {
+            let Node::Branch { keys, children, .. } = node else { unreachable!() };
+            keys.insert(index + 1, separator);
+            children.insert(index + 1, Child::Dirty(right));
+        });
+        Ok((replaced, self.split_if_full(id, rightmost && last)))
     }
 
     fn set_child(&mut self, id: u64, index: usize, child: Child) {
+        if let Node::Branch { children, .. } = self.dirty_node(id) {
+            if children[index] == child {
+                return; // the usual case: the child was changed already
+            }
+        }
         self.change(id, |node| {
             let Node::Branch { children, .. } = node else {
                 unreachable!("a branch's child is set")
@@ -529,7 +537,7 @@ impl Tree {
             let half = if at_right_edge { usize::MAX } else { node.encoded_bytes() / 2 };
             match node {
                 Node::Leaf(entries) => {
-                    let at = split_point(entries.iter().map(|(k, v)| 4 + k.len() + v.len()), half);
+                    let at = split_point(entries.entry_page_bytes(), half);
                     Node::Leaf(entries.split_off(at))
                 }
                 Node::Branch { level, keys, children } => {
@@ -545,7 +553,7 @@ impl Tree {
         });
         debug_assert!(self.dirty_node(id).fits() && right.fits() && !right.is_empty());
         let separator = match &right {
-            Node::Leaf(entries) => entries[0].0.clone(),
+            Node::Leaf(leaf) => leaf.key(0).to_vec(),
             Node::Branch { keys, .. } => keys[0].clone(),
         };
         Some((separator, self.add_dirty(right)))
@@ -571,8 +579,7 @@ impl Tree {
             Node::Leaf(_) => {
                 return Ok(self.change(id, |node| {
                     let Node::Leaf(entries) = node else { unreachable!() };
-                    let at = entries.binary_search_by(|(stored, _)| stored.as_slice().cmp(key));
-                    at.ok().map(|at| entries.remove(at).1)
+                    entries.search(key).ok().map(|at| entries.remove(at))
                 }));
             }
             Node::Branch { level, keys, children } => {
@@ -632,7 +639,7 @@ impl Tree {
             keys.remove(left + 1)
         });
         self.change(left_id, |node| match (node, right) {
-            (Node::Leaf(entries), Node::Leaf(more)) => entries.extend(more),
+            (Node::Leaf(entries), Node::Leaf(more)) => entries.append(more),
             (
                 Node::Branch { keys, children, .. },
                 Node::Branch { keys: mut more, children: theirs, .. },
@@ -662,7 +669,7 @@ impl Tree {
             match children.len() {
                 0 => {
                     self.take_dirty(id);
-                    self.root = Child::Dirty(self.add_dirty(Node::Leaf(Vec::new())));
+                    self.root = Child::Dirty(self.add_dirty(Node::Leaf(Leaf::default())));
                     self.root_level = 0;
                 }
                 1 => {
@@ -679,14 +686,24 @@ impl Tree {
     /// Every key in order, checking each page on the way: for tests and
     /// fsck.
     pub fn check(&mut self) -> Result<u64> {
-        let all = self.scan(&[], usize::MAX)?;
-        debug_assert!(all.windows(2).all(|pair| pair[0].0 < pair[1].0));
-        if all.len() as u64 != self.entries {
+        // In chunks, so that memory stays bounded however many entries.
+        const CHUNK_ENTRIES: usize = 4096;
+        let (mut counted, mut from) = (0u64, Vec::new());
+        loop {
+            let chunk = self.scan(&from, CHUNK_ENTRIES)?;
+            let Some((last, _)) = chunk.last() else { break };
+            debug_assert!(chunk.windows(2).all(|pair| pair[0].0 < pair[1].0));
+            counted += chunk.len() as u64;
+            from = last.clone();
+            from.push(0); // the least key after it
+            if chunk.len() < CHUNK_ENTRIES {
+                break;
+            }
+        }
+        if counted != self.entries {
             return Err(Error::Corrupt(format!(
-                "index {} holds {} entries, its root record says {}",
-                self.options.owner,
-                all.len(),
-                self.entries
+                "index {} holds {counted} entries, its root record says {}",
+                self.options.owner, self.entries
             )));
         }
         // With nothing changed or in flight, every page in use is reached
