@@ -244,7 +244,7 @@ fn decode_entries(body: &[u8], level: u8, count: usize) -> std::result::Result<N
         for _ in 0..count {
             let (key_bytes, value_bytes) = (reader.u16()?, reader.u16()?);
             let key = reader.take(key_bytes)?;
-            if leaf.len() > 0 && leaf.key(leaf.len() - 1) >= key {
+            if !leaf.is_empty() && leaf.key(leaf.len() - 1) >= key {
                 return Err("keys out of order".into());
             }
             leaf.push(key, reader.take(value_bytes)?);
