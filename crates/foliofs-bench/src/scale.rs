@@ -72,6 +72,8 @@ pub struct ScaleOptions {
     pub window: u64,
     /// Bytes of each volume (and each kernel peer's loop file).
     pub volume_bytes: u64,
+    /// The journal's bytes (mkfs's default where `None`).
+    pub journal_bytes: Option<u64>,
     pub targets: Vec<Target>,
     /// Where the images go (the disk measured).
     pub work_dir: PathBuf,
@@ -258,7 +260,8 @@ fn task(options: &ScaleOptions, job: Job, place: Place) -> Task {
 fn mkfs(image: &Path, options: &ScaleOptions) -> anyhow::Result<()> {
     let volume_options = VolumeOptions::parse(&options.volume_options_text)?;
     let _ = std::fs::remove_file(image);
-    Volume::mkfs_path(image, Some(options.volume_bytes), &MkfsOptions::default(), &volume_options)?;
+    let mkfs = MkfsOptions { journal_bytes: options.journal_bytes, ..MkfsOptions::default() };
+    Volume::mkfs_path(image, Some(options.volume_bytes), &mkfs, &volume_options)?;
     Ok(())
 }
 
@@ -703,6 +706,7 @@ mod tests {
             per_dir: 5,
             window: 5,
             volume_bytes: 1 << 30,
+            journal_bytes: None,
             targets: vec![Target::InProcess, Target::Xfs],
             work_dir: PathBuf::from("."),
             volume_options_text: String::new(),

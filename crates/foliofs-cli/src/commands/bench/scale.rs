@@ -28,6 +28,9 @@ pub struct ScaleArgs {
     /// 1 GiB and 16 KiB a file, which today's checkpoint slots need).
     #[arg(long)]
     volume_size: Option<String>,
+    /// Journal size of each volume (default: mkfs's, 1/128 of the volume).
+    #[arg(long)]
+    journal_size: Option<String>,
     /// Targets, in the order they run: in-process, mount, ext4, xfs (all
     /// but in-process need root, loop devices and FUSE; skipped without).
     #[arg(long, value_delimiter = ',', default_value = "in-process,mount,ext4,xfs")]
@@ -74,6 +77,12 @@ pub fn run(args: &ScaleArgs, options_text: &str) -> anyhow::Result<ExitCode> {
         per_dir: args.per_dir,
         window: args.window.unwrap_or((args.files / 10).max(1)),
         volume_bytes,
+        journal_bytes: args
+            .journal_size
+            .as_deref()
+            .map(parse_size)
+            .transpose()
+            .context("--journal-size")?,
         targets,
         work_dir: std::env::current_dir()?,
         volume_options_text: options_text.to_string(),
