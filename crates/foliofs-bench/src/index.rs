@@ -102,16 +102,7 @@ fn inode_value(ino: u64, generation: u8) -> Vec<u8> {
 
 /// This process's resident and peak resident bytes.
 pub fn rss_bytes() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|line| line.starts_with(name))
-            .and_then(|line| line.split_whitespace().nth(1))
-            .and_then(|kib| kib.parse::<u64>().ok())
-            .unwrap_or(0)
-            * 1024
-    };
+    let field = |name| crate::scale_worker::status_bytes("self", name).unwrap_or(0);
     (field("VmRSS:"), field("VmHWM:"))
 }
 

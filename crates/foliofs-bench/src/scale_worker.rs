@@ -112,8 +112,14 @@ pub fn shuffled(files: u64, seed: u64) -> Vec<u64> {
 
 /// A process's peak resident memory (VmHWM), in bytes.
 pub fn vm_hwm_bytes(pid: &str) -> Option<u64> {
+    status_bytes(pid, "VmHWM:")
+}
+
+/// A memory field of a process's /proc status (`VmRSS:`, `VmHWM:`), in
+/// bytes; `pid` may be `self`.
+pub fn status_bytes(pid: &str, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find_map(|line| line.strip_prefix("VmHWM:"))?;
+    let line = status.lines().find_map(|line| line.strip_prefix(field))?;
     let kib: u64 = line.trim().trim_end_matches("kB").trim().parse().ok()?;
     Some(kib * 1024)
 }
