@@ -111,7 +111,7 @@ fn open_device(image: &Path) -> anyhow::Result<Arc<Device>> {
 }
 
 fn index_options(image_bytes: u64, cache_bytes: usize) -> IndexOptions {
-    IndexOptions { owner: 1, region: 0..image_bytes, cache_bytes }
+    IndexOptions { owner: 1, region: 0..image_bytes, cache_bytes, pages_given: false }
 }
 
 /// Runs the bench on `image` (a file of at least `image_bytes(files)`),

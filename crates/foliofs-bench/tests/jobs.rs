@@ -17,6 +17,7 @@ fn volume() -> Volume {
         block_bytes: 4096,
         journal_bytes: None,
         metadata_bytes: None,
+        metadata_index: false,
         root_owner: Owner::current(),
     };
     Volume::format(&device, &mkfs).unwrap();

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use foliofs::dev::fault::Keep;
 use foliofs::dev::{AlignedBuf, FaultDev};
 use foliofs::FallocateMode;
-use foliofs::{File, MkfsOptions, OpenFlags, Volume};
+use foliofs::{File, OpenFlags, Volume};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -548,12 +548,7 @@ fn run_inner(
             (Backend::Memory(raw), volume)
         }
         FsxDevice::Path { path, power_cut } => {
-            let mkfs = MkfsOptions {
-                block_bytes: config.block_bytes,
-                journal_bytes: None,
-                metadata_bytes: None,
-                root_owner: owner(),
-            };
+            let mkfs = crate::mkfs_options(config.block_bytes, None);
             Volume::mkfs_path(path, None, &mkfs, &options)
                 .unwrap_or_else(|error| panic!("mkfs {}: {error}", path.display()));
             let volume = Volume::open(path, &options)

@@ -75,6 +75,21 @@ pub fn owner() -> Owner {
     Owner { uid: 1000, gid: 1000 }
 }
 
+/// How the checkers format volumes: metadata in a paged index (format 3)
+/// where `FOLIOFS_CHECK_METADATA_INDEX=1` asks for it, as xfstests takes
+/// its mkfs options from the environment; checkpoint slots otherwise.
+pub fn mkfs_options(block_bytes: u32, journal_bytes: Option<u64>) -> MkfsOptions {
+    let metadata_index =
+        std::env::var_os("FOLIOFS_CHECK_METADATA_INDEX").is_some_and(|value| value == "1");
+    MkfsOptions {
+        block_bytes,
+        journal_bytes,
+        metadata_bytes: None,
+        metadata_index: metadata_index && block_bytes >= 4096,
+        root_owner: owner(),
+    }
+}
+
 /// A freshly formatted in-memory volume on a device full of garbage.
 pub fn new_volume(
     size_bytes: u64,
@@ -84,8 +99,7 @@ pub fn new_volume(
 ) -> foliofs::Result<(Arc<FaultDev>, Volume)> {
     let raw = Arc::new(FaultDev::from_image(vec![GARBAGE_BYTE; size_bytes as usize], SECTOR_BYTES));
     let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
-    let mkfs =
-        MkfsOptions { block_bytes, journal_bytes, metadata_bytes: None, root_owner: owner() };
+    let mkfs = mkfs_options(block_bytes, journal_bytes);
     Volume::format(&device, &mkfs)?;
     let volume = Volume::open_device(device, options)?;
     Ok((raw, volume))
@@ -110,8 +124,7 @@ pub fn new_volume_over_nbd(
     let client = foliofs::dev::nbd::NbdDev::open(&server.uri, &dev_options)
         .map_err(|error| foliofs::Error::io(format!("connecting to {}", server.uri), error))?;
     let device = Arc::new(Device::new(Arc::new(client), options.fua));
-    let mkfs =
-        MkfsOptions { block_bytes, journal_bytes, metadata_bytes: None, root_owner: owner() };
+    let mkfs = mkfs_options(block_bytes, journal_bytes);
     Volume::format(&device, &mkfs)?;
     // The workload's link drops now and then: the client reconnects and
     // sends again what had no reply, and no crash point may show it.
@@ -132,8 +145,7 @@ pub fn new_mirrored_volume(
     let log = Arc::new(FaultDev::from_image(vec![GARBAGE_BYTE; size_bytes as usize], SECTOR_BYTES));
     let mirror = Arc::new(mirror::MirrorDev::new(real, log.clone())?);
     let device = Arc::new(Device::new(mirror.clone(), FuaMode::Native));
-    let mkfs =
-        MkfsOptions { block_bytes, journal_bytes, metadata_bytes: None, root_owner: owner() };
+    let mkfs = mkfs_options(block_bytes, journal_bytes);
     Volume::format(&device, &mkfs)?;
     let volume = Volume::open_device(device, options)?;
     Ok((log, volume, mirror))

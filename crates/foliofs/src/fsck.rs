@@ -52,6 +52,9 @@ pub fn check(device: Arc<Device>) -> FsckReport {
         }
     };
     report.load = Some(volume.load_report());
+    if let Err(error) = volume.shared.meta.check_index() {
+        report.problems.push(format!("metadata index: {error}"));
+    }
     let state = volume.shared.meta.view_all();
     check_tree(&state, &mut report);
     report

@@ -592,7 +592,7 @@ pub fn reserve(meta: &MetaStore, ino: u64, pos: u64, length: u64, block_bytes: u
     }
     let first_block = pos / block_bytes;
     let block_count = (pos + length).div_ceil(block_bytes) - first_block;
-    let metadata_bytes_max = meta.journal().geometry().slot_payload_bytes_max();
+    let metadata_bytes_max = meta.metadata_bytes_max();
     let refusal = || format!("no free blocks for a write to inode {ino}");
     let mut retries = Retries::new(ino);
     loop {

@@ -506,6 +506,7 @@ fn appends_racing_writeback_on_a_slow_device_recover_as_prefixes() {
         block_bytes: 4096,
         journal_bytes: Some(JOURNAL_BYTES),
         metadata_bytes: None,
+        metadata_index: false,
         root_owner: owner(),
     };
     Volume::format(&device, &mkfs).unwrap();

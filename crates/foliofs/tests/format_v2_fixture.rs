@@ -766,6 +766,7 @@ fn fresh_volume() -> (Arc<FaultDev>, Volume) {
         block_bytes: BLOCK_BYTES,
         journal_bytes: None,
         metadata_bytes: None,
+        metadata_index: false,
         root_owner: owner(),
     };
     Volume::format(&device, &mkfs).expect("mkfs");

@@ -12,6 +12,9 @@ use super::{FormatError, CHECKPOINT_HEADER_VERSION, HEADER_BYTES};
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"FOLIOCKP";
 const WHAT: &str = "checkpoint";
 const CRC_OFFSET: usize = HEADER_BYTES - 4;
+/// Bytes of an index root record its owner fills (`crate::index`).
+pub const ATTACHED_BYTES: usize = 40;
+const ATTACHED_VERSION: u32 = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckpointHeader {
@@ -94,6 +97,56 @@ impl CheckpointHeader {
         Ok(header)
     }
 
+    /// What a volume of format 3 keeps in its index's root record
+    /// (`crate::index::ATTACHED_BYTES`) in place of a slot's header: where
+    /// the log resumes and the next inode number. The index is the payload.
+    pub fn encode_attached(&self) -> [u8; ATTACHED_BYTES] {
+        let mut writer = Writer::with_capacity(ATTACHED_BYTES);
+        writer.u32(ATTACHED_VERSION);
+        writer.u64(self.journal_replay_offset);
+        writer.u64(self.journal_replay_seq);
+        writer.u64(self.lsn_applied);
+        writer.u64(self.next_ino);
+        writer.u32(self.journal_prev_crc);
+        let mut bytes = [0u8; ATTACHED_BYTES];
+        bytes[..writer.len()].copy_from_slice(writer.as_bytes());
+        bytes
+    }
+
+    /// The header `encode_attached` wrote into the root record of index
+    /// generation `generation` (the root record's checksum covers it).
+    pub fn decode_attached(
+        bytes: &[u8; ATTACHED_BYTES],
+        uuid: [u8; 16],
+        generation: u64,
+    ) -> Result<Self, FormatError> {
+        let mut reader = super::codec::Reader::new(bytes, WHAT);
+        let version = reader.u32()?;
+        if version != ATTACHED_VERSION {
+            return Err(FormatError::invalid(
+                WHAT,
+                "version",
+                format!("the index root names log position version {version}"),
+            ));
+        }
+        let header = Self {
+            uuid,
+            generation,
+            journal_replay_offset: reader.u64()?,
+            journal_replay_seq: reader.u64()?,
+            lsn_applied: reader.u64()?,
+            next_ino: reader.u64()?,
+            journal_prev_crc: reader.u32()?,
+            record_count: 0,
+            payload_bytes: 0,
+            payload_crc: 0,
+        };
+        if header.generation == 0 || header.next_ino < 2 {
+            return Err(FormatError::invalid(WHAT, "generation/next_ino", "zero"));
+        }
+        Ok(header)
+    }
+
     pub fn check_payload(&self, payload: &[u8]) -> Result<(), FormatError> {
         if payload.len() as u64 != self.payload_bytes {
             return Err(FormatError::Truncated { what: WHAT });
@@ -138,6 +191,15 @@ mod tests {
         decoded.check_payload(b"abc").unwrap();
         assert!(decoded.check_payload(b"abd").is_err());
         assert!(decoded.check_payload(b"ab").is_err());
+    }
+
+    #[test]
+    fn the_log_position_round_trips_through_an_index_root() {
+        let mut header = sample();
+        (header.record_count, header.payload_bytes, header.payload_crc) = (0, 0, 0);
+        let attached = header.encode_attached();
+        assert_eq!(CheckpointHeader::decode_attached(&attached, [1; 16], 3).unwrap(), header);
+        assert!(CheckpointHeader::decode_attached(&[0; ATTACHED_BYTES], [1; 16], 3).is_err());
     }
 
     #[test]

@@ -28,6 +28,12 @@ pub use superblock::{Region, Superblock};
 /// shared extents (`Record::SharedSet`, clones). This build reads 1 too;
 /// a volume of version 1 takes no clones, so an older build still opens it.
 pub const FORMAT_VERSION: u32 = 2;
+/// Format 3 keeps the metadata's checkpoint in a paged index
+/// (`crate::index`) that takes pages from the data region as it grows,
+/// where 2 keeps it in two fixed slots; mkfs makes it when asked
+/// (`MkfsOptions::metadata_index`). The superblock's two slots are then
+/// the index's two root records, a page each.
+pub const FORMAT_VERSION_INDEX: u32 = 3;
 /// The oldest volume format this build opens.
 pub const FORMAT_VERSION_OLDEST: u32 = 1;
 /// The checkpoint header's own version: its layout has not changed since 1,

@@ -9,8 +9,8 @@ use std::ops::RangeInclusive;
 use super::codec::{crc_with_hole, open_header, Writer};
 use super::record::Timestamp;
 use super::{
-    FormatError, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, FORMAT_VERSION, FORMAT_VERSION_OLDEST,
-    HEADER_BYTES, SECTOR_BYTES_MIN,
+    FormatError, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, FORMAT_VERSION, FORMAT_VERSION_INDEX,
+    FORMAT_VERSION_OLDEST, HEADER_BYTES, SECTOR_BYTES_MIN,
 };
 
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"FOLIOFS\0";
@@ -126,6 +126,44 @@ impl Superblock {
         Ok(superblock)
     }
 
+    /// This layout as format 3: the slots shrink to one index root record
+    /// each (a page, in whole blocks) and the data region takes the rest.
+    /// The index's pages come from the data region, so blocks must hold
+    /// whole pages.
+    pub fn with_metadata_index(mut self) -> Result<Self, FormatError> {
+        let page = crate::index::PAGE_BYTES as u64;
+        if self.block_bytes_u64() < page {
+            return Err(FormatError::invalid(
+                WHAT,
+                "block_bytes",
+                format!(
+                    "a metadata index needs blocks of at least {page} bytes, not {}",
+                    self.block_bytes
+                ),
+            ));
+        }
+        let slot_a = Region { start_block: self.journal.end_block(), block_count: 1 };
+        let slot_b = Region { start_block: slot_a.end_block(), block_count: 1 };
+        let data_start = slot_b.end_block();
+        self.data = Region { start_block: data_start, block_count: self.block_count - data_start };
+        self.checkpoint_slots = [slot_a, slot_b];
+        self.version = FORMAT_VERSION_INDEX;
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Whether the metadata's checkpoint lives in a paged index (format 3).
+    pub fn metadata_in_index(&self) -> bool {
+        self.version >= FORMAT_VERSION_INDEX
+    }
+
+    /// The bytes where an index of format 3 keeps its two root records, a
+    /// page each: from slot A's start, inside the two slots.
+    pub fn index_root_region(&self) -> std::ops::Range<u64> {
+        let start = self.checkpoint_slots[0].start_block * self.block_bytes_u64();
+        start..start + 2 * crate::index::PAGE_BYTES as u64
+    }
+
     pub fn block_bytes_u64(&self) -> u64 {
         u64::from(self.block_bytes)
     }
@@ -165,8 +203,12 @@ impl Superblock {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
-        let (mut reader, version) =
-            open_header(bytes, &SUPERBLOCK_MAGIC, WHAT, FORMAT_VERSION_OLDEST..=FORMAT_VERSION)?;
+        let (mut reader, version) = open_header(
+            bytes,
+            &SUPERBLOCK_MAGIC,
+            WHAT,
+            FORMAT_VERSION_OLDEST..=FORMAT_VERSION_INDEX,
+        )?;
         let block_bytes = reader.u32()?;
         let sector_bytes = reader.u32()?;
         let uuid = reader.array::<16>()?;

@@ -7,6 +7,11 @@
 //! Only pages free in the durable root (`free`, and everything past
 //! `high_water`) are handed out, so a crash at any point leaves the durable
 //! tree whole.
+//!
+//! An index inside a volume has no region of its own: its owner gives it
+//! pages before each commit (`Tree::give_pages`, from the volume's free
+//! space), and the count of pages given stands where the high-water mark
+//! would.
 
 use std::ops::Range;
 
@@ -14,6 +19,8 @@ use super::page::PAGE_BYTES;
 use crate::error::{Error, Result};
 
 pub struct PageAlloc {
+    /// Pages are given by the owner (`give`) instead of taken from a region.
+    given: bool,
     region: Range<u64>,
     /// The first address never handed out.
     high_water: u64,
@@ -43,12 +50,37 @@ impl PageAlloc {
         }
         free.sort_unstable_by(|a, b| b.cmp(a));
         free.dedup();
-        Ok(Self { region, high_water, free, freed_pending: Vec::new() })
+        Ok(Self { given: false, region, high_water, free, freed_pending: Vec::new() })
+    }
+
+    /// Pages its owner gives: `given` pages were given before, `free` of
+    /// them are free in the durable root.
+    pub fn given(given: u64, mut free: Vec<u64>) -> Result<Self> {
+        let page = PAGE_BYTES as u64;
+        free.sort_unstable_by(|a, b| b.cmp(a));
+        free.dedup();
+        if let Some(bad) = free.iter().find(|&&address| !address.is_multiple_of(page)) {
+            return Err(Error::Corrupt(format!("the index's free list names byte {bad}")));
+        }
+        if free.len() as u64 > given {
+            return Err(Error::Corrupt(format!(
+                "the index's free list holds {} pages of the {given} it was given",
+                free.len()
+            )));
+        }
+        let region = 0..given * page;
+        Ok(Self { given: true, region, high_water: given * page, free, freed_pending: Vec::new() })
     }
 
     pub fn allocate(&mut self) -> Result<u64> {
         if let Some(address) = self.free.pop() {
             return Ok(address);
+        }
+        if self.given {
+            return Err(Error::NoSpace(format!(
+                "the index ran out of the {} pages it was given",
+                self.high_water / PAGE_BYTES as u64
+            )));
         }
         let page = PAGE_BYTES as u64;
         if self.high_water + page > self.region.end {
@@ -88,6 +120,27 @@ impl PageAlloc {
 
     pub fn free_pages(&self) -> usize {
         self.free.len() + self.freed_pending.len()
+    }
+
+    /// The owner gives `pages` (free, page-aligned byte addresses).
+    pub fn give(&mut self, pages: &[u64]) {
+        assert!(self.given, "pages given to an index with a region of its own");
+        debug_assert!(pages.iter().all(|page| page.is_multiple_of(PAGE_BYTES as u64)));
+        // The count, not the addresses, stands for the high-water mark.
+        self.high_water += pages.len() as u64 * PAGE_BYTES as u64;
+        self.region.end = self.high_water;
+        self.free.extend_from_slice(pages);
+        self.free.sort_unstable_by(|a, b| b.cmp(a));
+    }
+
+    /// Pages free now (taken first by a commit).
+    pub fn free_now(&self) -> usize {
+        self.free.len()
+    }
+
+    /// The pages free now and waiting, for the owner's accounting.
+    pub fn free_and_pending(&self) -> impl Iterator<Item = u64> + '_ {
+        self.free.iter().chain(&self.freed_pending).copied()
     }
 
     /// Pages in use: handed out and not free.

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use super::alloc::PageAlloc;
 use super::page::{self, Child, Node, PageRef, PAGE_BYTES};
-use super::root::{self, RootRecord, FREE_LIST_BIT, FREE_PER_PAGE};
+use super::root::{self, RootRecord, ATTACHED_BYTES, FREE_LIST_BIT, FREE_PER_PAGE};
 use super::tree::{io_error, slot_offsets, CommitReport, Tree};
 use super::NumberMap;
 use crate::dev::{AlignedBuf, Device};
@@ -35,6 +35,7 @@ pub struct SealedCommit {
     /// The commit before's placements, for frozen pointers to its nodes.
     earlier: Arc<NumberMap<PageRef>>,
     alloc: PageAlloc,
+    attached: [u8; ATTACHED_BYTES],
     started: Instant,
 }
 
@@ -76,6 +77,7 @@ impl Tree {
             frozen: self.frozen.clone(),
             earlier: self.written.clone(),
             alloc,
+            attached: self.attached,
             started: Instant::now(),
         };
         self.generation += 1;
@@ -160,6 +162,7 @@ impl SealedCommit {
             free_list: list_pages.first().copied(),
             free_listed: free.len() as u64,
             free_list_pages: list_pages.len() as u64,
+            attached: self.attached,
         };
         let mut slot = AlignedBuf::zeroed(PAGE_BYTES);
         record.encode(&mut slot);

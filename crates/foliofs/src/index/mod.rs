@@ -2,10 +2,10 @@
 //! on the volume's device, read through a cache with a memory budget and
 //! committed by writing only the pages changed since the last commit.
 //!
-//! It is the first step of moving metadata out of memory (issue "Metadata
-//! on disk"; `docs/metadata.md`, "The paged index"): a tree standing alone
-//! in a region of a device, with its own root record and free list. The
-//! metadata store does not use it yet.
+//! A tree stands in a region of a device (two root slots, then pages), or
+//! keeps only its root slots there and takes pages from its owner as it
+//! grows: the metadata store of a volume of format 3 keeps its checkpoint
+//! in one (`crate::meta`, `docs/metadata.md`).
 
 mod alloc;
 mod cache;
@@ -45,4 +45,5 @@ impl std::hash::Hasher for NumberHasher {
 
 pub use commit::{SealedCommit, WrittenCommit};
 pub use page::{ENTRY_BYTES_MAX, KEY_BYTES_MAX, PAGE_BYTES};
+pub use root::ATTACHED_BYTES;
 pub use tree::{CommitReport, IndexOptions, IndexStats, Tree};

@@ -12,7 +12,12 @@
 //! 24 root address   32 root generation   40 entries
 //! 48 high-water mark   56 free list: first page address, 64 its generation
 //! 72 free pages listed   80 pages holding the list
+//! 88..128 the owner's own bytes (the metadata store: where its log
+//!         resumes), committed atomically with the tree
 //! ```
+//!
+//! An index whose pages come from its owner (`Grower`) keeps, in place of
+//! the high-water mark, the number of pages it was given.
 //!
 //! The free list is a chain of leaf pages owned by `owner | FREE_LIST_BIT`:
 //! an entry with the empty key points to the next page (address and
@@ -25,6 +30,9 @@ pub const RECORD_BYTES: usize = 128;
 const MAGIC: [u8; 4] = *b"FIDR";
 /// Set in the owner of free-list pages, so one is never taken for a node.
 pub const FREE_LIST_BIT: u32 = 1 << 31;
+/// Bytes of the record its owner fills (`Tree::set_attached`).
+pub const ATTACHED_BYTES: usize = RECORD_BYTES - ATTACHED_OFFSET;
+const ATTACHED_OFFSET: usize = 88;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RootRecord {
@@ -37,6 +45,7 @@ pub struct RootRecord {
     pub free_list: Option<PageRef>,
     pub free_listed: u64,
     pub free_list_pages: u64,
+    pub attached: [u8; ATTACHED_BYTES],
 }
 
 impl RootRecord {
@@ -56,6 +65,7 @@ impl RootRecord {
         put(80, self.free_list_pages);
         out[16..20].copy_from_slice(&self.owner.to_le_bytes());
         out[20] = self.root_level;
+        out[ATTACHED_OFFSET..RECORD_BYTES].copy_from_slice(&self.attached);
         let crc = crc32c::crc32c(&out[..RECORD_BYTES]);
         out[4..8].copy_from_slice(&crc.to_le_bytes());
     }
@@ -89,6 +99,7 @@ impl RootRecord {
             free_list,
             free_listed: field(72),
             free_list_pages: field(80),
+            attached: bytes[ATTACHED_OFFSET..RECORD_BYTES].try_into().unwrap(),
         })
     }
 }
@@ -161,6 +172,7 @@ mod tests {
             free_list: Some(PageRef { address: 4096 * 9, generation: 6 }),
             free_listed: 500,
             free_list_pages: 2,
+            attached: [9; ATTACHED_BYTES],
         };
         let mut slot = vec![0u8; PAGE_BYTES];
         record.encode(&mut slot);

@@ -18,7 +18,7 @@ type Model = BTreeMap<Vec<u8>, Vec<u8>>;
 const REGION_BYTES: u64 = 16 << 20;
 
 fn options(cache_bytes: usize) -> IndexOptions {
-    IndexOptions { owner: 7, region: 0..REGION_BYTES, cache_bytes }
+    IndexOptions { owner: 7, region: 0..REGION_BYTES, cache_bytes, pages_given: false }
 }
 
 fn device(fault: &Arc<FaultDev>) -> Arc<Device> {

@@ -22,6 +22,7 @@ use super::page::{
     self, Child, Expected, Leaf, Node, PageRef, ENTRY_BYTES_MAX, KEY_BYTES_MAX, PAGE_BYTES,
 };
 use super::root::{self, RootRecord};
+use super::root::{ATTACHED_BYTES, FREE_PER_PAGE};
 use super::NumberMap;
 use crate::dev::{AlignedBuf, Device};
 use crate::error::{Error, Result};
@@ -35,6 +36,10 @@ pub struct IndexOptions {
     pub region: Range<u64>,
     /// Memory for clean pages, decoded.
     pub cache_bytes: usize,
+    /// The region holds only the two root slots, and the owner gives pages
+    /// before each commit (`Tree::give_pages`): an index inside a volume
+    /// grows from the volume's free space.
+    pub pages_given: bool,
 }
 
 /// Counts since the index was opened.
@@ -96,6 +101,8 @@ pub struct Tree {
     read_buffer: AlignedBuf,
     /// A commit failed part way: memory no longer matches any tree.
     pub(super) failed: bool,
+    /// The owner's bytes in the root record, committed with the tree.
+    pub(super) attached: [u8; ATTACHED_BYTES],
 }
 
 /// What a changed node is counted as in memory: its page's bytes twice
@@ -117,23 +124,37 @@ pub(super) fn io_error(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ 
 }
 
 impl Tree {
-    /// Makes an empty index in `options.region` and commits it.
+    /// Makes an empty index in `options.region` and commits it (but for
+    /// one whose owner gives pages: there, the owner's first commit).
     pub fn create(device: Arc<Device>, options: IndexOptions) -> Result<Self> {
         let page = PAGE_BYTES as u64;
         let region = &options.region;
-        if !region.start.is_multiple_of(page) || region.end < region.start + 3 * page {
+        if !region.start.is_multiple_of(page) || region.end < region.start + 2 * page {
             return Err(Error::invalid(format!(
-                "an index region {region:?} must start on a page and hold three"
+                "an index region {region:?} must start on a page and hold two"
             )));
         }
-        let pages = pages_region(region);
-        let alloc = PageAlloc::new(pages.clone(), pages.start, Vec::new())?;
+        let alloc = match options.pages_given {
+            true => PageAlloc::given(0, Vec::new())?,
+            false => {
+                if region.end < region.start + 3 * page {
+                    return Err(Error::invalid(format!(
+                        "an index region {region:?} must hold two root slots and a page"
+                    )));
+                }
+                let pages = pages_region(region);
+                PageAlloc::new(pages.clone(), pages.start, Vec::new())?
+            }
+        };
         let mut tree = Self::with(device, options, alloc, 1);
         tree.root = Child::Dirty(tree.add_dirty(Node::Leaf(Leaf::default())));
         // A slot that held an older index must not outrank the new one.
         let zero = AlignedBuf::zeroed(2 * PAGE_BYTES);
         tree.device.write(tree.options.region.start, &zero, false).map_err(io_error("index"))?;
-        tree.commit()?;
+        // An owner that gives pages gives them, then commits.
+        if !tree.options.pages_given {
+            tree.commit()?;
+        }
         Ok(tree)
     }
 
@@ -162,6 +183,7 @@ impl Tree {
             stats: IndexStats::default(),
             read_buffer: AlignedBuf::zeroed(PAGE_BYTES),
             failed: false,
+            attached: [0; ATTACHED_BYTES],
         }
     }
 
@@ -194,8 +216,12 @@ impl Tree {
                 record.free_listed
             )));
         }
-        let alloc = PageAlloc::new(pages_region(&options.region), record.high_water, free)?;
+        let alloc = match options.pages_given {
+            true => PageAlloc::given(record.high_water / PAGE_BYTES as u64, free)?,
+            false => PageAlloc::new(pages_region(&options.region), record.high_water, free)?,
+        };
         let mut tree = Self::with(device, options, alloc, record.generation + 1);
+        tree.attached = record.attached;
         tree.root = Child::OnDisk(record.root);
         tree.root_level = record.root_level;
         tree.entries = record.entries;
@@ -224,6 +250,68 @@ impl Tree {
                 reasons.join("; ")
             ))
         })
+    }
+
+    /// The owner's bytes of the durable root record, or of the next commit
+    /// once set.
+    pub fn attached(&self) -> [u8; ATTACHED_BYTES] {
+        self.attached
+    }
+
+    /// Sets the owner's bytes the next commit's root record carries.
+    pub fn set_attached(&mut self, attached: [u8; ATTACHED_BYTES]) {
+        self.attached = attached;
+    }
+
+    /// Pages the next commit may need beyond those it has free: one per
+    /// changed node, and those holding the free list (which grows by the
+    /// pages the changes freed).
+    pub fn pages_wanted(&self) -> usize {
+        let Some(alloc) = &self.alloc else { return 0 };
+        let listed = alloc.free_pages() + self.freed.len() + self.free_list_pages.len();
+        let needed = self.dirty.len() + listed.div_ceil(FREE_PER_PAGE) + 1;
+        needed.saturating_sub(alloc.free_now())
+    }
+
+    /// The owner gives free pages (`IndexOptions::pages_given`).
+    pub fn give_pages(&mut self, pages: &[u64]) -> Result<()> {
+        match &mut self.alloc {
+            Some(alloc) => Ok(alloc.give(pages)),
+            None => Err(Error::invalid("pages given while a commit is written")),
+        }
+    }
+
+    /// Every page the index holds: those its tree reaches, those holding
+    /// its free list, and the free ones. For an owner that gave them
+    /// (`IndexOptions::grow`) and accounts for them at open; nothing may
+    /// be changed or in flight.
+    pub fn held_pages(&mut self) -> Result<Vec<u64>> {
+        if !self.dirty.is_empty() || self.alloc.is_none() {
+            return Err(Error::invalid("the index's pages, asked with changes not committed"));
+        }
+        let mut pages = Vec::new();
+        self.collect_pages(self.root, self.root_level, &mut pages)?;
+        pages.extend_from_slice(&self.free_list_pages);
+        pages.extend(self.alloc.as_ref().expect("checked").free_and_pending());
+        pages.extend_from_slice(&self.freed);
+        Ok(pages)
+    }
+
+    fn collect_pages(&mut self, child: Child, level: u8, pages: &mut Vec<u64>) -> Result<()> {
+        if let Child::OnDisk(page) = self.resolve(child) {
+            pages.push(page.address);
+        }
+        // Leaves hold no pointers: only branches are read to go on.
+        if level == 0 {
+            return Ok(());
+        }
+        let node = self.node(child, level)?;
+        if let Node::Branch { children, .. } = &*node {
+            for child in children {
+                self.collect_pages(*child, level - 1, pages)?;
+            }
+        }
+        Ok(())
     }
 
     pub fn len(&self) -> u64 {

@@ -40,7 +40,7 @@ mod replay;
 #[cfg(test)]
 mod tests;
 
-pub use replay::load;
+pub use replay::{load, load_after};
 
 /// Where the journal lives and how it is framed; derived from the superblock.
 #[derive(Debug, Clone)]
@@ -531,18 +531,12 @@ impl Journal {
                 payload.len()
             )));
         }
-        let generation = self.inner().checkpoint_generation + 1;
+        let header = self.checkpoint_header(point, next_ino);
         let header = CheckpointHeader {
-            uuid: self.geometry.uuid,
-            generation,
-            journal_replay_offset: self.physical_offset(point.virtual_offset),
-            journal_replay_seq: point.seq,
-            journal_prev_crc: point.prev_crc,
-            lsn_applied: point.lsn_applied,
-            next_ino,
             record_count,
             payload_bytes: payload.len() as u64,
             payload_crc: crc32c::crc32c(payload),
+            ..header
         };
         let header_area = self.geometry.header_area_bytes();
         let total =
@@ -552,14 +546,32 @@ impl Journal {
         bytes[header_area..header_area + payload.len()].copy_from_slice(payload);
         let slot_offset = self.geometry.slot_offsets[header.slot_index()];
         if let Err(error) = self.write_durably(slot_offset, &bytes, "checkpoint") {
-            if self.device.is_shut_down() {
-                return Err(Error::ShutDown);
-            }
-            let message = format!("checkpoint write failed, the volume is now read-only: {error}");
-            tracing::error!("{message}");
-            self.fail(&mut self.inner(), message.clone());
-            return Err(Error::ReadOnly(message));
+            return Err(self.fail_checkpoint(error));
         }
+        self.checkpoint_durable(point, header.generation);
+        Ok(())
+    }
+
+    /// The header of the next checkpoint, taken at `point`, without a
+    /// payload: what a volume of format 3 keeps in its index's root record.
+    pub fn checkpoint_header(&self, point: ReplayPoint, next_ino: u64) -> CheckpointHeader {
+        CheckpointHeader {
+            uuid: self.geometry.uuid,
+            generation: self.inner().checkpoint_generation + 1,
+            journal_replay_offset: self.physical_offset(point.virtual_offset),
+            journal_replay_seq: point.seq,
+            journal_prev_crc: point.prev_crc,
+            lsn_applied: point.lsn_applied,
+            next_ino,
+            record_count: 0,
+            payload_bytes: 0,
+            payload_crc: 0,
+        }
+    }
+
+    /// The checkpoint `generation`, taken at `point`, is durable: the log
+    /// before its point is free.
+    pub fn checkpoint_durable(&self, point: ReplayPoint, generation: u64) {
         let mut inner = self.inner();
         // The checkpoint mutex lets one checkpoint write at a time.
         debug_assert_eq!(inner.checkpoint_generation + 1, generation, "checkpoints overlapped");
@@ -568,7 +580,18 @@ impl Journal {
         inner.tail = inner.tail.max(point.virtual_offset);
         self.set_durable(&mut inner, point.lsn_applied);
         self.commit_finished.notify_all();
-        Ok(())
+    }
+
+    /// Marks the journal failed (read-only from now on) after a checkpoint
+    /// that could not be written; returns the error to give.
+    pub fn fail_checkpoint(&self, error: impl std::fmt::Display) -> Error {
+        if self.device.is_shut_down() {
+            return Error::ShutDown;
+        }
+        let message = format!("checkpoint write failed, the volume is now read-only: {error}");
+        tracing::error!("{message}");
+        self.fail(&mut self.inner(), message.clone());
+        Error::ReadOnly(message)
     }
 }
 
@@ -576,6 +599,19 @@ impl Journal {
 fn align_up_any(value: u64, align: u64) -> u64 {
     debug_assert!(align > 0);
     value.div_ceil(align) * align
+}
+
+/// The journal of a fresh volume.
+fn fresh_journal(device: &Arc<Device>, geometry: &JournalGeometry) -> Journal {
+    let position = JournalPosition {
+        head: 0,
+        tail: 0,
+        next_seq: 1,
+        last_header_crc: 0,
+        next_lsn: 1,
+        checkpoint_generation: 0,
+    };
+    Journal::new(Arc::clone(device), geometry.clone(), position)
 }
 
 /// Encodes the checkpoint of a fresh volume; used by mkfs.
@@ -586,14 +622,17 @@ pub fn write_initial_checkpoint(
     payload: &[u8],
     record_count: u64,
 ) -> Result<()> {
-    let position = JournalPosition {
-        head: 0,
-        tail: 0,
-        next_seq: 1,
-        last_header_crc: 0,
-        next_lsn: 1,
-        checkpoint_generation: 0,
-    };
-    let journal = Journal::new(Arc::clone(device), geometry.clone(), position);
+    let journal = fresh_journal(device, geometry);
     journal.write_checkpoint(journal.replay_point(), next_ino, payload, record_count)
+}
+
+/// The checkpoint header of a fresh volume of format 3, for its index's
+/// first root record.
+pub fn initial_checkpoint_header(
+    device: &Arc<Device>,
+    superblock: &Superblock,
+    next_ino: u64,
+) -> CheckpointHeader {
+    let journal = fresh_journal(device, &JournalGeometry::new(superblock));
+    journal.checkpoint_header(journal.replay_point(), next_ino)
 }

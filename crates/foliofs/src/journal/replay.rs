@@ -7,6 +7,26 @@ use super::*;
 /// Reads the newest valid checkpoint and the journal groups after it.
 pub fn load(device: &Device, geometry: &JournalGeometry) -> Result<Loaded> {
     let (checkpoint, checkpoint_records) = load_checkpoint(device, geometry)?;
+    load_from(device, geometry, checkpoint, checkpoint_records)
+}
+
+/// The journal groups after `checkpoint`, one an index's root record named
+/// (a volume of format 3: the state itself is in the index).
+pub fn load_after(
+    device: &Device,
+    geometry: &JournalGeometry,
+    checkpoint: CheckpointHeader,
+) -> Result<Loaded> {
+    check_replay_point(&checkpoint, geometry)?;
+    load_from(device, geometry, checkpoint, Vec::new())
+}
+
+fn load_from(
+    device: &Device,
+    geometry: &JournalGeometry,
+    checkpoint: CheckpointHeader,
+    checkpoint_records: Vec<Record>,
+) -> Result<Loaded> {
     let mut reader = GroupReader::new(device, geometry, &checkpoint);
     let mut journal_records = Vec::new();
     let mut groups_replayed = 0u64;

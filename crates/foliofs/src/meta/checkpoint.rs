@@ -60,7 +60,7 @@ impl ShardPart {
 
 /// Encodes one inode with its symlink target, device number, extents,
 /// extended attributes and flags; returns how many records.
-fn encode_inode(ino: u64, inode: &Inode, writer: &mut Writer) -> u64 {
+pub(super) fn encode_inode(ino: u64, inode: &Inode, writer: &mut Writer) -> u64 {
     let mut count = 0;
     let mut emit = |record: Record, writer: &mut Writer| {
         record.encode(writer);

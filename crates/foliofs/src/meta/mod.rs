@@ -1,10 +1,12 @@
 //! Metadata: the inodes in shards, each under its own lock (`shards`), how
 //! records change them (`state`), free space (`space`), checkpoints that
 //! do not stop writers (`checkpoint`), the store that makes changes durable
-//! through the journal (`store`), and the handles' lock-free copies
+//! through the journal (`store`), the checkpoint kept in a paged index on
+//! volumes of format 3 (`indexed`), and the handles' lock-free copies
 //! (`view`).
 
 mod checkpoint;
+mod indexed;
 mod inode;
 mod shards;
 mod space;

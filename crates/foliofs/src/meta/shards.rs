@@ -24,10 +24,11 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
-use crate::format::Region;
+use crate::format::{Record, Region};
 use crate::lock_order::{Contention, Level, Ordered};
 
 use super::checkpoint::ShardPart;
+use super::indexed::{changes_at_cut, Changed, IndexChange};
 use super::inode::Inode;
 
 /// log2 of the number of shards.
@@ -46,8 +47,16 @@ pub const SHARD_COUNT: usize = 1 << SHARD_BITS;
 /// own ([`shard_of`]).
 pub const DIRECTORY_INO_STRIDE: u64 = 8;
 
+/// One shard at a checkpoint's cut: all its records (checkpoint slots,
+/// format 2) or what changed since the last cut (a metadata index, 3).
+#[derive(Debug, Clone)]
+pub enum CutPart {
+    Records(ShardPart),
+    Changes(Vec<IndexChange>),
+}
+
 /// No shard encoded yet: what a checkpoint starts from.
-pub fn no_parts() -> Vec<Option<ShardPart>> {
+pub fn no_parts() -> Vec<Option<CutPart>> {
     vec![None; SHARD_COUNT]
 }
 
@@ -115,6 +124,10 @@ pub struct ShardInodes {
     /// By inode number, hashed with FxHash: looked up on every operation,
     /// and the numbers are ours, not an attacker's.
     pub(super) inodes: FxHashMap<u64, Inode>,
+    /// What changed since the last cut, where the checkpoint keeps only
+    /// that (`super::indexed`). Written under the shard's write lock (no
+    /// wait: `get_mut`), taken at the cut under its read lock.
+    pub(super) changed: Mutex<Changed>,
 }
 
 /// One shard, on cache lines of its own: a shard's lock word is written by
@@ -141,13 +154,15 @@ pub struct MetaCore {
     /// Inodes in the table, kept as the estimate is.
     pub(super) inode_count: AtomicI64,
     /// The shards a checkpoint in progress has encoded so far.
-    pub(super) checkpoint_parts: Mutex<Vec<Option<ShardPart>>>,
+    pub(super) checkpoint_parts: Mutex<Vec<Option<CutPart>>>,
+    /// Checkpoints go to a metadata index: shards note what changes.
+    pub(super) indexed: bool,
     /// Waits for shard locks, every shard together.
     pub(super) contention: Contention,
 }
 
 impl MetaCore {
-    pub(super) fn new(data_region: Region, next_ino: u64) -> Self {
+    pub(super) fn new(data_region: Region, next_ino: u64, indexed: bool) -> Self {
         Self {
             shards: (0..SHARD_COUNT).map(|_| Shard::default()).collect(),
             data_region,
@@ -155,6 +170,7 @@ impl MetaCore {
             persisted_bytes_estimate: AtomicI64::new(0),
             inode_count: AtomicI64::new(0),
             checkpoint_parts: Mutex::new(no_parts()),
+            indexed,
             contention: Contention::default(),
         }
     }
@@ -171,7 +187,12 @@ impl MetaCore {
         if shard.checkpoint_owed.load(Ordering::Acquire)
             && shard.checkpoint_owed.swap(false, Ordering::AcqRel)
         {
-            let part = ShardPart::encode(&inodes.inodes);
+            let part = if self.indexed {
+                let changed = std::mem::take(&mut *inodes.changed.lock());
+                CutPart::Changes(changes_at_cut(&inodes.inodes, changed))
+            } else {
+                CutPart::Records(ShardPart::encode(&inodes.inodes))
+            };
             self.checkpoint_parts.lock()[index] = Some(part);
         }
     }
@@ -307,13 +328,16 @@ pub struct MetaState<'a> {
     pub(super) estimate_delta: i64,
     /// Inodes made less inodes freed so far.
     pub(super) inode_delta: i64,
+    /// Whether `apply` notes what changes for the next cut: where the
+    /// checkpoint is an index, but for records loaded from it.
+    pub(super) note_changes: bool,
 }
 
 impl<'a> MetaState<'a> {
     /// Write-locks the shards of `set`, in ascending index.
     pub(super) fn lock(core: &'a MetaCore, set: ShardSet) -> Self {
         let locked = LockedShards::lock(core, set);
-        Self { core, locked, estimate_delta: 0, inode_delta: 0 }
+        Self { core, locked, estimate_delta: 0, inode_delta: 0, note_changes: core.indexed }
     }
 
     pub fn declared(&self) -> &ShardSet {
@@ -341,6 +365,36 @@ impl<'a> MetaState<'a> {
         self.locked
             .all_mut()
             .flat_map(|shard| shard.inodes.iter_mut().map(|(&ino, inode)| (ino, inode)))
+    }
+
+    /// Notes what `record` changes for the next cut, where checkpoints keep
+    /// only that.
+    pub(super) fn note_change(&mut self, record: &Record) {
+        if !self.note_changes {
+            return;
+        }
+        let ino = match record {
+            Record::DirAdd { dir, .. } | Record::DirRemove { dir, .. } => *dir,
+            Record::SharedSet { .. } => return,
+            Record::InodeSet { ino, .. }
+            | Record::InodeFree { ino }
+            | Record::SymlinkSet { ino, .. }
+            | Record::ExtentMap { ino, .. }
+            | Record::ExtentUnmap { ino, .. }
+            | Record::XattrSet { ino, .. }
+            | Record::XattrRemove { ino, .. }
+            | Record::DeviceSet { ino, .. }
+            | Record::FlagsSet { ino, .. } => *ino,
+        };
+        self.locked.shard_mut(ino).changed.get_mut().note(record);
+    }
+
+    /// Notes that inode `ino`'s persisted fields changed without a record
+    /// (times advanced in memory), for the next cut.
+    pub(super) fn note_inode_change(&mut self, ino: u64) {
+        if self.core.indexed {
+            self.locked.shard_mut(ino).changed.get_mut().inodes.insert(ino);
+        }
     }
 
     /// Each shard's checkpoint part, when every shard is locked.

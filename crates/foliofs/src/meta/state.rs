@@ -56,12 +56,14 @@ impl MetaState<'_> {
             inode.attrs.mtime = now;
             inode.attrs.ctime = now;
             inode.times_dirty = true;
+            self.note_inode_change(ino);
         }
     }
 
     /// Applies one record. Returns the extents it displaced (their device
     /// blocks are the caller's to free). Never touches the allocator.
     pub fn apply(&mut self, record: &Record) -> Result<Vec<Extent>, ApplyError> {
+        self.note_change(record);
         match record {
             Record::InodeSet { ino, attrs } => {
                 self.apply_inode_set(*ino, attrs).map(|()| Vec::new())
@@ -479,7 +481,7 @@ mod tests {
     }
 
     fn core() -> MetaCore {
-        MetaCore::new(region(), ROOT_INO + 1)
+        MetaCore::new(region(), ROOT_INO + 1, false)
     }
 
     /// Every shard locked, as mount holds them.

@@ -32,10 +32,11 @@ use crate::lock_order::{Contention, Level, Ordered};
 use crate::refcount::{self, SharedBlocks};
 
 use super::checkpoint;
+use super::indexed::IndexedCheckpoint;
 use super::inode::Inode;
 use super::shards::{
-    catch_undeclared, no_parts, shard_of, MetaCore, MetaState, MetaView, ShardSet, UndeclaredShard,
-    DIRECTORY_INO_STRIDE, SHARD_COUNT,
+    catch_undeclared, no_parts, shard_of, CutPart, MetaCore, MetaState, MetaView, ShardSet,
+    UndeclaredShard, DIRECTORY_INO_STRIDE, SHARD_COUNT,
 };
 use super::space::Space;
 
@@ -142,7 +143,13 @@ pub struct MetaStore {
     /// This store among those a thread's inode batch may come from.
     store_id: u64,
     journal: Journal,
-    checkpoint_lock: Mutex<()>,
+    /// One checkpoint at a time; holds the metadata index where the volume
+    /// keeps its checkpoint in one (format 3), `None` for slots.
+    checkpoint_lock: Mutex<Option<IndexedCheckpoint>>,
+    /// The most the metadata may encode to: a slot's room, or for an
+    /// index, unbounded while its reserve of free space holds and the
+    /// size of the metadata when it no longer does (no growth, then).
+    metadata_bytes_max: AtomicU64,
     /// Checkpoints written since open: how many, their payload bytes and
     /// the time each took from cut to durable (`bench scale` reports them;
     /// today each re-encodes the whole state, the cost issue 53 measures).
@@ -518,12 +525,21 @@ impl MetaStore {
     /// if any record contradicts the state or two files share a block.
     pub fn load(
         device: Arc<Device>,
-        geometry: JournalGeometry,
-        data_region: crate::format::Region,
+        superblock: &Superblock,
         read_only: bool,
     ) -> Result<(Self, LoadReport)> {
-        let loaded = journal::load(&device, &geometry)?;
-        let core = MetaCore::new(data_region, ROOT_INO + 1);
+        let geometry = JournalGeometry::new(superblock);
+        let data_region = superblock.data;
+        let (loaded, mut index) = if superblock.metadata_in_index() {
+            let (mut index, header) = IndexedCheckpoint::open(&device, superblock)?;
+            let records = index.records()?;
+            let mut loaded = journal::load_after(&device, &geometry, header)?;
+            loaded.checkpoint_records = records;
+            (loaded, Some(index))
+        } else {
+            (journal::load(&device, &geometry)?, None)
+        };
+        let core = MetaCore::new(data_region, ROOT_INO + 1, index.is_some());
         let mut shared = SharedBlocks::new();
         let alloc = {
             let mut state = MetaState::lock(&core, ShardSet::All);
@@ -532,6 +548,9 @@ impl MetaStore {
                 records.chain(loaded.journal_records.iter().map(|record| ("journal", record)));
             let mut index_in = [0usize; 2];
             for (source, record) in records {
+                // What the index holds needs no note; what the journal
+                // adds goes to the index at the next cut.
+                state.note_changes = source == "journal";
                 let index = &mut index_in[usize::from(source == "journal")];
                 let applied = match record {
                     Record::SharedSet { dev_block, block_count, refs } => {
@@ -554,7 +573,23 @@ impl MetaStore {
                     .map_err(|error| Error::Corrupt(format!("{source} record {index}: {error}")))?;
                 *index += 1;
             }
-            state.finish_load(&shared).map_err(|error| Error::Corrupt(error.0))?
+            let mut alloc = state.finish_load(&shared).map_err(|error| Error::Corrupt(error.0))?;
+            if let Some(index) = &mut index {
+                for run in index.held_blocks()? {
+                    alloc.mark_used(run).map_err(|error| {
+                        Error::Corrupt(format!("a page of the metadata index: {error}"))
+                    })?;
+                }
+                if !read_only {
+                    index.reserved_blocks =
+                        alloc.promises().reserve_up_to(index.reserve_target_blocks);
+                }
+            }
+            alloc
+        };
+        let metadata_bytes_max = match &index {
+            Some(_) => u64::MAX,
+            None => geometry.slot_payload_bytes_max(),
         };
         let shared_blocks = AtomicU64::new(shared.shared_blocks());
         core.next_ino.fetch_max(loaded.checkpoint.next_ino, Ordering::Relaxed);
@@ -576,7 +611,8 @@ impl MetaStore {
             rename_lock: Mutex::new(()),
             store_id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
             journal,
-            checkpoint_lock: Mutex::new(()),
+            checkpoint_lock: Mutex::new(index),
+            metadata_bytes_max: AtomicU64::new(metadata_bytes_max),
             checkpoints_written: AtomicU64::new(0),
             checkpoint_bytes_total: AtomicU64::new(0),
             checkpoint_ns_total: AtomicU64::new(0),
@@ -590,7 +626,10 @@ impl MetaStore {
 
     /// Writes the first checkpoint of a new volume: an empty root directory.
     pub fn format(device: &Arc<Device>, superblock: &Superblock, root: InodeAttrs) -> Result<()> {
-        let core = MetaCore::new(superblock.data, ROOT_INO + 1);
+        if superblock.metadata_in_index() {
+            return IndexedCheckpoint::format(device, superblock, root);
+        }
+        let core = MetaCore::new(superblock.data, ROOT_INO + 1, false);
         let mut state = MetaState::lock(&core, ShardSet::All);
         state.apply(&Record::InodeSet { ino: ROOT_INO, attrs: root }).expect("fresh state");
         let (payload, record_count) = checkpoint::assemble(&state.shard_parts());
@@ -613,7 +652,13 @@ impl MetaStore {
     /// in-memory sizes, times advanced in memory), without logging; works
     /// on read-only volumes too. Counts as a change for the handles' copies.
     pub fn inode_mut(&self, ino: u64) -> Option<InodeMut<'_>> {
-        let guard = self.core.write_shard(shard_of(ino)).try_map(|guard| {
+        let mut shard = self.core.write_shard(shard_of(ino));
+        // Times advanced in memory reach the next checkpoint (an index
+        // keeps only inodes noted as changed).
+        if self.core.indexed && shard.inodes.contains_key(&ino) {
+            shard.changed.get_mut().inodes.insert(ino);
+        }
+        let guard = shard.try_map(|guard| {
             RwLockWriteGuard::try_map(guard, |shard| shard.inodes.get_mut(&ino))
         })?;
         guard.note_changed();
@@ -876,7 +921,7 @@ impl MetaStore {
 
     /// A transaction with the shards of `inos` write-locked.
     fn begin(&self, inos: &[u64]) -> Txn<'_> {
-        let metadata_bytes_max = self.journal.geometry().slot_payload_bytes_max();
+        let metadata_bytes_max = self.metadata_bytes_max.load(Ordering::Relaxed);
         let log_bytes_max = self.journal.geometry().group_payload_bytes_max();
         debug_assert!(TXN_LOG_BYTES_UNRESERVED <= log_bytes_max);
         Txn {
@@ -1222,7 +1267,7 @@ impl MetaStore {
         if let Some(refusal) = self.refusal() {
             return Err(refusal);
         }
-        let _only_one = Ordered::lock(Level::Checkpoint, || self.checkpoint_lock.lock());
+        let mut target = Ordered::lock(Level::Checkpoint, || self.checkpoint_lock.lock());
         let started = Instant::now();
         let (point, next_ino, shared) = {
             // With every shard held, no transaction is part-way: the log's
@@ -1247,13 +1292,39 @@ impl MetaStore {
             let shard = self.core.read_shard(index);
             self.core.pay_checkpoint(index, &shard);
         }
-        let parts: Vec<_> = std::mem::take(&mut *self.core.checkpoint_parts.lock())
+        let parts = std::mem::take(&mut *self.core.checkpoint_parts.lock())
             .into_iter()
-            .map(|part| part.expect("every shard encoded"))
+            .map(|part| part.expect("every shard encoded"));
+        let bytes_written = match target.as_mut() {
+            Some(index) => self.checkpoint_index(index, parts, point, next_ino, &shared)?,
+            None => self.checkpoint_slot(parts, point, next_ino, &shared)?,
+        };
+        self.checkpoint_bytes_total.fetch_add(bytes_written, Ordering::Relaxed);
+        let elapsed_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.checkpoint_ns_total.fetch_add(elapsed_ns, Ordering::Relaxed);
+        // Last, so a reader that sees the count sees its bytes and time.
+        self.checkpoints_written.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Writes the whole state at the cut to the next slot; returns its
+    /// payload's bytes.
+    fn checkpoint_slot(
+        &self,
+        parts: impl Iterator<Item = CutPart>,
+        point: journal::ReplayPoint,
+        next_ino: u64,
+        shared: &[refcount::Counted],
+    ) -> Result<u64> {
+        let parts: Vec<_> = parts
+            .map(|part| match part {
+                CutPart::Records(records) => records,
+                CutPart::Changes(_) => unreachable!("changes noted for checkpoint slots"),
+            })
             .collect();
         let (mut payload, mut record_count) = checkpoint::assemble(&parts);
         let mut writer = Writer::with_capacity(shared.len() * SHARED_SET_RECORD_BYTES);
-        for counted in &shared {
+        for counted in shared {
             Record::SharedSet {
                 dev_block: counted.start,
                 block_count: counted.count,
@@ -1264,12 +1335,92 @@ impl MetaStore {
         payload.extend_from_slice(writer.as_bytes());
         record_count += shared.len() as u64;
         self.journal.write_checkpoint(point, next_ino, &payload, record_count)?;
-        self.checkpoint_bytes_total.fetch_add(payload.len() as u64, Ordering::Relaxed);
-        let elapsed_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.checkpoint_ns_total.fetch_add(elapsed_ns, Ordering::Relaxed);
-        // Last, so a reader that sees the count sees its bytes and time.
-        self.checkpoints_written.fetch_add(1, Ordering::Release);
-        Ok(())
+        Ok(payload.len() as u64)
+    }
+
+    /// Brings the metadata index up to the cut with what changed since the
+    /// last one and commits it with the cut's log position in its root;
+    /// then the log before the cut is free. Returns the bytes written.
+    /// Any failure leaves the volume read-only: the index in memory may
+    /// hold changes no durable root does.
+    fn checkpoint_index(
+        &self,
+        index: &mut IndexedCheckpoint,
+        parts: impl Iterator<Item = CutPart>,
+        point: journal::ReplayPoint,
+        next_ino: u64,
+        shared: &[refcount::Counted],
+    ) -> Result<u64> {
+        if let Some(failure) = self.journal.failure() {
+            return Err(Error::ReadOnly(failure));
+        }
+        let changes = parts.flat_map(|part| match part {
+            CutPart::Changes(changes) => changes,
+            CutPart::Records(_) => unreachable!("a shard encoded whole for a metadata index"),
+        });
+        let header = self.journal.checkpoint_header(point, next_ino);
+        let committed = index
+            .apply(changes)
+            .and_then(|()| index.put_shared(shared))
+            .and_then(|()| self.give_index_pages(index))
+            .and_then(|()| index.commit(&header));
+        let report = committed.map_err(|error| self.journal.fail_checkpoint(error))?;
+        self.journal.checkpoint_durable(point, header.generation);
+        Ok(report.bytes_written)
+    }
+
+    /// Gives the index the pages its next commit may want, from free space:
+    /// from its reserve first, which is then filled again from what is
+    /// free. While the reserve stays short of half its size, the metadata
+    /// may not grow (`Txn::ensure_metadata_room`), so that the index always
+    /// has pages for what the log already holds.
+    fn give_index_pages(&self, index: &mut IndexedCheckpoint) -> Result<()> {
+        let wanted = index.pages_wanted() as u64;
+        let page_bytes = crate::index::PAGE_BYTES as u64;
+        let pages_per_block = index.block_bytes / page_bytes;
+        let mut blocks_left = wanted.div_ceil(pages_per_block);
+        let mut pages = Vec::with_capacity((blocks_left * pages_per_block) as usize);
+        let mut space = self.space();
+        while blocks_left > 0 {
+            let from_reserved = blocks_left.min(index.reserved_blocks);
+            let goal = self.core.data_region.start_block;
+            let Some(run) = space.alloc.allocate(goal, blocks_left, from_reserved) else {
+                return Err(Error::NoSpace("no free space is left for the metadata index".into()));
+            };
+            index.reserved_blocks -= from_reserved.min(run.count);
+            blocks_left -= run.count;
+            for block in run.start..run.start + run.count {
+                let start = block * index.block_bytes;
+                pages.extend((0..pages_per_block).map(|page| start + page * page_bytes));
+            }
+        }
+        let short = index.reserve_target_blocks - index.reserved_blocks;
+        index.reserved_blocks += space.alloc.promises().reserve_up_to(short);
+        let metadata_bytes_max = if index.reserved_blocks < index.reserve_target_blocks / 2 {
+            self.core.persisted_bytes_estimate()
+        } else {
+            u64::MAX
+        };
+        self.metadata_bytes_max.store(metadata_bytes_max, Ordering::Relaxed);
+        drop(space);
+        index.give_pages(&pages)
+    }
+
+    /// Streams the metadata index (format 3) in bounded memory, checking
+    /// every page and that the pages reached are those its root counts;
+    /// nothing to check on a volume with checkpoint slots.
+    pub fn check_index(&self) -> Result<()> {
+        let mut target = Ordered::lock(Level::Checkpoint, || self.checkpoint_lock.lock());
+        match target.as_mut() {
+            Some(index) => index.check().map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
+    /// The most the metadata may encode to (`u64::MAX`: no limit but the
+    /// volume's free space, for a metadata index).
+    pub fn metadata_bytes_max(&self) -> u64 {
+        self.metadata_bytes_max.load(Ordering::Relaxed)
     }
 
     /// Checkpoints written since open: (count, payload bytes, nanoseconds).

@@ -14,7 +14,7 @@ use crate::format::{
     InodeAttrs, InodeKind, Record, Superblock, Timestamp, NAME_BYTES_MAX, ROOT_INO,
 };
 use crate::iomap::MapKind;
-use crate::journal::{JournalGeometry, SyncOnTheWay};
+use crate::journal::SyncOnTheWay;
 use crate::layout;
 use crate::meta::{InodeTable, LoadReport, MetaStore};
 use crate::options::VolumeOptions;
@@ -37,6 +37,11 @@ pub struct MkfsOptions {
     /// empty files a GiB of volume). A volume for many small files wants
     /// more, as ext4's `mkfs -N` gives it more inodes.
     pub metadata_bytes: Option<u64>,
+    /// Keep the metadata's checkpoint in a paged index that grows from the
+    /// data region (format 3) instead of two fixed slots: no cap on files
+    /// but space, and a checkpoint writes only what changed since the last
+    /// (`docs/metadata.md`). Needs blocks of at least 4 KiB.
+    pub metadata_index: bool,
     /// Owner of the root directory.
     pub root_owner: Owner,
 }
@@ -47,6 +52,7 @@ impl Default for MkfsOptions {
             block_bytes: 4096,
             journal_bytes: None,
             metadata_bytes: None,
+            metadata_index: false,
             root_owner: Owner::current(),
         }
     }
@@ -290,6 +296,17 @@ impl Volume {
             mkfs.journal_bytes,
             mkfs.metadata_bytes,
         )?;
+        let superblock = match (mkfs.metadata_index, mkfs.metadata_bytes) {
+            (false, _) => superblock,
+            (true, Some(_)) => {
+                return Err(Error::invalid(
+                    "a metadata index grows as it needs: give no metadata size with it",
+                ))
+            }
+            (true, None) => superblock
+                .with_metadata_index()
+                .map_err(|error| Error::invalid(error.to_string()))?,
+        };
         let now = Timestamp::now();
         let root = InodeAttrs {
             kind: InodeKind::Dir,
@@ -319,9 +336,8 @@ impl Volume {
     /// replays the journal and (unless read-only) frees orphaned inodes.
     pub fn open_device(device: Arc<Device>, options: &VolumeOptions) -> Result<Self> {
         let superblock = layout::read_superblock(&device)?;
-        let geometry = JournalGeometry::new(&superblock);
         let (meta, load_report) =
-            MetaStore::load(Arc::clone(&device), geometry, superblock.data, options.read_only)?;
+            MetaStore::load(Arc::clone(&device), &superblock, options.read_only)?;
         let block_bytes = superblock.block_bytes_u64();
         // A hostile image may hold sizes and extents no live operation makes;
         // refusing them here keeps the byte arithmetic of every later path
@@ -468,7 +484,7 @@ impl Volume {
             inodes: self.shared.meta.inode_count(),
             name_bytes_max: NAME_BYTES_MAX as u32,
             metadata_bytes: self.shared.meta.persisted_bytes_estimate(),
-            metadata_bytes_max: self.shared.meta.journal().geometry().slot_payload_bytes_max(),
+            metadata_bytes_max: self.shared.meta.metadata_bytes_max(),
             shared_blocks: space.shared.shared_blocks(),
         }
     }
@@ -711,6 +727,7 @@ pub(super) fn test_volume(options: &str) -> (Volume, Arc<crate::dev::FaultDev>) 
             block_bytes: 4096,
             journal_bytes: None,
             metadata_bytes: None,
+            metadata_index: false,
             root_owner: owner,
         },
     )

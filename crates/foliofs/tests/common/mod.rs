@@ -89,8 +89,17 @@ pub fn new_volume_with_options(
 ) -> (Arc<FaultDev>, Volume) {
     let raw = Arc::new(FaultDev::from_image(vec![GARBAGE_BYTE; size_bytes as usize], 512));
     let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
-    let mkfs =
-        MkfsOptions { block_bytes, journal_bytes, metadata_bytes: None, root_owner: owner() };
+    // FOLIOFS_CHECK_METADATA_INDEX=1 runs these tests on volumes of format
+    // 3, as it runs the checkers (`foliofs_check::mkfs_options`).
+    let metadata_index =
+        std::env::var_os("FOLIOFS_CHECK_METADATA_INDEX").is_some_and(|value| value == "1");
+    let mkfs = MkfsOptions {
+        block_bytes,
+        journal_bytes,
+        metadata_bytes: None,
+        metadata_index: metadata_index && block_bytes >= 4096,
+        root_owner: owner(),
+    };
     Volume::format(&device, &mkfs).expect("mkfs");
     let volume = Volume::open_device(device, options).expect("open");
     (raw, volume)

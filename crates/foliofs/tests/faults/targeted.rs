@@ -467,6 +467,7 @@ pub(crate) fn superblock_write_errors_fail_mkfs_cleanly(block_bytes: u32) {
             block_bytes,
             journal_bytes: None,
             metadata_bytes: None,
+            metadata_index: false,
             root_owner: owner(),
         };
         let error = Volume::format(&device, &mkfs).expect_err("mkfs fails");
@@ -487,8 +488,13 @@ pub(crate) fn superblock_write_errors_fail_mkfs_cleanly(block_bytes: u32) {
     let raw = Arc::new(FaultDev::new(16 << 20, 512));
     let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
     raw.add_rule(FaultRule::every_nth(FaultOp::Flush, 1));
-    let mkfs =
-        MkfsOptions { block_bytes, journal_bytes: None, metadata_bytes: None, root_owner: owner() };
+    let mkfs = MkfsOptions {
+        block_bytes,
+        journal_bytes: None,
+        metadata_bytes: None,
+        metadata_index: false,
+        root_owner: owner(),
+    };
     expect_eio(Volume::format(&device, &mkfs).map(|_| ()), "mkfs with failing flushes");
 }
 

@@ -136,8 +136,13 @@ pub(crate) fn build_seed_image(block_bytes: u32, journal_bytes: Option<u64>) -> 
     let size_bytes = 8 << 20;
     let raw = Arc::new(FaultDev::new(size_bytes, 512));
     let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
-    let mkfs =
-        MkfsOptions { block_bytes, journal_bytes, metadata_bytes: None, root_owner: owner() };
+    let mkfs = MkfsOptions {
+        block_bytes,
+        journal_bytes,
+        metadata_bytes: None,
+        metadata_index: false,
+        root_owner: owner(),
+    };
     Volume::format(&device, &mkfs).unwrap();
     let volume = Volume::open_device(device, &common::options()).unwrap();
     let block = u64::from(block_bytes);

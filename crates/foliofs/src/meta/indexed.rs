@@ -1,0 +1,420 @@
+//! The checkpoint of a volume of format 3: the state at a cut of the log,
+//! kept in a paged index (`crate::index`) and brought up to date at each
+//! cut with only what changed since the last one.
+//!
+//! Keys, big-endian so that an inode's keys sort together and every inode
+//! sorts before every entry (load applies them in key order, as it applies
+//! a slot's payload):
+//! - `1, ino, chunk`: the inode's records (attributes, symlink target,
+//!   device number, extents, extended attributes, flags), encoded as a
+//!   slot's payload holds them, in chunks that fit a page;
+//! - `2, dir, name`: a directory entry; the value is the inode's number;
+//! - `3, chunk`: the shared-block table's records.
+//!
+//! What changed is noted as records apply (`Changed`, per shard): an
+//! inode's number, or a directory entry's name. At the cut each shard's
+//! notes become `IndexChange`s, read from the shard as it is at the cut
+//! (`super::shards::MetaCore::pay_checkpoint`). The index's pages come from
+//! the data region (`super::store`, `MetaStore::give_index_pages`); at open
+//! every page the index holds is taken out of free space.
+
+use std::sync::Arc;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::checkpoint::encode_inode;
+use super::inode::Inode;
+use crate::alloc::BlockRun;
+use crate::dev::Device;
+use crate::error::{Error, Result};
+use crate::format::codec::{Reader, Writer};
+use crate::format::{CheckpointHeader, InodeAttrs, Record, Superblock, ROOT_INO};
+use crate::index::{CommitReport, IndexOptions, Tree, PAGE_BYTES};
+use crate::refcount::Counted;
+
+/// The metadata index's owner number, in every page.
+const INDEX_OWNER: u32 = 1;
+const INODE_KEY: u8 = 1;
+const ENTRY_KEY: u8 = 2;
+const SHARED_KEY: u8 = 3;
+/// Bytes of records per value: with its 13-byte key, well inside what a
+/// page entry holds (`crate::index::ENTRY_BYTES_MAX`).
+const CHUNK_BYTES: usize = 1024;
+/// Decoded pages kept in memory. The whole state is also in memory (the
+/// shards), so the index is read at open and written at cuts only.
+const CACHE_BYTES: usize = 16 << 20;
+/// Pages a new volume gives its index.
+const FORMAT_PAGES: u64 = 16;
+
+const _: () = assert!(crate::index::ATTACHED_BYTES == crate::format::checkpoint::ATTACHED_BYTES);
+const _: () = assert!(CHUNK_BYTES + 13 <= crate::index::ENTRY_BYTES_MAX);
+
+/// What changed in one shard since the last cut.
+#[derive(Debug, Default)]
+pub struct Changed {
+    pub inodes: FxHashSet<u64>,
+    pub entries: FxHashSet<(u64, Vec<u8>)>,
+}
+
+impl Changed {
+    /// Notes what `record` changes; the caller holds the shard of the inode
+    /// (or directory) it names.
+    pub fn note(&mut self, record: &Record) {
+        match record {
+            Record::DirAdd { dir, name, .. } | Record::DirRemove { dir, name } => {
+                self.entries.insert((*dir, name.clone()));
+            }
+            Record::SharedSet { .. } => {}
+            Record::InodeSet { ino, .. }
+            | Record::InodeFree { ino }
+            | Record::SymlinkSet { ino, .. }
+            | Record::ExtentMap { ino, .. }
+            | Record::ExtentUnmap { ino, .. }
+            | Record::XattrSet { ino, .. }
+            | Record::XattrRemove { ino, .. }
+            | Record::DeviceSet { ino, .. }
+            | Record::FlagsSet { ino, .. } => {
+                self.inodes.insert(*ino);
+            }
+        }
+    }
+}
+
+/// One key's change, as the shard was at the cut.
+#[derive(Debug, Clone)]
+pub enum IndexChange {
+    /// The inode's records, or `None` once it is freed.
+    Inode { ino: u64, records: Option<Vec<u8>> },
+    /// The entry's inode, or `None` once it is removed.
+    Entry { dir: u64, name: Vec<u8>, target: Option<u64> },
+}
+
+/// The changes `changed` names, read from `inodes` (one shard, at the cut).
+pub fn changes_at_cut(inodes: &FxHashMap<u64, Inode>, changed: Changed) -> Vec<IndexChange> {
+    let mut changes = Vec::with_capacity(changed.inodes.len() + changed.entries.len());
+    for ino in changed.inodes {
+        let records = inodes.get(&ino).map(|inode| {
+            let mut writer = Writer::with_capacity(96);
+            encode_inode(ino, inode, &mut writer);
+            writer.into_bytes()
+        });
+        changes.push(IndexChange::Inode { ino, records });
+    }
+    for (dir, name) in changed.entries {
+        let target = inodes
+            .get(&dir)
+            .and_then(|directory| directory.entries())
+            .and_then(|entries| entries.get(&name))
+            .copied();
+        changes.push(IndexChange::Entry { dir, name, target });
+    }
+    changes
+}
+
+fn inode_key(ino: u64, chunk: u32) -> Vec<u8> {
+    let mut key = Vec::with_capacity(13);
+    key.push(INODE_KEY);
+    key.extend_from_slice(&ino.to_be_bytes());
+    key.extend_from_slice(&chunk.to_be_bytes());
+    key
+}
+
+fn entry_key(dir: u64, name: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(9 + name.len());
+    key.push(ENTRY_KEY);
+    key.extend_from_slice(&dir.to_be_bytes());
+    key.extend_from_slice(name);
+    key
+}
+
+fn shared_key(chunk: u32) -> Vec<u8> {
+    let mut key = vec![SHARED_KEY];
+    key.extend_from_slice(&chunk.to_be_bytes());
+    key
+}
+
+fn options(superblock: &Superblock) -> IndexOptions {
+    IndexOptions {
+        owner: INDEX_OWNER,
+        region: superblock.index_root_region(),
+        cache_bytes: CACHE_BYTES,
+        pages_given: true,
+    }
+}
+
+/// The metadata index of an open volume of format 3.
+pub struct IndexedCheckpoint {
+    tree: Tree,
+    pub block_bytes: u64,
+    /// Chunks of the shared-block table the index holds.
+    shared_chunks: u32,
+    /// Free blocks promised to the index, so that a volume whose data
+    /// filled it still has pages for the metadata its log holds.
+    pub reserved_blocks: u64,
+    /// What the reserve is filled up to: 1/64 of the data region, between
+    /// 64 KiB and 64 MiB.
+    pub reserve_target_blocks: u64,
+}
+
+impl IndexedCheckpoint {
+    /// Writes the index of a new volume: its root directory, the log at
+    /// its start. Its first pages are the data region's first blocks.
+    pub fn format(device: &Arc<Device>, superblock: &Superblock, root: InodeAttrs) -> Result<()> {
+        let mut tree = Tree::create(Arc::clone(device), options(superblock))?;
+        let block_bytes = superblock.block_bytes_u64();
+        let start = superblock.data.start_block * block_bytes;
+        if superblock.data.block_count * block_bytes < 4 * FORMAT_PAGES * PAGE_BYTES as u64 {
+            return Err(Error::invalid("the data region is too small for a metadata index"));
+        }
+        let pages = FORMAT_PAGES.div_ceil(block_bytes / PAGE_BYTES as u64) * block_bytes
+            / PAGE_BYTES as u64;
+        let pages: Vec<u64> = (0..pages).map(|page| start + page * PAGE_BYTES as u64).collect();
+        tree.give_pages(&pages)?;
+        let mut index = Self::with(tree, superblock);
+        let changes = [IndexChange::Inode {
+            ino: ROOT_INO,
+            records: Some({
+                let mut writer = Writer::with_capacity(96);
+                encode_inode(ROOT_INO, &Inode::new(root), &mut writer);
+                writer.into_bytes()
+            }),
+        }];
+        index.apply(changes)?;
+        let header = crate::journal::initial_checkpoint_header(device, superblock, ROOT_INO + 1);
+        index.tree.set_attached(header.encode_attached());
+        index.tree.commit()?;
+        Ok(())
+    }
+
+    /// Opens the index and reads where the log resumes from its root.
+    pub fn open(device: &Arc<Device>, superblock: &Superblock) -> Result<(Self, CheckpointHeader)> {
+        let tree = Tree::open(Arc::clone(device), options(superblock))?;
+        let header = CheckpointHeader::decode_attached(
+            &tree.attached(),
+            superblock.uuid,
+            tree.committed_generation(),
+        )
+        .map_err(|error| Error::Corrupt(format!("metadata index root: {error}")))?;
+        Ok((Self::with(tree, superblock), header))
+    }
+
+    fn with(tree: Tree, superblock: &Superblock) -> Self {
+        let block_bytes = superblock.block_bytes_u64();
+        let (reserve_min, reserve_max) = ((64 << 10) / block_bytes, (64 << 20) / block_bytes);
+        let reserve_target_blocks =
+            (superblock.data.block_count / 64).clamp(reserve_min.max(1), reserve_max.max(1));
+        Self { tree, block_bytes, shared_chunks: 0, reserved_blocks: 0, reserve_target_blocks }
+    }
+
+    /// Every record the index holds, inodes first, then entries, then the
+    /// shared-block table: what load applies before the journal's.
+    pub fn records(&mut self) -> Result<Vec<Record>> {
+        const SCAN_ENTRIES: usize = 4096;
+        let mut records = Vec::new();
+        let mut inode: Option<(u64, u32, Vec<u8>)> = None;
+        let mut shared = Vec::new();
+        let mut from = Vec::new();
+        loop {
+            let chunk = self.tree.scan(&from, SCAN_ENTRIES)?;
+            let Some((last, _)) = chunk.last() else { break };
+            from = last.clone();
+            from.push(0);
+            let full = chunk.len() == SCAN_ENTRIES;
+            for (key, value) in chunk {
+                if key.first() != Some(&INODE_KEY) {
+                    if let Some((ino, _, bytes)) = inode.take() {
+                        decode_records(&bytes, Some(ino), &mut records)?;
+                    }
+                }
+                match (key.first().copied(), key.len()) {
+                    (Some(INODE_KEY), 13) => {
+                        let ino = u64::from_be_bytes(key[1..9].try_into().unwrap());
+                        let chunk_number = u32::from_be_bytes(key[9..13].try_into().unwrap());
+                        match &mut inode {
+                            Some((current, next, bytes)) if *current == ino => {
+                                if chunk_number != *next {
+                                    return Err(chunk_gap(&key));
+                                }
+                                *next += 1;
+                                bytes.extend_from_slice(&value);
+                            }
+                            _ => {
+                                if let Some((previous, _, bytes)) = inode.take() {
+                                    decode_records(&bytes, Some(previous), &mut records)?;
+                                }
+                                if chunk_number != 0 {
+                                    return Err(chunk_gap(&key));
+                                }
+                                inode = Some((ino, 1, value));
+                            }
+                        }
+                    }
+                    (Some(ENTRY_KEY), 10..) if value.len() == 8 => {
+                        let dir = u64::from_be_bytes(key[1..9].try_into().unwrap());
+                        let ino = u64::from_be_bytes(value.try_into().unwrap());
+                        records.push(Record::DirAdd { dir, name: key[9..].to_vec(), ino });
+                    }
+                    (Some(SHARED_KEY), 5) => {
+                        let chunk_number = u32::from_be_bytes(key[1..5].try_into().unwrap());
+                        if chunk_number != self.shared_chunks {
+                            return Err(chunk_gap(&key));
+                        }
+                        self.shared_chunks += 1;
+                        shared.extend_from_slice(&value);
+                    }
+                    _ => {
+                        return Err(Error::Corrupt(format!(
+                            "metadata index: an entry with key {key:02x?} and {} bytes of value \
+                             is none the index holds",
+                            value.len()
+                        )))
+                    }
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        if let Some((ino, _, bytes)) = inode.take() {
+            decode_records(&bytes, Some(ino), &mut records)?;
+        }
+        decode_records(&shared, None, &mut records)?;
+        Ok(records)
+    }
+
+    /// The blocks the index holds, as runs: taken out of free space at open.
+    pub fn held_blocks(&mut self) -> Result<Vec<BlockRun>> {
+        let mut blocks: Vec<u64> =
+            self.tree.held_pages()?.into_iter().map(|address| address / self.block_bytes).collect();
+        blocks.sort_unstable();
+        blocks.dedup();
+        let mut runs: Vec<BlockRun> = Vec::new();
+        for block in blocks {
+            match runs.last_mut() {
+                Some(run) if run.start + run.count == block => run.count += 1,
+                _ => runs.push(BlockRun { start: block, count: 1 }),
+            }
+        }
+        Ok(runs)
+    }
+
+    /// Brings the index's keys up to `changes`.
+    pub fn apply(&mut self, changes: impl IntoIterator<Item = IndexChange>) -> Result<()> {
+        for change in changes {
+            match change {
+                IndexChange::Inode { ino, records } => {
+                    let records = records.unwrap_or_default();
+                    let chunks = self.put_chunks(&records, |chunk| inode_key(ino, chunk))?;
+                    self.remove_from(&inode_key(ino, chunks), &inode_key(ino, 0)[..9])?;
+                }
+                IndexChange::Entry { dir, name, target: Some(ino) } => {
+                    self.tree.insert(&entry_key(dir, &name), &ino.to_be_bytes())?;
+                }
+                IndexChange::Entry { dir, name, target: None } => {
+                    self.tree.remove(&entry_key(dir, &name))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Rewrites the shared-block table, when it holds anything or did.
+    pub fn put_shared(&mut self, shared: &[Counted]) -> Result<()> {
+        if shared.is_empty() && self.shared_chunks == 0 {
+            return Ok(());
+        }
+        let mut writer = Writer::with_capacity(shared.len() * 24);
+        for counted in shared {
+            let record = Record::SharedSet {
+                dev_block: counted.start,
+                block_count: counted.count,
+                refs: counted.refs,
+            };
+            record.encode(&mut writer);
+        }
+        let chunks = self.put_chunks(writer.as_bytes(), shared_key)?;
+        self.remove_from(&shared_key(chunks), &[SHARED_KEY])?;
+        self.shared_chunks = chunks;
+        Ok(())
+    }
+
+    /// Puts `bytes` under the keys `key(0..)`, a chunk each; returns how
+    /// many chunks.
+    fn put_chunks(&mut self, bytes: &[u8], key: impl Fn(u32) -> Vec<u8>) -> Result<u32> {
+        let mut count = 0;
+        for chunk in bytes.chunks(CHUNK_BYTES) {
+            self.tree.insert(&key(count), chunk)?;
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    /// Removes the keys from `start` on that begin with `prefix`.
+    fn remove_from(&mut self, start: &[u8], prefix: &[u8]) -> Result<()> {
+        loop {
+            let found = self.tree.scan(start, 1)?;
+            match found.first() {
+                Some((key, _)) if key.starts_with(prefix) => {
+                    self.tree.remove(key)?;
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// Pages the next commit may need beyond those the index has.
+    pub fn pages_wanted(&self) -> usize {
+        self.tree.pages_wanted()
+    }
+
+    pub fn give_pages(&mut self, pages: &[u64]) -> Result<()> {
+        self.tree.give_pages(pages)
+    }
+
+    /// Commits the index with `header` (where the log resumes) in its root
+    /// record: durable when this returns. The caller gave it the pages it
+    /// wanted.
+    pub fn commit(&mut self, header: &CheckpointHeader) -> Result<CommitReport> {
+        self.tree.set_attached(header.encode_attached());
+        self.tree.commit()
+    }
+
+    /// Streams the index, checking every page and that its pages are the
+    /// ones its root record counts: fsck's check.
+    pub fn check(&mut self) -> Result<u64> {
+        self.tree.check()
+    }
+}
+
+fn chunk_gap(key: &[u8]) -> Error {
+    Error::Corrupt(format!("metadata index: chunk {key:02x?} follows no chunk before it"))
+}
+
+/// Decodes the records `bytes` holds, each naming `ino` where one is given.
+fn decode_records(bytes: &[u8], ino: Option<u64>, records: &mut Vec<Record>) -> Result<()> {
+    let mut reader = Reader::new(bytes, "metadata index record");
+    while !reader.is_empty() {
+        let record = Record::decode(&mut reader)
+            .map_err(|error| Error::Corrupt(format!("metadata index: {error}")))?;
+        let named = match &record {
+            Record::SharedSet { .. } => None,
+            Record::DirAdd { .. } | Record::DirRemove { .. } => Some(u64::MAX),
+            Record::InodeSet { ino, .. }
+            | Record::InodeFree { ino }
+            | Record::SymlinkSet { ino, .. }
+            | Record::ExtentMap { ino, .. }
+            | Record::ExtentUnmap { ino, .. }
+            | Record::XattrSet { ino, .. }
+            | Record::XattrRemove { ino, .. }
+            | Record::DeviceSet { ino, .. }
+            | Record::FlagsSet { ino, .. } => Some(*ino),
+        };
+        if named != ino {
+            return Err(Error::Corrupt(format!(
+                "metadata index: the records of inode {ino:?} hold {record:?}"
+            )));
+        }
+        records.push(record);
+    }
+    Ok(())
+}
