@@ -74,6 +74,8 @@ pub struct ScaleOptions {
     pub volume_bytes: u64,
     /// The journal's bytes (mkfs's default where `None`).
     pub journal_bytes: Option<u64>,
+    /// Volumes of format 3, their metadata in a paged index.
+    pub metadata_index: bool,
     pub targets: Vec<Target>,
     /// Where the images go (the disk measured).
     pub work_dir: PathBuf,
@@ -260,7 +262,11 @@ fn task(options: &ScaleOptions, job: Job, place: Place) -> Task {
 fn mkfs(image: &Path, options: &ScaleOptions) -> anyhow::Result<()> {
     let volume_options = VolumeOptions::parse(&options.volume_options_text)?;
     let _ = std::fs::remove_file(image);
-    let mkfs = MkfsOptions { journal_bytes: options.journal_bytes, ..MkfsOptions::default() };
+    let mkfs = MkfsOptions {
+        journal_bytes: options.journal_bytes,
+        metadata_index: options.metadata_index,
+        ..MkfsOptions::default()
+    };
     Volume::mkfs_path(image, Some(options.volume_bytes), &mkfs, &volume_options)?;
     Ok(())
 }
@@ -707,6 +713,7 @@ mod tests {
             window: 5,
             volume_bytes: 1 << 30,
             journal_bytes: None,
+            metadata_index: false,
             targets: vec![Target::InProcess, Target::Xfs],
             work_dir: PathBuf::from("."),
             volume_options_text: String::new(),

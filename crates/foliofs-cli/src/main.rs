@@ -62,6 +62,11 @@ enum Command {
         /// 1 MiB: about 75,000 empty files a GiB).
         #[arg(long)]
         metadata_size: Option<String>,
+        /// Keep the metadata in a paged index that grows from the data
+        /// region (format 3) instead of two fixed checkpoint slots: no cap
+        /// on files but space, and checkpoints write only what changed.
+        #[arg(long, conflicts_with = "metadata_size")]
+        metadata_index: bool,
     },
     /// Print the superblock, layout and usage of a volume.
     Info { image: PathBuf },
@@ -231,16 +236,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let options = foliofs::VolumeOptions::parse(&cli.options)?;
     use commands::*;
     match cli.command {
-        Command::Mkfs { image, size, block_size, journal_size, metadata_size } => mkfs::run(
-            &image,
-            &mkfs::Sizes {
+        Command::Mkfs { image, size, block_size, journal_size, metadata_size, metadata_index } => {
+            let sizes = mkfs::Sizes {
                 volume: size.as_deref(),
                 block: &block_size,
                 journal: journal_size.as_deref(),
                 metadata: metadata_size.as_deref(),
-            },
-            &options,
-        ),
+                metadata_index,
+            };
+            mkfs::run(&image, &sizes, &options)
+        }
         Command::Info { image } => info::run(&image, &options),
         Command::Fsck { image } => fsck::run(&image, &options),
         Command::Ls { target, long } => files::ls(&target, long, &options),

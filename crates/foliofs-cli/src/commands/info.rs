@@ -21,10 +21,14 @@ pub fn run(image: &Path, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
         superblock.volume_bytes(),
         superblock.block_count
     );
+    let slot_names = match superblock.metadata_in_index() {
+        true => ["index root A", "index root B"],
+        false => ["checkpoint A", "checkpoint B"],
+    };
     let regions = [
         ("journal", superblock.journal),
-        ("checkpoint A", superblock.checkpoint_slots[0]),
-        ("checkpoint B", superblock.checkpoint_slots[1]),
+        (slot_names[0], superblock.checkpoint_slots[0]),
+        (slot_names[1], superblock.checkpoint_slots[1]),
         ("data", superblock.data),
     ];
     for (name, region) in regions {
@@ -47,7 +51,17 @@ pub fn run(image: &Path, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
     );
     println!("format version:   {}", volume.superblock().version);
     println!("inodes:           {}", statfs.inodes);
-    println!("metadata:         {} of {} bytes", statfs.metadata_bytes, statfs.metadata_bytes_max);
+    if statfs.metadata_bytes_max == u64::MAX {
+        println!(
+            "metadata:         {} bytes, in an index without a fixed limit",
+            statfs.metadata_bytes
+        );
+    } else {
+        println!(
+            "metadata:         {} of {} bytes",
+            statfs.metadata_bytes, statfs.metadata_bytes_max
+        );
+    }
     println!(
         "last mount found: checkpoint generation {} ({} records), {} journal groups ({} records) replayed",
         load.checkpoint_generation,

@@ -12,6 +12,8 @@ pub struct Sizes<'a> {
     pub block: &'a str,
     pub journal: Option<&'a str>,
     pub metadata: Option<&'a str>,
+    /// `--metadata-index`: format 3.
+    pub metadata_index: bool,
 }
 
 pub fn run(image: &Path, sizes: &Sizes<'_>, options: &VolumeOptions) -> anyhow::Result<ExitCode> {
@@ -24,7 +26,13 @@ pub fn run(image: &Path, sizes: &Sizes<'_>, options: &VolumeOptions) -> anyhow::
     }
     let journal_bytes = sizes.journal.map(parse_size).transpose().context("--journal-size")?;
     let metadata_bytes = sizes.metadata.map(parse_size).transpose().context("--metadata-size")?;
-    let mkfs = MkfsOptions { block_bytes, journal_bytes, metadata_bytes, ..MkfsOptions::default() };
+    let mkfs = MkfsOptions {
+        block_bytes,
+        journal_bytes,
+        metadata_bytes,
+        metadata_index: sizes.metadata_index,
+        ..MkfsOptions::default()
+    };
     let superblock = Volume::mkfs_path(image, size_bytes, &mkfs, options)?;
     let block = superblock.block_bytes_u64();
     println!(
@@ -34,11 +42,19 @@ pub fn run(image: &Path, sizes: &Sizes<'_>, options: &VolumeOptions) -> anyhow::
         superblock.block_count,
         superblock.block_bytes
     );
-    println!(
-        "journal {} KiB, two checkpoint slots of {} KiB, data {} MiB",
-        (superblock.journal.block_count * block) >> 10,
-        (superblock.checkpoint_slots[0].block_count * block) >> 10,
-        (superblock.data.block_count * block) >> 20
-    );
+    if superblock.metadata_in_index() {
+        println!(
+            "journal {} KiB, metadata in an index that grows from the data region, data {} MiB",
+            (superblock.journal.block_count * block) >> 10,
+            (superblock.data.block_count * block) >> 20
+        );
+    } else {
+        println!(
+            "journal {} KiB, two checkpoint slots of {} KiB, data {} MiB",
+            (superblock.journal.block_count * block) >> 10,
+            (superblock.checkpoint_slots[0].block_count * block) >> 10,
+            (superblock.data.block_count * block) >> 20
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

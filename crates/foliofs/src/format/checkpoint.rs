@@ -12,7 +12,7 @@ use super::{FormatError, CHECKPOINT_HEADER_VERSION, HEADER_BYTES};
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"FOLIOCKP";
 const WHAT: &str = "checkpoint";
 const CRC_OFFSET: usize = HEADER_BYTES - 4;
-/// Bytes of an index root record its owner fills (`crate::index`).
+/// Bytes of an index root record its owner fills (the `index` module).
 pub const ATTACHED_BYTES: usize = 40;
 const ATTACHED_VERSION: u32 = 1;
 
@@ -98,7 +98,7 @@ impl CheckpointHeader {
     }
 
     /// What a volume of format 3 keeps in its index's root record
-    /// (`crate::index::ATTACHED_BYTES`) in place of a slot's header: where
+    /// (`index::ATTACHED_BYTES`) in place of a slot's header: where
     /// the log resumes and the next inode number. The index is the payload.
     pub fn encode_attached(&self) -> [u8; ATTACHED_BYTES] {
         let mut writer = Writer::with_capacity(ATTACHED_BYTES);

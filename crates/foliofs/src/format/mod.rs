@@ -29,7 +29,7 @@ pub use superblock::{Region, Superblock};
 /// a volume of version 1 takes no clones, so an older build still opens it.
 pub const FORMAT_VERSION: u32 = 2;
 /// Format 3 keeps the metadata's checkpoint in a paged index
-/// (`crate::index`) that takes pages from the data region as it grows,
+/// (the `index` module) that takes pages from the data region as it grows,
 /// where 2 keeps it in two fixed slots; mkfs makes it when asked
 /// (`MkfsOptions::metadata_index`). The superblock's two slots are then
 /// the index's two root records, a page each.

@@ -13,6 +13,10 @@ use super::{
     FORMAT_VERSION_OLDEST, HEADER_BYTES, SECTOR_BYTES_MIN,
 };
 
+/// The metadata index's page (`index::PAGE_BYTES`, checked where
+/// both are named: the `meta` module), which format 3's blocks must hold whole.
+pub const INDEX_PAGE_BYTES: u64 = 4096;
+
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"FOLIOFS\0";
 const WHAT: &str = "superblock";
 const CRC_OFFSET: usize = HEADER_BYTES - 4;
@@ -131,7 +135,7 @@ impl Superblock {
     /// The index's pages come from the data region, so blocks must hold
     /// whole pages.
     pub fn with_metadata_index(mut self) -> Result<Self, FormatError> {
-        let page = crate::index::PAGE_BYTES as u64;
+        let page = INDEX_PAGE_BYTES;
         if self.block_bytes_u64() < page {
             return Err(FormatError::invalid(
                 WHAT,
@@ -161,7 +165,7 @@ impl Superblock {
     /// page each: from slot A's start, inside the two slots.
     pub fn index_root_region(&self) -> std::ops::Range<u64> {
         let start = self.checkpoint_slots[0].start_block * self.block_bytes_u64();
-        start..start + 2 * crate::index::PAGE_BYTES as u64
+        start..start + 2 * INDEX_PAGE_BYTES
     }
 
     pub fn block_bytes_u64(&self) -> u64 {

@@ -5,7 +5,7 @@
 //! A tree stands in a region of a device (two root slots, then pages), or
 //! keeps only its root slots there and takes pages from its owner as it
 //! grows: the metadata store of a volume of format 3 keeps its checkpoint
-//! in one (`crate::meta`, `docs/metadata.md`).
+//! in one (the `meta` module, `docs/metadata.md`).
 
 mod alloc;
 mod cache;

@@ -270,13 +270,18 @@ impl Tree {
         let Some(alloc) = &self.alloc else { return 0 };
         let listed = alloc.free_pages() + self.freed.len() + self.free_list_pages.len();
         let needed = self.dirty.len() + listed.div_ceil(FREE_PER_PAGE) + 1;
+        // Pages given join the free list too, and need list pages of their own.
+        let needed = needed + needed.div_ceil(FREE_PER_PAGE);
         needed.saturating_sub(alloc.free_now())
     }
 
     /// The owner gives free pages (`IndexOptions::pages_given`).
     pub fn give_pages(&mut self, pages: &[u64]) -> Result<()> {
         match &mut self.alloc {
-            Some(alloc) => Ok(alloc.give(pages)),
+            Some(alloc) => {
+                alloc.give(pages);
+                Ok(())
+            }
             None => Err(Error::invalid("pages given while a commit is written")),
         }
     }

@@ -47,6 +47,8 @@ const CACHE_BYTES: usize = 16 << 20;
 const FORMAT_PAGES: u64 = 16;
 
 const _: () = assert!(crate::index::ATTACHED_BYTES == crate::format::checkpoint::ATTACHED_BYTES);
+const _: () =
+    assert!(crate::index::PAGE_BYTES as u64 == crate::format::superblock::INDEX_PAGE_BYTES);
 const _: () = assert!(CHUNK_BYTES + 13 <= crate::index::ENTRY_BYTES_MAX);
 
 /// What changed in one shard since the last cut.

@@ -31,6 +31,10 @@ pub struct ScaleArgs {
     /// Journal size of each volume (default: mkfs's, 1/128 of the volume).
     #[arg(long)]
     journal_size: Option<String>,
+    /// Volumes of format 3: the metadata in a paged index
+    /// (`mkfs --metadata-index`).
+    #[arg(long)]
+    metadata_index: bool,
     /// Targets, in the order they run: in-process, mount, ext4, xfs (all
     /// but in-process need root, loop devices and FUSE; skipped without).
     #[arg(long, value_delimiter = ',', default_value = "in-process,mount,ext4,xfs")]
@@ -83,6 +87,7 @@ pub fn run(args: &ScaleArgs, options_text: &str) -> anyhow::Result<ExitCode> {
             .map(parse_size)
             .transpose()
             .context("--journal-size")?,
+        metadata_index: args.metadata_index,
         targets,
         work_dir: std::env::current_dir()?,
         volume_options_text: options_text.to_string(),
