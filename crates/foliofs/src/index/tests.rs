@@ -36,8 +36,17 @@ fn value(number: u32, bytes: usize) -> Vec<u8> {
     (0..bytes).map(|index| (number as usize + index) as u8).collect()
 }
 
+/// Every entry, by a scan and by a walk (`for_each`), which must agree.
 fn contents(tree: &mut Tree) -> Model {
-    tree.scan(&[], usize::MAX).unwrap().into_iter().collect()
+    let scanned = tree.scan(&[], usize::MAX).unwrap();
+    let mut walked = Vec::new();
+    tree.for_each(|key, value| {
+        walked.push((key.to_vec(), value.to_vec()));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(walked, scanned, "a walk and a scan of the same tree differ");
+    scanned.into_iter().collect()
 }
 
 /// Random inserts (mostly) and removes, applied to the tree and the model.

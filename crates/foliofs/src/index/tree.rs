@@ -533,6 +533,76 @@ impl Tree {
         Ok(found)
     }
 
+    /// Visits every entry in key order, reading each branch's leaves in
+    /// runs of adjacent pages (a commit writes them so) instead of one page
+    /// at a time; the leaves read stay out of the cache. What an open that
+    /// loads everything wants.
+    pub fn for_each(&mut self, mut visit: impl FnMut(&[u8], &[u8]) -> Result<()>) -> Result<()> {
+        self.check_usable()?;
+        let (root, level) = (self.root, self.root_level);
+        self.visit_subtree(root, level, &mut visit)
+    }
+
+    fn visit_subtree(
+        &mut self,
+        child: Child,
+        level: u8,
+        visit: &mut impl FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let node = self.node(child, level)?;
+        match &*node {
+            Node::Leaf(leaf) => leaf.iter().try_for_each(|(key, value)| visit(key, value)),
+            Node::Branch { children, .. } if level == 1 => {
+                for leaf in self.read_leaves(children)? {
+                    let Node::Leaf(leaf) = &*leaf else { unreachable!("level 0 is a leaf") };
+                    leaf.iter().try_for_each(|(key, value)| visit(key, value))?;
+                }
+                Ok(())
+            }
+            Node::Branch { children, .. } => {
+                children.iter().try_for_each(|child| self.visit_subtree(*child, level - 1, visit))
+            }
+        }
+    }
+
+    /// The leaves `children` point to, in their order: those in memory as
+    /// they are, the rest read in runs of adjacent pages.
+    fn read_leaves(&mut self, children: &[Child]) -> Result<Vec<Arc<Node>>> {
+        const RUN_PAGES_MAX: usize = 64;
+        let mut leaves: Vec<Option<Arc<Node>>> = vec![None; children.len()];
+        let mut wanted: Vec<(PageRef, usize)> = Vec::new();
+        for (index, child) in children.iter().enumerate() {
+            match self.resolve(*child) {
+                Child::OnDisk(page) if self.cache.get(page.address).is_none() => {
+                    wanted.push((page, index));
+                }
+                resolved => leaves[index] = Some(self.node(resolved, 0)?),
+            }
+        }
+        wanted.sort_unstable_by_key(|(page, _)| page.address);
+        let mut start = 0;
+        while start < wanted.len() {
+            let mut end = start + 1;
+            while end < wanted.len()
+                && end - start < RUN_PAGES_MAX
+                && wanted[end].0.address == wanted[end - 1].0.address + PAGE_BYTES as u64
+            {
+                end += 1;
+            }
+            let mut buffer = AlignedBuf::zeroed((end - start) * PAGE_BYTES);
+            self.device
+                .read(wanted[start].0.address, &mut buffer)
+                .map_err(io_error("index page"))?;
+            self.stats.page_reads += (end - start) as u64;
+            for ((page, index), bytes) in wanted[start..end].iter().zip(buffer.chunks(PAGE_BYTES)) {
+                let expected = Expected { page: *page, owner: self.options.owner, level: Some(0) };
+                leaves[*index] = Some(Arc::new(page::decode(bytes, expected)?));
+            }
+            start = end;
+        }
+        Ok(leaves.into_iter().map(|leaf| leaf.expect("every leaf found or read")).collect())
+    }
+
     /// Sets `key` to `value`, returning the value it replaced.
     pub fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>> {
         self.check_usable()?;

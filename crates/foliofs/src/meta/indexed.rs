@@ -91,6 +91,16 @@ pub enum IndexChange {
     Entry { dir: u64, name: Vec<u8>, target: Option<u64> },
 }
 
+impl IndexChange {
+    /// Orders changes as their keys are ordered.
+    fn sort_key(&self) -> (u8, u64, &[u8]) {
+        match self {
+            Self::Inode { ino, .. } => (INODE_KEY, *ino, &[]),
+            Self::Entry { dir, name, .. } => (ENTRY_KEY, *dir, name),
+        }
+    }
+}
+
 /// The changes `changed` names, read from `inodes` (one shard, at the cut).
 pub fn changes_at_cut(inodes: &FxHashMap<u64, Inode>, changed: Changed) -> Vec<IndexChange> {
     let mut changes = Vec::with_capacity(changed.inodes.len() + changed.entries.len());
@@ -211,77 +221,10 @@ impl IndexedCheckpoint {
     /// Every record the index holds, inodes first, then entries, then the
     /// shared-block table: what load applies before the journal's.
     pub fn records(&mut self) -> Result<Vec<Record>> {
-        const SCAN_ENTRIES: usize = 4096;
-        let mut records = Vec::new();
-        let mut inode: Option<(u64, u32, Vec<u8>)> = None;
-        let mut shared = Vec::new();
-        let mut from = Vec::new();
-        loop {
-            let chunk = self.tree.scan(&from, SCAN_ENTRIES)?;
-            let Some((last, _)) = chunk.last() else { break };
-            from = last.clone();
-            from.push(0);
-            let full = chunk.len() == SCAN_ENTRIES;
-            for (key, value) in chunk {
-                if key.first() != Some(&INODE_KEY) {
-                    if let Some((ino, _, bytes)) = inode.take() {
-                        decode_records(&bytes, Some(ino), &mut records)?;
-                    }
-                }
-                match (key.first().copied(), key.len()) {
-                    (Some(INODE_KEY), 13) => {
-                        let ino = u64::from_be_bytes(key[1..9].try_into().unwrap());
-                        let chunk_number = u32::from_be_bytes(key[9..13].try_into().unwrap());
-                        match &mut inode {
-                            Some((current, next, bytes)) if *current == ino => {
-                                if chunk_number != *next {
-                                    return Err(chunk_gap(&key));
-                                }
-                                *next += 1;
-                                bytes.extend_from_slice(&value);
-                            }
-                            _ => {
-                                if let Some((previous, _, bytes)) = inode.take() {
-                                    decode_records(&bytes, Some(previous), &mut records)?;
-                                }
-                                if chunk_number != 0 {
-                                    return Err(chunk_gap(&key));
-                                }
-                                inode = Some((ino, 1, value));
-                            }
-                        }
-                    }
-                    (Some(ENTRY_KEY), 10..) if value.len() == 8 => {
-                        let dir = u64::from_be_bytes(key[1..9].try_into().unwrap());
-                        let ino = u64::from_be_bytes(value.try_into().unwrap());
-                        records.push(Record::DirAdd { dir, name: key[9..].to_vec(), ino });
-                    }
-                    (Some(SHARED_KEY), 5) => {
-                        let chunk_number = u32::from_be_bytes(key[1..5].try_into().unwrap());
-                        if chunk_number != self.shared_chunks {
-                            return Err(chunk_gap(&key));
-                        }
-                        self.shared_chunks += 1;
-                        shared.extend_from_slice(&value);
-                    }
-                    _ => {
-                        return Err(Error::Corrupt(format!(
-                            "metadata index: an entry with key {key:02x?} and {} bytes of value \
-                             is none the index holds",
-                            value.len()
-                        )))
-                    }
-                }
-            }
-            if !full {
-                break;
-            }
-        }
-        if let Some((ino, _, bytes)) = inode.take() {
-            decode_records(&bytes, Some(ino), &mut records)?;
-        }
-        decode_records(&shared, None, &mut records)?;
-        Ok(records)
+        let mut loader = Loader::default();
+        self.tree.for_each(|key, value| loader.add(key, value))?;
+        self.shared_chunks = loader.shared_chunks;
+        loader.finish()
     }
 
     /// The blocks the index holds, as runs: taken out of free space at open.
@@ -301,7 +244,11 @@ impl IndexedCheckpoint {
     }
 
     /// Brings the index's keys up to `changes`.
+    /// In key order: a tree filled in order keeps its pages full, and each
+    /// leaf is copied once however many of its keys change.
     pub fn apply(&mut self, changes: impl IntoIterator<Item = IndexChange>) -> Result<()> {
+        let mut changes: Vec<IndexChange> = changes.into_iter().collect();
+        changes.sort_unstable_by(|a, b| a.sort_key().cmp(&b.sort_key()));
         for change in changes {
             match change {
                 IndexChange::Inode { ino, records } => {
@@ -385,6 +332,80 @@ impl IndexedCheckpoint {
     /// ones its root record counts: fsck's check.
     pub fn check(&mut self) -> Result<u64> {
         self.tree.check()
+    }
+}
+
+/// Turns the index's entries, in key order, back into records.
+#[derive(Default)]
+struct Loader {
+    records: Vec<Record>,
+    /// The inode whose chunks are being read: its number, the next chunk
+    /// expected, and its records' bytes so far.
+    inode: Option<(u64, u32, Vec<u8>)>,
+    shared: Vec<u8>,
+    shared_chunks: u32,
+}
+
+impl Loader {
+    fn add(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        match (key.first().copied(), key.len()) {
+            (Some(INODE_KEY), 13) => {
+                let ino = u64::from_be_bytes(key[1..9].try_into().unwrap());
+                let chunk = u32::from_be_bytes(key[9..13].try_into().unwrap());
+                match &mut self.inode {
+                    Some((current, next, bytes)) if *current == ino => {
+                        if chunk != *next {
+                            return Err(chunk_gap(key));
+                        }
+                        *next += 1;
+                        bytes.extend_from_slice(value);
+                    }
+                    _ => {
+                        self.end_inode()?;
+                        if chunk != 0 {
+                            return Err(chunk_gap(key));
+                        }
+                        self.inode = Some((ino, 1, value.to_vec()));
+                    }
+                }
+            }
+            (Some(ENTRY_KEY), 10..) if value.len() == 8 => {
+                self.end_inode()?;
+                let dir = u64::from_be_bytes(key[1..9].try_into().unwrap());
+                let ino = u64::from_be_bytes(value.try_into().unwrap());
+                self.records.push(Record::DirAdd { dir, name: key[9..].to_vec(), ino });
+            }
+            (Some(SHARED_KEY), 5) => {
+                self.end_inode()?;
+                let chunk = u32::from_be_bytes(key[1..5].try_into().unwrap());
+                if chunk != self.shared_chunks {
+                    return Err(chunk_gap(key));
+                }
+                self.shared_chunks += 1;
+                self.shared.extend_from_slice(value);
+            }
+            _ => {
+                return Err(Error::Corrupt(format!(
+                    "metadata index: an entry with key {key:02x?} and {} bytes of value is none \
+                     the index holds",
+                    value.len()
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    fn end_inode(&mut self) -> Result<()> {
+        match self.inode.take() {
+            Some((ino, _, bytes)) => decode_records(&bytes, Some(ino), &mut self.records),
+            None => Ok(()),
+        }
+    }
+
+    fn finish(mut self) -> Result<Vec<Record>> {
+        self.end_inode()?;
+        decode_records(&self.shared, None, &mut self.records)?;
+        Ok(self.records)
     }
 }
 
