@@ -223,6 +223,11 @@ fn take_create_events(result: &mut TargetResult, events: &[Value]) {
             }
             Some("close") => result.close_seconds = Some(seconds),
             Some("memory") => result.memory_bytes = event["vm_hwm_bytes"].as_u64(),
+            Some("changed_checkpoint") => result.notes.push(format!(
+                "a checkpoint after changing {} of the files (their mode) wrote {} in {seconds:.3} s",
+                number("files"),
+                mib(number("bytes"))
+            )),
             _ => {}
         }
     }

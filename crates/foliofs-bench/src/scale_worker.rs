@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use foliofs::{Error, Owner, Volume, VolumeOptions, ROOT_INO};
+use foliofs::{Error, Owner, Permissions, Volume, VolumeOptions, ROOT_INO};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::{json, Value};
@@ -220,9 +220,35 @@ fn create_in_volume(task: &Task, image: &Path, options: &VolumeOptions) -> anyho
         }
     }
     windows.finish(task);
+    checkpoint_after_changes(&volume, task)?;
     let started = Instant::now();
     volume.close()?;
     emit(json!({"event": "close", "seconds": started.elapsed().as_secs_f64()}));
+    Ok(())
+}
+
+/// Files a checkpoint follows changes to: what it writes tells whether
+/// checkpoints grow with the change or with the volume.
+const CHANGED_FILES: u64 = 1000;
+
+/// Checkpoints, changes the mode of [`CHANGED_FILES`] files spread over
+/// all of them, checkpoints again and reports what that one wrote.
+fn checkpoint_after_changes(volume: &Volume, task: &Task) -> anyhow::Result<()> {
+    volume.checkpoint()?;
+    let before = volume.checkpoint_stats();
+    let changed = task.files.min(CHANGED_FILES);
+    for step in 0..changed {
+        let (dir, name) = names_of(step * task.files / changed, task.per_dir);
+        volume.set_permissions(format!("/{dir}/{name}"), Permissions::from_mode(0o600))?;
+    }
+    volume.checkpoint()?;
+    let after = volume.checkpoint_stats();
+    emit(json!({
+        "event": "changed_checkpoint",
+        "files": changed,
+        "bytes": after.bytes_total - before.bytes_total,
+        "seconds": (after.ns_total - before.ns_total) as f64 / 1e9,
+    }));
     Ok(())
 }
 
