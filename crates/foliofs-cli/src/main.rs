@@ -72,6 +72,10 @@ enum Command {
     Info { image: PathBuf },
     /// Check a volume's consistency without changing it (exit 0 when clean).
     Fsck { image: PathBuf },
+    /// Convert a closed volume of format 1 or 2 in place to format 3, its
+    /// metadata in a paged index (mkfs --metadata-index); a power cut
+    /// leaves it as it was or converted.
+    Convert { image: PathBuf },
     /// List a directory: IMAGE:/path.
     Ls {
         target: String,
@@ -248,6 +252,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Info { image } => info::run(&image, &options),
         Command::Fsck { image } => fsck::run(&image, &options),
+        Command::Convert { image } => convert::run(&image, &options),
         Command::Ls { target, long } => files::ls(&target, long, &options),
         Command::Cat { target } => files::cat(&target, &options),
         Command::Cp { source, destination, recursive, reflink } => {

@@ -82,6 +82,33 @@ fn round_trip_a_source_tree() {
 }
 
 #[test]
+fn convert_moves_a_volume_to_format_3_and_keeps_its_files() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let image = dir.path().join("vol.img");
+    let image = image.to_str().unwrap();
+    ok(&["mkfs", image, "--size", "64M"]);
+    ok(&["mkdir", &format!("{image}:/copy")]);
+    ok(&["cp", "-r", source_tree().to_str().unwrap(), &format!("{image}:/copy")]);
+    assert!(ok(&["info", image]).contains("format version:   2"));
+    let converted = ok(&["convert", image]);
+    assert!(converted.contains("format 3"), "{converted}");
+    let info = ok(&["info", image]);
+    assert!(info.contains("format version:   3") && info.contains("index root A"), "{info}");
+    assert!(ok(&["fsck", image]).contains("clean"));
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    ok(&["cp", "-r", &format!("{image}:/copy/src"), out.to_str().unwrap()]);
+    assert_eq!(snapshot(&out.join("src")), snapshot(&source_tree()));
+    let again = fails(&["convert", image]);
+    assert!(again.contains("in an index already"), "{again}");
+    let made = ok(&["mkfs", image, "--size", "64M", "--metadata-index"]);
+    assert!(made.contains("metadata in an index"), "{made}");
+    let both =
+        fails(&["mkfs", image, "--size", "64M", "--metadata-index", "--metadata-size", "2M"]);
+    assert!(both.contains("--metadata-size"), "{both}");
+}
+
+#[test]
 fn mkfs_rejects_bad_sizes_with_clear_messages() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let image = dir.path().join("vol.img");

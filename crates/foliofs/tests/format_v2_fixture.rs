@@ -731,6 +731,70 @@ fn replay_fixture_replays_and_matches_the_description() {
     fixture_opens_and_matches(REPLAY_FIXTURE, true);
 }
 
+/// Converts the fixture to format 3 (`foliofs convert`): it reads the same,
+/// fsck is clean, and it takes a change and a reopen. A power cut at every
+/// flush boundary of the conversion leaves a volume that opens, as format 2
+/// or 3, and reads the same.
+/// `checkpoints_before` more checkpoints first (by an open, checkpoints and
+/// a close): the newest lies in either slot depending on their number.
+fn fixture_converts(name: &str, checkpoints_before: usize) {
+    let mut image = load_fixture(name);
+    if checkpoints_before > 0 {
+        let (raw, volume) = open_image(image).expect("open before the conversion");
+        for _ in 1..checkpoints_before {
+            volume.checkpoint().expect("checkpoint before the conversion");
+        }
+        volume.close().expect("close before the conversion");
+        image = raw.image();
+    }
+    let model = Model::of(&description());
+    let raw = Arc::new(FaultDev::from_image(image, 512));
+    let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
+    let converted = Volume::convert_to_metadata_index(device)
+        .unwrap_or_else(|error| panic!("{name}: convert: {error}"));
+    assert_eq!(converted.version, foliofs::format::FORMAT_VERSION_INDEX);
+    assert_eq!(superblock_version(&raw.image()), foliofs::format::FORMAT_VERSION_INDEX);
+
+    let mut versions = BTreeSet::new();
+    let mut cuts = raw.durability_points();
+    cuts.push(raw.log_len());
+    for cut in cuts {
+        let crashed = raw.crash_image(cut, &|_| foliofs::dev::fault::Keep::Nothing);
+        versions.insert(superblock_version(&crashed));
+        let (_, volume) = open_image(crashed).unwrap_or_else(|error| {
+            panic!("{name}, power cut at {cut} of the conversion: {error}")
+        });
+        assert_matches(&volume, &model, &format!("{name}, power cut at {cut} of the conversion"));
+    }
+    assert_eq!(versions.len(), 2, "{name}: the cuts found format 2 and 3: {versions:?}");
+
+    let (raw, volume) = open_image(raw.image()).expect("open the converted volume");
+    assert_fsck_clean(&volume, &format!("{name} converted"));
+    assert_matches(&volume, &model, &format!("{name} converted"));
+    let mut model = model;
+    let change = Step::Write { path: ADDED_AFTER_OPEN, offset: 0, seed: 7, length: 54_321 };
+    apply(&volume, &change).expect("write after the conversion");
+    model.apply(&change);
+    volume.close().expect("close");
+    let (_, reopened) = open_image(raw.image()).expect("reopen the converted volume");
+    assert_fsck_clean(&reopened, &format!("{name} converted, changed and reopened"));
+    assert_matches(&reopened, &model, &format!("{name} converted, changed and reopened"));
+    let again = Volume::convert_to_metadata_index(reopened.device().clone());
+    assert!(again.is_err(), "a volume of format 3 converted again");
+}
+
+#[test]
+fn clean_fixture_converts_to_format_3_whichever_slot_is_newest() {
+    fixture_converts(CLEAN_FIXTURE, 0);
+    fixture_converts(CLEAN_FIXTURE, 1);
+}
+
+#[test]
+fn replay_fixture_converts_to_format_3() {
+    fixture_converts(REPLAY_FIXTURE, 0);
+    fixture_converts(REPLAY_FIXTURE, 2);
+}
+
 /// The content check is not vacuous: one byte flipped in a file's data (no
 /// checksum covers data, so the volume opens) is reported, against that file
 /// only.

@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod convert;
 pub mod crashtest;
 pub mod fallocate;
 pub mod files;

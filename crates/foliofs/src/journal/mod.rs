@@ -219,6 +219,16 @@ impl Journal {
         &self.device
     }
 
+    pub fn device_arc(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// The newest checkpoint's generation (a slot volume keeps generation
+    /// `g` in slot `g % 2`).
+    pub fn checkpoint_generation(&self) -> u64 {
+        self.inner().checkpoint_generation
+    }
+
     pub fn geometry(&self) -> &JournalGeometry {
         &self.geometry
     }

@@ -198,6 +198,14 @@ impl IndexedCheckpoint {
         Ok(())
     }
 
+    /// An empty index for `superblock`, its root slots cleared, nothing
+    /// committed: what a volume converted to format 3 fills
+    /// (`MetaStore::write_index`).
+    pub fn create(device: &Arc<Device>, superblock: &Superblock) -> Result<Self> {
+        let tree = Tree::create(Arc::clone(device), options(superblock))?;
+        Ok(Self::with(tree, superblock))
+    }
+
     /// Opens the index and reads where the log resumes from its root.
     pub fn open(device: &Arc<Device>, superblock: &Superblock) -> Result<(Self, CheckpointHeader)> {
         let tree = Tree::open(Arc::clone(device), options(superblock))?;

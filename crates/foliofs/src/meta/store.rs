@@ -32,7 +32,7 @@ use crate::lock_order::{Contention, Level, Ordered};
 use crate::refcount::{self, SharedBlocks};
 
 use super::checkpoint;
-use super::indexed::IndexedCheckpoint;
+use super::indexed::{changes_at_cut, Changed, IndexedCheckpoint};
 use super::inode::Inode;
 use super::shards::{
     catch_undeclared, no_parts, shard_of, CutPart, MetaCore, MetaState, MetaView, ShardSet,
@@ -1404,6 +1404,41 @@ impl MetaStore {
         self.metadata_bytes_max.store(metadata_bytes_max, Ordering::Relaxed);
         drop(space);
         index.give_pages(&pages)
+    }
+
+    /// Writes the whole state, as of now, into a new metadata index for
+    /// `superblock` (this volume as format 3): every inode, entry and
+    /// shared-block count, and where the log resumes. Its pages come from
+    /// free space; its root records go to the slots `superblock` names,
+    /// which must hold nothing this store still needs (the newest
+    /// checkpoint slot is the other). The caller then writes `superblock`.
+    pub fn write_index(&self, superblock: &Superblock) -> Result<()> {
+        if let Some(refusal) = self.refusal() {
+            return Err(refusal);
+        }
+        let _only_one = Ordered::lock(Level::Checkpoint, || self.checkpoint_lock.lock());
+        let all = self.view_all();
+        let point = self.journal.replay_point();
+        let next_ino = self.core.next_ino.load(Ordering::Relaxed);
+        let mut index = IndexedCheckpoint::create(self.journal.device_arc(), superblock)?;
+        let mut changes = Vec::new();
+        for (_, shard) in all.shards() {
+            let mut everything = Changed::default();
+            for (&ino, inode) in &shard.inodes {
+                everything.inodes.insert(ino);
+                for name in inode.entries().into_iter().flat_map(|entries| entries.keys()) {
+                    everything.entries.insert((ino, name.clone()));
+                }
+            }
+            changes.extend(changes_at_cut(&shard.inodes, everything));
+        }
+        let shared: Vec<_> = self.space().shared.iter().collect();
+        drop(all);
+        index.apply(changes)?;
+        index.put_shared(&shared)?;
+        self.give_index_pages(&mut index)?;
+        index.commit(&self.journal.checkpoint_header(point, next_ino))?;
+        Ok(())
     }
 
     /// Streams the metadata index (format 3) in bounded memory, checking

@@ -15,6 +15,7 @@ mod coherence_tests;
 mod committer_tests;
 #[cfg(test)]
 mod concurrency_tests;
+mod convert;
 mod dir;
 mod file;
 mod flags;
