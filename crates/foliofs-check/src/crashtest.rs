@@ -121,14 +121,16 @@ pub struct CrashFailure {
 
 impl fmt::Display for CrashFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let WorkloadConfig { seed, block_bytes, threads, ops, options, over_nbd } = self.config;
+        let WorkloadConfig { seed, block_bytes, threads, ops, options, over_nbd, metadata_index } =
+            self.config;
         writeln!(f, "VIOLATION: {}", self.violation)?;
         let options = if options.is_empty() { String::new() } else { format!("-o {options} ") };
         writeln!(
             f,
             "reproduce: foliofs {options}crashtest --seed {seed} --workloads 1 --ops {ops} \
-             --block-size {block_bytes} --threads {threads}{}",
-            if over_nbd { " --over-nbd" } else { "" }
+             --block-size {block_bytes} --threads {threads}{}{}",
+            if over_nbd { " --over-nbd" } else { "" },
+            if metadata_index { " --metadata-index" } else { "" }
         )?;
         let kept: usize = self.ops.iter().map(Vec::len).sum();
         writeln!(f, "op list ({kept} of {} ops still fail):", self.original_ops)?;

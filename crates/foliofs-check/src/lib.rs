@@ -97,10 +97,18 @@ pub fn new_volume(
     journal_bytes: Option<u64>,
     options: &VolumeOptions,
 ) -> foliofs::Result<(Arc<FaultDev>, Volume)> {
+    new_volume_with(size_bytes, &mkfs_options(block_bytes, journal_bytes), options)
+}
+
+/// As [`new_volume`], formatted as `mkfs` says.
+pub fn new_volume_with(
+    size_bytes: u64,
+    mkfs: &MkfsOptions,
+    options: &VolumeOptions,
+) -> foliofs::Result<(Arc<FaultDev>, Volume)> {
     let raw = Arc::new(FaultDev::from_image(vec![GARBAGE_BYTE; size_bytes as usize], SECTOR_BYTES));
     let device = Arc::new(Device::new(raw.clone(), FuaMode::Native));
-    let mkfs = mkfs_options(block_bytes, journal_bytes);
-    Volume::format(&device, &mkfs)?;
+    Volume::format(&device, mkfs)?;
     let volume = Volume::open_device(device, options)?;
     Ok((raw, volume))
 }

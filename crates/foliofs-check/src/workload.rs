@@ -45,11 +45,23 @@ pub struct WorkloadConfig {
     /// an in-process server that reorders what the protocol lets it
     /// ([`crate::nbd_loop`]); crash images are cut from what the server did.
     pub over_nbd: bool,
+    /// The volume is of format 3, its metadata in a paged index (blocks of
+    /// 4 KiB or more; `FOLIOFS_CHECK_METADATA_INDEX=1` asks the same of
+    /// every workload).
+    pub metadata_index: bool,
 }
 
 impl WorkloadConfig {
     pub fn new(seed: u64, block_bytes: u32, threads: usize, ops: usize) -> Self {
-        Self { seed, block_bytes, threads, ops, options: "", over_nbd: false }
+        Self {
+            seed,
+            block_bytes,
+            threads,
+            ops,
+            options: "",
+            over_nbd: false,
+            metadata_index: false,
+        }
     }
 
     /// The volume options this workload (and every mount of its images) uses.
@@ -539,13 +551,12 @@ impl Workload {
                 (device, volume, None, Some(nbd))
             }
             None => {
-                let (device, volume) = crate::new_volume(
-                    geometry.volume_bytes,
-                    config.block_bytes,
-                    Some(geometry.journal_bytes),
-                    &config.volume_options(),
-                )
-                .expect("mkfs on the in-memory device");
+                let mut mkfs =
+                    crate::mkfs_options(config.block_bytes, Some(geometry.journal_bytes));
+                mkfs.metadata_index |= config.metadata_index;
+                let (device, volume) =
+                    crate::new_volume_with(geometry.volume_bytes, &mkfs, &config.volume_options())
+                        .expect("mkfs on the in-memory device");
                 (device, volume, None, None)
             }
             Some(real) => {

@@ -33,6 +33,33 @@ fn slice_with(
     stats
 }
 
+/// Volumes of format 3: every checkpoint is a commit of the metadata index,
+/// and a crash inside one (pages written, root not yet) is among the points.
+fn slice_indexed(block_bytes: u32, seeds: std::ops::Range<u64>, threads: usize, ops: usize) {
+    let mut stats = Stats::default();
+    for seed in seeds {
+        let config = WorkloadConfig {
+            metadata_index: true,
+            ..WorkloadConfig::new(seed, block_bytes, threads, ops)
+        };
+        if let Err(failure) = run_one(config, &CrashOptions::default(), &mut stats) {
+            panic!("{failure}");
+        }
+    }
+    eprintln!("block {block_bytes}, {threads} threads, format 3: {stats:?}");
+    assert!(stats.images > stats.crash_points, "volatile writes were explored: {stats:?}");
+}
+
+#[test]
+fn metadata_index_single_thread_4k() {
+    slice_indexed(4096, 4500..4506, 1, 40);
+}
+
+#[test]
+fn metadata_index_three_threads_64k() {
+    slice_indexed(65536, 64500..64503, 3, 20);
+}
+
 #[test]
 fn single_thread_1k() {
     slice(1024, 1000..1006, 1, 40);

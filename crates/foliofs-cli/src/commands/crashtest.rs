@@ -45,6 +45,10 @@ pub struct CrashtestArgs {
     /// allows; crash images are cut from what the server carried out.
     #[arg(long)]
     over_nbd: bool,
+    /// Volumes of format 3, their metadata in a paged index (blocks of
+    /// 4 KiB or more; 1 KiB ones stay format 2).
+    #[arg(long)]
+    metadata_index: bool,
 }
 
 pub fn parse_block_sizes(list: &str) -> anyhow::Result<Vec<u32>> {
@@ -136,6 +140,7 @@ pub fn run(args: &CrashtestArgs, options: &str) -> anyhow::Result<ExitCode> {
                     let config = WorkloadConfig {
                         options: options_list,
                         over_nbd: args.over_nbd,
+                        metadata_index: args.metadata_index && block_bytes >= 4096,
                         ..WorkloadConfig::new(
                             seed.wrapping_add(index),
                             block_bytes,
