@@ -181,6 +181,10 @@ fn an_indexed_volume_holds_more_files_than_checkpoint_slots_would() {
     }
     let statfs = volume.statfs();
     assert!(statfs.inodes > created, "{statfs:?}");
+    // Free inodes are what free space holds, as XFS counts them.
+    let free_bytes = statfs.available_blocks * u64::from(statfs.block_bytes);
+    assert!(statfs.free_inodes_estimate() > 0, "{statfs:?}");
+    assert!(statfs.free_inodes_estimate() <= free_bytes / 64, "{statfs:?}");
     drop(volume);
     let (_, reopened) = open_image(device.image()).unwrap();
     assert_eq!(reopened.inodes().readdir(ROOT).unwrap().len(), 40);

@@ -155,8 +155,14 @@ pub struct StatFs {
 impl StatFs {
     /// How many more inodes fit, about: inodes have no table here, so the
     /// figure is the checkpoint's free metadata room over what one small
-    /// file's records take (statfs's f_ffree).
+    /// file's records take (statfs's f_ffree). A metadata index (format 3)
+    /// takes its room from free space, so there it is what free space
+    /// holds, as XFS counts its dynamically allocated inodes.
     pub fn free_inodes_estimate(&self) -> u64 {
-        self.metadata_bytes_max.saturating_sub(self.metadata_bytes) / INODE_METADATA_BYTES_ESTIMATE
+        let room = match self.metadata_bytes_max {
+            u64::MAX => self.available_blocks.saturating_mul(u64::from(self.block_bytes)),
+            max => max.saturating_sub(self.metadata_bytes),
+        };
+        room / INODE_METADATA_BYTES_ESTIMATE
     }
 }
