@@ -226,10 +226,11 @@ impl IndexedCheckpoint {
         Self { tree, block_bytes, shared_chunks: 0, reserved_blocks: 0, reserve_target_blocks }
     }
 
-    /// Every record the index holds, inodes first, then entries, then the
-    /// shared-block table: what load applies before the journal's.
-    pub fn records(&mut self) -> Result<Vec<Record>> {
-        let mut loader = Loader::default();
+    /// Hands every record the index holds to `sink`, inodes first, then
+    /// entries, then the shared-block table: what load applies before the
+    /// journal's.
+    pub fn each_record(&mut self, sink: impl FnMut(Record) -> Result<()>) -> Result<()> {
+        let mut loader = Loader { sink, inode: None, shared: Vec::new(), shared_chunks: 0 };
         self.tree.for_each(|key, value| loader.add(key, value))?;
         self.shared_chunks = loader.shared_chunks;
         loader.finish()
@@ -344,9 +345,8 @@ impl IndexedCheckpoint {
 }
 
 /// Turns the index's entries, in key order, back into records.
-#[derive(Default)]
-struct Loader {
-    records: Vec<Record>,
+struct Loader<F> {
+    sink: F,
     /// The inode whose chunks are being read: its number, the next chunk
     /// expected, and its records' bytes so far.
     inode: Option<(u64, u32, Vec<u8>)>,
@@ -354,7 +354,7 @@ struct Loader {
     shared_chunks: u32,
 }
 
-impl Loader {
+impl<F: FnMut(Record) -> Result<()>> Loader<F> {
     fn add(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
         match (key.first().copied(), key.len()) {
             (Some(INODE_KEY), 13) => {
@@ -381,7 +381,7 @@ impl Loader {
                 self.end_inode()?;
                 let dir = u64::from_be_bytes(key[1..9].try_into().unwrap());
                 let ino = u64::from_be_bytes(value.try_into().unwrap());
-                self.records.push(Record::DirAdd { dir, name: key[9..].to_vec(), ino });
+                (self.sink)(Record::DirAdd { dir, name: key[9..].to_vec(), ino })?;
             }
             (Some(SHARED_KEY), 5) => {
                 self.end_inode()?;
@@ -405,15 +405,14 @@ impl Loader {
 
     fn end_inode(&mut self) -> Result<()> {
         match self.inode.take() {
-            Some((ino, _, bytes)) => decode_records(&bytes, Some(ino), &mut self.records),
+            Some((ino, _, bytes)) => decode_records(&bytes, Some(ino), &mut self.sink),
             None => Ok(()),
         }
     }
 
-    fn finish(mut self) -> Result<Vec<Record>> {
+    fn finish(mut self) -> Result<()> {
         self.end_inode()?;
-        decode_records(&self.shared, None, &mut self.records)?;
-        Ok(self.records)
+        decode_records(&self.shared, None, &mut self.sink)
     }
 }
 
@@ -422,7 +421,11 @@ fn chunk_gap(key: &[u8]) -> Error {
 }
 
 /// Decodes the records `bytes` holds, each naming `ino` where one is given.
-fn decode_records(bytes: &[u8], ino: Option<u64>, records: &mut Vec<Record>) -> Result<()> {
+fn decode_records(
+    bytes: &[u8],
+    ino: Option<u64>,
+    sink: &mut impl FnMut(Record) -> Result<()>,
+) -> Result<()> {
     let mut reader = Reader::new(bytes, "metadata index record");
     while !reader.is_empty() {
         let record = Record::decode(&mut reader)
@@ -445,7 +448,7 @@ fn decode_records(bytes: &[u8], ino: Option<u64>, records: &mut Vec<Record>) -> 
                 "metadata index: the records of inode {ino:?} hold {record:?}"
             )));
         }
-        records.push(record);
+        sink(record)?;
     }
     Ok(())
 }

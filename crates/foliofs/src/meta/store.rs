@@ -520,6 +520,31 @@ impl MetaStore {
     }
 }
 
+/// Applies one record at load: shared-block counts to `shared` (checked
+/// against the data region), the rest to the inodes.
+fn apply_loaded(
+    state: &mut MetaState<'_>,
+    shared: &mut SharedBlocks,
+    record: &Record,
+    data_region: crate::format::Region,
+) -> std::result::Result<(), String> {
+    match record {
+        Record::SharedSet { dev_block, block_count, refs } => {
+            let end = dev_block.checked_add(*block_count);
+            if *dev_block < data_region.start_block
+                || end.is_none_or(|end| end > data_region.end_block())
+            {
+                return Err(format!(
+                    "shared device blocks [{dev_block}, +{block_count}) outside the data region"
+                ));
+            }
+            shared.set(*dev_block, *block_count, *refs);
+            Ok(())
+        }
+        _ => state.apply(record).map(|_| ()).map_err(|error| error.0),
+    }
+}
+
 impl MetaStore {
     /// Loads the checkpoint and replays the journal. Fails (changing nothing)
     /// if any record contradicts the state or two files share a block.
@@ -531,47 +556,38 @@ impl MetaStore {
         let geometry = JournalGeometry::new(superblock);
         let data_region = superblock.data;
         let (loaded, mut index) = if superblock.metadata_in_index() {
-            let (mut index, header) = IndexedCheckpoint::open(&device, superblock)?;
-            let records = index.records()?;
-            let mut loaded = journal::load_after(&device, &geometry, header)?;
-            loaded.checkpoint_records = records;
-            (loaded, Some(index))
+            let (index, header) = IndexedCheckpoint::open(&device, superblock)?;
+            (journal::load_after(&device, &geometry, header)?, Some(index))
         } else {
             (journal::load(&device, &geometry)?, None)
         };
         let core = MetaCore::new(data_region, ROOT_INO + 1, index.is_some());
         let mut shared = SharedBlocks::new();
+        let mut checkpoint_records = loaded.checkpoint_records.len() as u64;
         let alloc = {
             let mut state = MetaState::lock(&core, ShardSet::All);
-            let records = loaded.checkpoint_records.iter().map(|record| ("checkpoint", record));
-            let records =
-                records.chain(loaded.journal_records.iter().map(|record| ("journal", record)));
-            let mut index_in = [0usize; 2];
-            for (source, record) in records {
-                // What the index holds needs no note; what the journal
-                // adds goes to the index at the next cut.
-                state.note_changes = source == "journal";
-                let index = &mut index_in[usize::from(source == "journal")];
-                let applied = match record {
-                    Record::SharedSet { dev_block, block_count, refs } => {
-                        let end = dev_block.checked_add(*block_count);
-                        if *dev_block < data_region.start_block
-                            || end.is_none_or(|end| end > data_region.end_block())
-                        {
-                            Err(format!(
-                                "shared device blocks [{dev_block}, +{block_count}) outside the \
-                                 data region"
-                            ))
-                        } else {
-                            shared.set(*dev_block, *block_count, *refs);
-                            Ok(())
-                        }
-                    }
-                    _ => state.apply(record).map(|_| ()).map_err(|error| error.0),
-                };
-                applied
-                    .map_err(|error| Error::Corrupt(format!("{source} record {index}: {error}")))?;
-                *index += 1;
+            // What the index holds needs no note; what the journal adds
+            // goes to the index at the next cut.
+            state.note_changes = false;
+            let mut count = 0;
+            let mut apply = |record: &Record| {
+                apply_loaded(&mut state, &mut shared, record, data_region).map_err(|error| {
+                    Error::Corrupt(format!("checkpoint record {count}: {error}"))
+                })?;
+                count += 1;
+                Ok(())
+            };
+            match &mut index {
+                // Streamed: the records of millions of files are never all
+                // in memory at once.
+                Some(index) => index.each_record(|record| apply(&record))?,
+                None => loaded.checkpoint_records.iter().try_for_each(&mut apply)?,
+            }
+            checkpoint_records = checkpoint_records.max(count);
+            state.note_changes = index.is_some();
+            for (count, record) in loaded.journal_records.iter().enumerate() {
+                apply_loaded(&mut state, &mut shared, record, data_region)
+                    .map_err(|error| Error::Corrupt(format!("journal record {count}: {error}")))?;
             }
             let mut alloc = state.finish_load(&shared).map_err(|error| Error::Corrupt(error.0))?;
             if let Some(index) = &mut index {
@@ -595,7 +611,7 @@ impl MetaStore {
         core.next_ino.fetch_max(loaded.checkpoint.next_ino, Ordering::Relaxed);
         let report = LoadReport {
             checkpoint_generation: loaded.checkpoint.generation,
-            checkpoint_records: loaded.checkpoint_records.len() as u64,
+            checkpoint_records,
             journal_groups_replayed: loaded.journal_groups_replayed,
             journal_records_replayed: loaded.journal_records.len() as u64,
         };
