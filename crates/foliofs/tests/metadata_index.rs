@@ -231,3 +231,55 @@ fn a_damaged_index_page_is_refused_naming_it_and_never_panics() {
     }
     assert!(refused > 0, "no damaged page was refused");
 }
+
+/// A format-3 volume whose data filled it refuses new metadata with ENOSPC
+/// before its index could run out of pages: it never turns read-only,
+/// changes to what exists go on, and it reopens clean with every file.
+#[test]
+fn a_full_indexed_volume_refuses_new_files_and_stays_writable() {
+    let (device, volume) = new_indexed_volume(16 << 20, None);
+    let inodes = volume.inodes();
+    let big = inodes.create(ROOT, b"big", 0o644, owner()).unwrap();
+    let file = inodes.open_file(big.ino, OpenFlags::WRITE).unwrap();
+    let mut size = 0u64;
+    let error = loop {
+        match file.write_at(&[1u8; 1 << 20], size) {
+            Ok(written) => size += written as u64,
+            Err(error) => break error,
+        }
+    };
+    assert_eq!(error.errno(), libc::ENOSPC, "{error}");
+    file.sync_all().unwrap();
+    drop(file);
+    let mut made = Vec::new();
+    let error = loop {
+        let name = format!("file-{}", made.len());
+        match inodes.create(ROOT, name.as_bytes(), 0o644, owner()) {
+            Ok(attr) => made.push((name, attr.ino)),
+            Err(error) => break error,
+        }
+        assert!(made.len() < 1_000_000, "a full volume took a million files");
+    };
+    assert_eq!(error.errno(), libc::ENOSPC, "{error}");
+    // What exists still changes, through checkpoints.
+    for (_, ino) in &made {
+        let mode = foliofs::SetAttr { mode: Some(0o600), ..Default::default() };
+        inodes.setattr(*ino, &mode).unwrap();
+    }
+    volume.checkpoint().unwrap();
+    for (name, _) in made.iter().step_by(2) {
+        inodes.unlink(ROOT, name.as_bytes()).unwrap();
+    }
+    volume.checkpoint().unwrap();
+    volume.sync().unwrap();
+    let kept: Vec<&String> = made.iter().skip(1).step_by(2).map(|(name, _)| name).collect();
+    drop(volume);
+    assert_fsck_clean(device.image());
+    let (_, reopened) = open_image(device.image()).unwrap();
+    assert_eq!(reopened.inodes().readdir(ROOT).unwrap().len(), kept.len() + 1);
+    for name in kept {
+        let ino = reopened.inodes().lookup(ROOT, name.as_bytes()).unwrap().ino;
+        assert_eq!(reopened.inodes().getattr(ino).unwrap().mode & 0o777, 0o600);
+    }
+    assert_eq!(reopened.inodes().getattr(big.ino).unwrap().size, size);
+}

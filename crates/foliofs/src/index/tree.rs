@@ -275,6 +275,11 @@ impl Tree {
         needed.saturating_sub(alloc.free_now())
     }
 
+    /// Pages free now, for the next commit to take.
+    pub fn free_pages_now(&self) -> usize {
+        self.alloc.as_ref().map_or(0, |alloc| alloc.free_now())
+    }
+
     /// The owner gives free pages (`IndexOptions::pages_given`).
     pub fn give_pages(&mut self, pages: &[u64]) -> Result<()> {
         match &mut self.alloc {

@@ -160,12 +160,8 @@ pub struct IndexedCheckpoint {
     pub block_bytes: u64,
     /// Chunks of the shared-block table the index holds.
     shared_chunks: u32,
-    /// Free blocks promised to the index, so that a volume whose data
-    /// filled it still has pages for the metadata its log holds.
+    /// Free blocks promised to the index (`reserve_wanted_blocks`).
     pub reserved_blocks: u64,
-    /// What the reserve is filled up to: 1/64 of the data region, between
-    /// 64 KiB and 64 MiB.
-    pub reserve_target_blocks: u64,
 }
 
 impl IndexedCheckpoint {
@@ -220,10 +216,32 @@ impl IndexedCheckpoint {
 
     fn with(tree: Tree, superblock: &Superblock) -> Self {
         let block_bytes = superblock.block_bytes_u64();
-        let (reserve_min, reserve_max) = ((64 << 10) / block_bytes, (64 << 20) / block_bytes);
-        let reserve_target_blocks =
-            (superblock.data.block_count / 64).clamp(reserve_min.max(1), reserve_max.max(1));
-        Self { tree, block_bytes, shared_chunks: 0, reserved_blocks: 0, reserve_target_blocks }
+        Self { tree, block_bytes, shared_chunks: 0, reserved_blocks: 0 }
+    }
+
+    /// Blocks the index wants promised to it beyond the free pages it
+    /// holds, so that its next commit never finds the volume full: room to
+    /// copy every page it has (a commit copies each at most once), twice
+    /// what a full log of `journal_bytes` can add, and 64 KiB. The old
+    /// format kept two slots for the same reason.
+    pub fn reserve_wanted_blocks(&self, journal_bytes: u64) -> u64 {
+        let page = PAGE_BYTES as u64;
+        let wanted = self.tree.used_pages() * page + 2 * journal_bytes + (64 << 10);
+        let held = self.tree.free_pages_now() as u64 * page;
+        wanted.saturating_sub(held).div_ceil(self.block_bytes)
+    }
+
+    /// Fills the reserve up to what is wanted, from `promises`, or gives
+    /// back what is over; returns whether it is full.
+    pub fn fill_reserve(&mut self, promises: &crate::alloc::Promises, journal_bytes: u64) -> bool {
+        let wanted = self.reserve_wanted_blocks(journal_bytes);
+        if wanted > self.reserved_blocks {
+            self.reserved_blocks += promises.reserve_up_to(wanted - self.reserved_blocks);
+        } else {
+            promises.unreserve(self.reserved_blocks - wanted);
+            self.reserved_blocks = wanted;
+        }
+        self.reserved_blocks >= wanted
     }
 
     /// Hands every record the index holds to `sink`, inodes first, then

@@ -596,14 +596,18 @@ impl MetaStore {
                         Error::Corrupt(format!("a page of the metadata index: {error}"))
                     })?;
                 }
-                if !read_only {
-                    index.reserved_blocks =
-                        alloc.promises().reserve_up_to(index.reserve_target_blocks);
-                }
             }
             alloc
         };
-        let metadata_bytes_max = match &index {
+        let metadata_bytes_max = match &mut index {
+            Some(index) if !read_only => {
+                let full = index.fill_reserve(alloc.promises(), geometry.journal_bytes);
+                if full {
+                    u64::MAX
+                } else {
+                    core.persisted_bytes_estimate()
+                }
+            }
             Some(_) => u64::MAX,
             None => geometry.slot_payload_bytes_max(),
         };
@@ -1387,9 +1391,10 @@ impl MetaStore {
 
     /// Gives the index the pages its next commit may want, from free space:
     /// from its reserve first, which is then filled again from what is
-    /// free. While the reserve stays short of half its size, the metadata
-    /// may not grow (`Txn::ensure_metadata_room`), so that the index always
-    /// has pages for what the log already holds.
+    /// free. While the reserve is short of what the index wants
+    /// (`IndexedCheckpoint::reserve_wanted_blocks`), the metadata may not
+    /// grow (`Txn::ensure_metadata_room` refuses with ENOSPC), so that the
+    /// index always has pages for what the log holds.
     fn give_index_pages(&self, index: &mut IndexedCheckpoint) -> Result<()> {
         let wanted = index.pages_wanted() as u64;
         let page_bytes = crate::index::PAGE_BYTES as u64;
@@ -1410,12 +1415,11 @@ impl MetaStore {
                 pages.extend((0..pages_per_block).map(|page| start + page * page_bytes));
             }
         }
-        let short = index.reserve_target_blocks - index.reserved_blocks;
-        index.reserved_blocks += space.alloc.promises().reserve_up_to(short);
-        let metadata_bytes_max = if index.reserved_blocks < index.reserve_target_blocks / 2 {
-            self.core.persisted_bytes_estimate()
-        } else {
+        let journal_bytes = self.journal.geometry().journal_bytes;
+        let metadata_bytes_max = if index.fill_reserve(space.alloc.promises(), journal_bytes) {
             u64::MAX
+        } else {
+            self.core.persisted_bytes_estimate()
         };
         self.metadata_bytes_max.store(metadata_bytes_max, Ordering::Relaxed);
         drop(space);
