@@ -17,37 +17,37 @@ fn slice_with(
     threads: usize,
     ops: usize,
 ) -> Stats {
-    let options = CrashOptions::default();
-    let mut stats = Stats::default();
-    for seed in seeds {
-        let config = WorkloadConfig {
-            options: volume_options,
-            ..WorkloadConfig::new(seed, block_bytes, threads, ops)
-        };
-        if let Err(failure) = run_one(config, &options, &mut stats) {
-            panic!("{failure}");
-        }
-    }
-    eprintln!("block {block_bytes}, {threads} threads: {stats:?}");
-    assert!(stats.images > stats.crash_points, "volatile writes were explored: {stats:?}");
-    stats
+    slice_of(block_bytes, seeds, |seed| WorkloadConfig {
+        options: volume_options,
+        ..WorkloadConfig::new(seed, block_bytes, threads, ops)
+    })
 }
 
 /// Volumes of format 3: every checkpoint is a commit of the metadata index,
 /// and a crash inside one (pages written, root not yet) is among the points.
 fn slice_indexed(block_bytes: u32, seeds: std::ops::Range<u64>, threads: usize, ops: usize) {
+    slice_of(block_bytes, seeds, |seed| WorkloadConfig {
+        metadata_index: true,
+        ..WorkloadConfig::new(seed, block_bytes, threads, ops)
+    });
+}
+
+/// Runs and crash-checks the workload `config` makes of each seed.
+fn slice_of(
+    block_bytes: u32,
+    seeds: std::ops::Range<u64>,
+    config: impl Fn(u64) -> WorkloadConfig,
+) -> Stats {
+    let options = CrashOptions::default();
     let mut stats = Stats::default();
     for seed in seeds {
-        let config = WorkloadConfig {
-            metadata_index: true,
-            ..WorkloadConfig::new(seed, block_bytes, threads, ops)
-        };
-        if let Err(failure) = run_one(config, &CrashOptions::default(), &mut stats) {
+        if let Err(failure) = run_one(config(seed), &options, &mut stats) {
             panic!("{failure}");
         }
     }
-    eprintln!("block {block_bytes}, {threads} threads, format 3: {stats:?}");
+    eprintln!("block {block_bytes}: {stats:?}");
     assert!(stats.images > stats.crash_points, "volatile writes were explored: {stats:?}");
+    stats
 }
 
 #[test]

@@ -66,19 +66,30 @@ impl Changed {
             Record::DirAdd { dir, name, .. } | Record::DirRemove { dir, name } => {
                 self.entries.insert((*dir, name.clone()));
             }
-            Record::SharedSet { .. } => {}
-            Record::InodeSet { ino, .. }
-            | Record::InodeFree { ino }
-            | Record::SymlinkSet { ino, .. }
-            | Record::ExtentMap { ino, .. }
-            | Record::ExtentUnmap { ino, .. }
-            | Record::XattrSet { ino, .. }
-            | Record::XattrRemove { ino, .. }
-            | Record::DeviceSet { ino, .. }
-            | Record::FlagsSet { ino, .. } => {
-                self.inodes.insert(*ino);
+            _ => {
+                if let Some(ino) = changed_inode(record) {
+                    self.inodes.insert(ino);
+                }
             }
         }
+    }
+}
+
+/// The inode whose shard holds what `record` changes: the directory for
+/// an entry, `None` for the shared-block table (free space's).
+pub fn changed_inode(record: &Record) -> Option<u64> {
+    match record {
+        Record::DirAdd { dir, .. } | Record::DirRemove { dir, .. } => Some(*dir),
+        Record::SharedSet { .. } => None,
+        Record::InodeSet { ino, .. }
+        | Record::InodeFree { ino }
+        | Record::SymlinkSet { ino, .. }
+        | Record::ExtentMap { ino, .. }
+        | Record::ExtentUnmap { ino, .. }
+        | Record::XattrSet { ino, .. }
+        | Record::XattrRemove { ino, .. }
+        | Record::DeviceSet { ino, .. }
+        | Record::FlagsSet { ino, .. } => Some(*ino),
     }
 }
 
@@ -448,18 +459,10 @@ fn decode_records(
     while !reader.is_empty() {
         let record = Record::decode(&mut reader)
             .map_err(|error| Error::Corrupt(format!("metadata index: {error}")))?;
+        // Entries are keys of their own, never among an inode's records.
         let named = match &record {
-            Record::SharedSet { .. } => None,
             Record::DirAdd { .. } | Record::DirRemove { .. } => Some(u64::MAX),
-            Record::InodeSet { ino, .. }
-            | Record::InodeFree { ino }
-            | Record::SymlinkSet { ino, .. }
-            | Record::ExtentMap { ino, .. }
-            | Record::ExtentUnmap { ino, .. }
-            | Record::XattrSet { ino, .. }
-            | Record::XattrRemove { ino, .. }
-            | Record::DeviceSet { ino, .. }
-            | Record::FlagsSet { ino, .. } => Some(*ino),
+            _ => changed_inode(&record),
         };
         if named != ino {
             return Err(Error::Corrupt(format!(

@@ -28,7 +28,7 @@ use crate::format::{Record, Region};
 use crate::lock_order::{Contention, Level, Ordered};
 
 use super::checkpoint::ShardPart;
-use super::indexed::{changes_at_cut, Changed, IndexChange};
+use super::indexed::{changed_inode, changes_at_cut, Changed, IndexChange};
 use super::inode::Inode;
 
 /// log2 of the number of shards.
@@ -373,19 +373,7 @@ impl<'a> MetaState<'a> {
         if !self.note_changes {
             return;
         }
-        let ino = match record {
-            Record::DirAdd { dir, .. } | Record::DirRemove { dir, .. } => *dir,
-            Record::SharedSet { .. } => return,
-            Record::InodeSet { ino, .. }
-            | Record::InodeFree { ino }
-            | Record::SymlinkSet { ino, .. }
-            | Record::ExtentMap { ino, .. }
-            | Record::ExtentUnmap { ino, .. }
-            | Record::XattrSet { ino, .. }
-            | Record::XattrRemove { ino, .. }
-            | Record::DeviceSet { ino, .. }
-            | Record::FlagsSet { ino, .. } => *ino,
-        };
+        let Some(ino) = changed_inode(record) else { return };
         self.locked.shard_mut(ino).changed.get_mut().note(record);
     }
 
