@@ -238,18 +238,10 @@ fn write_pages(device: &Device, pages: &mut [(PageRef, &Node, u32)]) -> Result<u
     for (slot, (page, node, owner)) in buffer.chunks_mut(PAGE_BYTES).zip(pages.iter()) {
         page::encode(node, *page, *owner, slot);
     }
-    let mut start = 0;
-    while start < pages.len() {
-        let mut end = start + 1;
-        while end < pages.len()
-            && end - start < RUN_PAGES_MAX
-            && pages[end].0.address == pages[end - 1].0.address + PAGE_BYTES as u64
-        {
-            end += 1;
-        }
-        let run = &buffer[start * PAGE_BYTES..end * PAGE_BYTES];
-        device.write(pages[start].0.address, run, false).map_err(io_error("index pages"))?;
-        start = end;
+    let addresses: Vec<u64> = pages.iter().map(|(page, ..)| page.address).collect();
+    for run in page::adjacent_runs(&addresses, RUN_PAGES_MAX) {
+        let bytes = &buffer[run.start * PAGE_BYTES..run.end * PAGE_BYTES];
+        device.write(addresses[run.start], bytes, false).map_err(io_error("index pages"))?;
     }
     Ok((pages.len() * PAGE_BYTES) as u64)
 }

@@ -32,6 +32,30 @@ pub const ENTRY_BYTES_MAX: usize = (PAGE_BYTES - HEADER_BYTES) / 3 - LEAF_ENTRY_
 /// The largest key (a branch entry carries one beside its child pointer).
 pub const KEY_BYTES_MAX: usize = 512;
 
+/// Splits `addresses` (sorted) into runs of adjacent pages, at most
+/// `run_pages_max` each, as index ranges: one device request per run.
+pub fn adjacent_runs(
+    addresses: &[u64],
+    run_pages_max: usize,
+) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start == addresses.len() {
+            return None;
+        }
+        let mut end = start + 1;
+        while end < addresses.len()
+            && end - start < run_pages_max
+            && addresses[end] == addresses[end - 1] + PAGE_BYTES as u64
+        {
+            end += 1;
+        }
+        let run = start..end;
+        start = end;
+        Some(run)
+    })
+}
+
 const MAGIC: [u8; 4] = *b"FIDX";
 const BRANCH_ENTRY_OVERHEAD: usize = 2 + 8 + 8;
 
@@ -276,6 +300,15 @@ fn decode_entries(body: &[u8], level: u8, count: usize) -> std::result::Result<N
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn adjacent_pages_make_runs_no_longer_than_asked() {
+        let page = PAGE_BYTES as u64;
+        let addresses = [0, page, 2 * page, 5 * page, 6 * page, 9 * page];
+        let runs: Vec<_> = adjacent_runs(&addresses, 2).collect();
+        assert_eq!(runs, vec![0..2, 2..3, 3..5, 5..6]);
+        assert_eq!(adjacent_runs(&[], 4).count(), 0);
+    }
 
     fn leaf() -> Node {
         Node::Leaf(Leaf::from_entries(&[

@@ -585,15 +585,9 @@ impl Tree {
             }
         }
         wanted.sort_unstable_by_key(|(page, _)| page.address);
-        let mut start = 0;
-        while start < wanted.len() {
-            let mut end = start + 1;
-            while end < wanted.len()
-                && end - start < RUN_PAGES_MAX
-                && wanted[end].0.address == wanted[end - 1].0.address + PAGE_BYTES as u64
-            {
-                end += 1;
-            }
+        let addresses: Vec<u64> = wanted.iter().map(|(page, _)| page.address).collect();
+        for run in page::adjacent_runs(&addresses, RUN_PAGES_MAX) {
+            let (start, end) = (run.start, run.end);
             let mut buffer = AlignedBuf::zeroed((end - start) * PAGE_BYTES);
             self.device
                 .read(wanted[start].0.address, &mut buffer)
@@ -603,7 +597,6 @@ impl Tree {
                 let expected = Expected { page: *page, owner: self.options.owner, level: Some(0) };
                 leaves[*index] = Some(Arc::new(page::decode(bytes, expected)?));
             }
-            start = end;
         }
         Ok(leaves.into_iter().map(|leaf| leaf.expect("every leaf found or read")).collect())
     }

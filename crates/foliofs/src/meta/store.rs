@@ -563,7 +563,7 @@ impl MetaStore {
         };
         let core = MetaCore::new(data_region, ROOT_INO + 1, index.is_some());
         let mut shared = SharedBlocks::new();
-        let mut checkpoint_records = loaded.checkpoint_records.len() as u64;
+        let checkpoint_records;
         let alloc = {
             let mut state = MetaState::lock(&core, ShardSet::All);
             // What the index holds needs no note; what the journal adds
@@ -583,7 +583,7 @@ impl MetaStore {
                 Some(index) => index.each_record(|record| apply(&record))?,
                 None => loaded.checkpoint_records.iter().try_for_each(&mut apply)?,
             }
-            checkpoint_records = checkpoint_records.max(count);
+            checkpoint_records = count;
             state.note_changes = index.is_some();
             for (count, record) in loaded.journal_records.iter().enumerate() {
                 apply_loaded(&mut state, &mut shared, record, data_region)
