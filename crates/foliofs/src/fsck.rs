@@ -55,6 +55,11 @@ pub fn check(device: Arc<Device>) -> FsckReport {
     if let Err(error) = volume.shared.meta.check_index() {
         report.problems.push(format!("metadata index: {error}"));
     }
+    // Every inode, for the cross-checks: as much memory as format 2 keeps.
+    if let Err(error) = volume.shared.meta.make_all_resident() {
+        report.problems.push(format!("metadata index: {error}"));
+        return report;
+    }
     let state = volume.shared.meta.view_all();
     check_tree(&state, &mut report);
     report

@@ -85,21 +85,26 @@ pub enum Level {
     Checkpoint = 4,
     /// A metadata shard's lock, read or written; indexed by shard.
     Metadata = 5,
+    /// `meta::MetaStore`'s metadata index (format 3): read under a shard's
+    /// lock to bring an inode into memory, changed by a checkpoint after
+    /// its cut.
+    MetadataIndex = 6,
     /// `meta::MetaStore`'s space mutex (allocator and pending frees).
-    Space = 6,
+    Space = 7,
     /// `journal::Journal`'s mutex.
-    Journal = 7,
+    Journal = 8,
 }
 
 impl Level {
     /// Every level, in the order they are taken.
-    pub const ORDER: [Level; 8] = [
+    pub const ORDER: [Level; 9] = [
         Level::Freeze,
         Level::InodeIo,
         Level::Writeback,
         Level::Rename,
         Level::Checkpoint,
         Level::Metadata,
+        Level::MetadataIndex,
         Level::Space,
         Level::Journal,
     ];

@@ -30,6 +30,11 @@ pub const OPTION_KEYS: &[(&str, &str)] = &[
     ),
     ("cache_bytes", "memory of the folio cache, at least 1M (default a quarter of RAM)"),
     (
+        "inode_cache_bytes",
+        "memory the inodes keep after a checkpoint on a volume whose metadata is in an index \
+         (format 3); the rest are read again when used (default 256M)",
+    ),
+    (
         "dirty_background_bytes",
         "dirty cache above which the flusher starts writing back (default cache_bytes / 10)",
     ),
@@ -160,6 +165,8 @@ pub struct VolumeOptions {
     pub folio_max_bytes: u64,
     /// Memory of the folio cache.
     pub cache_bytes: u64,
+    /// Memory of the inodes kept after a checkpoint (format 3).
+    pub inode_cache_bytes: u64,
     /// None: a tenth of `cache_bytes`.
     pub dirty_background_bytes: Option<u64>,
     /// None: a fifth of `cache_bytes`.
@@ -190,6 +197,7 @@ impl Default for VolumeOptions {
             dirty: DirtyMode::Block,
             folio_max_bytes: 2 << 20,
             cache_bytes: default_cache_bytes(),
+            inode_cache_bytes: 256 << 20,
             dirty_background_bytes: None,
             dirty_bytes: None,
             writeback_interval_ms: 1000,
@@ -260,6 +268,10 @@ impl VolumeOptions {
                     return Err(bad("must be at least 1M".into()));
                 }
                 self.cache_bytes = bytes;
+            }
+            "inode_cache_bytes" => {
+                self.inode_cache_bytes =
+                    parse_size(value).map_err(|error| bad(error.to_string()))?
             }
             "dirty_background_bytes" => {
                 self.dirty_background_bytes =

@@ -283,3 +283,146 @@ fn a_full_indexed_volume_refuses_new_files_and_stays_writable() {
     }
     assert_eq!(reopened.inodes().getattr(big.ino).unwrap().size, size);
 }
+
+/// Options that keep no inode in memory past a checkpoint but those in
+/// use: every eviction, and every read back from the index, is taken.
+fn evicting() -> foliofs::VolumeOptions {
+    foliofs::VolumeOptions { inode_cache_bytes: 0, ..common::options() }
+}
+
+fn reopen_evicting(image: Vec<u8>) -> (Arc<FaultDev>, Volume) {
+    common::open_image_with(image, &evicting()).expect("reopen")
+}
+
+/// A tree of every kind: directories, files with data and extended
+/// attributes, a symlink, a hard link.
+fn populate(volume: &Volume) -> Vec<u64> {
+    let inodes = volume.inodes();
+    let mut made = Vec::new();
+    for d in 0..4 {
+        let dir = inodes.mkdir(ROOT, format!("dir-{d}").as_bytes(), 0o755, owner()).unwrap();
+        made.push(dir.ino);
+        for f in 0..50 {
+            let name = format!("file-{f}");
+            let file = inodes.create(dir.ino, name.as_bytes(), 0o644, owner()).unwrap();
+            made.push(file.ino);
+            if f % 5 == 0 {
+                let handle = inodes.open_file(file.ino, OpenFlags::WRITE).unwrap();
+                handle.write_at(&pattern(f as u64, 3 * 4096 + f), 0).unwrap();
+            }
+            if f % 7 == 0 {
+                inodes
+                    .set_xattr(file.ino, b"user.note", name.as_bytes(), ANY, Privilege::SysAdmin)
+                    .unwrap();
+            }
+        }
+        inodes.symlink(dir.ino, b"link", b"file-0", owner()).unwrap();
+        inodes.link(made[made.len() - 1], dir.ino, b"hard").unwrap();
+    }
+    volume.sync().unwrap();
+    made
+}
+
+#[test]
+fn inodes_leave_memory_after_a_checkpoint_and_are_read_back_when_named() {
+    let (device, volume) = new_indexed_volume(64 << 20, None);
+    drop(volume);
+    let (device, volume) = reopen_evicting(device.image());
+    let made = populate(&volume);
+    let before = snapshot(&volume);
+    let in_memory = volume.checkpoint_stats().inodes_in_memory;
+    assert!(in_memory > made.len() as u64, "{in_memory} in memory before the checkpoint");
+    volume.checkpoint().unwrap();
+    let in_memory = volume.checkpoint_stats().inodes_in_memory;
+    assert!(in_memory <= 2, "{in_memory} inodes stayed in memory after the checkpoint");
+    // Every path reads the same from the index.
+    assert_eq!(snapshot(&volume), before);
+    // Change what was evicted: write, chmod, rename, unlink, remove a
+    // directory's files and the directory.
+    volume.checkpoint().unwrap();
+    let inodes = volume.inodes();
+    let dir0 = inodes.lookup(ROOT, b"dir-0").unwrap().ino;
+    let file = inodes.lookup(dir0, b"file-1").unwrap().ino;
+    inodes.open_file(file, OpenFlags::WRITE).unwrap().write_at(b"changed", 100).unwrap();
+    let mode = foliofs::SetAttr { mode: Some(0o600), ..Default::default() };
+    inodes.setattr(inodes.lookup(dir0, b"file-2").unwrap().ino, &mode).unwrap();
+    volume.checkpoint().unwrap();
+    inodes.rename(dir0, b"file-3", ROOT, b"moved", foliofs::RenameFlags::default()).unwrap();
+    inodes.unlink(dir0, b"file-4").unwrap();
+    let dir3 = inodes.lookup(ROOT, b"dir-3").unwrap().ino;
+    for entry in inodes.readdir(dir3).unwrap() {
+        if entry.name != b"." && entry.name != b".." {
+            inodes.unlink(dir3, &entry.name).unwrap();
+        }
+    }
+    volume.checkpoint().unwrap();
+    inodes.rmdir(ROOT, b"dir-3").unwrap();
+    volume.sync().unwrap();
+    let after = snapshot(&volume);
+    assert_ne!(after, before);
+    assert!(after.contains_key("/moved") && !after.contains_key("/dir-0/file-4"));
+    let statfs_inodes = volume.statfs().inodes;
+    drop(volume);
+    assert_fsck_clean(device.image());
+    // Reopened: only what open needs is in memory, and every path reads
+    // back as it was.
+    let (_, reopened) = reopen_evicting(device.image());
+    assert!(reopened.checkpoint_stats().inodes_in_memory <= 2);
+    assert_eq!(reopened.statfs().inodes, statfs_inodes);
+    assert_eq!(snapshot(&reopened), after);
+}
+
+#[test]
+fn a_freed_inode_is_never_read_back_from_the_index() {
+    let (device, volume) = new_indexed_volume(32 << 20, None);
+    drop(volume);
+    let (_, volume) = reopen_evicting(device.image());
+    let inodes = volume.inodes();
+    let file = inodes.create(ROOT, b"gone", 0o644, owner()).unwrap().ino;
+    inodes.open_file(file, OpenFlags::WRITE).unwrap().write_at(&[7u8; 8192], 0).unwrap();
+    volume.sync().unwrap();
+    // The index holds the file, and memory does not.
+    volume.checkpoint().unwrap();
+    inodes.unlink(ROOT, b"gone").unwrap();
+    // Freed in memory, still in the index until the next checkpoint.
+    assert_eq!(inodes.getattr(file).unwrap_err().errno(), libc::ENOENT);
+    volume.checkpoint().unwrap();
+    assert_eq!(inodes.getattr(file).unwrap_err().errno(), libc::ENOENT);
+    assert!(inodes.lookup(ROOT, b"gone").is_err());
+}
+
+#[test]
+fn what_only_memory_holds_keeps_an_inode_in_memory() {
+    let (device, volume) = new_indexed_volume(32 << 20, None);
+    drop(volume);
+    let (device, volume) = reopen_evicting(device.image());
+    let inodes = volume.inodes();
+    // Data written and not yet written back (delayed extents), through a
+    // handle still open.
+    let file = inodes.create(ROOT, b"open", 0o644, owner()).unwrap().ino;
+    let handle = inodes.open_file(file, OpenFlags::WRITE).unwrap();
+    handle.write_at(&pattern(3, 20_000), 0).unwrap();
+    // Unlinked while open: an orphan.
+    let orphan = inodes.create(ROOT, b"orphan", 0o644, owner()).unwrap().ino;
+    let orphan_handle = inodes.open_file(orphan, OpenFlags::READ_WRITE).unwrap();
+    orphan_handle.write_at(b"still here", 0).unwrap();
+    inodes.unlink(ROOT, b"orphan").unwrap();
+    volume.checkpoint().unwrap();
+    assert!(volume.checkpoint_stats().inodes_in_memory >= 3);
+    assert_eq!(inodes.getattr(file).unwrap().size, 20_000);
+    let mut back = vec![0u8; 10];
+    orphan_handle.read_at(&mut back, 0).unwrap();
+    assert_eq!(&back, b"still here");
+    handle.sync_all().unwrap();
+    drop(handle);
+    // A crash with the orphan still open: mount frees it.
+    let image = device.image();
+    drop(orphan_handle);
+    drop(volume);
+    let (_, reopened) = reopen_evicting(image);
+    assert_eq!(reopened.inodes().getattr(orphan).unwrap_err().errno(), libc::ENOENT);
+    let mut data = vec![0u8; 20_000];
+    let handle = reopened.inodes().open_file(file, OpenFlags::READ).unwrap();
+    handle.read_at(&mut data, 0).unwrap();
+    assert_eq!(data, pattern(3, 20_000));
+}

@@ -603,6 +603,14 @@ impl Journal {
         self.fail(&mut self.inner(), message.clone());
         Error::ReadOnly(message)
     }
+
+    /// Metadata the volume needs could not be read (a damaged page of its
+    /// metadata index): turns the volume read-only, naming `what`.
+    pub fn fail_metadata_read(&self, what: impl std::fmt::Display) {
+        let message = format!("the volume is now read-only: {what}");
+        tracing::error!("{message}");
+        self.fail(&mut self.inner(), message);
+    }
 }
 
 /// Rounds `value` up to a multiple of `align` (any non-zero value).

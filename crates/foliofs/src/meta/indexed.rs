@@ -24,11 +24,12 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::checkpoint::encode_inode;
 use super::inode::Inode;
+use super::resident::{add_entry, InodeBuilder};
 use crate::alloc::BlockRun;
 use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::codec::{Reader, Writer};
-use crate::format::{CheckpointHeader, InodeAttrs, Record, Superblock, ROOT_INO};
+use crate::format::{CheckpointHeader, InodeAttrs, Record, Region, Superblock, ROOT_INO};
 use crate::index::{CommitReport, IndexOptions, Tree, PAGE_BYTES};
 use crate::refcount::Counted;
 
@@ -40,9 +41,12 @@ const SHARED_KEY: u8 = 3;
 /// Bytes of records per value: with its 13-byte key, well inside what a
 /// page entry holds (`crate::index::ENTRY_BYTES_MAX`).
 const CHUNK_BYTES: usize = 1024;
-/// Decoded pages kept in memory. The whole state is also in memory (the
-/// shards), so the index is read at open and written at cuts only.
+/// Decoded pages kept in memory: the branches (a few hundred KiB at ten
+/// million files) and the leaves inodes were last read from on demand
+/// (`super::resident`).
 const CACHE_BYTES: usize = 16 << 20;
+/// Entries of a directory read from the index per scan.
+const ENTRIES_PER_SCAN: usize = 256;
 /// Pages a new volume gives its index.
 const FORMAT_PAGES: u64 = 16;
 
@@ -91,6 +95,15 @@ pub fn changed_inode(record: &Record) -> Option<u64> {
         | Record::DeviceSet { ino, .. }
         | Record::FlagsSet { ino, .. } => Some(*ino),
     }
+}
+
+/// What the index holds, as `IndexedCheckpoint::each_loaded` hands it
+/// out: every inode (built, without its entries), then every entry, then
+/// the shared-block table's records.
+pub enum Loaded {
+    Inode(u64, Inode),
+    Entry { dir: u64, name: Vec<u8>, target: u64 },
+    Shared(Record),
 }
 
 /// One key's change, as the shard was at the cut.
@@ -263,6 +276,120 @@ impl IndexedCheckpoint {
         self.tree.for_each(|key, value| loader.add(key, value))?;
         self.shared_chunks = loader.shared_chunks;
         loader.finish()
+    }
+
+    /// Hands out every inode, entry and shared-block record the index
+    /// holds, in key order (`Loaded`); returns how many records it read.
+    /// Inodes are built and checked as on demand (`read_inode`).
+    pub fn each_loaded(
+        &mut self,
+        data_region: Region,
+        mut sink: impl FnMut(Loaded) -> Result<()>,
+    ) -> Result<u64> {
+        let mut building: Option<InodeBuilder> = None;
+        let mut records = 0;
+        self.each_record(|record| {
+            records += 1;
+            match record {
+                Record::InodeSet { ino, .. } => {
+                    flush(&mut building, &mut sink)?;
+                    building =
+                        Some(InodeBuilder::start(ino, &record, data_region).map_err(corrupt)?);
+                    Ok(())
+                }
+                Record::DirAdd { dir, name, ino } => {
+                    flush(&mut building, &mut sink)?;
+                    sink(Loaded::Entry { dir, name, target: ino })
+                }
+                Record::SharedSet { .. } => {
+                    flush(&mut building, &mut sink)?;
+                    sink(Loaded::Shared(record))
+                }
+                other => match &mut building {
+                    Some(builder) if changed_inode(&other) == Some(builder.ino()) => {
+                        builder.add(&other).map_err(corrupt)
+                    }
+                    _ => Err(corrupt(format!("{other:?} follows no inode of its own"))),
+                },
+            }
+        })?;
+        flush(&mut building, &mut sink)?;
+        Ok(records)
+    }
+
+    /// Inode `ino` as the index holds it, with its entries if a directory;
+    /// `None` if the index holds no such inode.
+    pub fn read_inode(&mut self, ino: u64, data_region: Region) -> Result<Option<Inode>> {
+        let mut bytes = Vec::new();
+        let mut next_chunk = 0;
+        loop {
+            let found = self.tree.scan(&inode_key(ino, next_chunk), 16)?;
+            let mut ended = found.len() < 16;
+            for (key, value) in found {
+                if key != inode_key(ino, next_chunk) {
+                    ended = true;
+                    break;
+                }
+                bytes.extend_from_slice(&value);
+                next_chunk += 1;
+            }
+            if ended {
+                break;
+            }
+        }
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        let mut builder: Option<InodeBuilder> = None;
+        decode_records(&bytes, Some(ino), &mut |record| {
+            match &mut builder {
+                None => {
+                    builder = Some(InodeBuilder::start(ino, &record, data_region).map_err(corrupt)?)
+                }
+                Some(builder) => builder.add(&record).map_err(corrupt)?,
+            }
+            Ok(())
+        })?;
+        let (_, mut inode) = builder.expect("bytes held a record").finish();
+        if inode.entries().is_some() {
+            self.read_entries(ino, &mut inode)?;
+        }
+        Ok(Some(inode))
+    }
+
+    /// Adds the entries the index holds for directory `dir`.
+    fn read_entries(&mut self, dir: u64, inode: &mut Inode) -> Result<()> {
+        let prefix = entry_key(dir, &[]);
+        let mut start = prefix.clone();
+        loop {
+            let found = self.tree.scan(&start, ENTRIES_PER_SCAN)?;
+            let full = found.len() == ENTRIES_PER_SCAN;
+            for (key, value) in &found {
+                if !key.starts_with(&prefix) {
+                    return Ok(());
+                }
+                let target: [u8; 8] = value.as_slice().try_into().map_err(|_| {
+                    corrupt(format!("entry {key:02x?} holds {} bytes", value.len()))
+                })?;
+                add_entry(dir, inode, &key[prefix.len()..], u64::from_be_bytes(target))
+                    .map_err(corrupt)?;
+            }
+            match found.last() {
+                Some((last, _)) if full => {
+                    // The next key after `last`: itself with a zero byte.
+                    start = last.clone();
+                    start.push(0);
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// Whether the index holds a shared-block table: open counts each
+    /// block's mappings only then.
+    pub fn holds_shared(&mut self) -> Result<bool> {
+        let found = self.tree.scan(&shared_key(0), 1)?;
+        Ok(found.first().is_some_and(|(key, _)| key.first() == Some(&SHARED_KEY)))
     }
 
     /// The blocks the index holds, as runs: taken out of free space at open.
@@ -443,6 +570,24 @@ impl<F: FnMut(Record) -> Result<()>> Loader<F> {
         self.end_inode()?;
         decode_records(&self.shared, None, &mut self.sink)
     }
+}
+
+/// Hands the inode `building` holds, if any, to `sink`.
+fn flush(
+    building: &mut Option<InodeBuilder>,
+    sink: &mut impl FnMut(Loaded) -> Result<()>,
+) -> Result<()> {
+    match building.take() {
+        Some(builder) => {
+            let (ino, inode) = builder.finish();
+            sink(Loaded::Inode(ino, inode))
+        }
+        None => Ok(()),
+    }
+}
+
+fn corrupt(why: impl std::fmt::Display) -> Error {
+    Error::Corrupt(format!("metadata index: {why}"))
 }
 
 fn chunk_gap(key: &[u8]) -> Error {

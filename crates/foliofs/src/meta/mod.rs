@@ -8,6 +8,8 @@
 mod checkpoint;
 mod indexed;
 mod inode;
+mod load;
+mod resident;
 mod shards;
 mod space;
 mod state;
@@ -15,6 +17,7 @@ mod store;
 mod view;
 
 pub use inode::{Inode, InodeBody};
+pub use load::LoadLimits;
 pub use shards::{shard_of, InodeTable, MetaView};
 pub use state::check_limits;
 #[cfg(test)]

@@ -128,6 +128,10 @@ pub struct ShardInodes {
     /// that (`super::indexed`). Written under the shard's write lock (no
     /// wait: `get_mut`), taken at the cut under its read lock.
     pub(super) changed: Mutex<Changed>,
+    /// Inodes freed before the cut of the checkpoint being written: the
+    /// index holds them until it commits, and they must not be read back
+    /// from it meanwhile (`super::resident`). Cleared after the commit.
+    pub(super) freed_in_cut: Mutex<Vec<u64>>,
 }
 
 /// One shard, on cache lines of its own: a shard's lock word is written by
@@ -189,7 +193,13 @@ impl MetaCore {
         {
             let part = if self.indexed {
                 let changed = std::mem::take(&mut *inodes.changed.lock());
-                CutPart::Changes(changes_at_cut(&inodes.inodes, changed))
+                let changes = changes_at_cut(&inodes.inodes, changed);
+                let freed = changes.iter().filter_map(|change| match change {
+                    IndexChange::Inode { ino, records: None } => Some(*ino),
+                    _ => None,
+                });
+                inodes.freed_in_cut.lock().extend(freed);
+                CutPart::Changes(changes)
             } else {
                 CutPart::Records(ShardPart::encode(&inodes.inodes))
             };
@@ -215,6 +225,12 @@ impl MetaCore {
 
     pub fn persisted_bytes_estimate(&self) -> u64 {
         self.persisted_bytes_estimate.load(Ordering::Relaxed).max(0) as u64
+    }
+
+    /// Counts what open read without applying records (`super::load`).
+    pub(super) fn add_loaded(&self, inode_count: u64, estimate_bytes: u64) {
+        self.inode_count.fetch_add(inode_count as i64, Ordering::Relaxed);
+        self.persisted_bytes_estimate.fetch_add(estimate_bytes as i64, Ordering::Relaxed);
     }
 
     pub fn inode_count(&self) -> u64 {

@@ -34,6 +34,29 @@ fn xattr_record_bytes(name: &[u8], value: &[u8]) -> u64 {
     XATTR_RECORD_BYTES + name.len() as u64 + value.len() as u64
 }
 
+/// What inode `inode` adds to the checkpoint estimate, its entries aside
+/// (`entry_estimate_bytes`): what applying its records would add. Open adds
+/// it for inodes it reads from an index without applying them.
+pub(super) fn inode_estimate_bytes(inode: &Inode) -> u64 {
+    let body = match &inode.body {
+        InodeBody::File(extents) => extents.len() as u64 * EXTENT_RECORD_BYTES,
+        InodeBody::Symlink(target) if !target.is_empty() => {
+            SYMLINK_RECORD_BYTES + target.len() as u64
+        }
+        InodeBody::Special { rdev } if *rdev != 0 => DEVICE_RECORD_BYTES,
+        _ => 0,
+    };
+    let flags = if inode.flags != 0 { FLAGS_RECORD_BYTES } else { 0 };
+    let xattrs: u64 =
+        inode.xattrs.iter().map(|(name, value)| xattr_record_bytes(name, value)).sum();
+    INODE_RECORD_BYTES + body + flags + xattrs
+}
+
+/// What a directory entry named `name` adds to the checkpoint estimate.
+pub(super) fn entry_estimate_bytes(name: &[u8]) -> u64 {
+    DIR_ENTRY_RECORD_BYTES + name.len() as u64
+}
+
 /// A record that cannot be applied: the log or checkpoint contradicts itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApplyError(pub String);

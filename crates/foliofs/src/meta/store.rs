@@ -18,6 +18,7 @@ use parking_lot::{
     Condvar, MappedRwLockReadGuard, MappedRwLockWriteGuard, Mutex, MutexGuard, RwLockReadGuard,
     RwLockWriteGuard,
 };
+use smallvec::SmallVec;
 
 use crate::alloc::{BlockRun, Promises};
 use crate::dev::{Device, DiscardMode};
@@ -34,6 +35,7 @@ use crate::refcount::{self, SharedBlocks};
 use super::checkpoint;
 use super::indexed::{changes_at_cut, Changed, IndexedCheckpoint};
 use super::inode::Inode;
+use super::load::{load_indexed, LoadLimits};
 use super::shards::{
     catch_undeclared, no_parts, shard_of, CutPart, MetaCore, MetaState, MetaView, ShardSet,
     UndeclaredShard, DIRECTORY_INO_STRIDE, SHARD_COUNT,
@@ -122,7 +124,7 @@ pub struct LoadReport {
 }
 
 pub struct MetaStore {
-    core: MetaCore,
+    pub(super) core: MetaCore,
     space: Mutex<Space>,
     space_contention: Contention,
     /// The allocator's reservations, reached without the space mutex.
@@ -142,10 +144,20 @@ pub struct MetaStore {
     rename_lock: Mutex<()>,
     /// This store among those a thread's inode batch may come from.
     store_id: u64,
-    journal: Journal,
-    /// One checkpoint at a time; holds the metadata index where the volume
-    /// keeps its checkpoint in one (format 3), `None` for slots.
-    checkpoint_lock: Mutex<Option<IndexedCheckpoint>>,
+    pub(super) journal: Journal,
+    /// One checkpoint at a time.
+    pub(super) checkpoint_lock: Mutex<()>,
+    /// The metadata index where the volume keeps its checkpoint in one
+    /// (format 3), `None` for slots. Read under shard locks to bring an
+    /// inode into memory (`super::resident`); changed by a checkpoint only
+    /// after its cut, when it holds no shard.
+    pub(super) index: Mutex<Option<IndexedCheckpoint>>,
+    /// Inode numbers from here on are not in the index: its last
+    /// committed cut's next inode number.
+    pub(super) index_ino_limit: AtomicU64,
+    /// Memory the inodes may keep after a checkpoint, where they can be
+    /// read again from an index (`VolumeOptions::inode_cache_bytes`).
+    pub(super) inode_cache_bytes: AtomicU64,
     /// The most the metadata may encode to: a slot's room, or for an
     /// index, unbounded while its reserve of free space holds and the
     /// size of the metadata when it no longer does (no growth, then).
@@ -522,7 +534,7 @@ impl MetaStore {
 
 /// Applies one record at load: shared-block counts to `shared` (checked
 /// against the data region), the rest to the inodes.
-fn apply_loaded(
+pub(super) fn apply_loaded(
     state: &mut MetaState<'_>,
     shared: &mut SharedBlocks,
     record: &Record,
@@ -545,13 +557,38 @@ fn apply_loaded(
     }
 }
 
+/// Applies a slot's checkpoint and the journal to every inode and derives
+/// free space from them (formats 1 and 2); returns it and how many records
+/// the checkpoint held.
+fn load_whole(
+    core: &MetaCore,
+    loaded: &journal::Loaded,
+    shared: &mut SharedBlocks,
+) -> Result<(crate::alloc::Allocator, u64)> {
+    let data_region = core.data_region;
+    let mut state = MetaState::lock(core, ShardSet::All);
+    for (count, record) in loaded.checkpoint_records.iter().enumerate() {
+        apply_loaded(&mut state, shared, record, data_region)
+            .map_err(|error| Error::Corrupt(format!("checkpoint record {count}: {error}")))?;
+    }
+    for (count, record) in loaded.journal_records.iter().enumerate() {
+        apply_loaded(&mut state, shared, record, data_region)
+            .map_err(|error| Error::Corrupt(format!("journal record {count}: {error}")))?;
+    }
+    let alloc = state.finish_load(shared).map_err(|error| Error::Corrupt(error.0))?;
+    Ok((alloc, loaded.checkpoint_records.len() as u64))
+}
+
 impl MetaStore {
     /// Loads the checkpoint and replays the journal. Fails (changing nothing)
-    /// if any record contradicts the state or two files share a block.
+    /// if any record contradicts the state, two files share a block, or an
+    /// inode passes `limits`. From an index (format 3) only the inodes
+    /// needed at once stay in memory (`super::load`).
     pub fn load(
         device: Arc<Device>,
         superblock: &Superblock,
         read_only: bool,
+        limits: LoadLimits,
     ) -> Result<(Self, LoadReport)> {
         let geometry = JournalGeometry::new(superblock);
         let data_region = superblock.data;
@@ -563,41 +600,18 @@ impl MetaStore {
         };
         let core = MetaCore::new(data_region, ROOT_INO + 1, index.is_some());
         let mut shared = SharedBlocks::new();
-        let checkpoint_records;
-        let alloc = {
-            let mut state = MetaState::lock(&core, ShardSet::All);
-            // What the index holds needs no note; what the journal adds
-            // goes to the index at the next cut.
-            state.note_changes = false;
-            let mut count = 0;
-            let mut apply = |record: &Record| {
-                apply_loaded(&mut state, &mut shared, record, data_region).map_err(|error| {
-                    Error::Corrupt(format!("checkpoint record {count}: {error}"))
-                })?;
-                count += 1;
-                Ok(())
-            };
-            match &mut index {
-                // Streamed: the records of millions of files are never all
-                // in memory at once.
-                Some(index) => index.each_record(|record| apply(&record))?,
-                None => loaded.checkpoint_records.iter().try_for_each(&mut apply)?,
-            }
-            checkpoint_records = count;
-            state.note_changes = index.is_some();
-            for (count, record) in loaded.journal_records.iter().enumerate() {
-                apply_loaded(&mut state, &mut shared, record, data_region)
-                    .map_err(|error| Error::Corrupt(format!("journal record {count}: {error}")))?;
-            }
-            let mut alloc = state.finish_load(&shared).map_err(|error| Error::Corrupt(error.0))?;
-            if let Some(index) = &mut index {
+        let (alloc, checkpoint_records) = match &mut index {
+            Some(index) => {
+                let (mut alloc, records) =
+                    load_indexed(&core, index, &loaded.journal_records, &mut shared, limits)?;
                 for run in index.held_blocks()? {
                     alloc.mark_used(run).map_err(|error| {
                         Error::Corrupt(format!("a page of the metadata index: {error}"))
                     })?;
                 }
+                (alloc, records)
             }
-            alloc
+            None => load_whole(&core, &loaded, &mut shared)?,
         };
         let metadata_bytes_max = match &mut index {
             Some(index) if !read_only => {
@@ -631,7 +645,10 @@ impl MetaStore {
             rename_lock: Mutex::new(()),
             store_id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
             journal,
-            checkpoint_lock: Mutex::new(index),
+            checkpoint_lock: Mutex::new(()),
+            index: Mutex::new(index),
+            index_ino_limit: AtomicU64::new(loaded.checkpoint.next_ino),
+            inode_cache_bytes: AtomicU64::new(u64::MAX),
             metadata_bytes_max: AtomicU64::new(metadata_bytes_max),
             checkpoints_written: AtomicU64::new(0),
             checkpoint_bytes_total: AtomicU64::new(0),
@@ -663,9 +680,17 @@ impl MetaStore {
     /// at a time, and none while taking another shard or starting a
     /// transaction (debug builds check).
     pub fn inode(&self, ino: u64) -> Option<InodeRef<'_>> {
-        self.core
-            .read_shard(shard_of(ino))
-            .try_map(|guard| RwLockReadGuard::try_map(guard, |shard| shard.inodes.get(&ino)))
+        loop {
+            let found = self
+                .core
+                .read_shard(shard_of(ino))
+                .try_map(|guard| RwLockReadGuard::try_map(guard, |shard| shard.inodes.get(&ino)));
+            // Not in memory: read from the index if there, and look again
+            // (an eviction may come between, only after a checkpoint).
+            if found.is_some() || !self.may_be_indexed(ino) || !self.bring_in(ino) {
+                return found;
+            }
+        }
     }
 
     /// Inode `ino` for a change of memory-only fields (open handle counts,
@@ -673,6 +698,11 @@ impl MetaStore {
     /// on read-only volumes too. Counts as a change for the handles' copies.
     pub fn inode_mut(&self, ino: u64) -> Option<InodeMut<'_>> {
         let mut shard = self.core.write_shard(shard_of(ino));
+        if let Err(error) = self.make_resident(&mut shard, ino) {
+            self.journal.fail_metadata_read(format_args!(
+                "reading inode {ino} from the metadata index: {error}"
+            ));
+        }
         // Times advanced in memory reach the next checkpoint (an index
         // keeps only inodes noted as changed).
         if self.core.indexed && shard.inodes.contains_key(&ino) {
@@ -688,7 +718,24 @@ impl MetaStore {
     /// The inodes `inos` (and whatever else their shards hold), read-locked
     /// together: one consistent look at a few of them.
     pub fn view(&self, inos: &[u64]) -> MetaView<'_> {
-        MetaView::lock(&self.core, ShardSet::of(inos))
+        loop {
+            let view = MetaView::lock(&self.core, ShardSet::of(inos));
+            let missing: SmallVec<[u64; 4]> = inos
+                .iter()
+                .copied()
+                .filter(|&ino| self.may_be_indexed(ino) && view.inode(ino).is_none())
+                .collect();
+            if missing.is_empty() {
+                return view;
+            }
+            drop(view);
+            // Read what the index holds; look again (an eviction may come
+            // between, only after a checkpoint) unless it held none.
+            let brought_in = missing.into_iter().filter(|&ino| self.bring_in(ino)).count() > 0;
+            if !brought_in {
+                return MetaView::lock(&self.core, ShardSet::of(inos));
+            }
+        }
     }
 
     /// Every inode, read-locked: what fsck and mount's orphan scan read.
@@ -750,6 +797,7 @@ impl MetaStore {
     /// Checks the shared-block counts against every extent map, as mount
     /// does (fsck and the tests); stops every writer while it runs.
     pub fn verify_shared_counts(&self) -> std::result::Result<(), String> {
+        self.make_all_resident().map_err(|error| error.to_string())?;
         let all = self.view_all();
         let mut mapped = Vec::new();
         for (_, inode) in all.inodes() {
@@ -866,6 +914,9 @@ impl MetaStore {
     /// blocks mapped.
     pub fn reserve_delalloc(&self, ino: u64, file_block: u64, block_count: u64) -> u64 {
         let mut state = MetaState::lock(&self.core, ShardSet::of(&[ino]));
+        if self.make_resident(state.locked.shard_mut(ino), ino).is_err() {
+            return 0;
+        }
         let mapped = state.reserve_delalloc(&self.promises, ino, file_block, block_count);
         state.publish_estimate();
         mapped
@@ -921,6 +972,11 @@ impl MetaStore {
         }
         self.release_durable_frees();
         let mut txn = self.begin(inos);
+        if self.core.indexed {
+            for &ino in inos {
+                self.make_resident(txn.state.locked.shard_mut(ino), ino)?;
+            }
+        }
         #[cfg(test)]
         test_hooks::inside_transaction(inos);
         let value = match catch_undeclared(|| change(&mut txn)) {
@@ -1287,7 +1343,7 @@ impl MetaStore {
         if let Some(refusal) = self.refusal() {
             return Err(refusal);
         }
-        let mut target = Ordered::lock(Level::Checkpoint, || self.checkpoint_lock.lock());
+        let _only_one = Ordered::lock(Level::Checkpoint, || self.checkpoint_lock.lock());
         let started = Instant::now();
         let (point, next_ino, shared) = {
             // With every shard held, no transaction is part-way: the log's
@@ -1315,10 +1371,18 @@ impl MetaStore {
         let parts = std::mem::take(&mut *self.core.checkpoint_parts.lock())
             .into_iter()
             .map(|part| part.expect("every shard encoded"));
-        let bytes_written = match target.as_mut() {
-            Some(index) => self.checkpoint_index(index, parts, point, next_ino, &shared)?,
-            None => self.checkpoint_slot(parts, point, next_ino, &shared)?,
+        let bytes_written = if self.core.indexed {
+            let mut index = Ordered::lock(Level::MetadataIndex, || self.index.lock());
+            let index = index.as_mut().expect("an indexed store holds its index");
+            self.checkpoint_index(index, parts, point, next_ino, &shared)?
+        } else {
+            self.checkpoint_slot(parts, point, next_ino, &shared)?
         };
+        if self.core.indexed {
+            // Every inode not changed since the cut is now the index's.
+            self.index_ino_limit.fetch_max(next_ino, Ordering::AcqRel);
+            self.evict_clean_inodes();
+        }
         self.checkpoint_bytes_total.fetch_add(bytes_written, Ordering::Relaxed);
         let elapsed_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.checkpoint_ns_total.fetch_add(elapsed_ns, Ordering::Relaxed);
@@ -1465,8 +1529,8 @@ impl MetaStore {
     /// every page and that the pages reached are those its root counts;
     /// nothing to check on a volume with checkpoint slots.
     pub fn check_index(&self) -> Result<()> {
-        let mut target = Ordered::lock(Level::Checkpoint, || self.checkpoint_lock.lock());
-        match target.as_mut() {
+        let mut index = Ordered::lock(Level::MetadataIndex, || self.index.lock());
+        match index.as_mut() {
             Some(index) => index.check().map(|_| ()),
             None => Ok(()),
         }
@@ -1476,6 +1540,13 @@ impl MetaStore {
     /// volume's free space, for a metadata index).
     pub fn metadata_bytes_max(&self) -> u64 {
         self.metadata_bytes_max.load(Ordering::Relaxed)
+    }
+
+    /// Sets how much memory inodes may keep after a checkpoint where they
+    /// can be read again from a metadata index (format 3); `u64::MAX`
+    /// keeps every inode.
+    pub fn set_inode_cache_bytes(&self, bytes: u64) {
+        self.inode_cache_bytes.store(bytes, Ordering::Relaxed);
     }
 
     /// Checkpoints written since open: (count, payload bytes, nanoseconds).

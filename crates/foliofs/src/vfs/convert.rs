@@ -17,7 +17,7 @@ use crate::dev::Device;
 use crate::error::{Error, IoContext, Result};
 use crate::format::Superblock;
 use crate::layout;
-use crate::meta::MetaStore;
+use crate::meta::{LoadLimits, MetaStore};
 
 use super::Volume;
 use crate::options::VolumeOptions;
@@ -43,7 +43,11 @@ impl Volume {
         let new =
             old.clone().with_metadata_index().map_err(|error| Error::invalid(error.to_string()))?;
         debug_assert_eq!(new.checkpoint_slots[0].start_block, old.checkpoint_slots[0].start_block);
-        let (meta, _) = MetaStore::load(Arc::clone(&device), &old, false)?;
+        let limits = LoadLimits {
+            block_bytes: old.block_bytes_u64(),
+            size_max: crate::engine::FILE_BYTES_MAX,
+        };
+        let (meta, _) = MetaStore::load(Arc::clone(&device), &old, false, limits)?;
         // Each checkpoint also frees the log before it: the index starts
         // from a clean cut, and slot A is free once the newest is in B.
         meta.checkpoint()?;

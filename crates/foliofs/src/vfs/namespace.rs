@@ -212,7 +212,10 @@ pub(super) fn list(meta: &MetaStore, dir: u64) -> Result<Vec<DirEntry>> {
     for group in by_shard
         .chunk_by(|&a, &b| crate::meta::shard_of(named[a].1) == crate::meta::shard_of(named[b].1))
     {
-        let view = meta.view(&[named[group[0]].1]);
+        // Every inode read is named: on a volume of format 3 one not in
+        // memory is read from the index then.
+        let inos: Vec<u64> = group.iter().map(|&index| named[index].1).collect();
+        let view = meta.view(&inos);
         for &index in group {
             kinds[index] = view.inode(named[index].1).map(|inode| inode.attrs.kind);
         }

@@ -16,7 +16,7 @@ use crate::format::{
 use crate::iomap::MapKind;
 use crate::journal::SyncOnTheWay;
 use crate::layout;
-use crate::meta::{InodeTable, LoadReport, MetaStore};
+use crate::meta::{InodeTable, LoadLimits, LoadReport, MetaStore};
 use crate::options::VolumeOptions;
 use crate::writeback;
 
@@ -336,9 +336,11 @@ impl Volume {
     /// replays the journal and (unless read-only) frees orphaned inodes.
     pub fn open_device(device: Arc<Device>, options: &VolumeOptions) -> Result<Self> {
         let superblock = layout::read_superblock(&device)?;
-        let (meta, load_report) =
-            MetaStore::load(Arc::clone(&device), &superblock, options.read_only)?;
         let block_bytes = superblock.block_bytes_u64();
+        let limits = LoadLimits { block_bytes, size_max: crate::engine::FILE_BYTES_MAX };
+        let (meta, load_report) =
+            MetaStore::load(Arc::clone(&device), &superblock, options.read_only, limits)?;
+        meta.set_inode_cache_bytes(options.inode_cache_bytes);
         // A hostile image may hold sizes and extents no live operation makes;
         // refusing them here keeps the byte arithmetic of every later path
         // (fiemap, reads, seeks) from overflowing. Found by fuzz_images.
@@ -441,7 +443,8 @@ impl Volume {
     /// Checkpoints written since the volume was opened.
     pub fn checkpoint_stats(&self) -> CheckpointStats {
         let (checkpoints, bytes_total, ns_total) = self.shared.meta.checkpoint_totals();
-        CheckpointStats { checkpoints, bytes_total, ns_total }
+        let inodes_in_memory = self.shared.meta.inodes_in_memory();
+        CheckpointStats { checkpoints, bytes_total, ns_total, inodes_in_memory }
     }
 
     /// What the folio cache holds now.
@@ -596,6 +599,10 @@ pub struct CheckpointStats {
     pub bytes_total: u64,
     /// Their time, all together.
     pub ns_total: u64,
+    /// Inodes in memory now: every one on format 2; on format 3 those in
+    /// use, changed since the last checkpoint, or within
+    /// `inode_cache_bytes`.
+    pub inodes_in_memory: u64,
 }
 
 /// Memory of the folio cache.

@@ -1,0 +1,141 @@
+//! Opening a volume whose metadata is in an index (format 3) without
+//! keeping every inode in memory.
+//!
+//! Open reads the index once, in key order, and keeps in memory only the
+//! inodes something needs at once: those the journal's records change
+//! (replay applies to them), those with no links (mount frees them) and
+//! the root. Every other inode is built, checked (`check_limits`), counted
+//! and its extents taken out of free space, then dropped: it is read again
+//! when an operation first names it (`super::resident`). What open still
+//! costs per file is that one read of the index, for free space; the
+//! inodes' memory it no longer costs.
+
+use rustc_hash::FxHashSet;
+
+use crate::alloc::{Allocator, BlockRun};
+use crate::error::{Error, Result};
+use crate::extent::ExtentKind;
+use crate::format::record::SHARED_SET_RECORD_BYTES;
+use crate::format::{Record, ROOT_INO};
+use crate::refcount::{self, SharedBlocks};
+
+use super::indexed::{changed_inode, IndexedCheckpoint, Loaded};
+use super::inode::Inode;
+use super::resident::add_entry;
+use super::shards::{MetaCore, MetaState, ShardSet};
+use super::state::{check_limits, entry_estimate_bytes, inode_estimate_bytes};
+use super::store::apply_loaded;
+
+/// The limits `check_limits` holds every inode to.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadLimits {
+    pub block_bytes: u64,
+    pub size_max: u64,
+}
+
+/// The inodes `record` names: the one it changes and, for a new entry,
+/// the inode the entry names (applying it checks that one exists).
+fn named_inodes(record: &Record) -> impl Iterator<Item = u64> {
+    let target = match record {
+        Record::DirAdd { ino, .. } => Some(*ino),
+        _ => None,
+    };
+    changed_inode(record).into_iter().chain(target)
+}
+
+/// Where the blocks an inode maps go: straight out of free space, or, on a
+/// volume with shared blocks, to the list whose mapping counts are checked
+/// against the shared-block table first.
+struct Mapped {
+    alloc: Allocator,
+    counted: Option<Vec<BlockRun>>,
+}
+
+impl Mapped {
+    fn take(&mut self, ino: u64, inode: &Inode) -> Result<()> {
+        let Some(extents) = inode.extents() else { return Ok(()) };
+        for extent in extents.iter().filter(|extent| extent.kind != ExtentKind::Delalloc) {
+            let run = BlockRun { start: extent.dev_block, count: extent.block_count };
+            match &mut self.counted {
+                Some(runs) => runs.push(run),
+                None => self
+                    .alloc
+                    .mark_used(run)
+                    .map_err(|error| Error::Corrupt(format!("inode {ino}: {error}")))?,
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self, shared: &SharedBlocks) -> Result<Allocator> {
+        let Self { mut alloc, counted } = self;
+        let Some(runs) = counted else { return Ok(alloc) };
+        // Each stretch of equal mapping count must be what the table says.
+        for counted in refcount::verify(runs, shared).map_err(Error::Corrupt)? {
+            let run = BlockRun { start: counted.start, count: counted.count };
+            alloc.mark_used(run).map_err(Error::Corrupt)?;
+        }
+        Ok(alloc)
+    }
+}
+
+/// Reads `index` into `core` as the module documentation says, then
+/// replays `journal_records`; returns free space and how many records the
+/// index held.
+pub fn load_indexed(
+    core: &MetaCore,
+    index: &mut IndexedCheckpoint,
+    journal_records: &[Record],
+    shared: &mut SharedBlocks,
+    limits: LoadLimits,
+) -> Result<(Allocator, u64)> {
+    let data_region = core.data_region;
+    let kept: FxHashSet<u64> = journal_records.iter().flat_map(named_inodes).collect();
+    let counts_shared = index.holds_shared()?
+        || journal_records.iter().any(|record| matches!(record, Record::SharedSet { .. }));
+    let mut mapped =
+        Mapped { alloc: Allocator::new(data_region), counted: counts_shared.then(Vec::new) };
+    let mut state = MetaState::lock(core, ShardSet::All);
+    // What the index holds needs no note; what the journal adds goes to
+    // the index at the next cut.
+    state.note_changes = false;
+    let (mut inode_count, mut estimate_bytes) = (0u64, 0u64);
+    let records = index.each_loaded(data_region, |loaded| match loaded {
+        Loaded::Inode(ino, inode) => {
+            check_limits(std::iter::once((ino, &inode)), limits.block_bytes, limits.size_max)
+                .map_err(|error| Error::Corrupt(error.0))?;
+            inode_count += 1;
+            estimate_bytes += inode_estimate_bytes(&inode);
+            if kept.contains(&ino) || ino == ROOT_INO || inode.attrs.nlink == 0 {
+                state.locked.shard_mut(ino).inodes.insert(ino, inode);
+                Ok(())
+            } else {
+                mapped.take(ino, &inode)
+            }
+        }
+        Loaded::Entry { dir, name, target } => {
+            estimate_bytes += entry_estimate_bytes(&name);
+            match state.locked.shard_mut(dir).inodes.get_mut(&dir) {
+                Some(directory) => add_entry(dir, directory, &name, target)
+                    .map_err(|error| Error::Corrupt(format!("metadata index: {error}"))),
+                None => Ok(()),
+            }
+        }
+        Loaded::Shared(record) => apply_loaded(&mut state, shared, &record, data_region)
+            .map_err(|error| Error::Corrupt(format!("metadata index: {error}"))),
+    })?;
+    state.note_changes = true;
+    for (count, record) in journal_records.iter().enumerate() {
+        apply_loaded(&mut state, shared, record, data_region)
+            .map_err(|error| Error::Corrupt(format!("journal record {count}: {error}")))?;
+    }
+    for (ino, inode) in state.inodes_mut() {
+        inode.size = inode.attrs.size;
+        mapped.take(ino, inode)?;
+    }
+    let alloc = mapped.finish(shared)?;
+    let shared_bytes = (shared.run_count() * SHARED_SET_RECORD_BYTES) as u64;
+    core.add_loaded(inode_count, estimate_bytes + shared_bytes);
+    state.publish_estimate();
+    Ok((alloc, records))
+}
