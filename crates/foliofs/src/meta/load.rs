@@ -24,7 +24,31 @@ use super::inode::Inode;
 use super::resident::add_entry;
 use super::shards::{MetaCore, MetaState, ShardSet};
 use super::state::{check_limits, entry_estimate_bytes, inode_estimate_bytes};
-use super::store::apply_loaded;
+
+/// Applies one record at load: shared-block counts to `shared` (checked
+/// against the data region), the rest to the inodes.
+pub fn apply_loaded(
+    state: &mut MetaState<'_>,
+    shared: &mut SharedBlocks,
+    record: &Record,
+    data_region: crate::format::Region,
+) -> std::result::Result<(), String> {
+    match record {
+        Record::SharedSet { dev_block, block_count, refs } => {
+            let end = dev_block.checked_add(*block_count);
+            if *dev_block < data_region.start_block
+                || end.is_none_or(|end| end > data_region.end_block())
+            {
+                return Err(format!(
+                    "shared device blocks [{dev_block}, +{block_count}) outside the data region"
+                ));
+            }
+            shared.set(*dev_block, *block_count, *refs);
+            Ok(())
+        }
+        _ => state.apply(record).map(|_| ()).map_err(|error| error.0),
+    }
+}
 
 /// The limits `check_limits` holds every inode to.
 #[derive(Debug, Clone, Copy)]

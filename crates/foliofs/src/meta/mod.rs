@@ -9,6 +9,7 @@ mod checkpoint;
 mod indexed;
 mod inode;
 mod load;
+mod on_demand;
 mod resident;
 mod shards;
 mod space;

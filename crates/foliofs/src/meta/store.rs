@@ -35,7 +35,7 @@ use crate::refcount::{self, SharedBlocks};
 use super::checkpoint;
 use super::indexed::{changes_at_cut, Changed, IndexedCheckpoint};
 use super::inode::Inode;
-use super::load::{load_indexed, LoadLimits};
+use super::load::{apply_loaded, load_indexed, LoadLimits};
 use super::shards::{
     catch_undeclared, no_parts, shard_of, CutPart, MetaCore, MetaState, MetaView, ShardSet,
     UndeclaredShard, DIRECTORY_INO_STRIDE, SHARD_COUNT,
@@ -529,31 +529,6 @@ impl MetaStore {
             / 2
             / SHARED_SET_RECORD_BYTES as u64;
         check_unmapping_room(ino, counts, room)
-    }
-}
-
-/// Applies one record at load: shared-block counts to `shared` (checked
-/// against the data region), the rest to the inodes.
-pub(super) fn apply_loaded(
-    state: &mut MetaState<'_>,
-    shared: &mut SharedBlocks,
-    record: &Record,
-    data_region: crate::format::Region,
-) -> std::result::Result<(), String> {
-    match record {
-        Record::SharedSet { dev_block, block_count, refs } => {
-            let end = dev_block.checked_add(*block_count);
-            if *dev_block < data_region.start_block
-                || end.is_none_or(|end| end > data_region.end_block())
-            {
-                return Err(format!(
-                    "shared device blocks [{dev_block}, +{block_count}) outside the data region"
-                ));
-            }
-            shared.set(*dev_block, *block_count, *refs);
-            Ok(())
-        }
-        _ => state.apply(record).map(|_| ()).map_err(|error| error.0),
     }
 }
 
