@@ -60,6 +60,9 @@ pub fn check(device: Arc<Device>) -> FsckReport {
         report.problems.push(format!("metadata index: {error}"));
         return report;
     }
+    if let Err(error) = volume.shared.meta.check_free_space() {
+        report.problems.push(error);
+    }
     let state = volume.shared.meta.view_all();
     check_tree(&state, &mut report);
     report

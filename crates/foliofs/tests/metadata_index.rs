@@ -330,10 +330,10 @@ fn inodes_leave_memory_after_a_checkpoint_and_are_read_back_when_named() {
     let (device, volume) = reopen_evicting(device.image());
     let made = populate(&volume);
     let before = snapshot(&volume);
-    let in_memory = volume.checkpoint_stats().inodes_in_memory;
+    let in_memory = volume.inodes_in_memory();
     assert!(in_memory > made.len() as u64, "{in_memory} in memory before the checkpoint");
     volume.checkpoint().unwrap();
-    let in_memory = volume.checkpoint_stats().inodes_in_memory;
+    let in_memory = volume.inodes_in_memory();
     assert!(in_memory <= 2, "{in_memory} inodes stayed in memory after the checkpoint");
     // Every path reads the same from the index.
     assert_eq!(snapshot(&volume), before);
@@ -367,7 +367,7 @@ fn inodes_leave_memory_after_a_checkpoint_and_are_read_back_when_named() {
     // Reopened: only what open needs is in memory, and every path reads
     // back as it was.
     let (_, reopened) = reopen_evicting(device.image());
-    assert!(reopened.checkpoint_stats().inodes_in_memory <= 2);
+    assert!(reopened.inodes_in_memory() <= 2);
     assert_eq!(reopened.statfs().inodes, statfs_inodes);
     assert_eq!(snapshot(&reopened), after);
 }
@@ -408,7 +408,7 @@ fn what_only_memory_holds_keeps_an_inode_in_memory() {
     orphan_handle.write_at(b"still here", 0).unwrap();
     inodes.unlink(ROOT, b"orphan").unwrap();
     volume.checkpoint().unwrap();
-    assert!(volume.checkpoint_stats().inodes_in_memory >= 3);
+    assert!(volume.inodes_in_memory() >= 3);
     assert_eq!(inodes.getattr(file).unwrap().size, 20_000);
     let mut back = vec![0u8; 10];
     orphan_handle.read_at(&mut back, 0).unwrap();
@@ -425,4 +425,56 @@ fn what_only_memory_holds_keeps_an_inode_in_memory() {
     let handle = reopened.inodes().open_file(file, OpenFlags::READ).unwrap();
     handle.read_at(&mut data, 0).unwrap();
     assert_eq!(data, pattern(3, 20_000));
+}
+
+#[test]
+fn open_reads_free_space_and_counts_from_the_index_not_every_inode() {
+    let (device, volume) = new_indexed_volume(64 << 20, None);
+    let made = populate(&volume);
+    volume.checkpoint().unwrap();
+    // After the cut, changes only the journal holds: files freed, a file
+    // written, one unlinked while open (an orphan the crash leaves).
+    let inodes = volume.inodes();
+    let dir0 = inodes.lookup(ROOT, b"dir-0").unwrap().ino;
+    for f in [0, 5, 10] {
+        inodes.unlink(dir0, format!("file-{f}").as_bytes()).unwrap();
+    }
+    let late = inodes.create(ROOT, b"late", 0o644, owner()).unwrap().ino;
+    let handle = inodes.open_file(late, OpenFlags::WRITE).unwrap();
+    handle.write_at(&pattern(9, 50_000), 0).unwrap();
+    handle.sync_all().unwrap();
+    let orphan = inodes.lookup(dir0, b"file-15").unwrap().ino;
+    let orphan_handle = inodes.open_file(orphan, OpenFlags::READ).unwrap();
+    inodes.unlink(dir0, b"file-15").unwrap();
+    volume.sync().unwrap();
+    let expected = snapshot(&volume);
+    let image = device.image();
+    drop(orphan_handle);
+    drop(handle);
+    drop(volume);
+    let (_, reopened) = open_image(image.clone()).unwrap();
+    let report = reopened.load_report();
+    assert!(
+        report.checkpoint_records < made.len() as u64 / 4,
+        "open read {} keys of the index for {} inodes",
+        report.checkpoint_records,
+        made.len()
+    );
+    assert!(report.journal_records_replayed > 0);
+    assert_eq!(reopened.inodes().getattr(orphan).unwrap_err().errno(), libc::ENOENT);
+    assert_eq!(snapshot(&reopened), expected);
+    let statfs = reopened.statfs();
+    drop(reopened);
+    // fsck derives free space from every extent map and compares.
+    assert_fsck_clean(image.clone());
+    // Closed cleanly (a checkpoint, whose pages come from free space) and
+    // opened again: the same files, free space as fsck derives it.
+    let (device, volume) = open_image(image).unwrap();
+    drop(volume);
+    let (_, again) = open_image(device.image()).unwrap();
+    assert_eq!(again.statfs().inodes, statfs.inodes);
+    assert!(again.statfs().free_blocks <= statfs.free_blocks);
+    assert_eq!(snapshot(&again), expected);
+    drop(again);
+    assert_fsck_clean(device.image());
 }

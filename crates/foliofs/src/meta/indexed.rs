@@ -9,7 +9,12 @@
 //!   device number, extents, extended attributes, flags), encoded as a
 //!   slot's payload holds them, in chunks that fit a page;
 //! - `2, dir, name`: a directory entry; the value is the inode's number;
-//! - `3, chunk`: the shared-block table's records.
+//! - `3, chunk`: the shared-block table's records;
+//! - `4, start`: a run of blocks no file maps at the cut (`super::free_set`),
+//!   the value its length; kept while no block is shared;
+//! - `5`: the counts open needs (inodes, the checkpoint estimate), present
+//!   exactly while the `4` keys are;
+//! - `6, ino`: an inode with no links at the cut (an orphan mount frees).
 //!
 //! What changed is noted as records apply (`Changed`, per shard): an
 //! inode's number, or a directory entry's name. At the cut each shard's
@@ -26,6 +31,9 @@ use super::checkpoint::encode_inode;
 use super::inode::Inode;
 use super::resident::{add_entry, InodeBuilder};
 use crate::alloc::BlockRun;
+use crate::extent::ExtentKind;
+
+use super::free_set::FreeSet;
 use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::codec::{Reader, Writer};
@@ -38,6 +46,12 @@ const INDEX_OWNER: u32 = 1;
 const INODE_KEY: u8 = 1;
 const ENTRY_KEY: u8 = 2;
 const SHARED_KEY: u8 = 3;
+const FREE_KEY: u8 = 4;
+const SUMMARY_KEY: u8 = 5;
+const ORPHAN_KEY: u8 = 6;
+/// The layout of the summary's value: version, inode count, estimate.
+const SUMMARY_VERSION: u8 = 1;
+const SUMMARY_BYTES: usize = 17;
 /// Bytes of records per value: with its 13-byte key, well inside what a
 /// page entry holds (`crate::index::ENTRY_BYTES_MAX`).
 const CHUNK_BYTES: usize = 1024;
@@ -109,8 +123,9 @@ pub enum Loaded {
 /// One key's change, as the shard was at the cut.
 #[derive(Debug, Clone)]
 pub enum IndexChange {
-    /// The inode's records, or `None` once it is freed.
-    Inode { ino: u64, records: Option<Vec<u8>> },
+    /// The inode's records, or `None` once it is freed; the device blocks
+    /// its extents map, and whether it has no links.
+    Inode { ino: u64, records: Option<Vec<u8>>, extents: Vec<BlockRun>, orphan: bool },
     /// The entry's inode, or `None` once it is removed.
     Entry { dir: u64, name: Vec<u8>, target: Option<u64> },
 }
@@ -129,12 +144,17 @@ impl IndexChange {
 pub fn changes_at_cut(inodes: &FxHashMap<u64, Inode>, changed: Changed) -> Vec<IndexChange> {
     let mut changes = Vec::with_capacity(changed.inodes.len() + changed.entries.len());
     for ino in changed.inodes {
-        let records = inodes.get(&ino).map(|inode| {
-            let mut writer = Writer::with_capacity(96);
-            encode_inode(ino, inode, &mut writer);
-            writer.into_bytes()
-        });
-        changes.push(IndexChange::Inode { ino, records });
+        let change = match inodes.get(&ino) {
+            Some(inode) => {
+                let mut writer = Writer::with_capacity(96);
+                encode_inode(ino, inode, &mut writer);
+                let extents = mapped_runs(inode);
+                let orphan = inode.attrs.nlink == 0;
+                IndexChange::Inode { ino, records: Some(writer.into_bytes()), extents, orphan }
+            }
+            None => IndexChange::Inode { ino, records: None, extents: Vec::new(), orphan: false },
+        };
+        changes.push(change);
     }
     for (dir, name) in changed.entries {
         let target = inodes
@@ -145,6 +165,36 @@ pub fn changes_at_cut(inodes: &FxHashMap<u64, Inode>, changed: Changed) -> Vec<I
         changes.push(IndexChange::Entry { dir, name, target });
     }
     changes
+}
+
+/// The device blocks `inode`'s extents map (delayed ones map none).
+pub fn mapped_runs(inode: &Inode) -> Vec<BlockRun> {
+    inode
+        .extents()
+        .into_iter()
+        .flat_map(|extents| extents.iter())
+        .filter(|extent| extent.kind != ExtentKind::Delalloc)
+        .map(|extent| BlockRun { start: extent.dev_block, count: extent.block_count })
+        .collect()
+}
+
+/// What open reads instead of every inode (`super::load`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    pub inode_count: u64,
+    pub estimate_bytes: u64,
+}
+
+fn free_key(start: u64) -> Vec<u8> {
+    let mut key = vec![FREE_KEY];
+    key.extend_from_slice(&start.to_be_bytes());
+    key
+}
+
+fn orphan_key(ino: u64) -> Vec<u8> {
+    let mut key = vec![ORPHAN_KEY];
+    key.extend_from_slice(&ino.to_be_bytes());
+    key
 }
 
 fn inode_key(ino: u64, chunk: u32) -> Vec<u8> {
@@ -182,6 +232,11 @@ fn options(superblock: &Superblock) -> IndexOptions {
 pub struct IndexedCheckpoint {
     tree: Tree,
     pub block_bytes: u64,
+    /// The blocks no file maps as of the last cut, where kept: `None`
+    /// while blocks are shared, or until an open has derived it.
+    free: Option<FreeSet>,
+    /// The set the `4` keys hold, `None` when there are none.
+    free_in_keys: Option<FreeSet>,
     /// Chunks of the shared-block table the index holds.
     shared_chunks: u32,
     /// Free blocks promised to the index (`reserve_wanted_blocks`).
@@ -210,6 +265,8 @@ impl IndexedCheckpoint {
                 encode_inode(ROOT_INO, &Inode::new(root), &mut writer);
                 writer.into_bytes()
             }),
+            extents: Vec::new(),
+            orphan: false,
         }];
         index.apply(changes)?;
         let header = crate::journal::initial_checkpoint_header(device, superblock, ROOT_INO + 1);
@@ -240,7 +297,14 @@ impl IndexedCheckpoint {
 
     fn with(tree: Tree, superblock: &Superblock) -> Self {
         let block_bytes = superblock.block_bytes_u64();
-        Self { tree, block_bytes, shared_chunks: 0, reserved_blocks: 0 }
+        Self {
+            tree,
+            block_bytes,
+            free: None,
+            free_in_keys: None,
+            shared_chunks: 0,
+            reserved_blocks: 0,
+        }
     }
 
     /// Blocks the index wants promised to it beyond the free pages it
@@ -320,6 +384,35 @@ impl IndexedCheckpoint {
     /// Inode `ino` as the index holds it, with its entries if a directory;
     /// `None` if the index holds no such inode.
     pub fn read_inode(&mut self, ino: u64, data_region: Region) -> Result<Option<Inode>> {
+        let bytes = self.inode_bytes(ino)?;
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        let mut builder: Option<InodeBuilder> = None;
+        decode_records(&bytes, Some(ino), &mut |record| {
+            match &mut builder {
+                None => {
+                    builder = Some(InodeBuilder::start(ino, &record, data_region).map_err(corrupt)?)
+                }
+                Some(builder) => builder.add(&record).map_err(corrupt)?,
+            }
+            Ok(())
+        })?;
+        let (_, mut inode) = builder.expect("bytes held a record").finish();
+        if inode.entries().is_some() {
+            self.each_with_prefix(&entry_key(ino, &[]), |key, value| {
+                let target: [u8; 8] = value.try_into().map_err(|_| {
+                    corrupt(format!("entry {key:02x?} holds {} bytes", value.len()))
+                })?;
+                add_entry(ino, &mut inode, &key[9..], u64::from_be_bytes(target)).map_err(corrupt)
+            })?;
+        }
+        Ok(Some(inode))
+    }
+
+    /// The bytes of inode `ino`'s records (its chunks, joined); empty when
+    /// the index holds no such inode.
+    fn inode_bytes(&mut self, ino: u64) -> Result<Vec<u8>> {
         let mut bytes = Vec::new();
         let mut next_chunk = 0;
         loop {
@@ -337,52 +430,7 @@ impl IndexedCheckpoint {
                 break;
             }
         }
-        if bytes.is_empty() {
-            return Ok(None);
-        }
-        let mut builder: Option<InodeBuilder> = None;
-        decode_records(&bytes, Some(ino), &mut |record| {
-            match &mut builder {
-                None => {
-                    builder = Some(InodeBuilder::start(ino, &record, data_region).map_err(corrupt)?)
-                }
-                Some(builder) => builder.add(&record).map_err(corrupt)?,
-            }
-            Ok(())
-        })?;
-        let (_, mut inode) = builder.expect("bytes held a record").finish();
-        if inode.entries().is_some() {
-            self.read_entries(ino, &mut inode)?;
-        }
-        Ok(Some(inode))
-    }
-
-    /// Adds the entries the index holds for directory `dir`.
-    fn read_entries(&mut self, dir: u64, inode: &mut Inode) -> Result<()> {
-        let prefix = entry_key(dir, &[]);
-        let mut start = prefix.clone();
-        loop {
-            let found = self.tree.scan(&start, ENTRIES_PER_SCAN)?;
-            let full = found.len() == ENTRIES_PER_SCAN;
-            for (key, value) in &found {
-                if !key.starts_with(&prefix) {
-                    return Ok(());
-                }
-                let target: [u8; 8] = value.as_slice().try_into().map_err(|_| {
-                    corrupt(format!("entry {key:02x?} holds {} bytes", value.len()))
-                })?;
-                add_entry(dir, inode, &key[prefix.len()..], u64::from_be_bytes(target))
-                    .map_err(corrupt)?;
-            }
-            match found.last() {
-                Some((last, _)) if full => {
-                    // The next key after `last`: itself with a zero byte.
-                    start = last.clone();
-                    start.push(0);
-                }
-                _ => return Ok(()),
-            }
-        }
+        Ok(bytes)
     }
 
     /// Whether the index holds a shared-block table: open counts each
@@ -414,12 +462,22 @@ impl IndexedCheckpoint {
     pub fn apply(&mut self, changes: impl IntoIterator<Item = IndexChange>) -> Result<()> {
         let mut changes: Vec<IndexChange> = changes.into_iter().collect();
         changes.sort_unstable_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+        let (mut unmapped, mut mapped) = (Vec::new(), Vec::new());
         for change in changes {
             match change {
-                IndexChange::Inode { ino, records } => {
+                IndexChange::Inode { ino, records, extents, orphan } => {
+                    if self.free.is_some() {
+                        unmapped.extend(self.stored_runs(ino)?);
+                        mapped.extend(extents);
+                    }
                     let records = records.unwrap_or_default();
                     let chunks = self.put_chunks(&records, |chunk| inode_key(ino, chunk))?;
                     self.remove_from(&inode_key(ino, chunks), &inode_key(ino, 0)[..9])?;
+                    if orphan {
+                        self.tree.insert(&orphan_key(ino), &[])?;
+                    } else {
+                        self.tree.remove(&orphan_key(ino))?;
+                    }
                 }
                 IndexChange::Entry { dir, name, target: Some(ino) } => {
                     self.tree.insert(&entry_key(dir, &name), &ino.to_be_bytes())?;
@@ -429,11 +487,153 @@ impl IndexedCheckpoint {
                 }
             }
         }
+        // Every changed inode's old blocks back in, then its new ones out:
+        // a block one file let go and another took in the same cut ends
+        // mapped.
+        if let Some(free) = &mut self.free {
+            let updated = unmapped
+                .into_iter()
+                .try_for_each(|run| free.insert(run))
+                .and_then(|()| mapped.into_iter().try_for_each(|run| free.remove(run)));
+            if let Err(error) = updated {
+                tracing::warn!(
+                    "metadata index: free space no longer follows from the changes ({error}); \
+                     the next open derives it from every extent map"
+                );
+                self.free = None;
+            }
+        }
         Ok(())
+    }
+
+    /// The device blocks inode `ino`'s extents map as the index holds it.
+    fn stored_runs(&mut self, ino: u64) -> Result<Vec<BlockRun>> {
+        let mut runs = Vec::new();
+        let bytes = self.inode_bytes(ino)?;
+        decode_records(&bytes, Some(ino), &mut |record| {
+            if let Record::ExtentMap { dev_block, block_count, .. } = record {
+                runs.push(BlockRun { start: dev_block, count: block_count });
+            }
+            Ok(())
+        })?;
+        Ok(runs)
+    }
+
+    /// Sets the free space as of the index's cut: what open found.
+    pub fn set_free(&mut self, free: FreeSet) {
+        self.free = Some(free);
+    }
+
+    /// The counts open needs, and free space where it is kept, up to the
+    /// cut; with no free space kept, removes both.
+    pub fn put_summary(&mut self, summary: Summary) -> Result<()> {
+        let Some(free) = self.free.clone() else {
+            if self.free_in_keys.take().is_some() {
+                self.tree.remove(&[SUMMARY_KEY])?;
+                self.remove_from(&[FREE_KEY], &[FREE_KEY])?;
+            }
+            return Ok(());
+        };
+        let in_keys = self.free_in_keys.take().unwrap_or_default();
+        for run in in_keys.runs().filter(|run| !free.holds_run(*run)) {
+            self.tree.remove(&free_key(run.start))?;
+        }
+        for run in free.runs().filter(|run| !in_keys.holds_run(*run)) {
+            self.tree.insert(&free_key(run.start), &run.count.to_be_bytes())?;
+        }
+        let mut value = Vec::with_capacity(SUMMARY_BYTES);
+        value.push(SUMMARY_VERSION);
+        value.extend_from_slice(&summary.inode_count.to_be_bytes());
+        value.extend_from_slice(&summary.estimate_bytes.to_be_bytes());
+        self.tree.insert(&[SUMMARY_KEY], &value)?;
+        self.free_in_keys = Some(free);
+        Ok(())
+    }
+
+    /// The summary, if the index keeps one; reading it also reads the free
+    /// space it vouches for (`free`).
+    pub fn read_summary(&mut self) -> Result<Option<Summary>> {
+        let Some(value) = self.tree.get(&[SUMMARY_KEY])? else { return Ok(None) };
+        if value.len() != SUMMARY_BYTES || value[0] != SUMMARY_VERSION {
+            return Err(corrupt(format!(
+                "a summary of {} bytes, version {}",
+                value.len(),
+                value[0]
+            )));
+        }
+        let number = |at: usize| u64::from_be_bytes(value[at..at + 8].try_into().unwrap());
+        let summary = Summary { inode_count: number(1), estimate_bytes: number(9) };
+        let mut runs = Vec::new();
+        self.each_with_prefix(&[FREE_KEY], |key, value| {
+            let (Ok(start), Ok(count)) =
+                (<[u8; 8]>::try_from(&key[1..]), <[u8; 8]>::try_from(value))
+            else {
+                return Err(corrupt(format!("a free-space entry {key:02x?}")));
+            };
+            runs.push(BlockRun {
+                start: u64::from_be_bytes(start),
+                count: u64::from_be_bytes(count),
+            });
+            Ok(())
+        })?;
+        let free = FreeSet::from_runs(runs).map_err(corrupt)?;
+        self.free = Some(free.clone());
+        self.free_in_keys = Some(free);
+        Ok(Some(summary))
+    }
+
+    /// The free space as of the index's cut, where kept (`read_summary`).
+    pub fn free(&self) -> Option<&FreeSet> {
+        self.free.as_ref()
+    }
+
+    /// The inodes with no links at the cut.
+    pub fn read_orphans(&mut self) -> Result<Vec<u64>> {
+        let mut orphans = Vec::new();
+        self.each_with_prefix(&[ORPHAN_KEY], |key, _| {
+            let ino: [u8; 8] =
+                key[1..].try_into().map_err(|_| corrupt(format!("an orphan entry {key:02x?}")))?;
+            orphans.push(u64::from_be_bytes(ino));
+            Ok(())
+        })?;
+        Ok(orphans)
+    }
+
+    /// Visits every key that starts with `prefix`, in order, a batch of
+    /// scans at a time.
+    fn each_with_prefix(
+        &mut self,
+        prefix: &[u8],
+        mut visit: impl FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let mut start = prefix.to_vec();
+        loop {
+            let found = self.tree.scan(&start, ENTRIES_PER_SCAN)?;
+            let full = found.len() == ENTRIES_PER_SCAN;
+            for (key, value) in &found {
+                if !key.starts_with(prefix) {
+                    return Ok(());
+                }
+                visit(key, value)?;
+            }
+            match found.last() {
+                Some((last, _)) if full => {
+                    // The next key after `last`: itself with a zero byte.
+                    start = last.clone();
+                    start.push(0);
+                }
+                _ => return Ok(()),
+            }
+        }
     }
 
     /// Rewrites the shared-block table, when it holds anything or did.
     pub fn put_shared(&mut self, shared: &[Counted]) -> Result<()> {
+        if !shared.is_empty() {
+            // A block mapped twice cannot be followed through the changes
+            // (`super::free_set`): open derives free space again.
+            self.free = None;
+        }
         if shared.is_empty() && self.shared_chunks == 0 {
             return Ok(());
         }
@@ -538,6 +738,11 @@ impl<F: FnMut(Record) -> Result<()>> Loader<F> {
                 let dir = u64::from_be_bytes(key[1..9].try_into().unwrap());
                 let ino = u64::from_be_bytes(value.try_into().unwrap());
                 (self.sink)(Record::DirAdd { dir, name: key[9..].to_vec(), ino })?;
+            }
+            // Free space, the summary and the orphans: what open reads on
+            // its own (`read_summary`, `read_orphans`), never records.
+            (Some(FREE_KEY), 9) | (Some(SUMMARY_KEY), 1) | (Some(ORPHAN_KEY), 9) => {
+                self.end_inode()?;
             }
             (Some(SHARED_KEY), 5) => {
                 self.end_inode()?;

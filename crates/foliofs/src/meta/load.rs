@@ -19,7 +19,8 @@ use crate::format::record::SHARED_SET_RECORD_BYTES;
 use crate::format::{Record, ROOT_INO};
 use crate::refcount::{self, SharedBlocks};
 
-use super::indexed::{changed_inode, IndexedCheckpoint, Loaded};
+use super::free_set::FreeSet;
+use super::indexed::{changed_inode, mapped_runs, IndexedCheckpoint, Loaded, Summary};
 use super::inode::Inode;
 use super::resident::add_entry;
 use super::shards::{MetaCore, MetaState, ShardSet};
@@ -104,9 +105,83 @@ impl Mapped {
 }
 
 /// Reads `index` into `core` as the module documentation says, then
-/// replays `journal_records`; returns free space and how many records the
-/// index held.
+/// replays `journal_records`; returns free space and how many records it
+/// read from the index. Where the index keeps free space and the counts
+/// (`Summary`), open reads those and the inodes it keeps, nothing else;
+/// otherwise it reads every inode once.
 pub fn load_indexed(
+    core: &MetaCore,
+    index: &mut IndexedCheckpoint,
+    journal_records: &[Record],
+    shared: &mut SharedBlocks,
+    limits: LoadLimits,
+) -> Result<(Allocator, u64)> {
+    let journal_shares =
+        journal_records.iter().any(|record| matches!(record, Record::SharedSet { .. }));
+    match index.read_summary()? {
+        Some(summary) if !journal_shares => {
+            load_summarized(core, index, journal_records, summary, limits)
+        }
+        _ => load_streamed(core, index, journal_records, shared, limits),
+    }
+}
+
+fn corrupt_free(error: String) -> Error {
+    Error::Corrupt(format!("metadata index: free space: {error}"))
+}
+
+/// Open from the summary: the orphans and the inodes the journal names
+/// are read, the journal replayed; free space is the index's, with the
+/// blocks the replay let go back in and those it mapped out.
+fn load_summarized(
+    core: &MetaCore,
+    index: &mut IndexedCheckpoint,
+    journal_records: &[Record],
+    summary: Summary,
+    limits: LoadLimits,
+) -> Result<(Allocator, u64)> {
+    let data_region = core.data_region;
+    let mut kept: Vec<u64> = journal_records.iter().flat_map(named_inodes).collect();
+    kept.extend(index.read_orphans()?);
+    kept.push(ROOT_INO);
+    kept.sort_unstable();
+    kept.dedup();
+    let mut state = MetaState::lock(core, ShardSet::All);
+    state.note_changes = false;
+    let mut free = index.free().cloned().expect("a summary comes with free space");
+    let mut records = 1 + free.len() as u64;
+    for ino in kept {
+        let Some(inode) = index.read_inode(ino, data_region)? else { continue };
+        check_limits(std::iter::once((ino, &inode)), limits.block_bytes, limits.size_max)
+            .map_err(|error| Error::Corrupt(error.0))?;
+        for run in mapped_runs(&inode) {
+            free.insert(run).map_err(corrupt_free)?;
+        }
+        state.locked.shard_mut(ino).inodes.insert(ino, inode);
+        records += 1;
+    }
+    state.note_changes = true;
+    let mut no_shares = SharedBlocks::new();
+    for (count, record) in journal_records.iter().enumerate() {
+        apply_loaded(&mut state, &mut no_shares, record, data_region)
+            .map_err(|error| Error::Corrupt(format!("journal record {count}: {error}")))?;
+    }
+    for (_, inode) in state.inodes_mut() {
+        inode.size = inode.attrs.size;
+        for run in mapped_runs(inode) {
+            free.remove(run).map_err(corrupt_free)?;
+        }
+    }
+    let alloc = free.allocator(data_region).map_err(corrupt_free)?;
+    core.add_loaded(summary.inode_count, summary.estimate_bytes);
+    state.publish_estimate();
+    Ok((alloc, records))
+}
+
+/// Open from every inode the index holds: see the module documentation.
+/// Where no block is shared, the free space derived here becomes the
+/// index's at its next cut.
+fn load_streamed(
     core: &MetaCore,
     index: &mut IndexedCheckpoint,
     journal_records: &[Record],
@@ -124,6 +199,7 @@ pub fn load_indexed(
     // the index at the next cut.
     state.note_changes = false;
     let (mut inode_count, mut estimate_bytes) = (0u64, 0u64);
+    let mut kept_at_cut = Vec::new();
     let records = index.each_loaded(data_region, |loaded| match loaded {
         Loaded::Inode(ino, inode) => {
             check_limits(std::iter::once((ino, &inode)), limits.block_bytes, limits.size_max)
@@ -131,6 +207,7 @@ pub fn load_indexed(
             inode_count += 1;
             estimate_bytes += inode_estimate_bytes(&inode);
             if kept.contains(&ino) || ino == ROOT_INO || inode.attrs.nlink == 0 {
+                kept_at_cut.extend(mapped_runs(&inode));
                 state.locked.shard_mut(ino).inodes.insert(ino, inode);
                 Ok(())
             } else {
@@ -153,11 +230,26 @@ pub fn load_indexed(
         apply_loaded(&mut state, shared, record, data_region)
             .map_err(|error| Error::Corrupt(format!("journal record {count}: {error}")))?;
     }
+    let mut kept_now = Vec::new();
     for (ino, inode) in state.inodes_mut() {
         inode.size = inode.attrs.size;
         mapped.take(ino, inode)?;
+        kept_now.extend(mapped_runs(inode));
     }
     let alloc = mapped.finish(shared)?;
+    if shared.is_empty() {
+        // Free space at the index's cut: what is free now, with what the
+        // replay mapped back in and what it let go out again.
+        let mut free = FreeSet::of(&alloc);
+        let at_cut = kept_now
+            .into_iter()
+            .try_for_each(|run| free.insert(run))
+            .and_then(|()| kept_at_cut.into_iter().try_for_each(|run| free.remove(run)));
+        match at_cut {
+            Ok(()) => index.set_free(free),
+            Err(error) => tracing::warn!("metadata index: free space at its cut: {error}"),
+        }
+    }
     let shared_bytes = (shared.run_count() * SHARED_SET_RECORD_BYTES) as u64;
     core.add_loaded(inode_count, estimate_bytes + shared_bytes);
     state.publish_estimate();

@@ -6,6 +6,7 @@
 //! (`view`).
 
 mod checkpoint;
+mod free_set;
 mod indexed;
 mod inode;
 mod load;

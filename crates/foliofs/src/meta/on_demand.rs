@@ -14,8 +14,10 @@ use crate::lock_order::{Level, Ordered};
 
 use super::indexed::Loaded;
 use super::inode::Inode;
+use super::load::LoadLimits;
 use super::resident::{add_entry, evictable, resident_bytes};
 use super::shards::{shard_of, ShardInodes, SHARD_COUNT};
+use super::state::check_limits;
 use super::store::MetaStore;
 
 impl MetaStore {
@@ -39,6 +41,11 @@ impl MetaStore {
         let read = index.as_mut().expect("an indexed store holds its index");
         let inode = read.read_inode(ino, self.core.data_region)?;
         drop(index);
+        if let Some(inode) = &inode {
+            let LoadLimits { block_bytes, size_max } = self.limits;
+            check_limits(std::iter::once((ino, inode)), block_bytes, size_max)
+                .map_err(|error| Error::Corrupt(format!("metadata index: {}", error.0)))?;
+        }
         Ok(inode.is_some_and(|inode| shard.inodes.insert(ino, inode).is_none()))
     }
 

@@ -195,7 +195,7 @@ impl MetaCore {
                 let changed = std::mem::take(&mut *inodes.changed.lock());
                 let changes = changes_at_cut(&inodes.inodes, changed);
                 let freed = changes.iter().filter_map(|change| match change {
-                    IndexChange::Inode { ino, records: None } => Some(*ino),
+                    IndexChange::Inode { ino, records: None, .. } => Some(*ino),
                     _ => None,
                 });
                 inodes.freed_in_cut.lock().extend(freed);

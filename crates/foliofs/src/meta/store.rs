@@ -33,7 +33,8 @@ use crate::lock_order::{Contention, Level, Ordered};
 use crate::refcount::{self, SharedBlocks};
 
 use super::checkpoint;
-use super::indexed::{changes_at_cut, Changed, IndexedCheckpoint};
+use super::free_set::FreeSet;
+use super::indexed::{changes_at_cut, mapped_runs, Changed, IndexedCheckpoint, Summary};
 use super::inode::Inode;
 use super::load::{apply_loaded, load_indexed, LoadLimits};
 use super::shards::{
@@ -158,6 +159,8 @@ pub struct MetaStore {
     /// Memory the inodes may keep after a checkpoint, where they can be
     /// read again from an index (`VolumeOptions::inode_cache_bytes`).
     pub(super) inode_cache_bytes: AtomicU64,
+    /// What every inode read from the index is held to (`check_limits`).
+    pub(super) limits: LoadLimits,
     /// The most the metadata may encode to: a slot's room, or for an
     /// index, unbounded while its reserve of free space holds and the
     /// size of the metadata when it no longer does (no growth, then).
@@ -624,6 +627,7 @@ impl MetaStore {
             index: Mutex::new(index),
             index_ino_limit: AtomicU64::new(loaded.checkpoint.next_ino),
             inode_cache_bytes: AtomicU64::new(u64::MAX),
+            limits,
             metadata_bytes_max: AtomicU64::new(metadata_bytes_max),
             checkpoints_written: AtomicU64::new(0),
             checkpoint_bytes_total: AtomicU64::new(0),
@@ -784,6 +788,48 @@ impl MetaStore {
         }
         let space = self.space();
         refcount::verify(mapped, &space.shared).map(|_| ())
+    }
+
+    /// Checks that free space is exactly what no file and no page of the
+    /// metadata index holds (fsck, on a volume just opened read-only: on
+    /// format 3 free space is read from the index, not derived). Brings
+    /// every inode in.
+    pub fn check_free_space(&self) -> std::result::Result<(), String> {
+        self.make_all_resident().map_err(|error| error.to_string())?;
+        let all = self.view_all();
+        let mapped: Vec<BlockRun> =
+            all.inodes().flat_map(|(_, inode)| mapped_runs(inode)).collect();
+        let held = match Ordered::lock(Level::MetadataIndex, || self.index.lock()).as_mut() {
+            Some(index) => index.held_blocks().map_err(|error| error.to_string())?,
+            None => Vec::new(),
+        };
+        let space = self.space();
+        if space.pending_free_blocks() > 0 {
+            return Ok(());
+        }
+        let used: Vec<BlockRun> = if space.shared.is_empty() {
+            mapped
+        } else {
+            refcount::verify(mapped, &space.shared)?
+                .into_iter()
+                .map(|counted| BlockRun { start: counted.start, count: counted.count })
+                .collect()
+        };
+        let mut derived = crate::alloc::Allocator::new(self.core.data_region);
+        for run in used.into_iter().chain(held) {
+            derived.mark_used(run)?;
+        }
+        let (derived, found) = (FreeSet::of(&derived), FreeSet::of(&space.alloc));
+        if derived == found {
+            return Ok(());
+        }
+        let differs = derived.runs().zip(found.runs()).find(|(a, b)| a != b);
+        Err(format!(
+            "free space is not what the extent maps leave: {} runs derived, {} held, first \
+             difference {differs:?}",
+            derived.len(),
+            found.len()
+        ))
     }
 
     /// Device blocks more than one file block maps, each counted once.
@@ -1320,12 +1366,16 @@ impl MetaStore {
         }
         let _only_one = Ordered::lock(Level::Checkpoint, || self.checkpoint_lock.lock());
         let started = Instant::now();
-        let (point, next_ino, shared) = {
+        let (point, next_ino, shared, summary) = {
             // With every shard held, no transaction is part-way: the log's
             // end is the point the state reflects.
             let all = self.view_all();
             let point = self.journal.replay_point();
             let next_ino = self.core.next_ino.load(Ordering::Relaxed);
+            let summary = Summary {
+                inode_count: self.core.inode_count(),
+                estimate_bytes: self.core.persisted_bytes_estimate(),
+            };
             *self.core.checkpoint_parts.lock() = no_parts();
             for (index, _) in all.shards() {
                 self.core.shard(index).checkpoint_owed.store(true, Ordering::Release);
@@ -1337,7 +1387,7 @@ impl MetaStore {
             } else {
                 Vec::new()
             };
-            (point, next_ino, shared)
+            (point, next_ino, shared, summary)
         };
         for index in 0..SHARD_COUNT {
             let shard = self.core.read_shard(index);
@@ -1349,7 +1399,7 @@ impl MetaStore {
         let bytes_written = if self.core.indexed {
             let mut index = Ordered::lock(Level::MetadataIndex, || self.index.lock());
             let index = index.as_mut().expect("an indexed store holds its index");
-            self.checkpoint_index(index, parts, point, next_ino, &shared)?
+            self.checkpoint_index(index, parts, point, (next_ino, summary), &shared)?
         } else {
             self.checkpoint_slot(parts, point, next_ino, &shared)?
         };
@@ -1407,7 +1457,7 @@ impl MetaStore {
         index: &mut IndexedCheckpoint,
         parts: impl Iterator<Item = CutPart>,
         point: journal::ReplayPoint,
-        next_ino: u64,
+        (next_ino, summary): (u64, Summary),
         shared: &[refcount::Counted],
     ) -> Result<u64> {
         if let Some(failure) = self.journal.failure() {
@@ -1421,6 +1471,7 @@ impl MetaStore {
         let committed = index
             .apply(changes)
             .and_then(|()| index.put_shared(shared))
+            .and_then(|()| index.put_summary(summary))
             .and_then(|()| self.give_index_pages(index))
             .and_then(|()| index.commit(&header));
         let report = committed.map_err(|error| self.journal.fail_checkpoint(error))?;
