@@ -519,6 +519,11 @@ impl IndexedCheckpoint {
         Ok(runs)
     }
 
+    /// Forgets the free space kept; its keys go at the next cut.
+    pub fn clear_free(&mut self) {
+        self.free = None;
+    }
+
     /// Sets the free space as of the index's cut: what open found.
     pub fn set_free(&mut self, free: FreeSet) {
         self.free = Some(free);

@@ -237,6 +237,8 @@ fn load_streamed(
         kept_now.extend(mapped_runs(inode));
     }
     let alloc = mapped.finish(shared)?;
+    // Whatever set the index kept is not followed past shared blocks.
+    index.clear_free();
     if shared.is_empty() {
         // Free space at the index's cut: what is free now, with what the
         // replay mapped back in and what it let go out again.
