@@ -149,7 +149,7 @@ fn load_summarized(
     let mut state = MetaState::lock(core, ShardSet::All);
     state.note_changes = false;
     let mut free = index.free().cloned().expect("a summary comes with free space");
-    let mut records = 1 + free.len() as u64;
+    let (mut records, mut kept_count) = (1 + free.len() as u64, 0u64);
     for ino in kept {
         let Some(inode) = index.read_inode(ino, data_region)? else { continue };
         check_limits(std::iter::once((ino, &inode)), limits.block_bytes, limits.size_max)
@@ -159,6 +159,7 @@ fn load_summarized(
         }
         state.locked.shard_mut(ino).inodes.insert(ino, inode);
         records += 1;
+        kept_count += 1;
     }
     state.note_changes = true;
     let mut no_shares = SharedBlocks::new();
@@ -173,7 +174,7 @@ fn load_summarized(
         }
     }
     let alloc = free.allocator(data_region).map_err(corrupt_free)?;
-    core.add_loaded(summary.inode_count, summary.estimate_bytes);
+    core.add_loaded(summary.inode_count, kept_count, summary.estimate_bytes);
     state.publish_estimate();
     Ok((alloc, records))
 }
@@ -200,6 +201,7 @@ fn load_streamed(
     state.note_changes = false;
     let (mut inode_count, mut estimate_bytes) = (0u64, 0u64);
     let mut kept_at_cut = Vec::new();
+    let mut kept_count = 0u64;
     let records = index.each_loaded(data_region, |loaded| match loaded {
         Loaded::Inode(ino, inode) => {
             check_limits(std::iter::once((ino, &inode)), limits.block_bytes, limits.size_max)
@@ -208,6 +210,7 @@ fn load_streamed(
             estimate_bytes += inode_estimate_bytes(&inode);
             if kept.contains(&ino) || ino == ROOT_INO || inode.attrs.nlink == 0 {
                 kept_at_cut.extend(mapped_runs(&inode));
+                kept_count += 1;
                 state.locked.shard_mut(ino).inodes.insert(ino, inode);
                 Ok(())
             } else {
@@ -253,7 +256,7 @@ fn load_streamed(
         }
     }
     let shared_bytes = (shared.run_count() * SHARED_SET_RECORD_BYTES) as u64;
-    core.add_loaded(inode_count, estimate_bytes + shared_bytes);
+    core.add_loaded(inode_count, kept_count, estimate_bytes + shared_bytes);
     state.publish_estimate();
     Ok((alloc, records))
 }

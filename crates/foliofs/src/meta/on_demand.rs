@@ -46,7 +46,11 @@ impl MetaStore {
             check_limits(std::iter::once((ino, inode)), block_bytes, size_max)
                 .map_err(|error| Error::Corrupt(format!("metadata index: {}", error.0)))?;
         }
-        Ok(inode.is_some_and(|inode| shard.inodes.insert(ino, inode).is_none()))
+        let inserted = inode.is_some_and(|inode| shard.inodes.insert(ino, inode).is_none());
+        if inserted {
+            self.core.not_resident.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(inserted)
     }
 
     /// As `make_resident` for a caller holding no shard; a failure to read
@@ -86,7 +90,8 @@ impl MetaStore {
             let mut shard = self.core.write_shard(index);
             shard.freed_in_cut.get_mut().clear();
             if budget_bytes != u64::MAX {
-                evict_from(&mut shard, share_bytes);
+                let evicted = evict_from(&mut shard, share_bytes);
+                self.core.not_resident.fetch_add(evicted as i64, Ordering::Relaxed);
             }
         }
     }
@@ -125,8 +130,9 @@ impl MetaStore {
             let shard = &mut *guard;
             let gone = shard.changed.get_mut().inodes.contains(&ino)
                 || shard.freed_in_cut.get_mut().contains(&ino);
-            if !gone {
-                shard.inodes.entry(ino).or_insert(inode);
+            if !gone && !shard.inodes.contains_key(&ino) {
+                shard.inodes.insert(ino, inode);
+                self.core.not_resident.fetch_sub(1, Ordering::Relaxed);
             }
         }
         Ok(())
@@ -135,10 +141,10 @@ impl MetaStore {
 
 /// Evicts clean, unpinned inodes of `shard` until what it keeps fits
 /// `share_bytes` (or nothing more may go).
-fn evict_from(shard: &mut ShardInodes, share_bytes: u64) {
+fn evict_from(shard: &mut ShardInodes, share_bytes: u64) -> u64 {
     let mut kept_bytes: u64 = shard.inodes.values().map(resident_bytes).sum();
     if kept_bytes <= share_bytes {
-        return;
+        return 0;
     }
     let changed = shard.changed.get_mut();
     let entries_changed: FxHashSet<u64> = changed.entries.iter().map(|(dir, _)| *dir).collect();
@@ -152,11 +158,14 @@ fn evict_from(shard: &mut ShardInodes, share_bytes: u64) {
         })
         .map(|(&ino, inode)| (ino, resident_bytes(inode)))
         .collect();
+    let mut evicted = 0;
     for (ino, bytes) in victims {
         if kept_bytes <= share_bytes {
             break;
         }
         shard.inodes.remove(&ino);
         kept_bytes -= bytes;
+        evicted += 1;
     }
+    evicted
 }

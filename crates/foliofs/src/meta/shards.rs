@@ -157,6 +157,9 @@ pub struct MetaCore {
     pub(super) persisted_bytes_estimate: AtomicI64,
     /// Inodes in the table, kept as the estimate is.
     pub(super) inode_count: AtomicI64,
+    /// Inodes that exist but are not in memory (format 3): counted at
+    /// open, less each read from the index, plus each evicted.
+    pub(super) not_resident: AtomicI64,
     /// The shards a checkpoint in progress has encoded so far.
     pub(super) checkpoint_parts: Mutex<Vec<Option<CutPart>>>,
     /// Checkpoints go to a metadata index: shards note what changes.
@@ -173,6 +176,7 @@ impl MetaCore {
             next_ino: AtomicU64::new(next_ino),
             persisted_bytes_estimate: AtomicI64::new(0),
             inode_count: AtomicI64::new(0),
+            not_resident: AtomicI64::new(0),
             checkpoint_parts: Mutex::new(no_parts()),
             indexed,
             contention: Contention::default(),
@@ -227,14 +231,22 @@ impl MetaCore {
         self.persisted_bytes_estimate.load(Ordering::Relaxed).max(0) as u64
     }
 
-    /// Counts what open read without applying records (`super::load`).
-    pub(super) fn add_loaded(&self, inode_count: u64, estimate_bytes: u64) {
+    /// Counts what open read without applying records (`super::load`),
+    /// of which `kept` inodes it keeps in memory.
+    pub(super) fn add_loaded(&self, inode_count: u64, kept: u64, estimate_bytes: u64) {
         self.inode_count.fetch_add(inode_count as i64, Ordering::Relaxed);
+        self.not_resident.fetch_add(inode_count as i64 - kept as i64, Ordering::Relaxed);
         self.persisted_bytes_estimate.fetch_add(estimate_bytes as i64, Ordering::Relaxed);
     }
 
     pub fn inode_count(&self) -> u64 {
         self.inode_count.load(Ordering::Relaxed).max(0) as u64
+    }
+
+    /// Inodes in memory, as the counts have it (no lock taken).
+    pub fn resident_count(&self) -> u64 {
+        let not_resident = self.not_resident.load(Ordering::Relaxed);
+        (self.inode_count.load(Ordering::Relaxed) - not_resident).max(0) as u64
     }
 }
 

@@ -114,6 +114,9 @@ fn not_remapped(displaced: Vec<Extent>, remapped: &[BlockRun]) -> Vec<Extent> {
 
 /// Start a checkpoint when this much of the journal is live.
 const CHECKPOINT_USED_FRACTION: f64 = 0.5;
+/// Memory of an empty file's inode in a shard (`super::inode`), for the
+/// count of inodes in memory against `inode_cache_bytes`.
+const INODE_BYTES_TYPICAL: u64 = 256;
 
 /// What mount found, for `info` and `fsck`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1582,9 +1585,19 @@ impl MetaStore {
         (count, bytes, self.checkpoint_ns_total.load(Ordering::Relaxed))
     }
 
-    /// Checkpoints if the journal is filling up; returns whether it did.
+    /// Checkpoints if the journal is filling up, or, where inodes can be
+    /// read again from an index, if those in memory take twice their
+    /// budget (only a checkpoint makes changed ones clean, and evicts);
+    /// returns whether it did.
     pub fn checkpoint_if_due(&self) -> Result<bool> {
-        if self.refusal().is_some() || self.journal.used_fraction() < CHECKPOINT_USED_FRACTION {
+        let used_fraction = self.journal.used_fraction();
+        let journal_due = used_fraction >= CHECKPOINT_USED_FRACTION;
+        let budget_bytes = self.inode_cache_bytes.load(Ordering::Relaxed);
+        let memory_due = self.core.indexed
+            && used_fraction > 0.0
+            && self.core.resident_count().saturating_mul(INODE_BYTES_TYPICAL)
+                > budget_bytes.saturating_mul(2);
+        if self.refusal().is_some() || !(journal_due || memory_due) {
             return Ok(false);
         }
         self.checkpoint().map(|()| true)
