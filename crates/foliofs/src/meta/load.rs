@@ -242,9 +242,10 @@ fn load_streamed(
     let alloc = mapped.finish(shared)?;
     // Whatever set the index kept is not followed past shared blocks.
     index.clear_free();
-    if shared.is_empty() {
-        // Free space at the index's cut: what is free now, with what the
-        // replay mapped back in and what it let go out again.
+    if !counts_shared {
+        // Free space at the index's cut (no block shared there or since):
+        // what is free now, with what the replay mapped back in and what
+        // it let go out again.
         let mut free = FreeSet::of(&alloc);
         let at_cut = kept_now
             .into_iter()

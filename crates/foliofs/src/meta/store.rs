@@ -1471,9 +1471,11 @@ impl MetaStore {
             CutPart::Records(_) => unreachable!("a shard encoded whole for a metadata index"),
         });
         let header = self.journal.checkpoint_header(point, next_ino);
+        // The shared blocks first: where there are any, free space is not
+        // followed through the changes.
         let committed = index
-            .apply(changes)
-            .and_then(|()| index.put_shared(shared))
+            .put_shared(shared)
+            .and_then(|()| index.apply(changes))
             .and_then(|()| index.put_summary(summary))
             .and_then(|()| self.give_index_pages(index))
             .and_then(|()| index.commit(&header));
