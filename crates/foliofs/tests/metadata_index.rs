@@ -478,3 +478,29 @@ fn open_reads_free_space_and_counts_from_the_index_not_every_inode() {
     drop(again);
     assert_fsck_clean(device.image());
 }
+
+#[test]
+fn inodes_read_for_lookups_alone_leave_memory_without_a_change() {
+    let (device, volume) = new_indexed_volume(32 << 20, None);
+    let inodes = volume.inodes();
+    for f in 0..300 {
+        inodes.create(ROOT, format!("file-{f}").as_bytes(), 0o644, owner()).unwrap();
+    }
+    drop(volume);
+    // The background thread, every 20 ms, with no inode kept past use.
+    let options = foliofs::VolumeOptions { commit_interval_ms: 20, ..evicting() };
+    let (_, volume) = common::open_image_with(device.image(), &options).unwrap();
+    for f in 0..300 {
+        let ino = volume.inodes().lookup(ROOT, format!("file-{f}").as_bytes()).unwrap().ino;
+        assert_eq!(volume.inodes().getattr(ino).unwrap().mode & 0o777, 0o644);
+    }
+    let mut in_memory = volume.inodes_in_memory();
+    for _ in 0..500 {
+        if in_memory <= 2 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        in_memory = volume.inodes_in_memory();
+    }
+    assert!(in_memory <= 2, "{in_memory} inodes still in memory after 10 s of nothing changing");
+}

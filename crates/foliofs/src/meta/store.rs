@@ -1595,11 +1595,21 @@ impl MetaStore {
         let used_fraction = self.journal.used_fraction();
         let journal_due = used_fraction >= CHECKPOINT_USED_FRACTION;
         let budget_bytes = self.inode_cache_bytes.load(Ordering::Relaxed);
-        let memory_due = self.core.indexed
-            && used_fraction > 0.0
+        let memory_over = self.core.indexed
             && self.core.resident_count().saturating_mul(INODE_BYTES_TYPICAL)
                 > budget_bytes.saturating_mul(2);
-        if self.refusal().is_some() || !(journal_due || memory_due) {
+        if self.refusal().is_some() {
+            return Ok(false);
+        }
+        if memory_over && used_fraction == 0.0 {
+            // Nothing changed since the last cut, so every inode its notes
+            // do not name is the index's: evict without a checkpoint (no
+            // cut in flight while the checkpoint mutex is held).
+            let _no_cut = Ordered::lock(Level::Checkpoint, || self.checkpoint_lock.lock());
+            self.evict_clean_inodes();
+            return Ok(false);
+        }
+        if !(journal_due || memory_over) {
             return Ok(false);
         }
         self.checkpoint().map(|()| true)
