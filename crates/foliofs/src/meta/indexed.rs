@@ -237,6 +237,9 @@ pub struct IndexedCheckpoint {
     free: Option<FreeSet>,
     /// The set the `4` keys hold, `None` when there are none.
     free_in_keys: Option<FreeSet>,
+    /// Inode numbers from here on were never in the index: its last
+    /// commit's next inode number. A cut reads no old value of those.
+    next_ino_committed: u64,
     /// Chunks of the shared-block table the index holds.
     shared_chunks: u32,
     /// Free blocks promised to the index (`reserve_wanted_blocks`).
@@ -292,7 +295,9 @@ impl IndexedCheckpoint {
             tree.committed_generation(),
         )
         .map_err(|error| Error::Corrupt(format!("metadata index root: {error}")))?;
-        Ok((Self::with(tree, superblock), header))
+        let mut index = Self::with(tree, superblock);
+        index.next_ino_committed = header.next_ino;
+        Ok((index, header))
     }
 
     fn with(tree: Tree, superblock: &Superblock) -> Self {
@@ -302,6 +307,7 @@ impl IndexedCheckpoint {
             block_bytes,
             free: None,
             free_in_keys: None,
+            next_ino_committed: 0,
             shared_chunks: 0,
             reserved_blocks: 0,
         }
@@ -416,8 +422,9 @@ impl IndexedCheckpoint {
         let mut bytes = Vec::new();
         let mut next_chunk = 0;
         loop {
-            let found = self.tree.scan(&inode_key(ino, next_chunk), 16)?;
-            let mut ended = found.len() < 16;
+            // Most inodes are one chunk: a scan of two finds it and its end.
+            let found = self.tree.scan(&inode_key(ino, next_chunk), 2)?;
+            let mut ended = found.len() < 2;
             for (key, value) in found {
                 if key != inode_key(ino, next_chunk) {
                     ended = true;
@@ -466,16 +473,21 @@ impl IndexedCheckpoint {
         for change in changes {
             match change {
                 IndexChange::Inode { ino, records, extents, orphan } => {
+                    let stored_before = ino < self.next_ino_committed;
                     if self.free.is_some() {
-                        unmapped.extend(self.stored_runs(ino)?);
+                        if stored_before {
+                            unmapped.extend(self.stored_runs(ino)?);
+                        }
                         mapped.extend(extents);
                     }
                     let records = records.unwrap_or_default();
                     let chunks = self.put_chunks(&records, |chunk| inode_key(ino, chunk))?;
-                    self.remove_from(&inode_key(ino, chunks), &inode_key(ino, 0)[..9])?;
+                    if stored_before {
+                        self.remove_from(&inode_key(ino, chunks), &inode_key(ino, 0)[..9])?;
+                    }
                     if orphan {
                         self.tree.insert(&orphan_key(ino), &[])?;
-                    } else {
+                    } else if stored_before {
                         self.tree.remove(&orphan_key(ino))?;
                     }
                 }
@@ -695,7 +707,9 @@ impl IndexedCheckpoint {
     /// wanted.
     pub fn commit(&mut self, header: &CheckpointHeader) -> Result<CommitReport> {
         self.tree.set_attached(header.encode_attached());
-        self.tree.commit()
+        let report = self.tree.commit()?;
+        self.next_ino_committed = self.next_ino_committed.max(header.next_ino);
+        Ok(report)
     }
 
     /// Streams the index, checking every page and that its pages are the
