@@ -57,7 +57,7 @@ const SUMMARY_BYTES: usize = 17;
 const CHUNK_BYTES: usize = 1024;
 /// Decoded pages kept in memory: the branches (a few hundred KiB at ten
 /// million files) and the leaves inodes were last read from on demand
-/// (`super::resident`).
+/// (`meta/on_demand.rs`).
 const CACHE_BYTES: usize = 16 << 20;
 /// Entries of a directory read from the index per scan.
 const ENTRIES_PER_SCAN: usize = 256;

@@ -1,14 +1,15 @@
 //! Opening a volume whose metadata is in an index (format 3) without
 //! keeping every inode in memory.
 //!
-//! Open reads the index once, in key order, and keeps in memory only the
-//! inodes something needs at once: those the journal's records change
-//! (replay applies to them), those with no links (mount frees them) and
-//! the root. Every other inode is built, checked (`check_limits`), counted
-//! and its extents taken out of free space, then dropped: it is read again
-//! when an operation first names it (`super::resident`). What open still
-//! costs per file is that one read of the index, for free space; the
-//! inodes' memory it no longer costs.
+//! Where the index keeps free space and the counts (its summary), open
+//! reads those, the orphans, the root and the inodes the journal's records
+//! name, replays the journal, and takes free space as the index's set plus
+//! what those inodes mapped before the replay, less what they map after
+//! (`load_summarized`): no other inode is read. Otherwise (shared blocks,
+//! or an index written before the summary) it reads every inode once,
+//! keeping only those same ones in memory, and derives free space from
+//! every extent map (`load_streamed`). Either way the rest are read again
+//! when an operation first names them (`meta/on_demand.rs`).
 
 use rustc_hash::FxHashSet;
 

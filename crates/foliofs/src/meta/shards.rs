@@ -130,7 +130,7 @@ pub struct ShardInodes {
     pub(super) changed: Mutex<Changed>,
     /// Inodes freed before the cut of the checkpoint being written: the
     /// index holds them until it commits, and they must not be read back
-    /// from it meanwhile (`super::resident`). Cleared after the commit.
+    /// from it meanwhile (`meta/on_demand.rs`). Cleared after the commit.
     pub(super) freed_in_cut: Mutex<Vec<u64>>,
 }
 

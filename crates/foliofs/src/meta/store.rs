@@ -153,7 +153,7 @@ pub struct MetaStore {
     pub(super) checkpoint_lock: Mutex<()>,
     /// The metadata index where the volume keeps its checkpoint in one
     /// (format 3), `None` for slots. Read under shard locks to bring an
-    /// inode into memory (`super::resident`); changed by a checkpoint only
+    /// inode into memory (`meta/on_demand.rs`); changed by a checkpoint only
     /// after its cut, when it holds no shard.
     pub(super) index: Mutex<Option<IndexedCheckpoint>>,
     /// Inode numbers from here on are not in the index: its last
